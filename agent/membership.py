@@ -1,0 +1,186 @@
+"""Keep one replica group registered with the coordinator.
+
+``Membership`` registers the replica, heartbeats on a background thread, and
+holds one Watch stream open on another, so the training loop reads the latest
+quorum from memory (``latest``) and never calls the coordinator on a step
+where nothing changed. When the coordinator restarts or another one takes
+over, the session is re-established with the quorum id the replica still
+trains in, so it keeps its place.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from coordinator.client import CoordinatorClient
+from coordinator.errors import CoordinatorUnavailable, RequestRejected
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("fthsdp.agent.membership")
+
+_REREGISTER = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+class Membership:
+    def __init__(
+        self,
+        coordinators: Sequence[str],
+        job: str,
+        replica_id: str,
+        address: str,
+        world_size: int = 1,
+        step: int = 0,
+        timeout: float = 5.0,
+    ) -> None:
+        self.client = CoordinatorClient(coordinators, timeout=timeout)
+        self.job = job
+        self.replica_id = replica_id
+        self.address = address
+        self.world_size = world_size
+        self.step = step
+        self.ready = False
+        self.state_checksum = ""
+        self.checksum_step = 0
+        self.training_quorum_id = 0
+        """The quorum this process trains in; sent when it re-registers."""
+        self.latest: pb.WatchEvent | None = None
+        self._session = ""
+        self._interval = 1.0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._stream = None
+        self.on_event: Callable[[pb.WatchEvent], None] | None = None
+
+    # ----- lifecycle -----------------------------------------------------------------
+
+    def start(self, deadline: float = 30.0) -> None:
+        """Register (retrying until ``deadline`` seconds pass) and start the threads."""
+        end = time.monotonic() + deadline
+        while True:
+            try:
+                self._register()
+                break
+            except CoordinatorUnavailable:
+                if time.monotonic() > end:
+                    raise
+                self._stop.wait(0.2)
+        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._watch_loop, "watch")):
+            t = threading.Thread(target=target, name=f"fthsdp-{name}-{self.replica_id}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def leave(self, reason: str, failed: bool = False) -> None:
+        try:
+            self.client.call(
+                "Leave",
+                pb.LeaveRequest(
+                    job=self.job, replica_id=self.replica_id, session_id=self._session, reason=reason, failed=failed
+                ),
+            )
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.client.close()
+
+    # ----- reading ---------------------------------------------------------------------
+
+    def wait_for(self, predicate: Callable[[pb.WatchEvent], bool], timeout: float) -> pb.WatchEvent:
+        """Block until the latest event satisfies ``predicate``; TimeoutError after ``timeout``."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while self.latest is None or not predicate(self.latest):
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no matching coordinator event within {timeout}s; latest: {self.latest}")
+                self._cond.wait(left)
+            return self.latest
+
+    def is_member(self, event: pb.WatchEvent | None = None) -> bool:
+        event = event or self.latest
+        return event is not None and any(m.replica_id == self.replica_id for m in event.quorum.members)
+
+    # ----- internals -------------------------------------------------------------------
+
+    def _register(self) -> None:
+        response = self.client.call(
+            "Register",
+            pb.RegisterRequest(
+                job=self.job,
+                replica_id=self.replica_id,
+                address=self.address,
+                world_size=self.world_size,
+                step=self.step,
+                quorum_id=self.training_quorum_id,
+            ),
+        )
+        self._session = response.session_id
+        self._interval = response.heartbeat_interval_s or 1.0
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            request = pb.HeartbeatRequest(
+                job=self.job,
+                replica_id=self.replica_id,
+                session_id=self._session,
+                step=self.step,
+                ready=self.ready,
+                state_checksum=self.state_checksum,
+                checksum_step=self.checksum_step,
+            )
+            try:
+                self.client.call("Heartbeat", request)
+            except RequestRejected as e:
+                if e.code in _REREGISTER:
+                    self._reregister(str(e))
+                else:
+                    log.warning("heartbeat rejected: %s", e)
+            except CoordinatorUnavailable as e:
+                log.warning("heartbeat: %s", e)
+
+    def _reregister(self, why: str) -> None:
+        log.info("registering again (%s)", why)
+        try:
+            self._register()
+        except (CoordinatorUnavailable, RequestRejected) as e:
+            log.warning("registration failed: %s", e)
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            address = self.client.current_address()
+            request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=self._session)
+            try:
+                self._stream = self.client.stub(address).Watch(request)
+                for event in self._stream:
+                    self._deliver(event)
+            except grpc.RpcError as e:
+                if self._stop.is_set():
+                    return
+                code = e.code()
+                if code in _REREGISTER:
+                    self._reregister(e.details() or code.name)
+                elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self.client.advance()
+                else:
+                    log.warning("watch stream ended: %s %s", code.name, e.details())
+            # Back off a little so a coordinator that is down is not hammered.
+            self._stop.wait(0.1)
+
+    def _deliver(self, event: pb.WatchEvent) -> None:
+        with self._cond:
+            self.latest = event
+            self._cond.notify_all()
+        if self.on_event is not None:
+            self.on_event(event)

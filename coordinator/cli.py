@@ -1,0 +1,178 @@
+"""The `fthsdp` command: coordinator, status, drain, cordon, uncordon, demo.
+
+This is the only place that reads the environment (FTHSDP_*) and the only
+place that turns errors into exit codes: a user mistake ends with one line on
+stderr and a non-zero status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from coordinator.errors import ConfigError, CoordinatorUnavailable, FthsdpError, RequestRejected, StoreError
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _add_coordinator_parser(sub) -> None:
+    from coordinator.config import CoordinatorConfig
+    from coordinator.settings import add_flags
+
+    p = sub.add_parser(
+        "coordinator",
+        help="run the coordinator (lighthouse) service",
+        description="Run the coordinator: replica membership, the quorum, push to agents, status.",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML file with a [coordinator] table (flags and FTHSDP_* win over it)")
+    add_flags(p, CoordinatorConfig)
+    p.set_defaults(run=_run_coordinator)
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--coordinator",
+        metavar="ADDR[,ADDR]",
+        help="coordinator address(es) [env FTHSDP_COORDINATOR; default 127.0.0.1:29510]",
+    )
+    p.add_argument("--job", default=None, help="job name [env FTHSDP_JOB]; may be omitted if the coordinator serves one job")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fthsdp", description="Fault-tolerant HSDP training for PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_coordinator_parser(sub)
+
+    p = sub.add_parser("status", help="show the quorum and every replica", description="Show a job's quorum and replicas.")
+    _add_client_flags(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=_run_status)
+
+    for name, text in (
+        ("drain", "ask a replica to leave the quorum at its next step boundary"),
+        ("cordon", "keep a replica out of future quorums (a member keeps its place)"),
+        ("uncordon", "let a cordoned replica be admitted again"),
+    ):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        _add_client_flags(p)
+        p.add_argument("replica_id", metavar="REPLICA")
+        p.set_defaults(run=_run_admin, admin=name)
+
+    p = sub.add_parser(
+        "demo",
+        help="run a local demo: a coordinator, replicas, a failure and its recovery",
+        description="Run a self-contained local demo.",
+    )
+    p.add_argument("--replicas", type=int, default=3, help="number of replicas (default 3)")
+    p.add_argument("--store", default="memory", help="'memory' or etcd://HOST:PORT (default memory)")
+    p.set_defaults(run=_run_demo)
+    return parser
+
+
+# ----- coordinator ---------------------------------------------------------------------
+
+
+def coordinator_config(args: argparse.Namespace, env: Mapping[str, str]):
+    from coordinator.config import CoordinatorConfig
+    from coordinator.settings import load_toml, resolve
+
+    file_values = load_toml(args.config, "coordinator") if args.config else None
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "run", "config")}
+    return resolve(CoordinatorConfig, flags, env, file_values, file_name=args.config or "config file")
+
+
+def _run_coordinator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    config = coordinator_config(args, env)
+    logging.getLogger().setLevel(config.log_level.upper())
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config) -> int:
+    from coordinator.server import start_coordinator
+
+    running = await start_coordinator(config)
+    print(f"fthsdp coordinator listening on {running.address} (jobs: {', '.join(config.job)})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger("fthsdp.coordinator").info("shutting down")
+    await running.stop(grace=1.0)
+    return 0
+
+
+# ----- clients -------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, env: Mapping[str, str]):
+    from coordinator.client import CoordinatorClient, parse_addresses
+
+    addresses = parse_addresses(args.coordinator or env.get("FTHSDP_COORDINATOR") or "127.0.0.1:29510")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout}")
+    return CoordinatorClient(addresses, timeout=args.timeout)
+
+
+def _job_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    return args.job if args.job is not None else env.get("FTHSDP_JOB", "")
+
+
+def _run_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from coordinator.status_view import status_json, status_table
+
+    with _client(args, env) as client:
+        status = client.status(_job_name(args, env))
+    print(status_json(status) if args.json else status_table(status))
+    return 0
+
+
+def _run_admin(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    job = _job_name(args, env)
+    with _client(args, env) as client:
+        if args.admin == "drain":
+            client.drain(job, args.replica_id)
+            print(f"replica {args.replica_id} will leave the quorum at its next step boundary")
+        else:
+            client.cordon(job, args.replica_id, cordoned=args.admin == "cordon")
+            print(f"replica {args.replica_id} {args.admin}ed")
+    return 0
+
+
+def _run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from coordinator.demo import run_demo
+
+    return run_demo(replicas=args.replicas, store=args.store)
+
+
+# ----- entry point ---------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    env = os.environ if env is None else env
+    prog = f"fthsdp {args.command}"
+    try:
+        return args.run(args, env)
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (StoreError, CoordinatorUnavailable, RequestRejected, FthsdpError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""A synchronous client for a list of coordinator addresses.
+
+Calls go to the coordinator that answered last; when it is unreachable
+(UNAVAILABLE, DEADLINE_EXCEEDED) the client moves on to the next address, so a
+list of coordinators behaves like one service. Retries of transient failures
+and keepalive are declared as channel options, the way gRPC intends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import grpc
+
+from coordinator.errors import ConfigError, CoordinatorUnavailable, RequestRejected
+from coordinator.names import split_host_port
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+
+_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "fthsdp.v1.Coordinator", "method": m} for m in ("Status", "Heartbeat")],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+CHANNEL_OPTIONS = (
+    ("grpc.service_config", _SERVICE_CONFIG),
+    ("grpc.enable_retries", 1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+_MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def parse_addresses(text: str | Sequence[str], what: str = "--coordinator") -> list[str]:
+    """'h1:p1,h2:p2' (or a list of such strings) -> ['h1:p1', 'h2:p2']."""
+    items = [text] if isinstance(text, str) else list(text)
+    out: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                split_host_port(part, what)
+            except ValueError as e:
+                raise ConfigError(str(e)) from e
+            out.append(part)
+    if not out:
+        raise ConfigError(f"{what}: give at least one HOST:PORT")
+    return out
+
+
+class CoordinatorClient:
+    def __init__(self, addresses: Sequence[str], timeout: float = 5.0) -> None:
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        self._channels: dict[str, grpc.Channel] = {}
+        self._current = 0
+
+    def stub(self, address: str) -> pb_grpc.CoordinatorStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return pb_grpc.CoordinatorStub(channel)
+
+    def call(self, method: str, request, timeout: float | None = None):
+        """Call ``method`` on the first coordinator that answers."""
+        errors = []
+        n = len(self.addresses)
+        for k in range(n):
+            index = (self._current + k) % n
+            address = self.addresses[index]
+            try:
+                response = getattr(self.stub(address), method)(request, timeout=timeout or self.timeout)
+            except grpc.RpcError as e:
+                if e.code() in _MOVE_ON:
+                    errors.append(f"{address}: {e.code().name.lower()}")
+                    continue
+                raise RequestRejected(e.code(), f"{address}: {e.details()}") from e
+            self._current = index
+            return response
+        raise CoordinatorUnavailable(f"no coordinator answered ({'; '.join(errors)})")
+
+    def current_address(self) -> str:
+        """The address calls go to now (the last one that answered)."""
+        return self.addresses[self._current]
+
+    def advance(self) -> str:
+        """Move on to the next coordinator in the list and return its address."""
+        self._current = (self._current + 1) % len(self.addresses)
+        return self.addresses[self._current]
+
+    def status(self, job: str = "") -> pb.StatusResponse:
+        return self.call("Status", pb.StatusRequest(job=job))
+
+    def drain(self, job: str, replica_id: str) -> None:
+        self.call("Drain", pb.DrainRequest(job=job, replica_id=replica_id))
+
+    def cordon(self, job: str, replica_id: str, cordoned: bool = True) -> None:
+        self.call("Cordon", pb.CordonRequest(job=job, replica_id=replica_id, cordoned=cordoned))
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def __enter__(self) -> "CoordinatorClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

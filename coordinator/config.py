@@ -1,0 +1,102 @@
+"""The coordinator's configuration (flags, FTHSDP_* variables, [coordinator] in TOML)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from coordinator.errors import ConfigError
+from coordinator.names import MAX_JOB_LEN, name_problem, split_host_port
+from coordinator.quorum import Rules
+from coordinator.settings import DURATION, LIST
+
+DEFAULT_PORT = 29510
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of ``fthsdp coordinator``."""
+
+    bind: str = f"0.0.0.0:{DEFAULT_PORT}"
+    """HOST:PORT to serve gRPC on; port 0 picks a free port."""
+
+    advertise: str = ""
+    """HOST:PORT that clients should use to reach this coordinator (shown as the leader); empty: the bind address, with this host's name for a wildcard host."""
+
+    store: str = "memory"
+    """Where the quorum and membership live: 'memory' (embedded, one machine, lost on restart) or etcd://HOST:PORT[,HOST:PORT...]."""
+
+    store_prefix: str = "/fthsdp/v1"
+    """Key prefix in the store; each job's keys are under PREFIX/jobs/JOB/."""
+
+    store_timeout: float = dataclasses.field(default=2.0, metadata=DURATION)
+    """Deadline of one store operation."""
+
+    job: tuple[str, ...] = dataclasses.field(default=("default",), metadata=LIST)
+    """Job names this coordinator serves (repeat the flag or separate with commas); several jobs can share one coordinator and one etcd."""
+
+    min_replicas: int = 1
+    """Fewest replicas that may form a quorum."""
+
+    heartbeat_interval: float = dataclasses.field(default=1.0, metadata=DURATION)
+    """How often replicas are told to heartbeat."""
+
+    heartbeat_timeout: float = dataclasses.field(default=5.0, metadata=DURATION)
+    """A replica silent this long is dropped from the next quorum."""
+
+    join_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """How long a ready joiner waits for other catching-up replicas so that they join together, and how long the split-brain guard waits before shrinking to a minority."""
+
+    disconnect_is_failure: bool = True
+    """Treat a replica whose Watch stream closes as failed at once (a killed process is detected in milliseconds instead of after the heartbeat timeout)."""
+
+    tick_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
+    """How often the quorum decision is re-evaluated when nothing else triggers it."""
+
+    max_request_bytes: int = 65536
+    """Larger requests are refused with INVALID_ARGUMENT."""
+
+    log_level: str = "info"
+    """debug, info, warning or error."""
+
+    def __post_init__(self) -> None:
+        try:
+            split_host_port(self.bind, "--bind")
+            if self.advertise:
+                split_host_port(self.advertise, "--advertise")
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        if not self.job:
+            raise ConfigError("--job: at least one job name is needed")
+        for name in self.job:
+            problem = name_problem("job name", name, MAX_JOB_LEN)
+            if problem:
+                raise ConfigError(f"--job: {problem}")
+        if len(set(self.job)) != len(self.job):
+            raise ConfigError(f"--job: duplicate job names in {','.join(self.job)}")
+        if not self.store_prefix.startswith("/") or self.store_prefix.endswith("/"):
+            raise ConfigError(f"--store-prefix must start with '/' and not end with '/', got {self.store_prefix!r}")
+        if self.min_replicas < 1:
+            raise ConfigError(f"--min-replicas must be at least 1, got {self.min_replicas}")
+        for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.join_timeout < 0:
+            raise ConfigError(f"--join-timeout must not be negative, got {self.join_timeout}")
+        if self.heartbeat_interval >= self.heartbeat_timeout:
+            raise ConfigError(
+                f"--heartbeat-interval ({self.heartbeat_interval:g}s) must be shorter than "
+                f"--heartbeat-timeout ({self.heartbeat_timeout:g}s)"
+            )
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
+
+    @property
+    def rules(self) -> Rules:
+        return Rules(
+            min_replicas=self.min_replicas,
+            heartbeat_timeout=self.heartbeat_timeout,
+            join_timeout=self.join_timeout,
+            disconnect_is_failure=self.disconnect_is_failure,
+        )

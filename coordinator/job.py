@@ -1,0 +1,314 @@
+"""One job's membership table: plain, synchronous domain logic.
+
+``JobState`` holds what the coordinator knows of each replica (heartbeats live
+here, in memory only) and the current quorum. It never does I/O and takes the
+time as an argument; ``coordinator.runtime`` persists its decisions to the
+store before applying them, and the gRPC servicer is a thin layer above that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+from coordinator.errors import NotFound, StaleSession
+from coordinator.quorum import CatchUpSource, Decision, Quorum, ReplicaView, Rules, decide, lost_at
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+
+@dataclasses.dataclass
+class ReplicaEntry:
+    """Mutable record of one replica; times are coordinator-monotonic seconds."""
+
+    replica_id: str
+    address: str = ""
+    world_size: int = 1
+    step: int = 0
+    session_id: str | None = None
+    registered_at: float = 0.0
+    last_heartbeat: float = 0.0
+    heard_from: bool = False
+    disconnected_at: float | None = None
+    failed_at: float | None = None
+    ready_since: float | None = None
+    restarted: bool = False
+    cordoned: bool = False
+    drain_requested: bool = False
+    state_checksum: str = ""
+    checksum_step: int = 0
+    record_revision: int = 0
+    open_watches: int = 0
+
+    def view(self) -> ReplicaView:
+        return ReplicaView(
+            replica_id=self.replica_id,
+            address=self.address,
+            world_size=self.world_size,
+            step=self.step,
+            last_heartbeat=self.last_heartbeat,
+            registered_at=self.registered_at,
+            disconnected_at=self.disconnected_at,
+            failed_at=self.failed_at,
+            ready_since=self.ready_since,
+            restarted=self.restarted,
+            cordoned=self.cordoned,
+            drain_requested=self.drain_requested,
+        )
+
+    def record(self, registered_unix_ms: int = 0) -> pb.ReplicaRecord:
+        return pb.ReplicaRecord(
+            replica_id=self.replica_id,
+            address=self.address,
+            world_size=self.world_size,
+            cordoned=self.cordoned,
+            drain_requested=self.drain_requested,
+            registered_unix_ms=registered_unix_ms,
+        )
+
+
+class JobState:
+    """Membership, heartbeats and the current quorum of one job."""
+
+    def __init__(self, name: str, rules: Rules) -> None:
+        self.name = name
+        self.rules = rules
+        self.quorum: Quorum | None = None
+        self.quorum_revision = 0
+        self.replicas: dict[str, ReplicaEntry] = {}
+        self.catch_up: dict[str, CatchUpSource] = {}
+        self.reason = "no decision yet"
+
+    # ----- loading after a (re)start -------------------------------------------------
+
+    def load(
+        self,
+        quorum: Quorum | None,
+        quorum_revision: int,
+        records: dict[str, tuple[pb.ReplicaRecord, int]],
+        now: float,
+    ) -> None:
+        """Seed the table from the store. Known replicas are presumed alive for
+        one heartbeat timeout so that a coordinator restart drops nobody who
+        reconnects in time."""
+        self.quorum, self.quorum_revision = quorum, quorum_revision
+        steps = {m.replica_id: m for m in quorum.members} if quorum else {}
+        for rid, (rec, rev) in records.items():
+            self.replicas[rid] = ReplicaEntry(
+                replica_id=rid,
+                address=rec.address,
+                world_size=rec.world_size or 1,
+                step=steps[rid].step if rid in steps else 0,
+                registered_at=now,
+                last_heartbeat=now,
+                cordoned=rec.cordoned,
+                drain_requested=rec.drain_requested,
+                record_revision=rev,
+            )
+        for rid, member in steps.items():
+            if rid not in self.replicas:
+                self.replicas[rid] = ReplicaEntry(
+                    replica_id=rid,
+                    address=member.address,
+                    world_size=member.world_size,
+                    step=member.step,
+                    registered_at=now,
+                    last_heartbeat=now,
+                )
+
+    # ----- replica calls -------------------------------------------------------------
+
+    def record_needed(self, replica_id: str, address: str, world_size: int) -> tuple[pb.ReplicaRecord, int] | None:
+        """The record to store before a registration, or None if the stored one is current."""
+        entry = self.replicas.get(replica_id)
+        if entry is not None and entry.record_revision and entry.address == address and entry.world_size == world_size:
+            return None
+        base = entry or ReplicaEntry(replica_id)
+        rec = pb.ReplicaRecord(
+            replica_id=replica_id,
+            address=address,
+            world_size=world_size,
+            cordoned=base.cordoned,
+            drain_requested=base.drain_requested,
+        )
+        return rec, base.record_revision
+
+    def register(
+        self,
+        replica_id: str,
+        address: str,
+        world_size: int,
+        step: int,
+        quorum_id: int,
+        now: float,
+        record_revision: int | None = None,
+    ) -> str:
+        """Register a new incarnation of a replica and return its session id.
+
+        A member of the current quorum keeps its place only if it says it still
+        trains in a quorum that admitted it; otherwise it restarted and lost its
+        state, and the next decision replaces it with a joiner.
+        """
+        entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
+        member = self._member(replica_id)
+        entry.address, entry.world_size, entry.step = address, world_size, step
+        entry.session_id = secrets.token_hex(8)
+        entry.registered_at = entry.last_heartbeat = now
+        entry.heard_from = True
+        entry.disconnected_at = entry.failed_at = entry.ready_since = None
+        entry.restarted = member is not None and quorum_id < member.joined_quorum_id
+        if record_revision is not None:
+            entry.record_revision = record_revision
+        return entry.session_id
+
+    def heartbeat(
+        self,
+        replica_id: str,
+        session_id: str,
+        step: int,
+        ready: bool,
+        state_checksum: str,
+        checksum_step: int,
+        now: float,
+    ) -> pb.HeartbeatResponse:
+        entry = self._session(replica_id, session_id)
+        entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
+        if ready and entry.ready_since is None:
+            entry.ready_since = now
+        elif not ready:
+            entry.ready_since = None
+        if state_checksum:
+            entry.state_checksum, entry.checksum_step = state_checksum, checksum_step
+        return pb.HeartbeatResponse(
+            quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
+        )
+
+    def watch_opened(self, replica_id: str, session_id: str) -> None:
+        entry = self._session(replica_id, session_id)
+        entry.open_watches += 1
+        entry.disconnected_at = None
+
+    def watch_closed(self, replica_id: str, session_id: str, now: float) -> None:
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id != session_id:
+            return  # a superseded session's stream; the new one is what counts
+        entry.open_watches = max(0, entry.open_watches - 1)
+        if entry.open_watches == 0 and entry.failed_at is None:
+            entry.disconnected_at = now
+
+    def leave(self, replica_id: str, session_id: str, failed: bool, now: float) -> bool:
+        """End a session. Returns True if the replica is gone for good (its
+        record should be deleted); a failed replica stays listed as failed."""
+        entry = self._session(replica_id, session_id)
+        entry.session_id = None
+        if failed:
+            entry.failed_at = now
+            return False
+        del self.replicas[replica_id]
+        self.catch_up.pop(replica_id, None)
+        return True
+
+    # ----- admin ---------------------------------------------------------------------
+
+    def admin_record(self, replica_id: str, *, cordoned: bool | None = None, drain: bool | None = None):
+        """The record to store for an admin change, with its expected revision."""
+        entry = self.replicas.get(replica_id)
+        if entry is None:
+            raise NotFound(f"job {self.name!r} has no replica {replica_id!r}")
+        rec = entry.record()
+        if cordoned is not None:
+            rec.cordoned = cordoned
+        if drain is not None:
+            rec.drain_requested = drain
+        return rec, entry.record_revision
+
+    def apply_record(self, rec: pb.ReplicaRecord, revision: int) -> None:
+        entry = self.replicas.get(rec.replica_id)
+        if entry is not None:
+            entry.cordoned, entry.drain_requested = rec.cordoned, rec.drain_requested
+            entry.record_revision = revision
+
+    # ----- decisions -----------------------------------------------------------------
+
+    def evaluate(self, now: float) -> Decision:
+        views = {rid: e.view() for rid, e in self.replicas.items()}
+        current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
+        return decide(self.quorum, views, now, self.rules, current_sources)
+
+    def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:
+        """Adopt a decision once its quorum (if any) is safely in the store."""
+        if quorum is not None:
+            self.quorum, self.quorum_revision = quorum, revision
+            for m in quorum.members:
+                entry = self.replicas.get(m.replica_id)
+                if entry is not None and m.joined_quorum_id == quorum.id:
+                    entry.restarted, entry.ready_since = False, None
+        self.catch_up = dict(decision.catch_up)
+        self.reason = decision.reason
+
+    # ----- views ---------------------------------------------------------------------
+
+    def replica_state(self, entry: ReplicaEntry, now: float) -> int:
+        if lost_at(entry.view(), now, self.rules) is not None:
+            return pb.REPLICA_STATE_FAILED
+        if entry.drain_requested:
+            return pb.REPLICA_STATE_DRAINING
+        if self._member(entry.replica_id) is not None and not entry.restarted:
+            return pb.REPLICA_STATE_HEALTHY
+        if entry.replica_id in self.catch_up:
+            return pb.REPLICA_STATE_CATCHING_UP
+        return pb.REPLICA_STATE_JOINING
+
+    def replica_statuses(self, now: float) -> list[pb.ReplicaStatus]:
+        out = []
+        for rid in sorted(self.replicas):
+            e = self.replicas[rid]
+            source = self.catch_up.get(rid)
+            out.append(
+                pb.ReplicaStatus(
+                    replica_id=rid,
+                    state=self.replica_state(e, now),
+                    step=e.step,
+                    heartbeat_age_s=round(now - e.last_heartbeat, 3) if e.heard_from else -1.0,
+                    address=e.address,
+                    state_checksum=e.state_checksum,
+                    checksum_step=e.checksum_step,
+                    world_size=e.world_size,
+                    cordoned=e.cordoned,
+                    catch_up_source=source.replica_id if source else "",
+                )
+            )
+        return out
+
+    def watch_event(self, replica_id: str, quorum_pb: pb.Quorum | None, leader: str) -> pb.WatchEvent:
+        event = pb.WatchEvent(leader=leader, reason=self.reason)
+        if quorum_pb is not None:
+            event.quorum.CopyFrom(quorum_pb)
+        entry = self.replicas.get(replica_id) if replica_id else None
+        if entry is not None:
+            event.drain_requested = entry.drain_requested
+            source = self.catch_up.get(replica_id)
+            if source is not None:
+                event.catch_up.CopyFrom(
+                    pb.CatchUp(source_replica_id=source.replica_id, source_address=source.address, source_step=source.step)
+                )
+        return event
+
+    # ----- helpers -------------------------------------------------------------------
+
+    def _member(self, replica_id: str):
+        if self.quorum is None:
+            return None
+        for m in self.quorum.members:
+            if m.replica_id == replica_id:
+                return m
+        return None
+
+    def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id is None:
+            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; register first")
+        if entry.session_id != session_id:
+            raise StaleSession(
+                f"session {session_id!r} of replica {replica_id!r} was replaced by a newer registration"
+            )
+        return entry

@@ -1,0 +1,292 @@
+"""The quorum decision: which replicas train together, as a pure function.
+
+``decide(prev, replicas, now, rules)`` looks at the current quorum and at what
+the coordinator knows of every replica (heartbeats, streams, flags) at time
+``now`` and answers either "keep the current quorum" or "form this one", always
+with a reason. It reads no clock and does no I/O, so every rule is tested
+table-driven with made-up times (tests/test_quorum.py), and the goodput
+simulator runs the same code.
+
+The rules, in order:
+
+1. Liveness. A replica is lost when its heartbeats stop for
+   ``heartbeat_timeout``, when its Watch stream closes (if
+   ``disconnect_is_failure``), or when its agent reports a failure. A member
+   that registers again as a new incarnation (a restarted process lost its
+   state) leaves the quorum too, and comes back as a joiner.
+2. Fast path. If every member of the current quorum is alive, not draining and
+   not restarted, and no replica is ready to join, the quorum stays as it is
+   and its id does not change; this is also how a restarted coordinator keeps
+   the quorum its replicas are training in.
+3. Shrink now. A lost or draining member is removed at once: the survivors are
+   blocked in the all-reduce with it, so waiting costs training time. Replicas
+   ready to join are admitted in the same change.
+4. Split-brain guard. If more than half of the members went *silent* (heartbeat
+   timeout or stream loss rather than an explicit failure, drain or restart),
+   that looks more like the coordinator being cut off from them than like that
+   many failures at once; the coordinator waits ``join_timeout`` before
+   shrinking to the minority. The same guard keeps a first quorum from forming
+   out of a minority of the live replicas (torchft's rule).
+5. ``min_replicas``. No quorum with fewer members.
+6. Grow in batches. A replica joins once it is up to date (its step is the
+   head step) or says it is ready (its catch-up reached the head). If other
+   replicas are still catching up, the coordinator waits up to ``join_timeout``
+   from the first ready joiner so that several joiners cost one membership
+   change; when nobody else is pending it admits at once.
+7. Catch-up sources. Every live replica that is behind the head step gets a
+   named up-to-date source among the members, sticky while that source stays
+   a member, spread so that no source serves more joiners than it must.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The parameters of the decision (a subset of the coordinator config)."""
+
+    min_replicas: int = 1
+    heartbeat_timeout: float = 5.0
+    join_timeout: float = 10.0
+    disconnect_is_failure: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One replica of a quorum."""
+
+    replica_id: str
+    address: str
+    world_size: int
+    step: int
+    joined_quorum_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Quorum:
+    """Which replicas train together; ``id`` grows at every membership change."""
+
+    id: int
+    members: tuple[Member, ...]
+    step: int = 0
+    created_unix_ms: int = 0
+    reason: str = ""
+    epoch: int = 0
+
+    @property
+    def member_ids(self) -> tuple[str, ...]:
+        return tuple(m.replica_id for m in self.members)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaView:
+    """What the coordinator knows of one replica at decision time.
+
+    Times are seconds on the coordinator's monotonic clock.
+    """
+
+    replica_id: str
+    address: str = ""
+    world_size: int = 1
+    step: int = 0
+    last_heartbeat: float = 0.0
+    registered_at: float = 0.0
+    disconnected_at: float | None = None
+    failed_at: float | None = None
+    ready_since: float | None = None
+    restarted: bool = False
+    cordoned: bool = False
+    drain_requested: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CatchUpSource:
+    replica_id: str
+    address: str
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The outcome: ``members`` is None to keep the current quorum."""
+
+    members: tuple[Member, ...] | None
+    reason: str
+    head_step: int
+    catch_up: Mapping[str, CatchUpSource]
+
+    @property
+    def changes_quorum(self) -> bool:
+        return self.members is not None
+
+
+def lost_at(r: ReplicaView, now: float, rules: Rules) -> tuple[float, str, bool] | None:
+    """When and why a replica was lost, or None while it is alive.
+
+    The third element says whether the loss was explicit (a report, a restart)
+    rather than silence, which the split-brain guard treats differently.
+    """
+    if r.failed_at is not None:
+        return r.failed_at, "reported failed", True
+    if rules.disconnect_is_failure and r.disconnected_at is not None:
+        return r.disconnected_at, "stream closed", False
+    expiry = r.last_heartbeat + rules.heartbeat_timeout
+    if now >= expiry:
+        return expiry, "heartbeat timeout", False
+    return None
+
+
+def decide(
+    prev: Quorum | None,
+    replicas: Mapping[str, ReplicaView],
+    now: float,
+    rules: Rules,
+    prev_catch_up: Mapping[str, str] | None = None,
+) -> Decision:
+    """Decide the next quorum; see the module docstring for the rules.
+
+    ``prev_catch_up`` maps replica ids to their current source ids, so that a
+    joiner is not moved to another source while its transfer runs.
+    """
+    alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules) is None}
+    prev_ids = set(prev.member_ids) if prev else set()
+    prev_members = {m.replica_id: m for m in prev.members} if prev else {}
+
+    # A member that registered again as a new incarnation lost its state: it
+    # leaves the quorum and comes back as a joiner.
+    continuing = sorted(i for i in prev_ids if i in alive and not alive[i].restarted)
+    staying = [i for i in continuing if not alive[i].drain_requested]
+    head_pool = continuing or list(alive)
+    head = max((alive[i].step for i in head_pool), default=0)
+
+    outsiders = sorted(i for i in alive if i not in continuing and not alive[i].drain_requested)
+    eligible = [i for i in outsiders if not alive[i].cordoned]
+    ready = [i for i in eligible if alive[i].step >= head or alive[i].ready_since is not None]
+    pending = [i for i in eligible if i not in ready]
+
+    def new_members(ids: Sequence[str], next_id: int) -> tuple[Member, ...]:
+        out = []
+        for i in sorted(ids):
+            r = alive[i]
+            joined = prev_members[i].joined_quorum_id if i in continuing else next_id
+            out.append(Member(i, r.address, r.world_size, r.step, joined))
+        return tuple(out)
+
+    def result(ids: Sequence[str] | None, reason: str) -> Decision:
+        next_id = (prev.id if prev else 0) + 1
+        members = new_members(ids, next_id) if ids is not None else None
+        # Without a new quorum the sources are the members that stay or, when
+        # there are none, the up-to-date replicas that will form the next one.
+        source_pool = [m.replica_id for m in members] if members is not None else (staying or ready)
+        sources = [i for i in source_pool if not alive[i].drain_requested and alive[i].step >= head]
+        admitted = {m.replica_id for m in members} if members is not None else set()
+        behind = [i for i in eligible if alive[i].step < head and i not in admitted]
+        catch_up = _assign_sources(behind, sources, alive, prev_catch_up or {})
+        detail = _summary(prev, alive, replicas, pending)
+        return Decision(members, f"{reason} {detail}".strip(), head, catch_up)
+
+    if prev is not None:
+        leaving = sorted(prev_ids - set(staying))
+        if not leaving and not ready:
+            return result(None, f"quorum {prev.id} unchanged: all {len(prev_ids)} members healthy.")
+        if leaving:
+            why = {}
+            silent = []
+            for i in leaving:
+                r = replicas.get(i)
+                loss = lost_at(r, now, rules) if r is not None else (now, "left", True)
+                if loss is None:
+                    why[i] = "restarted" if r.restarted else "draining"
+                    continue
+                why[i] = loss[1]
+                if not loss[2]:
+                    silent.append(loss[0])
+            if len(silent) * 2 > len(prev_ids) and now - max(silent) < rules.join_timeout:
+                return result(
+                    None,
+                    f"split-brain guard: {len(silent)} of {len(prev_ids)} members went silent at once; "
+                    f"waiting up to join_timeout {rules.join_timeout:g}s before shrinking to the rest.",
+                )
+            candidates = staying + ready
+            if len(candidates) < rules.min_replicas:
+                return result(
+                    None,
+                    f"no quorum: {len(candidates)} healthy replicas, need min_replicas {rules.min_replicas}.",
+                )
+            lost_text = ", ".join(f"{i} ({why[i]})" for i in leaving)
+            admitted = f"; admitting {', '.join(ready)}" if ready else ""
+            return result(candidates, f"members leaving: {lost_text}{admitted}.")
+        # Only growth from here on.
+        candidates = staying + ready
+        if len(candidates) < rules.min_replicas:
+            return result(None, f"no quorum: {len(candidates)} healthy replicas, need min_replicas {rules.min_replicas}.")
+        return _grow_or_wait(result, candidates, ready, pending, alive, now, rules)
+
+    # No quorum yet (a new job, or every member was lost).
+    if len(ready) < rules.min_replicas:
+        return result(None, f"waiting for replicas: {len(ready)} ready, need min_replicas {rules.min_replicas}.")
+    if len(ready) * 2 <= len(alive):
+        return result(
+            None,
+            f"split-brain guard: only {len(ready)} of {len(alive)} live replicas are up to date; "
+            "waiting for a majority.",
+        )
+    return _grow_or_wait(result, ready, ready, pending, alive, now, rules)
+
+
+def _grow_or_wait(result, candidates, ready, pending, alive, now, rules) -> Decision:
+    joiners = ", ".join(ready)
+    if not pending:
+        return result(candidates, f"admitting {joiners}: no other replica pending.")
+    first_ready = min(_ready_since(alive[i]) for i in ready)
+    if now - first_ready >= rules.join_timeout:
+        return result(
+            candidates,
+            f"admitting {joiners} after join_timeout {rules.join_timeout:g}s; "
+            f"{len(pending)} still catching up.",
+        )
+    return result(
+        None,
+        f"waiting up to join_timeout {rules.join_timeout:g}s for {len(pending)} catching-up "
+        f"replicas before admitting {joiners}.",
+    )
+
+
+def _ready_since(r: ReplicaView) -> float:
+    return r.ready_since if r.ready_since is not None else r.registered_at
+
+
+def _assign_sources(
+    behind: Sequence[str],
+    sources: Sequence[str],
+    alive: Mapping[str, ReplicaView],
+    prev_catch_up: Mapping[str, str],
+) -> dict[str, CatchUpSource]:
+    """Give each replica that is behind a source, keeping assignments that still
+    hold and balancing the new ones (fewest joiners first, then by id)."""
+    if not sources:
+        return {}
+    load = {s: 0 for s in sources}
+    chosen: dict[str, str] = {}
+    for i in behind:
+        s = prev_catch_up.get(i)
+        if s in load:
+            chosen[i] = s
+            load[s] += 1
+    for i in behind:
+        if i not in chosen:
+            s = min(sources, key=lambda x: (load[x], x))
+            chosen[i] = s
+            load[s] += 1
+    return {i: CatchUpSource(s, alive[s].address, alive[s].step) for i, s in chosen.items()}
+
+
+def _summary(prev, alive, replicas, pending) -> str:
+    dead = len(replicas) - len(alive)
+    parts = [f"[{len(alive)} alive", f"{dead} lost", f"{len(pending)} catching up"]
+    if prev is not None:
+        parts.append(f"quorum {prev.id} has {len(prev.members)} members")
+    return "; ".join(parts) + "]"

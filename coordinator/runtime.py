@@ -1,0 +1,307 @@
+"""The coordinator's engine: job tables, the decision loop, the store, the push.
+
+Everything here runs on one asyncio loop. Store calls are blocking (etcd
+client) and go to worker threads, so an unreachable etcd delays quorum changes
+but never heartbeats or status. A decision is written to the store with a
+revision check *before* it is applied and pushed: a quorum id that reached a
+replica is durable, so ids never go backwards after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import LostOwnership, StoreUnavailable, UnknownJob
+from coordinator.job import JobState
+from coordinator.keys import JobKeys
+from coordinator.quorum import Decision, Quorum
+from coordinator.store import Store
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("fthsdp.coordinator")
+
+
+class _Job:
+    """A JobState plus what the runtime keeps beside it."""
+
+    def __init__(self, name: str, config: CoordinatorConfig) -> None:
+        self.state = JobState(name, config.rules)
+        self.keys = JobKeys(config.store_prefix, name)
+        self.epoch = 0
+        self.quorum_pb: pb.Quorum | None = None
+        self.lock = asyncio.Lock()  # serialises this job's store writes
+        self.changed = asyncio.Event()
+        self.logged_reason = ""
+
+    def notify(self) -> None:
+        """Wake every watcher: swap in a fresh event, then set the old one."""
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+
+class CoordinatorRuntime:
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        store: Store,
+        leader: str,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.leader = leader
+        self.clock = clock
+        self.wall = wall
+        self.jobs = {name: _Job(name, config) for name in config.job}
+        self._wake = asyncio.Event()
+        self._ticker: asyncio.Task | None = None
+
+    # ----- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every job from the store and start the decision loop."""
+        for job in self.jobs.values():
+            await self._load(job)
+        self._ticker = asyncio.create_task(self._tick_loop(), name="fthsdp-quorum-tick")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            try:
+                await self._ticker
+            except asyncio.CancelledError:
+                pass
+
+    async def _load(self, job: _Job) -> None:
+        keys = job.keys
+        job.epoch = await asyncio.to_thread(self._bump_epoch, keys)
+        stored = await asyncio.to_thread(self.store.get, keys.quorum)
+        quorum, revision = None, 0
+        if stored is not None:
+            quorum = quorum_from_pb(decode(pb.Quorum, stored.value, f"quorum of job {job.state.name}"))
+            revision = stored.revision
+        records = {}
+        for key, item in (await asyncio.to_thread(self.store.get_prefix, keys.replicas)).items():
+            rec = decode(pb.ReplicaRecord, item.value, f"record {key}")
+            records[rec.replica_id] = (rec, item.revision)
+        job.state.load(quorum, revision, records, self.clock())
+        job.quorum_pb = quorum_to_pb(quorum)
+        log.info(
+            "job %s: epoch %d, quorum %s, %d known replicas (store %s)",
+            job.state.name,
+            job.epoch,
+            f"{quorum.id} {list(quorum.member_ids)}" if quorum else "none",
+            len(records),
+            self.store.description,
+        )
+
+    def _bump_epoch(self, keys: JobKeys) -> int:
+        while True:
+            current = self.store.get(keys.epoch)
+            previous = decode(pb.Epoch, current.value, "epoch").epoch if current else 0
+            msg = pb.Epoch(epoch=previous + 1, coordinator=self.leader, started_unix_ms=int(self.wall() * 1000))
+            result = self.store.compare_and_set(keys.epoch, msg.SerializeToString(), current.revision if current else 0)
+            if result.succeeded:
+                return msg.epoch
+
+    # ----- lookups -------------------------------------------------------------------
+
+    def job(self, name: str) -> _Job:
+        if not name and len(self.jobs) == 1:
+            return next(iter(self.jobs.values()))
+        job = self.jobs.get(name)
+        if job is None:
+            raise UnknownJob(f"unknown job {name!r}; this coordinator serves: {', '.join(sorted(self.jobs))}")
+        return job
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ----- replica calls -------------------------------------------------------------
+
+    async def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
+        job = self.job(req.job)
+        async with job.lock:
+            revision = None
+            needed = job.state.record_needed(req.replica_id, req.address, req.world_size)
+            if needed is not None:
+                rec, expected = needed
+                rec.registered_unix_ms = int(self.wall() * 1000)
+                revision = await self._write_record(job, rec, expected)
+            session = job.state.register(
+                req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision
+            )
+        log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step, req.quorum_id)
+        self.wake()
+        response = pb.RegisterResponse(
+            session_id=session,
+            heartbeat_interval_s=self.config.heartbeat_interval,
+            heartbeat_timeout_s=self.config.heartbeat_timeout,
+            leader=self.leader,
+        )
+        if job.quorum_pb is not None:
+            response.quorum.CopyFrom(job.quorum_pb)
+        return response
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        job = self.job(req.job)
+        was_ready = job.state.replicas.get(req.replica_id)
+        was_ready = was_ready is not None and was_ready.ready_since is not None
+        response = job.state.heartbeat(
+            req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock()
+        )
+        if req.ready != was_ready:
+            self.wake()
+        return response
+
+    async def watch(self, req: pb.WatchRequest) -> AsyncIterator[pb.WatchEvent]:
+        job = self.job(req.job)
+        if req.replica_id:
+            job.state.watch_opened(req.replica_id, req.session_id)
+        last = None
+        try:
+            while True:
+                changed = job.changed
+                event = job.state.watch_event(req.replica_id, job.quorum_pb, self.leader)
+                if event != last:
+                    yield event
+                    last = event
+                await changed.wait()
+        finally:
+            if req.replica_id:
+                job.state.watch_closed(req.replica_id, req.session_id, self.clock())
+                self.wake()
+
+    async def leave(self, req: pb.LeaveRequest) -> None:
+        job = self.job(req.job)
+        async with job.lock:
+            entry = job.state.replicas.get(req.replica_id)
+            revision = entry.record_revision if entry is not None else 0
+            gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock())
+            if gone and revision:
+                await self._store(self.store.compare_and_delete, job.keys.replica(req.replica_id), revision)
+        log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given")
+        self.wake()
+
+    # ----- status and admin ----------------------------------------------------------
+
+    def status(self, req: pb.StatusRequest) -> pb.StatusResponse:
+        job = self.job(req.job)
+        response = pb.StatusResponse(
+            job=job.state.name,
+            leader=self.leader,
+            epoch=job.epoch,
+            replicas=job.state.replica_statuses(self.clock()),
+            reason=job.state.reason,
+            jobs=sorted(self.jobs),
+        )
+        if job.quorum_pb is not None:
+            response.quorum.CopyFrom(job.quorum_pb)
+        return response
+
+    async def set_flags(self, job_name: str, replica_id: str, *, cordoned=None, drain=None) -> None:
+        job = self.job(job_name)
+        async with job.lock:
+            rec, expected = job.state.admin_record(replica_id, cordoned=cordoned, drain=drain)
+            revision = await self._write_record(job, rec, expected)
+            job.state.apply_record(rec, revision)
+        log.info("job %s: replica %s cordoned=%s drain=%s", job.state.name, replica_id, rec.cordoned, rec.drain_requested)
+        job.notify()
+        self.wake()
+
+    async def _write_record(self, job: _Job, rec: pb.ReplicaRecord, expected: int) -> int:
+        key = job.keys.replica(rec.replica_id)
+        result = await self._store(self.store.compare_and_set, key, rec.SerializeToString(), expected)
+        if not result.succeeded:
+            # Someone else (an earlier coordinator, an operator) wrote it; keep
+            # their flags, which are the newer intent, and write ours over them.
+            current = decode(pb.ReplicaRecord, result.current.value, key) if result.current else None
+            if current is not None:
+                rec.cordoned = rec.cordoned or current.cordoned
+                rec.drain_requested = rec.drain_requested or current.drain_requested
+            retry_expected = result.current.revision if result.current else 0
+            result = await self._store(self.store.compare_and_set, key, rec.SerializeToString(), retry_expected)
+            if not result.succeeded:
+                raise LostOwnership(f"record {key} keeps changing under this coordinator")
+        return result.current.revision
+
+    async def _store(self, fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    # ----- the decision loop ---------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.config.tick_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            for job in self.jobs.values():
+                try:
+                    await self.evaluate(job)
+                except Exception:  # the loop must survive anything one job does
+                    log.exception("job %s: quorum evaluation failed", job.state.name)
+
+    async def evaluate(self, job: _Job) -> None:
+        async with job.lock:
+            decision = job.state.evaluate(self.clock())
+            quorum, revision = None, job.state.quorum_revision
+            if decision.changes_quorum:
+                try:
+                    quorum, revision = await self._publish(job, decision)
+                except StoreUnavailable as e:
+                    self._log_reason(job, f"quorum change pending, the store is unavailable: {e}")
+                    job.state.reason = f"quorum change pending: {e}"
+                    return
+                except LostOwnership as e:
+                    log.error("job %s: %s", job.state.name, e)
+                    return
+            before = (job.state.catch_up, job.state.reason)
+            job.state.apply(decision, quorum, revision)
+            if quorum is not None:
+                job.quorum_pb = quorum_to_pb(quorum)
+                log.info(
+                    "job %s: quorum %d members=%s: %s", job.state.name, quorum.id, list(quorum.member_ids), quorum.reason
+                )
+                job.logged_reason = decision.reason
+            self._log_reason(job, decision.reason)
+            if quorum is not None or before != (job.state.catch_up, job.state.reason):
+                job.notify()
+
+    async def _publish(self, job: _Job, decision: Decision) -> tuple[Quorum, int]:
+        prev = job.state.quorum
+        members = decision.members or ()
+        quorum = Quorum(
+            id=(prev.id if prev else 0) + 1,
+            members=members,
+            step=max((m.step for m in members), default=0),
+            created_unix_ms=int(self.wall() * 1000),
+            reason=decision.reason,
+            epoch=job.epoch,
+        )
+        data = quorum_to_pb(quorum).SerializeToString()
+        result = await self._store(self.store.compare_and_set, job.keys.quorum, data, job.state.quorum_revision)
+        if result.succeeded:
+            return quorum, result.current.revision
+        # Another writer moved the quorum on: adopt theirs so our next id is
+        # above it, and decide again on the next tick.
+        if result.current is not None:
+            theirs = quorum_from_pb(decode(pb.Quorum, result.current.value, "quorum"))
+            job.state.quorum, job.state.quorum_revision = theirs, result.current.revision
+            job.quorum_pb = quorum_to_pb(theirs)
+            job.notify()
+        raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding")
+
+    def _log_reason(self, job: _Job, reason: str) -> None:
+        if reason != job.logged_reason:
+            log.info("job %s: %s", job.state.name, reason)
+            job.logged_reason = reason
+
+

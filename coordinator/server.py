@@ -1,0 +1,110 @@
+"""Server factory: bind (port 0 allowed), wire the services, return the address.
+
+Besides the Coordinator service the server runs the standard gRPC health
+service (so Kubernetes probes and grpc-health-probe work) and server reflection
+(so grpcurl and other generic clients can list and call it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import ConfigError
+from coordinator.names import split_host_port
+from coordinator.runtime import CoordinatorRuntime
+from coordinator.servicer import CoordinatorServicer
+from coordinator.store import Store, open_store
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+
+log = logging.getLogger("fthsdp.coordinator")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
+
+# Keepalive pings find peers that vanished without closing their connection (a
+# cut cable, a frozen host) so their Watch streams end; the transport limit is
+# above --max-request-bytes, which the servicer enforces with a clear message.
+SERVER_OPTIONS = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+)
+
+
+@dataclasses.dataclass
+class RunningCoordinator:
+    """A started coordinator. ``address`` is HOST:PORT with the real port."""
+
+    address: str
+    port: int
+    server: grpc.aio.Server
+    runtime: CoordinatorRuntime
+    store: Store
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace: float | None = 0.5) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.runtime.stop()
+        self.store.close()
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+def advertised_address(config: CoordinatorConfig, port: int) -> str:
+    if config.advertise:
+        return config.advertise
+    host, _ = split_host_port(config.bind)
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+async def start_coordinator(config: CoordinatorConfig, store: Store | None = None) -> RunningCoordinator:
+    """Open the store, load every job, bind and start serving.
+
+    Raises ConfigError (bad store URL, port taken) or StoreUnavailable (etcd
+    down) with a one-line message; the caller turns those into an exit code.
+    """
+    store = store or open_store(config.store, timeout=config.store_timeout)
+    try:
+        store.check()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        try:
+            port = server.add_insecure_port(config.bind)
+        except RuntimeError as e:
+            raise ConfigError(f"cannot listen on {config.bind}: {e}") from e
+        if port == 0:
+            raise ConfigError(f"cannot listen on {config.bind}: the address is in use or not local")
+        leader = advertised_address(config, port)
+        runtime = CoordinatorRuntime(config, store, leader)
+        await runtime.start()
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(runtime, config.max_request_bytes), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    except BaseException:
+        store.close()
+        raise
+    log.info("coordinator serving jobs %s on %s (advertised as %s)", ",".join(config.job), config.bind, leader)
+    return RunningCoordinator(leader, port, server, runtime, store, health_servicer)

@@ -1,0 +1,81 @@
+"""Render a StatusResponse as a table or as JSON (the `fthsdp status` output)."""
+
+from __future__ import annotations
+
+import json
+
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+STATE_NAMES = {
+    pb.REPLICA_STATE_UNSPECIFIED: "unknown",
+    pb.REPLICA_STATE_JOINING: "joining",
+    pb.REPLICA_STATE_HEALTHY: "healthy",
+    pb.REPLICA_STATE_CATCHING_UP: "catching-up",
+    pb.REPLICA_STATE_FAILED: "failed",
+    pb.REPLICA_STATE_DRAINING: "draining",
+}
+
+
+def status_dict(status: pb.StatusResponse) -> dict:
+    """The documented JSON shape; extra keys may be added, none removed."""
+    has_quorum = status.HasField("quorum")
+    return {
+        "job": status.job,
+        "leader": status.leader,
+        "epoch": status.epoch,
+        "quorum": {
+            "id": status.quorum.id if has_quorum else 0,
+            "members": [m.replica_id for m in status.quorum.members] if has_quorum else [],
+            "step": status.quorum.step if has_quorum else 0,
+            "reason": status.quorum.reason if has_quorum else "",
+        },
+        "reason": status.reason,
+        "replicas": [
+            {
+                "id": r.replica_id,
+                "state": STATE_NAMES.get(r.state, "unknown"),
+                "step": r.step,
+                "heartbeat_age_s": r.heartbeat_age_s if r.heartbeat_age_s >= 0 else None,
+                "address": r.address,
+                "state_checksum": r.state_checksum or None,
+                "checksum_step": r.checksum_step if r.state_checksum else None,
+                "world_size": r.world_size,
+                "cordoned": r.cordoned,
+                "catch_up_source": r.catch_up_source or None,
+            }
+            for r in status.replicas
+        ],
+    }
+
+
+def status_json(status: pb.StatusResponse) -> str:
+    return json.dumps(status_dict(status), indent=2)
+
+
+def status_table(status: pb.StatusResponse) -> str:
+    d = status_dict(status)
+    q = d["quorum"]
+    lines = [
+        f"job {d['job']}   leader {d['leader']} (epoch {d['epoch']})",
+        f"quorum {q['id'] or '-'}: {', '.join(q['members']) or 'none'}" + (f" at step {q['step']}" if q["id"] else ""),
+        f"decision: {d['reason']}",
+        "",
+    ]
+    header = ("REPLICA", "STATE", "STEP", "HEARTBEAT", "ADDRESS", "RANKS", "CHECKSUM", "NOTE")
+    rows = [header]
+    for r in d["replicas"]:
+        age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f}s ago"
+        checksum = f"{r['state_checksum'][:12]}@{r['checksum_step']}" if r["state_checksum"] else "-"
+        notes = []
+        if r["cordoned"]:
+            notes.append("cordoned")
+        if r["catch_up_source"]:
+            notes.append(f"from {r['catch_up_source']}")
+        rows.append((r["id"], r["state"], str(r["step"]), age, r["address"], str(r["world_size"]), checksum, ", ".join(notes)))
+    if len(rows) == 1:
+        lines.append("no replicas registered")
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)

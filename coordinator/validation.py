@@ -1,0 +1,79 @@
+"""Checks of incoming requests; each failure is one InvalidRequest with a clear message."""
+
+from __future__ import annotations
+
+from coordinator.errors import InvalidRequest
+from coordinator.names import MAX_ADDRESS_LEN, MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
+
+MAX_WORLD_SIZE = 1 << 20
+MAX_SHORT_TEXT = 128
+MAX_REASON = 1024
+
+
+def check_size(request, limit: int) -> None:
+    size = request.ByteSize()
+    if size > limit:
+        raise InvalidRequest(f"request is {size} bytes; the limit is {limit} (--max-request-bytes)")
+
+
+def check_job_field(job: str, allow_empty: bool = False) -> None:
+    if allow_empty and not job:
+        return
+    problem = name_problem("job", job, MAX_JOB_LEN)
+    if problem:
+        raise InvalidRequest(problem)
+
+
+def check_replica_id(replica_id: str) -> None:
+    problem = name_problem("replica_id", replica_id, MAX_REPLICA_ID_LEN)
+    if problem:
+        raise InvalidRequest(problem)
+
+
+def _short(field: str, value: str, limit: int = MAX_SHORT_TEXT) -> None:
+    if len(value) > limit:
+        raise InvalidRequest(f"{field} is {len(value)} characters long; the limit is {limit}")
+
+
+def _non_negative(field: str, value: int) -> None:
+    if value < 0:
+        raise InvalidRequest(f"{field} must not be negative, got {value}")
+
+
+def check_register(req) -> None:
+    check_replica_id(req.replica_id)
+    if not req.address:
+        raise InvalidRequest("address is empty; give the HOST:PORT where peers reach this replica")
+    _short("address", req.address, MAX_ADDRESS_LEN)
+    try:
+        split_host_port(req.address)
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from e
+    if not 1 <= req.world_size <= MAX_WORLD_SIZE:
+        raise InvalidRequest(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {req.world_size}")
+    _non_negative("step", req.step)
+    _non_negative("quorum_id", req.quorum_id)
+
+
+def check_session(req) -> None:
+    check_replica_id(req.replica_id)
+    if not req.session_id:
+        raise InvalidRequest("session_id is empty; use the one Register returned")
+    _short("session_id", req.session_id)
+
+
+def check_heartbeat(req) -> None:
+    check_session(req)
+    _non_negative("step", req.step)
+    _non_negative("checksum_step", req.checksum_step)
+    _short("state_checksum", req.state_checksum)
+
+
+def check_watch(req) -> None:
+    if req.replica_id or req.session_id:
+        check_session(req)
+
+
+def check_leave(req) -> None:
+    check_session(req)
+    _short("reason", req.reason, MAX_REASON)

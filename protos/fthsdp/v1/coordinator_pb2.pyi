@@ -1,0 +1,261 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_STATE_JOINING: _ClassVar[ReplicaState]
+    REPLICA_STATE_HEALTHY: _ClassVar[ReplicaState]
+    REPLICA_STATE_CATCHING_UP: _ClassVar[ReplicaState]
+    REPLICA_STATE_FAILED: _ClassVar[ReplicaState]
+    REPLICA_STATE_DRAINING: _ClassVar[ReplicaState]
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_STATE_JOINING: ReplicaState
+REPLICA_STATE_HEALTHY: ReplicaState
+REPLICA_STATE_CATCHING_UP: ReplicaState
+REPLICA_STATE_FAILED: ReplicaState
+REPLICA_STATE_DRAINING: ReplicaState
+
+class QuorumMember(_message.Message):
+    __slots__ = ("replica_id", "address", "world_size", "step", "joined_quorum_id")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    JOINED_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    world_size: int
+    step: int
+    joined_quorum_id: int
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., joined_quorum_id: _Optional[int] = ...) -> None: ...
+
+class Quorum(_message.Message):
+    __slots__ = ("id", "members", "step", "created_unix_ms", "reason", "epoch")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    members: _containers.RepeatedCompositeFieldContainer[QuorumMember]
+    step: int
+    created_unix_ms: int
+    reason: str
+    epoch: int
+    def __init__(self, id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., step: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class CatchUp(_message.Message):
+    __slots__ = ("source_replica_id", "source_address", "source_step")
+    SOURCE_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    source_replica_id: str
+    source_address: str
+    source_step: int
+    def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    address: str
+    world_size: int
+    step: int
+    quorum_id: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    quorum: Quorum
+    leader: str
+    def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_STEP_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    session_id: str
+    step: int
+    ready: bool
+    state_checksum: str
+    checksum_step: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("quorum_id", "drain_requested")
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    quorum_id: int
+    drain_requested: bool
+    def __init__(self, quorum_id: _Optional[int] = ..., drain_requested: _Optional[bool] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "session_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    session_id: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason")
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    quorum: Quorum
+    catch_up: CatchUp
+    drain_requested: bool
+    leader: str
+    reason: str
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "session_id", "reason", "failed")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    session_id: str
+    reason: str
+    failed: bool
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., reason: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_STEP_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    state: ReplicaState
+    step: int
+    heartbeat_age_s: float
+    address: str
+    state_checksum: str
+    checksum_step: int
+    world_size: int
+    cordoned: bool
+    catch_up_source: str
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    leader: str
+    epoch: int
+    quorum: Quorum
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    reason: str
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("job", "replica_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CordonRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "cordoned")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    cordoned: bool
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., cordoned: _Optional[bool] = ...) -> None: ...
+
+class CordonResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicaRecord(_message.Message):
+    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    world_size: int
+    cordoned: bool
+    drain_requested: bool
+    registered_unix_ms: int
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ...) -> None: ...
+
+class Epoch(_message.Message):
+    __slots__ = ("epoch", "coordinator", "started_unix_ms")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    coordinator: str
+    started_unix_ms: int
+    def __init__(self, epoch: _Optional[int] = ..., coordinator: _Optional[str] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...

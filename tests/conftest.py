@@ -1,0 +1,41 @@
+# --- state-store fixtures (real etcd) -----------------------------------------
+# Self-contained: other fixtures may be added below this block.
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterator
+
+import pytest
+
+from tests.etcd_server import EtcdNotFound, EtcdServer
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One real etcd for the whole session. Tests share it, so each must keep
+    to its own ``key_prefix`` and must not stop it (make a private
+    ``EtcdServer`` to kill or restart)."""
+    try:
+        server = EtcdServer()
+    except EtcdNotFound as e:
+        pytest.skip(str(e))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def etcd_url(etcd_server: EtcdServer) -> Iterator[str]:
+    """``etcd://127.0.0.1:PORT`` of the session etcd."""
+    yield etcd_server.url
+
+
+@pytest.fixture
+def key_prefix() -> Iterator[str]:
+    """A key prefix no other test uses, ending in '/'."""
+    yield f"/fthsdp-test/{uuid.uuid4().hex}/"
+
+# --- end of state-store fixtures ----------------------------------------------

@@ -1,0 +1,147 @@
+"""Real OS processes for integration tests: a coordinator and replica stand-ins.
+
+Each runs with ``python -m`` from the repository, talks real gRPC on loopback
+and is stopped (or SIGKILLed) by the test. Waiting is always on a condition
+with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Process:
+    """A child process whose stdout lines are read on a thread into a queue."""
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.history: list[str] = []
+
+    def spawn(self) -> None:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=self._log, text=True
+        )
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def next_line(self, timeout: float) -> str:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.argv[2:4]} printed nothing for {timeout}s; log:\n{self.log_tail()}") from None
+        self.history.append(line)
+        return line
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode
+
+
+class CoordinatorProcess(_Process):
+    """``python -m coordinator --bind 127.0.0.1:PORT ...``; ``address`` once started."""
+
+    def __init__(self, tmp: Path, *args: str, port: int = 0) -> None:
+        self.extra = list(args)
+        self.port = port
+        self.address = ""
+        super().__init__([], tmp / "coordinator.log")
+
+    def start(self, timeout: float = 20.0) -> "CoordinatorProcess":
+        self.argv = [sys.executable, "-m", "coordinator", "--bind", f"127.0.0.1:{self.port}", *self.extra]
+        self.lines = queue.Queue()
+        self.spawn()
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next_line(max(0.1, deadline - time.monotonic()))
+            if "listening on" in line:
+                self.address = line.split("listening on ")[1].split()[0]
+                self.port = int(self.address.rsplit(":", 1)[1])
+                return self
+
+
+class ReplicaProcess(_Process):
+    """tests/replica_process.py: registers, watches, prints events as JSON lines."""
+
+    def __init__(self, tmp: Path, coordinator: str, replica_id: str, *args: str) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.replica_process",
+            "--coordinator",
+            coordinator,
+            "--replica-id",
+            replica_id,
+            *args,
+        ]
+        super().__init__(argv, tmp / f"replica-{replica_id}.log")
+        self.replica_id = replica_id
+        self.events: list[dict] = []
+        self._cursor = 0
+
+    def start(self) -> "ReplicaProcess":
+        self.spawn()
+        return self
+
+    def wait_event(self, predicate, timeout: float = 20.0) -> dict:
+        """The next event, after the last one a wait returned, that satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while self._cursor < len(self.events):
+                event = self.events[self._cursor]
+                self._cursor += 1
+                if predicate(event):
+                    return event
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"replica {self.replica_id}: no matching event in {timeout}s; got {self.events[-3:]}")
+            event = json.loads(self.next_line(left))
+            if "quorum_id" in event:
+                self.events.append(event)
+
+    def wait_members(self, members: list[str], timeout: float = 20.0) -> dict:
+        return self.wait_event(lambda e: sorted(e["members"]) == sorted(members), timeout)

@@ -1,0 +1,212 @@
+"""The quorum decision, table-driven with an injected clock (no sleeps, no I/O)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from coordinator.quorum import Member, Quorum, ReplicaView, Rules, decide
+
+NOW = 1000.0
+RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
+
+
+def alive(rid: str, step: int = 100, **kw) -> ReplicaView:
+    fields = {"last_heartbeat": NOW - 1, "registered_at": NOW - 60, **kw}
+    return ReplicaView(rid, address=f"{rid}:1", step=step, **fields)
+
+
+def silent(rid: str, since: float = 1.0, **kw) -> ReplicaView:
+    """Heartbeats stopped; the timeout ran out ``since`` seconds ago."""
+    return dataclasses.replace(alive(rid, **kw), last_heartbeat=NOW - RULES.heartbeat_timeout - since)
+
+
+def quorum(*ids: str, qid: int = 7) -> Quorum:
+    return Quorum(qid, tuple(Member(i, f"{i}:1", 1, 100, 3) for i in ids), step=100)
+
+
+def table(*views: ReplicaView) -> dict[str, ReplicaView]:
+    return {v.replica_id: v for v in views}
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    prev: Quorum | None
+    replicas: dict[str, ReplicaView]
+    expect: tuple[str, ...] | None
+    reason: str
+    rules: Rules = RULES
+    now: float = NOW
+    catch_up: dict[str, str] = dataclasses.field(default_factory=dict)
+    prev_catch_up: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+CASES = [
+    Case("first quorum of a new job", None, table(alive("a", 0), alive("b", 0), alive("c", 0)), ("a", "b", "c"), "admitting a, b, c"),
+    Case("first quorum waits for min_replicas", None, table(alive("a", 0)), None, "need min_replicas 2", rules=dataclasses.replace(RULES, min_replicas=2)),
+    Case(
+        "first quorum needs a majority of the live replicas up to date",
+        None,
+        table(alive("a", 100), alive("b", 50), alive("c", 50), alive("d", 50)),
+        None,
+        "split-brain guard: only 1 of 4",
+        catch_up={"b": "a", "c": "a", "d": "a"},
+    ),
+    Case("fast path: every member healthy", quorum("a", "b", "c"), table(alive("a"), alive("b"), alive("c")), None, "quorum 7 unchanged"),
+    Case("member silent past the heartbeat timeout", quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")), ("a", "b"), "c (heartbeat timeout)"),
+    Case(
+        "member whose watch stream closed",
+        quorum("a", "b", "c"),
+        table(alive("a"), alive("b"), alive("c", disconnected_at=NOW - 0.01)),
+        ("a", "b"),
+        "c (stream closed)",
+    ),
+    Case(
+        "closed stream ignored when disconnect_is_failure is off",
+        quorum("a", "b", "c"),
+        table(alive("a"), alive("b"), alive("c", disconnected_at=NOW - 0.01)),
+        None,
+        "unchanged",
+        rules=dataclasses.replace(RULES, disconnect_is_failure=False),
+    ),
+    Case("half of two members silent: shrink at once", quorum("a", "b"), table(alive("a"), silent("b")), ("a",), "b (heartbeat timeout)"),
+    Case(
+        "majority silent at once: split-brain guard waits",
+        quorum("a", "b", "c"),
+        table(alive("a"), silent("b"), silent("c")),
+        None,
+        "split-brain guard: 2 of 3 members went silent",
+    ),
+    Case(
+        "majority silent longer than join_timeout: shrink",
+        quorum("a", "b", "c"),
+        table(alive("a"), silent("b", since=11), silent("c", since=12)),
+        ("a",),
+        "b (heartbeat timeout), c (heartbeat timeout)",
+    ),
+    Case(
+        "majority reported failed: no guard",
+        quorum("a", "b", "c"),
+        table(alive("a"), alive("b", failed_at=NOW - 0.1), alive("c", failed_at=NOW - 0.1)),
+        ("a",),
+        "b (reported failed), c (reported failed)",
+    ),
+    Case(
+        "member restarted as a new incarnation: leaves and catches up",
+        quorum("a", "b", "c"),
+        table(alive("a"), alive("b"), alive("c", step=0, restarted=True, registered_at=NOW - 0.1)),
+        ("a", "b"),
+        "c (restarted)",
+        catch_up={"c": "a"},
+    ),
+    Case("draining member leaves", quorum("a", "b", "c"), table(alive("a"), alive("b"), alive("c", drain_requested=True)), ("a", "b"), "c (draining)"),
+    Case("member that left is forgotten", quorum("a", "b", "c"), table(alive("a"), alive("b")), ("a", "b"), "c (left)"),
+    Case(
+        "shrink below min_replicas: no quorum",
+        quorum("a", "b"),
+        table(alive("a"), silent("b")),
+        None,
+        "need min_replicas 2",
+        rules=dataclasses.replace(RULES, min_replicas=2),
+    ),
+    Case("joiner behind: assigned a source, not admitted", quorum("a", "b"), table(alive("a"), alive("b"), alive("d", 0)), None, "unchanged", catch_up={"d": "a"}),
+    Case(
+        "joiner ready: admitted at once when nobody else is pending",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("d", 97, ready_since=NOW - 0.1)),
+        ("a", "b", "d"),
+        "admitting d",
+    ),
+    Case(
+        "joiner ready waits for another catching up",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("d", 97, ready_since=NOW - 1), alive("e", 3)),
+        None,
+        "waiting up to join_timeout 10s for 1 catching-up",
+        catch_up={"d": "a", "e": "b"},
+    ),
+    Case(
+        "joiner ready admitted after join_timeout",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("d", 97, ready_since=NOW - 10), alive("e", 3)),
+        ("a", "b", "d"),
+        "admitting d after join_timeout",
+        catch_up={"e": "a"},
+    ),
+    Case(
+        "cordoned joiner is not admitted, cordoned member stays",
+        quorum("a", "b"),
+        table(alive("a", cordoned=True), alive("b"), alive("d", 100, cordoned=True)),
+        None,
+        "unchanged",
+    ),
+    Case(
+        "sources spread over the members",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("x", 0), alive("y", 0), alive("z", 0)),
+        None,
+        "unchanged",
+        catch_up={"x": "a", "y": "b", "z": "a"},
+    ),
+    Case(
+        "sources are sticky",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("x", 0), alive("y", 0)),
+        None,
+        "unchanged",
+        catch_up={"x": "b", "y": "a"},
+        prev_catch_up={"x": "b"},
+    ),
+    Case(
+        "a source that leaves is replaced",
+        quorum("a", "b"),
+        table(alive("a"), silent("b"), alive("x", 0)),
+        ("a",),
+        "b (heartbeat timeout)",
+        catch_up={"x": "a"},
+        prev_catch_up={"x": "b"},
+    ),
+    Case(
+        "every member lost, restarted replicas form a new quorum",
+        quorum("a", "b"),
+        table(alive("a", 90, restarted=True), alive("b", 80, restarted=True)),
+        ("a",),
+        "a (restarted), b (restarted); admitting a",
+        catch_up={"b": "a"},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_decide(case: Case) -> None:
+    decision = decide(case.prev, case.replicas, case.now, case.rules, case.prev_catch_up)
+    got = tuple(m.replica_id for m in decision.members) if decision.members is not None else None
+    assert got == case.expect, decision.reason
+    assert case.reason in decision.reason
+    assert {k: v.replica_id for k, v in decision.catch_up.items()} == case.catch_up
+
+
+def test_joined_quorum_id_kept_for_members_and_set_for_newcomers() -> None:
+    prev = quorum("a", "b", qid=7)
+    replicas = table(alive("a"), alive("b"), alive("d", 100, ready_since=NOW - 1))
+    decision = decide(prev, replicas, NOW, RULES)
+    joined = {m.replica_id: m.joined_quorum_id for m in decision.members}
+    assert joined == {"a": 3, "b": 3, "d": 8}
+
+
+def test_reason_is_stable_while_nothing_changes() -> None:
+    """The coordinator logs the reason when it changes, so it must not embed the clock."""
+    prev = quorum("a", "b", "c")
+    replicas = table(alive("a"), silent("b"), silent("c"))
+    first = decide(prev, replicas, NOW, RULES).reason
+    later = decide(prev, replicas, NOW + 3, RULES).reason
+    assert first == later
+
+
+def test_members_sorted_and_carry_their_step() -> None:
+    replicas = table(alive("c", 0), alive("a", 0), alive("b", 0))
+    decision = decide(None, replicas, NOW, RULES)
+    assert [m.replica_id for m in decision.members] == ["a", "b", "c"]
+    assert all(m.joined_quorum_id == 1 for m in decision.members)
