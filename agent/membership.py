@@ -55,6 +55,7 @@ class Membership:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._stream = None
+        self._register_lock = threading.Lock()
         self.on_event: Callable[[pb.WatchEvent], None] | None = None
 
     # ----- lifecycle -----------------------------------------------------------------
@@ -144,18 +145,27 @@ class Membership:
                 self.client.call("Heartbeat", request)
             except RequestRejected as e:
                 if e.code in _REREGISTER:
-                    self._reregister(str(e))
+                    self._reregister(str(e), request.session_id)
                 else:
                     log.warning("heartbeat rejected: %s", e)
             except CoordinatorUnavailable as e:
                 log.warning("heartbeat: %s", e)
 
-    def _reregister(self, why: str) -> None:
-        log.info("registering again (%s)", why)
-        try:
-            self._register()
-        except (CoordinatorUnavailable, RequestRejected) as e:
-            log.warning("registration failed: %s", e)
+    def _reregister(self, why: str, stale_session: str) -> None:
+        """Register again unless the other thread already did since ``stale_session``."""
+        with self._register_lock:
+            if self._session != stale_session:
+                return
+            log.info("registering again (%s)", why)
+            try:
+                self._register()
+            except (CoordinatorUnavailable, RequestRejected) as e:
+                log.warning("registration failed: %s", e)
+                return
+        # The open Watch stream belongs to the old session: reopen it.
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
 
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
@@ -170,9 +180,11 @@ class Membership:
                     return
                 code = e.code()
                 if code in _REREGISTER:
-                    self._reregister(e.details() or code.name)
+                    self._reregister(e.details() or code.name, request.session_id)
                 elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.client.advance()
+                elif code == grpc.StatusCode.CANCELLED:
+                    pass  # we cancelled it to reopen with a new session
                 else:
                     log.warning("watch stream ended: %s %s", code.name, e.details())
             # Back off a little so a coordinator that is down is not hammered.

@@ -155,6 +155,7 @@ class JobState:
         entry.registered_at = entry.last_heartbeat = now
         entry.heard_from = True
         entry.disconnected_at = entry.failed_at = entry.ready_since = None
+        entry.open_watches = 0  # streams of the old session no longer count
         entry.restarted = member is not None and quorum_id < member.joined_quorum_id
         if record_revision is not None:
             entry.record_revision = record_revision

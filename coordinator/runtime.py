@@ -257,8 +257,9 @@ class CoordinatorRuntime:
                 try:
                     quorum, revision = await self._publish(job, decision)
                 except StoreUnavailable as e:
-                    self._log_reason(job, f"quorum change pending, the store is unavailable: {e}")
-                    job.state.reason = f"quorum change pending: {e}"
+                    pending = f"quorum change pending, the store is unavailable ({e}): {decision.reason}"
+                    self._log_reason(job, pending)
+                    job.state.reason = pending
                     return
                 except LostOwnership as e:
                     log.error("job %s: %s", job.state.name, e)

@@ -19,10 +19,9 @@ from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
 from coordinator.names import split_host_port
 from coordinator.runtime import CoordinatorRuntime
-from coordinator.servicer import CoordinatorServicer
+from coordinator.servicer import CoordinatorServicer, add_to_server
 from coordinator.store import Store, open_store
 from protos.fthsdp.v1 import coordinator_pb2 as pb
-from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -93,7 +92,7 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
         leader = advertised_address(config, port)
         runtime = CoordinatorRuntime(config, store, leader)
         await runtime.start()
-        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(runtime, config.max_request_bytes), server)
+        add_to_server(CoordinatorServicer(runtime, config.max_request_bytes), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(

@@ -10,6 +10,7 @@ import functools
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from coordinator import validation
 from coordinator.errors import (
@@ -42,13 +43,59 @@ def status_code_for(error: FthsdpError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class Malformed:
+    """Stands in for a request whose bytes did not parse, so that the servicer
+    answers INVALID_ARGUMENT instead of gRPC's generic UNKNOWN."""
+
+    def __init__(self, method: str, error: Exception) -> None:
+        self.message = f"request is not a valid {method} message: {error}"
+
+
+def _check_request(request, limit: int) -> None:
+    if isinstance(request, Malformed):
+        raise InvalidRequest(request.message)
+    validation.check_size(request, limit)
+
+
+def _lenient(deserialize, method: str):
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except DecodeError as e:
+            return Malformed(method, e)
+
+    return parse
+
+
+class _HandlerCapture:
+    """Collects what the generated ``add_CoordinatorServicer_to_server`` registers."""
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def add_to_server(servicer: "CoordinatorServicer", server) -> None:
+    """Register the servicer like the generated helper, with lenient parsing."""
+    capture = _HandlerCapture()
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, capture)
+    handlers = {
+        name: handler._replace(request_deserializer=_lenient(handler.request_deserializer, name))
+        for name, handler in capture.handlers.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
+    server.add_registered_method_handlers(capture.service, handlers)
+
+
 def _edge(method):
     """Turn typed errors into gRPC statuses and anything else into INTERNAL."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
-            validation.check_size(request, self.max_request_bytes)
+            _check_request(request, self.max_request_bytes)
             return await method(self, request, context)
         except FthsdpError as e:
             await context.abort(status_code_for(e), str(e))
@@ -79,7 +126,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def Watch(self, request, context):
         # A server stream cannot use the unary wrapper; same mapping inline.
         try:
-            validation.check_size(request, self.max_request_bytes)
+            _check_request(request, self.max_request_bytes)
             validation.check_job_field(request.job, allow_empty=True)
             validation.check_watch(request)
             stream = self.runtime.watch(request)

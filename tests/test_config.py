@@ -1,0 +1,65 @@
+"""Config layering: flags over FTHSDP_* over TOML over defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.cli import build_parser, coordinator_config
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import ConfigError
+from coordinator.settings import field_docs, parse_duration, reference_markdown
+
+
+def config(argv, env=None):
+    args = build_parser().parse_args(["coordinator", *argv])
+    return coordinator_config(args, env or {})
+
+
+def test_defaults_work():
+    c = config([])
+    assert c.bind == "0.0.0.0:29510" and c.store == "memory" and c.job == ("default",)
+
+
+def test_precedence(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[coordinator]\nmin_replicas = 3\nheartbeat-timeout = "9s"\njoin_timeout = 4\nstore = "etcd://e:1"\n')
+    env = {"FTHSDP_MIN_REPLICAS": "4", "FTHSDP_HEARTBEAT_TIMEOUT": "8s"}
+    c = config(["--config", str(toml), "--min-replicas", "5"], env)
+    assert c.min_replicas == 5  # flag over env and file
+    assert c.heartbeat_timeout == 8.0  # env over file
+    assert c.join_timeout == 4.0 and c.store == "etcd://e:1"  # file over defaults
+
+
+def test_jobs_from_repeated_flags_and_commas():
+    assert config(["--job", "a,b", "--job", "c"]).job == ("a", "b", "c")
+    assert config([], {"FTHSDP_JOB": "x,y"}).job == ("x", "y")
+    with pytest.raises(ConfigError, match="duplicate"):
+        config(["--job", "a,a"])
+
+
+def test_booleans():
+    assert config(["--no-disconnect-is-failure"]).disconnect_is_failure is False
+    assert config([], {"FTHSDP_DISCONNECT_IS_FAILURE": "off"}).disconnect_is_failure is False
+    with pytest.raises(ConfigError, match="true or false"):
+        config([], {"FTHSDP_DISCONNECT_IS_FAILURE": "maybe"})
+
+
+@pytest.mark.parametrize("text, seconds", [("250ms", 0.25), ("5s", 5.0), ("1.5m", 90.0), ("2h", 7200.0), ("3", 3.0), (".5", 0.5)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_every_field_is_documented():
+    docs = field_docs(CoordinatorConfig)
+    import dataclasses
+
+    assert {f.name for f in dataclasses.fields(CoordinatorConfig)} == set(docs)
+    assert all(len(text) > 10 for text in docs.values())
+    assert "`--heartbeat-timeout`" in reference_markdown(CoordinatorConfig, "coordinator")
+
+
+def test_help_shows_docs_and_env(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["coordinator", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FTHSDP_HEARTBEAT_TIMEOUT" in out and "dropped from the next quorum" in out
