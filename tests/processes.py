@@ -105,13 +105,13 @@ class CoordinatorProcess(_Process):
 
 
 class ReplicaProcess(_Process):
-    """tests/replica_process.py: registers, watches, prints events as JSON lines."""
+    """agent.simulated_replica: registers, watches, prints events as JSON lines."""
 
     def __init__(self, tmp: Path, coordinator: str, replica_id: str, *args: str) -> None:
         argv = [
             sys.executable,
             "-m",
-            "tests.replica_process",
+            "agent.simulated_replica",
             "--coordinator",
             coordinator,
             "--replica-id",

