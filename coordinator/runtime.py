@@ -61,6 +61,7 @@ class CoordinatorRuntime:
         self.jobs = {name: _Job(name, config) for name in config.job}
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
+        self._stopped = False
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -71,6 +72,7 @@ class CoordinatorRuntime:
         self._ticker = asyncio.create_task(self._tick_loop(), name="fthsdp-quorum-tick")
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._ticker is not None:
             self._ticker.cancel()
             try:
@@ -251,6 +253,8 @@ class CoordinatorRuntime:
 
     async def evaluate(self, job: _Job) -> None:
         async with job.lock:
+            if self._stopped:
+                return
             decision = job.state.evaluate(self.clock())
             quorum, revision = None, job.state.quorum_revision
             if decision.changes_quorum:

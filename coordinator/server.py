@@ -53,9 +53,12 @@ class RunningCoordinator:
     health: health.aio.HealthServicer
 
     async def stop(self, grace: float | None = 0.5) -> None:
+        # Decisions stop first: the Watch streams that the shutdown closes must
+        # not read as replicas failing, or a rolling restart of the
+        # coordinator would empty the quorum in the store.
+        await self.runtime.stop()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
-        await self.runtime.stop()
         self.store.close()
 
     async def wait(self) -> None:

@@ -11,7 +11,6 @@ Not a test module. Typical use::
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -100,6 +99,7 @@ class EtcdServer:
         peer = f"http://{HOST}:{self.peer_port}"
         client = f"http://{HOST}:{self.client_port}"
         args = [
+            *_die_with_parent_prefix(),
             self.binary,
             "--name", "default",
             "--data-dir", str(self.data_dir),
@@ -123,7 +123,7 @@ class EtcdServer:
             log.flush()
             self._proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, preexec_fn=_die_with_parent(),
+                env=env,
             )
         try:
             self._wait_ready()
@@ -221,23 +221,20 @@ class EtcdServer:
             client.close()
 
 
-def _die_with_parent():
-    """A preexec_fn making the kernel SIGKILL etcd when the test process dies,
-    even by SIGKILL, so a killed test run leaves no stray etcd behind.
+def _die_with_parent_prefix() -> list[str]:
+    """A command prefix making the kernel SIGKILL etcd when the test process
+    dies, even by SIGKILL, so a killed test run leaves no stray etcd behind.
 
-    Linux ties this to the *thread* that started etcd: start servers from the
-    main thread (fixtures do), not from a short-lived worker thread."""
+    Deliberately not a preexec_fn calling prctl(): a preexec_fn makes Python
+    fork() instead of vfork(), which runs gRPC's pthread_atfork handlers, and
+    those deadlock once gRPC has threads running (seen here: the test process
+    hung inside fork()). Linux ties the signal to the *thread* that started
+    etcd, so start servers from the main thread (fixtures do).
+    """
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-    # Resolved here, in the parent: the child between fork and exec should do
-    # as little as possible.
-    sigkill = int(signal.SIGKILL)
-    return lambda: prctl(pr_set_pdeathsig, sigkill)
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL"] if setpriv else []
 
 
 @atexit.register

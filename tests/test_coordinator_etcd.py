@@ -52,16 +52,19 @@ def status_json(address: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_quorum_survives_coordinator_restart_and_id_never_goes_back(cluster, etcd_url):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_quorum_survives_coordinator_restart_and_id_never_goes_back(cluster, etcd_url, how):
+    # join-timeout 0 disables the split-brain guard's wait, which would
+    # otherwise hide a coordinator that mistakes its own shutdown for failures.
     args = ("--store", etcd_url, "--store-prefix", fresh_prefix(), "--min-replicas", "1",
-            "--heartbeat-interval", "200ms", "--heartbeat-timeout", "3s")
+            "--heartbeat-interval", "200ms", "--heartbeat-timeout", "3s", "--join-timeout", "0s")
     first = cluster.coordinator(*args)
     r0, r1 = cluster.replicas(first.address, "r0", "r1")
     q = r0.wait_members(["r0", "r1"])["quorum_id"]
     before = status_json(first.address)
     assert before["epoch"] == 1 and before["quorum"] == {**before["quorum"], "id": q, "members": ["r0", "r1"]}
 
-    first.kill()
+    first.kill() if how == "SIGKILL" else first.stop()
     second = cluster.coordinator(*args, port=first.port)
     # The restarted coordinator loads quorum q from etcd and the replicas
     # re-register saying they still train in q: same quorum, same id.
