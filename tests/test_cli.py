@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.etcd_server import free_port
+from coordinator.local_etcd import free_port
 from tests.processes import ROOT, CoordinatorProcess, _env
 
 

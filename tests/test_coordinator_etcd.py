@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from coordinator.client import CoordinatorClient
-from tests.etcd_server import EtcdServer
+from coordinator.local_etcd import EtcdServer
 from tests.processes import ROOT, CoordinatorProcess, ReplicaProcess, _env
 from tests.waiting import wait_until
 

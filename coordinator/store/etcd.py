@@ -31,8 +31,10 @@ _GRPC_OPTIONS = [
     # gRPC's default reconnect backoff grows to 120 s, so after a long etcd
     # outage the channel would keep failing fast long after etcd is back.
     # Capping it at 1 s bounds recovery to about etcd's own start-up time.
+    # Not grpc.min_reconnect_backoff_ms: gRPC core uses that as the minimum
+    # *connect timeout* (default 20 s); set low, a slow link could never
+    # finish the HTTP/2 handshake.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     # A dead peer that never sends a RST (a partition) would otherwise keep a
     # half-open connection until the kernel gives up, minutes later. etcd
@@ -193,8 +195,6 @@ class EtcdStore(Store):
         for attempt in range(attempts):
             try:
                 return rpc()
-            except StoreError:
-                raise
             except Exception as e:  # noqa: BLE001 - mapped or re-raised below
                 err = self._map_error(e)
                 if err is None:

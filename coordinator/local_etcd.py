@@ -1,6 +1,7 @@
-"""A real single-member etcd for tests: loopback only, free ports, temp data dir.
+"""A private single-member etcd: loopback only, free ports, temp data dir.
 
-Not a test module. Typical use::
+For tests and for ``fthsdp demo --store etcd``; not for production (see
+deploy/). Typical use::
 
     with EtcdServer() as etcd:      # start() ... close()
         store = open_store(etcd.url)
@@ -13,7 +14,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -92,8 +92,9 @@ class EtcdServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> None:
-        """Start etcd and return once it serves linearizable reads."""
+    def start(self, wait: bool = True) -> None:
+        """Start etcd; with ``wait``, return once it serves linearizable reads
+        (else call ``wait_ready()``, or poll it through the code under test)."""
         if self.running:
             raise RuntimeError(f"etcd at {self.endpoint} is already running")
         peer = f"http://{HOST}:{self.peer_port}"
@@ -125,11 +126,8 @@ class EtcdServer:
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env,
             )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.kill()
-            raise
+        if wait:
+            self.wait_ready()
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if etcd is still there after ``timeout``. Keeps the data."""
@@ -151,10 +149,10 @@ class EtcdServer:
         proc.kill()
         proc.wait()
 
-    def restart(self) -> None:
+    def restart(self, wait: bool = True) -> None:
         """Start again (stopping first if running) on the same ports and data dir."""
         self.stop()
-        self.start()
+        self.start(wait=wait)
 
     def close(self) -> None:
         """Stop and delete the data dir and log."""
@@ -176,11 +174,21 @@ class EtcdServer:
             return f"(no log: {e})"
         return "\n".join(text.splitlines()[-lines:])
 
+    def wait_ready(self) -> None:
+        """Return once etcd serves linearizable reads; kill it and raise, with
+        the log tail, if it exits or is not ready within ``start_timeout``."""
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         last = "not probed yet"
         while True:
-            assert self._proc is not None
+            if self._proc is None:
+                raise RuntimeError(f"etcd at {self.endpoint} was never started")
             code = self._proc.poll()
             if code is not None:
                 raise RuntimeError(
