@@ -11,11 +11,7 @@ import pytest
 from coordinator.local_etcd import EtcdNotFound, EtcdServer
 
 
-@pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdServer]:
-    """One real etcd for the whole session. Tests share it, so each must keep
-    to its own ``key_prefix`` and must not stop it (make a private
-    ``EtcdServer`` to kill or restart)."""
+def _started_etcd() -> EtcdServer:
     try:
         server = EtcdServer()
     except EtcdNotFound as e:
@@ -23,6 +19,25 @@ def etcd_server() -> Iterator[EtcdServer]:
         # silently drops its etcd half would hide a broken set-up.
         pytest.fail(str(e))
     server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One real etcd for the whole session. Tests share it, so each must keep
+    to its own ``key_prefix`` and must not stop it (use ``private_etcd`` to
+    kill or restart one)."""
+    server = _started_etcd()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def private_etcd() -> Iterator[EtcdServer]:
+    """An etcd of this test's own, free to be killed and restarted."""
+    server = _started_etcd()
     try:
         yield server
     finally:

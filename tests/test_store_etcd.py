@@ -47,20 +47,6 @@ def assert_unavailable(op: Callable[[], object], endpoint: str) -> StoreUnavaila
     return info.value
 
 
-@pytest.fixture
-def private_etcd() -> Iterator[EtcdServer]:
-    """An etcd of this test's own, free to be killed."""
-    try:
-        server = EtcdServer()
-    except EtcdNotFound as e:
-        pytest.fail(str(e))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def test_unreachable_endpoint_raises_store_unavailable(key_prefix: str) -> None:
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
