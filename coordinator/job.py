@@ -16,6 +16,9 @@ from coordinator.quorum import CatchUpSource, Decision, Quorum, ReplicaView, Rul
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 
+_AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP)
+
+
 @dataclasses.dataclass
 class ReplicaEntry:
     """Mutable record of one replica; times are coordinator-monotonic seconds."""
@@ -76,6 +79,7 @@ class JobState:
         self.quorum_revision = 0
         self.replicas: dict[str, ReplicaEntry] = {}
         self.catch_up: dict[str, CatchUpSource] = {}
+        self.agents: dict[str, tuple[int, int, str]] = {}
         self.reason = "no decision yet"
 
     # ----- loading after a (re)start -------------------------------------------------
@@ -208,6 +212,17 @@ class JobState:
         self.catch_up.pop(replica_id, None)
         return True
 
+    def agent_event(self, replica_id: str, state: int, restart_count: int, detail: str, now: float) -> bool:
+        """Record a node agent's transition. Returns True if it failed the
+        replica (a rank died): its session ends at once, so the next decision
+        drops it without waiting for heartbeats to lapse."""
+        self.agents[replica_id] = (state, restart_count, detail)
+        entry = self.replicas.get(replica_id)
+        if state in _AGENT_FAILURES and entry is not None and entry.session_id is not None:
+            entry.failed_at, entry.session_id = now, None
+            return True
+        return False
+
     # ----- admin ---------------------------------------------------------------------
 
     def admin_record(self, replica_id: str, *, cordoned: bool | None = None, drain: bool | None = None):
@@ -264,6 +279,7 @@ class JobState:
         for rid in sorted(self.replicas):
             e = self.replicas[rid]
             source = self.catch_up.get(rid)
+            agent_state, restarts, agent_detail = self.agents.get(rid, (0, 0, ""))
             out.append(
                 pb.ReplicaStatus(
                     replica_id=rid,
@@ -276,6 +292,9 @@ class JobState:
                     world_size=e.world_size,
                     cordoned=e.cordoned,
                     catch_up_source=source.replica_id if source else "",
+                    agent_state=agent_state,
+                    restart_count=restarts,
+                    agent_detail=agent_detail,
                 )
             )
         return out

@@ -191,6 +191,21 @@ class CoordinatorRuntime:
         log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given")
         self.wake()
 
+    def agent_event(self, req: pb.AgentEventRequest) -> None:
+        job = self.job(req.job)
+        failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, self.clock())
+        log.info(
+            "job %s: agent of %s (node %d): %s%s",
+            job.state.name,
+            req.replica_id,
+            req.node_rank,
+            pb.AgentState.Name(req.state).removeprefix("AGENT_STATE_").lower(),
+            f" ({req.detail})" if req.detail else "",
+        )
+        if failed:
+            self.wake()
+        job.notify()
+
     # ----- status and admin ----------------------------------------------------------
 
     def status(self, req: pb.StatusRequest) -> pb.StatusResponse:

@@ -151,6 +151,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.LeaveResponse()
 
     @_edge
+    async def ReportAgentEvent(self, request, context):
+        validation.check_job_field(request.job, allow_empty=True)
+        validation.check_agent_event(request)
+        self.runtime.agent_event(request)
+        return pb.AgentEventResponse()
+
+    @_edge
     async def Status(self, request, context):
         validation.check_job_field(request.job, allow_empty=True)
         return self.runtime.status(request)

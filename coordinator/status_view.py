@@ -16,6 +16,13 @@ STATE_NAMES = {
 }
 
 
+AGENT_STATE_NAMES = {
+    value: name.removeprefix("AGENT_STATE_").lower().replace("_", "-")
+    for name, value in pb.AgentState.items()
+    if value != pb.AGENT_STATE_UNSPECIFIED
+}
+
+
 def status_dict(status: pb.StatusResponse) -> dict:
     """The documented JSON shape; extra keys may be added, none removed."""
     has_quorum = status.HasField("quorum")
@@ -42,6 +49,8 @@ def status_dict(status: pb.StatusResponse) -> dict:
                 "world_size": r.world_size,
                 "cordoned": r.cordoned,
                 "catch_up_source": r.catch_up_source or None,
+                "agent_state": AGENT_STATE_NAMES.get(r.agent_state),
+                "restart_count": r.restart_count,
             }
             for r in status.replicas
         ],
@@ -71,6 +80,8 @@ def status_table(status: pb.StatusResponse) -> str:
             notes.append("cordoned")
         if r["catch_up_source"]:
             notes.append(f"from {r['catch_up_source']}")
+        if r["agent_state"]:
+            notes.append(f"agent {r['agent_state']}" + (f", {r['restart_count']} restarts" if r["restart_count"] else ""))
         rows.append((r["id"], r["state"], str(r["step"]), age, r["address"], str(r["world_size"]), checksum, ", ".join(notes)))
     if len(rows) == 1:
         lines.append("no replicas registered")

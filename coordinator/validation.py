@@ -77,3 +77,10 @@ def check_watch(req) -> None:
 def check_leave(req) -> None:
     check_session(req)
     _short("reason", req.reason, MAX_REASON)
+
+
+def check_agent_event(req) -> None:
+    check_replica_id(req.replica_id)
+    _non_negative("node_rank", req.node_rank)
+    _non_negative("restart_count", req.restart_count)
+    _short("detail", req.detail, MAX_REASON)

@@ -88,3 +88,18 @@ def test_load_presumes_known_replicas_alive_for_one_timeout():
     assert decision.members is None and "split-brain guard" in decision.reason
     late = job.evaluate(116.0)  # past join_timeout: shrinking would leave nobody
     assert late.members is None and "0 healthy replicas, need min_replicas 1" in late.reason
+
+
+def test_agent_failure_report_fails_the_replica_at_once():
+    job = JobState("j", RULES)
+    for rid in ("a", "b"):
+        job.register(rid, f"{rid}:1", 1, 0, 0, now=0.0)
+    formed(job, 0.1)
+    assert job.agent_event("b", pb.AGENT_STATE_RUNNING, 0, "", now=0.2) is False
+    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 1 exited with -9", now=0.3) is True
+    decision = job.evaluate(0.31)
+    assert [m.replica_id for m in decision.members] == ["a"] and "b (reported failed)" in decision.reason
+    status = {r.replica_id: r for r in job.replica_statuses(0.4)}
+    assert status["b"].agent_state == pb.AGENT_STATE_FAILED and status["b"].agent_detail == "rank 1 exited with -9"
+    # a second report for the same dead session changes nothing
+    assert job.agent_event("b", pb.AGENT_STATE_RESTARTING, 1, "", now=0.5) is False

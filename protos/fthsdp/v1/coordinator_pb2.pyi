@@ -15,12 +15,31 @@ class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLICA_STATE_CATCHING_UP: _ClassVar[ReplicaState]
     REPLICA_STATE_FAILED: _ClassVar[ReplicaState]
     REPLICA_STATE_DRAINING: _ClassVar[ReplicaState]
+
+class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AGENT_STATE_UNSPECIFIED: _ClassVar[AgentState]
+    AGENT_STATE_STARTING: _ClassVar[AgentState]
+    AGENT_STATE_RUNNING: _ClassVar[AgentState]
+    AGENT_STATE_FAILED: _ClassVar[AgentState]
+    AGENT_STATE_RESTARTING: _ClassVar[AgentState]
+    AGENT_STATE_DRAINING: _ClassVar[AgentState]
+    AGENT_STATE_SUCCEEDED: _ClassVar[AgentState]
+    AGENT_STATE_GAVE_UP: _ClassVar[AgentState]
 REPLICA_STATE_UNSPECIFIED: ReplicaState
 REPLICA_STATE_JOINING: ReplicaState
 REPLICA_STATE_HEALTHY: ReplicaState
 REPLICA_STATE_CATCHING_UP: ReplicaState
 REPLICA_STATE_FAILED: ReplicaState
 REPLICA_STATE_DRAINING: ReplicaState
+AGENT_STATE_UNSPECIFIED: AgentState
+AGENT_STATE_STARTING: AgentState
+AGENT_STATE_RUNNING: AgentState
+AGENT_STATE_FAILED: AgentState
+AGENT_STATE_RESTARTING: AgentState
+AGENT_STATE_DRAINING: AgentState
+AGENT_STATE_SUCCEEDED: AgentState
+AGENT_STATE_GAVE_UP: AgentState
 
 class QuorumMember(_message.Message):
     __slots__ = ("replica_id", "address", "world_size", "step", "joined_quorum_id")
@@ -160,6 +179,26 @@ class LeaveResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AgentEventRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "state", "node_rank", "restart_count", "detail")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    state: AgentState
+    node_rank: int
+    restart_count: int
+    detail: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[AgentState, str]] = ..., node_rank: _Optional[int] = ..., restart_count: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class AgentEventResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ("job",)
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -167,7 +206,7 @@ class StatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source")
+    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +217,9 @@ class ReplicaStatus(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_STATE_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_DETAIL_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     state: ReplicaState
     step: int
@@ -188,7 +230,10 @@ class ReplicaStatus(_message.Message):
     world_size: int
     cordoned: bool
     catch_up_source: str
-    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ...) -> None: ...
+    agent_state: AgentState
+    restart_count: int
+    agent_detail: str
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs")

@@ -55,6 +55,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.LeaveResponse.FromString,
                 _registered_method=True)
+        self.ReportAgentEvent = channel.unary_unary(
+                '/fthsdp.v1.Coordinator/ReportAgentEvent',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.AgentEventRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.AgentEventResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/fthsdp.v1.Coordinator/Status',
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.StatusRequest.SerializeToString,
@@ -97,6 +102,13 @@ class CoordinatorServicer:
 
     def Leave(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportAgentEvent(self, request, context):
+        """A node agent's lifecycle transitions (see AgentState).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,6 +156,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.LeaveRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.LeaveResponse.SerializeToString,
+            ),
+            'ReportAgentEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportAgentEvent,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.AgentEventRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.AgentEventResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -270,6 +287,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/Leave',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.LeaveRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportAgentEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Coordinator/ReportAgentEvent',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.AgentEventRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.AgentEventResponse.FromString,
             options,
             channel_credentials,
             insecure,
