@@ -56,7 +56,7 @@ class Membership:
         self._threads: list[threading.Thread] = []
         self._stream = None
         self._register_lock = threading.Lock()
-        self.on_event: Callable[[pb.WatchEvent], None] | None = None
+        self._listeners: list[Callable[[pb.WatchEvent], None]] = []
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -190,9 +190,13 @@ class Membership:
             # Back off a little so a coordinator that is down is not hammered.
             self._stop.wait(0.1)
 
+    def add_listener(self, listener: Callable[[pb.WatchEvent], None]) -> None:
+        """Call ``listener(event)`` on the watch thread for every event (keep it quick)."""
+        self._listeners.append(listener)
+
     def _deliver(self, event: pb.WatchEvent) -> None:
         with self._cond:
             self.latest = event
             self._cond.notify_all()
-        if self.on_event is not None:
-            self.on_event(event)
+        for listener in self._listeners:
+            listener(event)

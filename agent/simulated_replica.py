@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(line), flush=True)
         changed.set()
 
-    m.on_event = on_event
+    m.add_listener(on_event)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

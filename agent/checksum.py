@@ -1,0 +1,50 @@
+"""A cheap, exact fingerprint of a replica's committed state.
+
+CRC-32 over the raw bytes of every parameter and optimizer-state tensor in a
+fixed order: two replicas agree only if they are bit-identical. It costs one
+pass over the state (about 1 GB/s on a CPU core), so the manager computes it
+every ``checksum_every`` steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+
+import torch
+
+
+def _tensor_bytes(t: torch.Tensor):
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return t.view(torch.uint8).numpy()
+
+
+def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> str:
+    crc = 0
+    for name, p in sorted(model.state_dict().items()):
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(_tensor_bytes(p), crc)
+    if optimizer is not None:
+        state = optimizer.state_dict()["state"]
+        for index in sorted(state):
+            for key in sorted(state[index]):
+                value = state[index][key]
+                if isinstance(value, torch.Tensor):
+                    crc = zlib.crc32(_tensor_bytes(value), crc)
+                else:
+                    crc = zlib.crc32(repr(value).encode(), crc)
+    return f"{crc:08x}"
+
+
+def structure_hash(model: torch.nn.Module) -> int:
+    """A 62-bit hash of the parameter names, shapes and dtypes (not values):
+    replicas whose hashes differ are not training the same model."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, p in model.named_parameters():
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    return int.from_bytes(h.digest(), "big") >> 2

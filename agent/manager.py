@@ -1,0 +1,209 @@
+"""The training-script API: the fault-tolerant step of one replica.
+
+A nanoGPT-style loop stays readable::
+
+    with Manager.from_env(model, optimizer) as ft:
+        while ft.step < max_steps and not ft.stopped:
+            x, y = get_batch(ft.step, ft.replica_rank)   # data position = (step, replica rank)
+            loss = model(x, y)
+            loss.backward()
+            ft.allreduce_gradients()   # FTAR across the quorum; redone among survivors on a failure
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            ft.commit()                # the step boundary: membership changes, checksum, drain
+
+The manager registers the replica with the coordinator, learns every
+membership change from its push (no coordinator call on a step where nothing
+changed) and hosts the rendezvous store its quorum groups use when it is the
+first member. A SIGTERM, or ``fthsdp drain``, makes the replica leave at the
+next step boundary; ``stopped`` then turns true and the script should exit 0.
+
+Data semantics: replica ``r`` trains on batch ``(step, r)`` of a deterministic
+stream. While a replica is out, its batches are not trained on (the global
+batch shrinks); no other replica skips or repeats data because of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from agent.checksum import state_checksum, structure_hash
+from agent.ftar import FTAR, QuorumTracker, StepResult
+from agent.membership import Membership
+from coordinator.errors import ConfigError, FthsdpError
+
+log = logging.getLogger("fthsdp.agent.manager")
+
+
+class ApiMisuse(FthsdpError):
+    """The training script called the API out of order."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerConfig:
+    """Settings of the fault-tolerant step (from FTHSDP_* set by `fthsdp agent`)."""
+
+    coordinator: tuple[str, ...]
+    """Coordinator addresses."""
+
+    replica_id: str
+    """This replica group's id."""
+
+    job: str = "default"
+    """Job name on the coordinator."""
+
+    replica_rank: int = 0
+    """This replica's fixed index, for data sharding."""
+
+    num_replicas: int = 1
+    """The nominal number of replicas, for data sharding."""
+
+    host: str = "127.0.0.1"
+    """Address other replicas use to reach this one."""
+
+    timeout: float = 60.0
+    """Longest wait for a collective or a quorum before giving up."""
+
+    checksum_every: int = 1
+    """Report the state checksum every this many steps (0: never)."""
+
+    def __post_init__(self) -> None:
+        if not self.coordinator:
+            raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
+        if not self.replica_id:
+            raise ConfigError("FTHSDP_REPLICA_ID is not set: run the script under `fthsdp agent`")
+        if self.replica_rank < 0 or self.num_replicas < 1:
+            raise ConfigError("replica rank must be >= 0 and the number of replicas >= 1")
+        if self.timeout <= 0 or self.checksum_every < 0:
+            raise ConfigError("timeout must be positive and checksum_every >= 0")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides) -> "ManagerConfig":
+        def get(name: str, default: str) -> str:
+            return env.get(f"FTHSDP_{name}", default) or default
+
+        try:
+            values = dict(
+                coordinator=tuple(a for a in get("COORDINATOR", "127.0.0.1:29510").split(",") if a),
+                replica_id=get("REPLICA_ID", ""),
+                job=get("JOB", "default"),
+                replica_rank=int(get("REPLICA_RANK", "0")),
+                num_replicas=int(get("NUM_REPLICAS", "1")),
+                host=get("ADVERTISE_HOST", "127.0.0.1"),
+                timeout=float(get("FTAR_TIMEOUT", "60")),
+                checksum_every=int(get("CHECKSUM_EVERY", "1")),
+            )
+        except ValueError as e:
+            raise ConfigError(f"bad FTHSDP_* setting: {e}") from e
+        values.update(overrides)
+        return cls(**values)
+
+
+class Manager:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ManagerConfig) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        self.step = 0
+        self.stopped = False
+        self.last: StepResult | None = None
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._structure = structure_hash(model)
+        self._reduced = False
+        self._drain = threading.Event()
+        timeout = datetime.timedelta(seconds=config.timeout)
+        # The rendezvous store of every quorum whose first member we are.
+        self._store = dist.TCPStore(config.host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+        self.address = f"{config.host}:{self._store.port}"
+        self.tracker = QuorumTracker(config.replica_id)
+        self.membership = Membership(config.coordinator, config.job, config.replica_id, self.address, 1, 0)
+        self.membership.add_listener(self.tracker.update)
+        self.ftar = FTAR(self.tracker, config.job, timeout=config.timeout)
+
+    @classmethod
+    def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
+        return cls(model, optimizer, ManagerConfig.from_env(os.environ if env is None else env, **overrides))
+
+    @property
+    def replica_rank(self) -> int:
+        return self.config.replica_rank
+
+    @property
+    def num_replicas(self) -> int:
+        return self.config.num_replicas
+
+    # ----- lifecycle -----------------------------------------------------------------
+
+    def start(self, wait_for_replicas: int = 1, admission_timeout: float = 120.0) -> None:
+        """Register and wait until a quorum of at least ``wait_for_replicas``
+        members includes this replica (a fresh job passes its replica count so
+        that every replica starts at step 0 together)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self._drain.set())
+        self.membership.start()
+        quorum = self.tracker.wait_for_membership(admission_timeout, wait_for_replicas)
+        self.membership.training_quorum_id = quorum.id
+        log.info("replica %s admitted in quorum %d", self.config.replica_id, quorum.id)
+
+    def close(self) -> None:
+        self.membership.close()
+
+    def __enter__(self) -> "Manager":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.stopped:
+            self.close()
+
+    # ----- the step ------------------------------------------------------------------
+
+    def allreduce_gradients(self) -> StepResult:
+        """Replace every gradient by its average over the quorum's replicas."""
+        if self._reduced:
+            raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() after optimizer.step()")
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        result = self.ftar.allreduce(self.step, flat, self._structure)
+        offset = 0
+        for p, g in zip(self._params, grads):
+            n = g.numel()
+            if p.grad is None:
+                p.grad = g
+            p.grad.copy_(result.average[offset : offset + n].view_as(g))
+            offset += n
+        self._reduced = True
+        self.last = result
+        return result
+
+    def commit(self) -> None:
+        """Mark the step boundary after ``optimizer.step()``."""
+        if not self._reduced:
+            raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
+        self._reduced = False
+        self.step += 1
+        m = self.membership
+        m.step = self.step
+        m.training_quorum_id = self.last.quorum_id
+        every = self.config.checksum_every
+        if every and self.step % every == 0:
+            m.state_checksum, m.checksum_step = state_checksum(self.model, self.optimizer), self.step
+        latest = m.latest
+        if self._drain.is_set() or (latest is not None and latest.drain_requested):
+            log.info("replica %s drains after step %d", self.config.replica_id, self.step)
+            m.leave("drained")
+            self.stopped = True
+
+    @property
+    def checksum(self) -> str:
+        return self.membership.state_checksum
+

@@ -1,0 +1,91 @@
+"""A replica's training process for the FTAR tests: a small MLP on a
+deterministic data stream, under agent.manager, as a real OS process.
+
+Prints one JSON line per committed step (step, quorum, contributors,
+abandoned collectives, state checksum, monotonic time) and, with --save, the
+final parameters. Failure injection: --die-at STEP --die-in forward|allreduce|commit
+SIGKILLs this process at that point of that step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+
+from agent.manager import Manager
+
+
+def make_model(hidden: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden))
+
+
+def batch(step: int, replica_rank: int, hidden: int, seed: int, size: int = 8):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + replica_rank)
+    return torch.randn(size, hidden, generator=g), torch.randn(size, hidden, generator=g)
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-for", type=int, default=1)
+    p.add_argument("--die-at", type=int, default=-1)
+    p.add_argument("--die-in", choices=("forward", "allreduce", "commit"), default="forward")
+    p.add_argument("--die-after", type=float, default=0.005, help="seconds into the all-reduce")
+    p.add_argument("--save", default="")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+
+    model = make_model(args.hidden, args.seed)
+    optimizer = make_optimizer(model)
+    ft = Manager.from_env(model, optimizer)
+    ft.start(wait_for_replicas=args.wait_for)
+    print(json.dumps({"admitted": ft.tracker.quorum.id, "t": time.monotonic()}), flush=True)
+    while ft.step < args.steps and not ft.stopped:
+        dying = ft.step == args.die_at
+        x, y = batch(ft.step, ft.replica_rank, args.hidden, args.seed)
+        if dying and args.die_in == "forward":
+            die()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        if dying and args.die_in == "allreduce":
+            threading.Timer(args.die_after, die).start()
+        result = ft.allreduce_gradients()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if dying and args.die_in == "commit":
+            die()
+        ft.commit()
+        print(json.dumps({
+            "step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
+            "abandoned": result.abandoned, "checksum": ft.checksum, "loss": loss.item(), "t": time.monotonic(),
+        }), flush=True)
+    if args.save:
+        torch.save(model.state_dict(), args.save)
+    print(json.dumps({"done": ft.step, "stopped": ft.stopped}), flush=True)
+    if not ft.stopped:
+        ft.close()
+    # Abandoned gloo collectives may linger until their timeout; do not wait for them.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
