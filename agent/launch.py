@@ -125,4 +125,7 @@ def stop_ranks(ranks: Sequence[Rank], timeout: float, interval: float, sweep: bo
         elif sweep:
             rank.signal_group(signal.SIGKILL)
     for rank in ranks:
-        rank.proc.wait()
+        try:
+            rank.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:  # e.g. stuck in the kernel (D state) on a GPU driver call
+            log.error("local rank %d (pid %d) did not die after SIGKILL", rank.local_rank, rank.pid)

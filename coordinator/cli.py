@@ -1,4 +1,4 @@
-"""The `fthsdp` command: coordinator, status, drain, cordon, uncordon, demo.
+"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, demo.
 
 This is the only place that reads the environment (FTHSDP_*) and the only
 place that turns errors into exit codes: a user mistake ends with one line on
@@ -35,6 +35,23 @@ def _add_coordinator_parser(sub) -> None:
     p.set_defaults(run=_run_coordinator)
 
 
+def _add_agent_parser(sub) -> None:
+    from agent.config import AgentConfig
+    from coordinator.settings import add_flags
+
+    p = sub.add_parser(
+        "agent",
+        help="launch and supervise the local ranks of one replica group",
+        description="Start the ranks of one replica group on this node, restart the group when a rank dies, "
+        "report every transition to the coordinator.",
+        usage="fthsdp agent --replica-id ID [options] -- COMMAND [ARG ...]",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML file with an [agent] table (flags and FTHSDP_* win over it)")
+    add_flags(p, AgentConfig)
+    p.add_argument("rank_command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command every rank runs")
+    p.set_defaults(run=_run_agent)
+
+
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--coordinator",
@@ -50,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_coordinator_parser(sub)
+    _add_agent_parser(sub)
 
     p = sub.add_parser("status", help="show the quorum and every replica", description="Show a job's quorum and replicas.")
     _add_client_flags(p)
@@ -145,6 +163,12 @@ def _run_admin(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             client.cordon(job, args.replica_id, cordoned=args.admin == "cordon")
             print(f"replica {args.replica_id} {args.admin}ed")
     return 0
+
+
+def _run_agent(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from agent.supervisor import main as agent_main
+
+    return agent_main(args, env)
 
 
 def _run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -10,6 +10,7 @@ SIGKILLs this process at that point of that step.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import signal
@@ -22,9 +23,12 @@ import torch
 from agent.manager import Manager
 
 
-def make_model(hidden: int, seed: int) -> torch.nn.Module:
+def make_model(hidden: int, seed: int, names: str = "plain") -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden))
+    layers = [torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden)]
+    if names == "renamed":  # the same sizes under other names: a different model
+        return torch.nn.Sequential(collections.OrderedDict(zip(("a", "act", "b"), layers)))
+    return torch.nn.Sequential(*layers)
 
 
 def batch(step: int, replica_rank: int, hidden: int, seed: int, size: int = 8):
@@ -50,10 +54,11 @@ def main() -> int:
     p.add_argument("--die-in", choices=("forward", "allreduce", "commit"), default="forward")
     p.add_argument("--die-after", type=float, default=0.005, help="seconds into the all-reduce")
     p.add_argument("--save", default="")
+    p.add_argument("--names", choices=("plain", "renamed"), default="plain")
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    model = make_model(args.hidden, args.seed)
+    model = make_model(args.hidden, args.seed, args.names)
     optimizer = make_optimizer(model)
     ft = Manager.from_env(model, optimizer)
     ft.start(wait_for_replicas=args.wait_for)

@@ -145,3 +145,63 @@ class ReplicaProcess(_Process):
 
     def wait_members(self, members: list[str], timeout: float = 20.0) -> dict:
         return self.wait_event(lambda e: sorted(e["members"]) == sorted(members), timeout)
+
+
+class WorkerProcess(_Process):
+    """tests/ftar_worker.py under agent.manager: one JSON line per committed step."""
+
+    def __init__(self, tmp: Path, coordinator: str, replica_id: str, replica_rank: int, *args: str, env: dict | None = None) -> None:
+        argv = [sys.executable, "-m", "tests.ftar_worker", *args]
+        super().__init__(argv, tmp / f"worker-{replica_id}.log")
+        self.replica_id = replica_id
+        self.env = {
+            "FTHSDP_COORDINATOR": coordinator,
+            "FTHSDP_REPLICA_ID": replica_id,
+            "FTHSDP_REPLICA_RANK": str(replica_rank),
+            "FTHSDP_FTAR_TIMEOUT": "30",
+            **(env or {}),
+        }
+        self.steps: dict[int, dict] = {}
+        self.done: dict | None = None
+
+    def spawn(self) -> None:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, cwd=ROOT, env={**_env(), **self.env}, stdout=subprocess.PIPE, stderr=self._log, text=True
+        )
+        self._pumper = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
+        self._pumper.start()
+
+    def start(self) -> "WorkerProcess":
+        self.spawn()
+        return self
+
+    def read_until(self, predicate, timeout: float = 60.0) -> dict:
+        """Consume JSON lines until one satisfies ``predicate``; steps are recorded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"worker {self.replica_id}: nothing matching in {timeout}s; log:\n{self.log_tail()}")
+            line = json.loads(self.next_line(left))
+            if "step" in line:
+                self.steps[line["step"]] = line
+            if "done" in line:
+                self.done = line
+            if predicate(line):
+                return line
+
+    def collect_after_exit(self, timeout: float = 30.0) -> int:
+        """Wait for the process to end and record every step it printed."""
+        code = self.proc.wait(timeout=timeout)
+        self._pumper.join(timeout)
+        while not self.lines.empty():
+            line = json.loads(self.lines.get_nowait())
+            if "step" in line:
+                self.steps[line["step"]] = line
+        return code
+
+    def finish(self, timeout: float = 60.0) -> dict:
+        self.read_until(lambda line: "done" in line, timeout)
+        assert self.proc.wait(timeout=30) == 0
+        return self.done

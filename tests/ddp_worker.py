@@ -1,0 +1,42 @@
+"""The oracle for the DDP-equivalence test: the same model, data and optimizer
+as tests/ftar_worker.py, under torch's own DistributedDataParallel."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from tests.ftar_worker import batch, make_model, make_optimizer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--init", required=True, help="tcp://127.0.0.1:PORT")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=60))
+    model = make_model(args.hidden, args.seed)
+    ddp = DistributedDataParallel(model)
+    optimizer = make_optimizer(model)
+    for step in range(args.steps):
+        x, y = batch(step, args.rank, args.hidden, args.seed)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.save(model.state_dict(), args.save)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

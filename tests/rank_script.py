@@ -1,0 +1,86 @@
+"""A stand-in rank for the agent tests: plain Python, no torch.
+
+    python tests/rank_script.py OUT_DIR PLAN
+
+Writes its launch environment as JSON to OUT_DIR/env-rank{RANK}-restart{N}.json
+(after its SIGTERM handler is installed, so a test that sees the file may
+signal it), then follows PLAN:
+
+  exit0      exit 0 at once
+  wait       wait for SIGTERM, write sigterm-rank{RANK}-restart{N}, exit 0
+  fail       exit 3, always
+  fail-once  exit 3 on the first start (restart count 0), exit 0 after
+  kill1      first start: local rank 1 SIGKILLs itself once every rank of the
+             group has written its file, the others wait as in 'wait';
+             later starts: exit 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "FTHSDP_COORDINATOR",
+    "FTHSDP_JOB",
+    "FTHSDP_REPLICA_ID",
+    "FTHSDP_REPLICA_RANK",
+    "FTHSDP_NUM_REPLICAS",
+    "FTHSDP_BACKEND",
+    "FTHSDP_RESTART_COUNT",
+)
+DEADLINE = 30.0  # never outlive a broken test by much
+
+
+def main() -> int:
+    out, plan = Path(sys.argv[1]), sys.argv[2]
+    rank = os.environ["RANK"]
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    got_sigterm = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got_sigterm.append(signum))
+
+    env = {key: os.environ.get(key) for key in CONTRACT}
+    env["pid"] = os.getpid()
+    env["pgid"] = os.getpgid(0)
+    tmp = out / f".env-rank{rank}-restart{restart}.tmp"
+    tmp.write_text(json.dumps(env))
+    tmp.rename(out / f"env-rank{rank}-restart{restart}.json")  # atomic: readers never see half a file
+
+    if plan == "exit0" or (plan in ("fail-once", "kill1") and restart > 0):
+        return 0
+    if plan in ("fail", "fail-once"):
+        return 3
+    if plan == "kill1" and os.environ["LOCAL_RANK"] == "1":
+        world = int(os.environ["WORLD_SIZE"])
+        wait_for(lambda: all((out / f"env-rank{r}-restart{restart}.json").exists() for r in range(world)))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if plan in ("wait", "kill1"):
+        wait_for(lambda: got_sigterm)
+        (out / f"sigterm-rank{rank}-restart{restart}").write_text("")
+        return 0
+    print(f"rank_script: unknown plan {plan!r}", file=sys.stderr)
+    return 2
+
+
+def wait_for(predicate) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not predicate():
+        if time.monotonic() > deadline:
+            sys.exit(f"rank_script: gave up waiting after {DEADLINE}s")
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

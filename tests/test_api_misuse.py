@@ -1,0 +1,54 @@
+"""A rank that calls the API wrongly gets a clear error, not a hang."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent.manager import ApiMisuse, Manager, ManagerConfig
+from coordinator.errors import ConfigError
+from tests.processes import CoordinatorProcess, WorkerProcess
+
+
+def offline_manager() -> Manager:
+    model = torch.nn.Linear(4, 4)
+    # Never started: the order checks come before any network call.
+    return Manager(model, torch.optim.SGD(model.parameters(), lr=0.1), ManagerConfig(("127.0.0.1:1",), "r0"))
+
+
+def test_commit_before_allreduce():
+    with pytest.raises(ApiMisuse, match="commit\\(\\) before allreduce_gradients"):
+        offline_manager().commit()
+
+
+def test_allreduce_twice_in_a_step():
+    ft = offline_manager()
+    ft._reduced = True  # as after a first allreduce_gradients()
+    with pytest.raises(ApiMisuse, match="called twice"):
+        ft.allreduce_gradients()
+
+
+def test_missing_replica_id_is_a_config_error():
+    with pytest.raises(ConfigError, match="FTHSDP_REPLICA_ID"):
+        ManagerConfig.from_env({"FTHSDP_COORDINATOR": "h:1"})
+    with pytest.raises(ConfigError, match="bad FTHSDP_"):
+        ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r", "FTHSDP_REPLICA_RANK": "x"})
+
+
+@pytest.mark.parametrize(
+    "second, words",
+    [
+        (("--hidden", "48"), "gradients of different sizes"),
+        (("--names", "renamed"), "disagree on the model"),
+    ],
+)
+def test_mismatched_replicas_fail_fast_with_a_clear_error(tmp_path, second, words):
+    c = CoordinatorProcess(tmp_path, "--min-replicas", "2").start()
+    try:
+        a = WorkerProcess(tmp_path, c.address, "r0", 0, "--wait-for", "2", "--hidden", "32").start()
+        b = WorkerProcess(tmp_path, c.address, "r1", 1, "--wait-for", "2", "--hidden", "32", *second).start()
+        for w in (a, b):
+            assert w.proc.wait(timeout=60) != 0
+            assert words in w.log_path.read_text()
+    finally:
+        c.stop()

@@ -1,0 +1,48 @@
+"""With no failures, N replicas under fthsdp end with the parameters torch's
+own DistributedDataParallel reaches with world size N on the same data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from coordinator.local_etcd import free_port
+from tests.processes import ROOT, CoordinatorProcess, WorkerProcess, _env
+
+N, STEPS, HIDDEN = 3, 12, "96"
+
+
+def test_same_parameters_as_ddp(tmp_path):
+    init = f"tcp://127.0.0.1:{free_port()}"
+    oracle = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(N), "--init", init,
+             "--steps", str(STEPS), "--hidden", HIDDEN, "--save", str(tmp_path / f"ddp{r}.pt")],
+            cwd=ROOT, env=_env(),
+        )
+        for r in range(N)
+    ]
+    coordinator = CoordinatorProcess(tmp_path, "--min-replicas", str(N)).start()
+    try:
+        workers = [
+            WorkerProcess(tmp_path, coordinator.address, f"r{r}", r, "--steps", str(STEPS), "--wait-for", str(N),
+                          "--hidden", HIDDEN, "--save", str(tmp_path / f"ft{r}.pt")).start()
+            for r in range(N)
+        ]
+        for w in workers:
+            w.finish()
+    finally:
+        coordinator.stop()
+    for p in oracle:
+        assert p.wait(timeout=120) == 0
+    expected = torch.load(tmp_path / "ddp0.pt", weights_only=True)
+    for r in range(N):
+        got = torch.load(tmp_path / f"ft{r}.pt", weights_only=True)
+        for name, value in expected.items():
+            # Equal up to float32 rounding: DDP divides before summing, FTAR after.
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=f"replica {r}, {name}")
+        # and the replicas are bit-identical among themselves
+        first = torch.load(tmp_path / "ft0.pt", weights_only=True)
+        assert all(torch.equal(got[k], first[k]) for k in first)

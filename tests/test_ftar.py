@@ -1,0 +1,87 @@
+"""FTAR with real replica processes: failures at every point of a step.
+
+Three replicas (OS processes, gloo on loopback) train a small MLP against a
+real coordinator. One is SIGKILLed before its backward pass, in the middle of
+the all-reduce, or after it but before its commit; or SIGSTOPped (a hang).
+The survivors must commit the failing step and every later one (no step lost,
+none repeated), with bit-identical state at every step.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.processes import CoordinatorProcess, WorkerProcess
+
+STEPS = 8
+DIE_AT = 3  # the step (0-based) during which the victim dies
+HIDDEN = "1024"  # 2.1M parameters: an all-reduce long enough to be killed in
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    started = []
+
+    def start(n: int, victim_args: tuple[str, ...] = (), heartbeat_timeout: str = "1s"):
+        c = CoordinatorProcess(tmp_path, "--min-replicas", "2", "--heartbeat-interval", "200ms",
+                               "--heartbeat-timeout", heartbeat_timeout).start()
+        started.append(c)
+        workers = []
+        for i in range(n):
+            extra = victim_args if i == n - 1 else ()
+            w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", str(STEPS), "--wait-for", str(n),
+                              "--hidden", HIDDEN, *extra).start()
+            workers.append(w)
+            started.append(w)
+        return c, workers
+
+    yield start
+    for proc in started:
+        proc.signal(signal.SIGCONT)
+        proc.kill()
+
+
+def assert_consistent(survivors, victim_steps):
+    for w in survivors:
+        assert sorted(w.steps) == list(range(1, STEPS + 1)), f"{w.replica_id} lost or repeated a step"
+    for step in range(1, STEPS + 1):
+        checksums = {w.steps[step]["checksum"] for w in survivors}
+        if step in victim_steps:
+            checksums.add(victim_steps[step]["checksum"])
+        assert len(checksums) == 1, f"replicas disagree at step {step}: {checksums}"
+
+
+@pytest.mark.parametrize("die_in", ["forward", "allreduce", "commit"])
+def test_survivors_commit_every_step_when_a_replica_is_killed(cluster, die_in):
+    _, (r0, r1, r2) = cluster(3, ("--die-at", str(DIE_AT), "--die-in", die_in))
+    for w in (r0, r1):
+        w.finish()
+    assert r2.collect_after_exit() == -signal.SIGKILL
+    assert_consistent([r0, r1], r2.steps)
+    failing = r0.steps[DIE_AT + 1]
+    if die_in == "commit":
+        # The victim's gradients were in the finished all-reduce: they count.
+        assert failing["contributors"] == 3 and r0.steps[DIE_AT + 2]["contributors"] == 2
+    else:
+        assert failing["contributors"] == 2, failing
+        assert failing["abandoned"] >= 1, "the step should have been redone among the survivors"
+    assert all(r0.steps[s]["contributors"] == 2 for s in range(DIE_AT + 2, STEPS + 1))
+    # The survivors' next commit came quickly (detection by the closed stream).
+    gap = failing["t"] - r0.steps[DIE_AT]["t"]
+    assert gap < 3.0, f"survivors took {gap:.2f}s to commit the failing step"
+
+
+def test_survivors_continue_past_a_hung_replica(cluster):
+    _, (r0, r1, r2) = cluster(3)
+    r2.read_until(lambda line: line.get("step") == DIE_AT)
+    r2.signal(signal.SIGSTOP)
+    for w in (r0, r1):
+        w.finish()
+    assert_consistent([r0, r1], r2.steps)
+    failing = r0.steps[DIE_AT + 1]
+    assert failing["contributors"] == 2
+    # A hang is only seen through the heartbeat timeout (1 s here).
+    assert failing["t"] - r0.steps[DIE_AT]["t"] < 1.0 + 2.0
+    assert all(r0.steps[s]["contributors"] == 2 for s in range(DIE_AT + 2, STEPS + 1))
