@@ -66,13 +66,13 @@ def rank_environments(
 
 
 def describe_exit(returncode: int) -> str:
-    """'exit code 3' or 'signal SIGKILL' for a Popen return code."""
+    """'code 3' or 'signal SIGKILL' for a Popen return code ("exited with ...")."""
     if returncode < 0:
         try:
             return f"signal {signal.Signals(-returncode).name}"
         except ValueError:
             return f"signal {-returncode}"
-    return f"exit code {returncode}"
+    return f"code {returncode}"
 
 
 class Rank:

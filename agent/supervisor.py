@@ -310,7 +310,7 @@ class Supervisor:
         for rank in self._ranks:
             code = rank.poll()
             if code != 0:
-                how = "did not exit" if code is None else describe_exit(code)
+                how = "did not exit" if code is None else f"exited with {describe_exit(code)}"
                 self._transition(AgentState.GAVE_UP, f"drain: local rank {rank.local_rank} {how}")
                 return 1
         self._transition(AgentState.SUCCEEDED, "drained: every local rank exited 0")

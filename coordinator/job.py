@@ -12,9 +12,12 @@ import dataclasses
 import secrets
 
 from coordinator.errors import NotFound, StaleSession
-from coordinator.quorum import CatchUpSource, Decision, Quorum, ReplicaView, Rules, decide, lost_at
+from coordinator.quorum import CatchUpSource, Decision, Quorum, ReplicaView, Rules, decide, find_diverged, lost_at
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
+
+CHECKSUM_HISTORY = 16
+"""Recent (step, checksum) reports kept per replica for comparison."""
 
 _AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP)
 
@@ -39,6 +42,8 @@ class ReplicaEntry:
     drain_requested: bool = False
     state_checksum: str = ""
     checksum_step: int = 0
+    checksums: dict[int, str] = dataclasses.field(default_factory=dict)
+    diverged_at: int | None = None
     record_revision: int = 0
     open_watches: int = 0
 
@@ -54,6 +59,7 @@ class ReplicaEntry:
             failed_at=self.failed_at,
             ready_since=self.ready_since,
             restarted=self.restarted,
+            diverged=self.diverged_at is not None,
             cordoned=self.cordoned,
             drain_requested=self.drain_requested,
         )
@@ -158,7 +164,9 @@ class JobState:
         entry.session_id = secrets.token_hex(8)
         entry.registered_at = entry.last_heartbeat = now
         entry.heard_from = True
-        entry.disconnected_at = entry.failed_at = entry.ready_since = None
+        entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = None
+        entry.checksums.clear()
+        entry.state_checksum, entry.checksum_step = "", 0
         entry.open_watches = 0  # streams of the old session no longer count
         entry.restarted = member is not None and quorum_id < member.joined_quorum_id
         if record_revision is not None:
@@ -183,6 +191,9 @@ class JobState:
             entry.ready_since = None
         if state_checksum:
             entry.state_checksum, entry.checksum_step = state_checksum, checksum_step
+            entry.checksums[checksum_step] = state_checksum
+            while len(entry.checksums) > CHECKSUM_HISTORY:
+                del entry.checksums[min(entry.checksums)]
         return pb.HeartbeatResponse(
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
         )
@@ -245,6 +256,25 @@ class JobState:
 
     # ----- decisions -----------------------------------------------------------------
 
+    def check_checksums(self) -> dict[str, int]:
+        """Flag members whose state disagrees with the others'; returns the
+        newly flagged ones with the step of the disagreement."""
+        if self.quorum is None:
+            return {}
+        members = {m.replica_id: m.joined_quorum_id for m in self.quorum.members}
+        reports = {
+            rid: e.checksums
+            for rid, e in self.replicas.items()
+            if rid in members and e.session_id is not None and not e.restarted
+        }
+        flagged = {}
+        for rid, step in find_diverged(reports, members).items():
+            entry = self.replicas[rid]
+            if entry.diverged_at is None:
+                entry.diverged_at = step
+                flagged[rid] = step
+        return flagged
+
     def evaluate(self, now: float) -> Decision:
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
@@ -295,6 +325,7 @@ class JobState:
                     agent_state=agent_state,
                     restart_count=restarts,
                     agent_detail=agent_detail,
+                    checksum_mismatch_step=e.diverged_at or 0,
                 )
             )
         return out

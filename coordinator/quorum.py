@@ -13,7 +13,9 @@ The rules, in order:
    ``heartbeat_timeout``, when its Watch stream closes (if
    ``disconnect_is_failure``), or when its agent reports a failure. A member
    that registers again as a new incarnation (a restarted process lost its
-   state) leaves the quorum too, and comes back as a joiner.
+   state) leaves the quorum too, and comes back as a joiner; so does a member
+   whose state checksum disagrees with the other members' at the same step
+   (see ``find_diverged``).
 2. Fast path. If every member of the current quorum is alive, not draining and
    not restarted, and no replica is ready to join, the quorum stays as it is
    and its id does not change; this is also how a restarted coordinator keeps
@@ -98,6 +100,7 @@ class ReplicaView:
     failed_at: float | None = None
     ready_since: float | None = None
     restarted: bool = False
+    diverged: bool = False
     cordoned: bool = False
     drain_requested: bool = False
 
@@ -157,13 +160,13 @@ def decide(
 
     # A member that registered again as a new incarnation lost its state: it
     # leaves the quorum and comes back as a joiner.
-    continuing = sorted(i for i in prev_ids if i in alive and not alive[i].restarted)
+    continuing = sorted(i for i in prev_ids if i in alive and not (alive[i].restarted or alive[i].diverged))
     staying = [i for i in continuing if not alive[i].drain_requested]
     head_pool = continuing or list(alive)
     head = max((alive[i].step for i in head_pool), default=0)
 
     outsiders = sorted(i for i in alive if i not in continuing and not alive[i].drain_requested)
-    eligible = [i for i in outsiders if not alive[i].cordoned]
+    eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged]
     ready = [i for i in eligible if alive[i].step >= head or alive[i].ready_since is not None]
     pending = [i for i in eligible if i not in ready]
 
@@ -199,7 +202,7 @@ def decide(
                 r = replicas.get(i)
                 loss = lost_at(r, now, rules) if r is not None else (now, "left", True)
                 if loss is None:
-                    why[i] = "restarted" if r.restarted else "draining"
+                    why[i] = "restarted" if r.restarted else "checksum mismatch" if r.diverged else "draining"
                     continue
                 why[i] = loss[1]
                 if not loss[2]:
@@ -290,3 +293,34 @@ def _summary(prev, alive, replicas, pending) -> str:
     if prev is not None:
         parts.append(f"quorum {prev.id} has {len(prev.members)} members")
     return "; ".join(parts) + "]"
+
+
+def find_diverged(reports: Mapping[str, Mapping[int, str]], joined: Mapping[str, int]) -> dict[str, int]:
+    """Members whose state checksum disagrees with the others' at a common step.
+
+    ``reports`` maps each member to its recent {step: checksum}; ``joined`` to
+    the quorum id that admitted it. At every step two or more members
+    reported, the checksum most of them hold is right; on a tie the members
+    admitted earliest are presumed right (a fresh catch-up is the likelier
+    culprit). Returns {replica_id: first step at which it disagreed}.
+    """
+    steps: dict[int, dict[str, str]] = {}
+    for rid, history in reports.items():
+        for step, checksum in history.items():
+            steps.setdefault(step, {})[rid] = checksum
+    out: dict[str, int] = {}
+    for step in sorted(steps):
+        by_checksum: dict[str, list[str]] = {}
+        for rid, checksum in steps[step].items():
+            by_checksum.setdefault(checksum, []).append(rid)
+        if len(by_checksum) < 2:
+            continue
+        winner = max(
+            by_checksum.values(),
+            key=lambda ids: (len(ids), -min(joined.get(i, 0) for i in ids)),
+        )
+        for ids in by_checksum.values():
+            if ids is not winner:
+                for rid in ids:
+                    out.setdefault(rid, step)
+    return out

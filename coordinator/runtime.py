@@ -270,6 +270,8 @@ class CoordinatorRuntime:
         async with job.lock:
             if self._stopped:
                 return
+            for rid, step in job.state.check_checksums().items():
+                log.warning("job %s: replica %s's state checksum disagrees at step %d; it must catch up", job.state.name, rid, step)
             decision = job.state.evaluate(self.clock())
             quorum, revision = None, job.state.quorum_revision
             if decision.changes_quorum:

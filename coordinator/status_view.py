@@ -51,6 +51,7 @@ def status_dict(status: pb.StatusResponse) -> dict:
                 "catch_up_source": r.catch_up_source or None,
                 "agent_state": AGENT_STATE_NAMES.get(r.agent_state),
                 "restart_count": r.restart_count,
+                "checksum_mismatch_step": r.checksum_mismatch_step or None,
             }
             for r in status.replicas
         ],
@@ -78,6 +79,8 @@ def status_table(status: pb.StatusResponse) -> str:
         notes = []
         if r["cordoned"]:
             notes.append("cordoned")
+        if r["checksum_mismatch_step"]:
+            notes.append(f"CHECKSUM MISMATCH at step {r['checksum_mismatch_step']}")
         if r["catch_up_source"]:
             notes.append(f"from {r['catch_up_source']}")
         if r["agent_state"]:

@@ -55,6 +55,7 @@ def main() -> int:
     p.add_argument("--die-after", type=float, default=0.005, help="seconds into the all-reduce")
     p.add_argument("--save", default="")
     p.add_argument("--names", choices=("plain", "renamed"), default="plain")
+    p.add_argument("--corrupt-at", type=int, default=-1, help="silently perturb a weight after this step")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -78,6 +79,9 @@ def main() -> int:
         if dying and args.die_in == "commit":
             die()
         ft.commit()
+        if ft.step == args.corrupt_at:
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1e-3
         print(json.dumps({
             "step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
             "abandoned": result.abandoned, "checksum": ft.checksum, "loss": loss.item(), "t": time.monotonic(),

@@ -24,15 +24,16 @@ HIDDEN = "1024"  # 2.1M parameters: an all-reduce long enough to be killed in
 def cluster(tmp_path):
     started = []
 
-    def start(n: int, victim_args: tuple[str, ...] = (), heartbeat_timeout: str = "1s"):
+    def start(n: int, victim_args: tuple[str, ...] = (), heartbeat_timeout: str = "1s", steps: int = STEPS,
+              hidden: str = HIDDEN):
         c = CoordinatorProcess(tmp_path, "--min-replicas", "2", "--heartbeat-interval", "200ms",
                                "--heartbeat-timeout", heartbeat_timeout).start()
         started.append(c)
         workers = []
         for i in range(n):
             extra = victim_args if i == n - 1 else ()
-            w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", str(STEPS), "--wait-for", str(n),
-                              "--hidden", HIDDEN, *extra).start()
+            w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", str(steps), "--wait-for", str(n),
+                              "--hidden", hidden, *extra).start()
             workers.append(w)
             started.append(w)
         return c, workers
@@ -43,10 +44,10 @@ def cluster(tmp_path):
         proc.kill()
 
 
-def assert_consistent(survivors, victim_steps):
+def assert_consistent(survivors, victim_steps, steps: int = STEPS):
     for w in survivors:
-        assert sorted(w.steps) == list(range(1, STEPS + 1)), f"{w.replica_id} lost or repeated a step"
-    for step in range(1, STEPS + 1):
+        assert sorted(w.steps) == list(range(1, steps + 1)), f"{w.replica_id} lost or repeated a step"
+    for step in range(1, steps + 1):
         checksums = {w.steps[step]["checksum"] for w in survivors}
         if step in victim_steps:
             checksums.add(victim_steps[step]["checksum"])
@@ -85,3 +86,21 @@ def test_survivors_continue_past_a_hung_replica(cluster):
     # A hang is only seen through the heartbeat timeout (1 s here).
     assert failing["t"] - r0.steps[DIE_AT]["t"] < 1.0 + 2.0
     assert all(r0.steps[s]["contributors"] == 2 for s in range(DIE_AT + 2, STEPS + 1))
+
+
+def test_replica_whose_state_diverges_is_flagged_and_taken_out(cluster, tmp_path):
+    from coordinator.client import CoordinatorClient
+
+    # The survivors train long enough for heartbeats (every 200 ms) to carry
+    # the mismatching checksums to the coordinator.
+    c, (r0, r1, r2) = cluster(3, ("--corrupt-at", "2"), steps=1500, hidden="32")
+    for w in (r0, r1):
+        w.finish()
+    assert r2.collect_after_exit() != 0
+    assert "does not include this replica" in r2.log_path.read_text()  # Evicted
+    with CoordinatorClient([c.address]) as client:
+        status = {r.replica_id: r for r in client.status().replicas}
+    assert status["r2"].checksum_mismatch_step >= 3
+    assert status["r0"].checksum_mismatch_step == 0 and status["r1"].checksum_mismatch_step == 0
+    assert_consistent([r0, r1], {}, steps=1500)
+    assert r0.steps[1500]["contributors"] == 2

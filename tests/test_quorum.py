@@ -210,3 +210,26 @@ def test_members_sorted_and_carry_their_step() -> None:
     decision = decide(None, replicas, NOW, RULES)
     assert [m.replica_id for m in decision.members] == ["a", "b", "c"]
     assert all(m.joined_quorum_id == 1 for m in decision.members)
+
+
+@pytest.mark.parametrize(
+    "reports, joined, expected",
+    [
+        ({"a": {10: "x"}, "b": {10: "x"}, "c": {10: "x"}}, {}, {}),
+        ({"a": {10: "x"}, "b": {10: "x"}, "c": {10: "y"}}, {}, {"c": 10}),
+        ({"a": {10: "x", 11: "p"}, "b": {11: "q"}}, {"a": 1, "b": 5}, {"b": 11}),  # tie: the later joiner
+        ({"a": {10: "x"}, "b": {11: "y"}}, {}, {}),  # no common step: nothing to compare
+        ({"a": {9: "x", 10: "y"}, "b": {9: "x", 10: "z"}, "c": {10: "z"}}, {}, {"a": 10}),
+    ],
+)
+def test_find_diverged(reports, joined, expected):
+    from coordinator.quorum import find_diverged
+
+    assert find_diverged(reports, joined) == expected
+
+
+def test_diverged_member_leaves_and_cannot_rejoin_until_it_restarts():
+    replicas = table(alive("a"), alive("b"), alive("c", diverged=True))
+    decision = decide(quorum("a", "b", "c"), replicas, NOW, RULES)
+    assert [m.replica_id for m in decision.members] == ["a", "b"] and "c (checksum mismatch)" in decision.reason
+    assert decide(quorum("a", "b", qid=8), replicas, NOW, RULES).members is None

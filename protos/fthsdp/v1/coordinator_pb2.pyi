@@ -206,7 +206,7 @@ class StatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail")
+    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class ReplicaStatus(_message.Message):
     AGENT_STATE_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     AGENT_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_MISMATCH_STEP_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     state: ReplicaState
     step: int
@@ -233,7 +234,8 @@ class ReplicaStatus(_message.Message):
     agent_state: AgentState
     restart_count: int
     agent_detail: str
-    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ...) -> None: ...
+    checksum_mismatch_step: int
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs")

@@ -1,0 +1,261 @@
+"""The node agent (`fthsdp agent`): launch contract, restarts, drain, reporting.
+
+Real processes throughout: the agent runs as `python -m coordinator.cli agent`
+and supervises tests/rank_script.py, which writes its environment to files
+that the tests wait for (with deadlines), and behaves per its plan.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, replica_rank_from_id
+from agent.launch import describe_exit, rank_environments
+from agent.supervisor import TRANSITIONS, AgentState, Supervisor, backoff_delay
+from coordinator.client import CoordinatorClient
+from coordinator.errors import ConfigError
+from coordinator.local_etcd import free_port
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+from tests.processes import ROOT, CoordinatorProcess, _env
+from tests.test_cli import fthsdp, one_line_error
+from tests.waiting import wait_until
+
+RANK_SCRIPT = str(ROOT / "tests" / "rank_script.py")
+S = AgentState
+
+
+class Agent:
+    """`fthsdp agent ... -- python tests/rank_script.py OUT PLAN`, its log in tmp."""
+
+    def __init__(self, tmp: Path, plan: str, *args: str, coordinator: str | None = None) -> None:
+        self.out = tmp / "ranks"
+        self.out.mkdir(exist_ok=True)
+        self.log_path = tmp / "agent.log"
+        # By default nothing listens on the coordinator port: reporting fails fast.
+        coordinator = coordinator or f"127.0.0.1:{free_port()}"
+        argv = [sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", coordinator]
+        argv += ["--monitor-interval", "20ms", "--restart-backoff", "10ms", *args]
+        argv += ["--", sys.executable, RANK_SCRIPT, str(self.out), plan]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=log, stderr=log)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"agent still running after {timeout}s; log:\n{self.log()}") from None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def env(self, rank: int, restart: int = 0) -> dict:
+        return json.loads((self.out / f"env-rank{rank}-restart{restart}.json").read_text())
+
+    def started(self) -> list[str]:
+        return sorted(p.name for p in self.out.glob("env-*.json"))
+
+    def wait_started(self, n: int, timeout: float = 20.0) -> None:
+        wait_until(lambda: len(self.started()) >= n, timeout, message=f"{n} rank starts (log:\n{self.log()})")
+
+
+@pytest.fixture
+def agents():
+    started: list[Agent] = []
+    yield lambda *a, **kw: started.append(Agent(*a, **kw)) or started[-1]
+    for agent in started:  # a failed test must not leave an agent (and its ranks) behind
+        if agent.proc.poll() is None:
+            agent.proc.send_signal(signal.SIGTERM)
+            agent.wait(20)
+
+
+# ----- with processes ----------------------------------------------------------------
+
+
+def test_env_contract_for_two_ranks(tmp_path, agents):
+    agent = agents(tmp_path, "exit0", "--nproc", "2", "--replica-id", "replica-1", "--num-replicas", "3", "--job", "llama")
+    assert agent.wait() == 0, agent.log()
+    assert agent.started() == ["env-rank0-restart0.json", "env-rank1-restart0.json"]
+    envs = [agent.env(0), agent.env(1)]
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == ("2", "2", "0")
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["TORCHELASTIC_RESTART_COUNT"] == env["FTHSDP_RESTART_COUNT"] == "0"
+        assert (env["FTHSDP_JOB"], env["FTHSDP_REPLICA_ID"]) == ("llama", "replica-1")
+        assert (env["FTHSDP_REPLICA_RANK"], env["FTHSDP_NUM_REPLICAS"]) == ("1", "3")
+        assert env["FTHSDP_BACKEND"] == "gloo" and env["FTHSDP_COORDINATOR"].startswith("127.0.0.1:")
+        assert env["pgid"] == env["pid"], "each rank leads its own process group"
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert "SUCCEEDED" in agent.log()
+
+
+def test_sigkilled_rank_restarts_the_whole_group(tmp_path, agents):
+    agent = agents(tmp_path, "kill1", "--nproc", "2", "--replica-id", "r0", "--max-restarts", "1")
+    assert agent.wait() == 0, agent.log()
+    assert agent.started() == [f"env-rank{r}-restart{n}.json" for r in (0, 1) for n in (0, 1)]
+    # Rank 0 did not fail: the agent stopped it with SIGTERM before restarting.
+    assert (agent.out / "sigterm-rank0-restart0").exists()
+    assert agent.env(0, 1)["TORCHELASTIC_RESTART_COUNT"] == agent.env(1, 1)["FTHSDP_RESTART_COUNT"] == "1"
+    assert "local rank 1 exited with signal SIGKILL" in agent.log()
+
+
+def test_gives_up_after_max_restarts(tmp_path, agents):
+    agent = agents(tmp_path, "fail", "--replica-id", "r0", "--max-restarts", "2")
+    assert agent.wait() == 1, agent.log()
+    assert agent.started() == [f"env-rank0-restart{n}.json" for n in range(3)]
+    assert "GAVE_UP" in agent.log() and "no restarts left" in agent.log()
+
+
+def test_sigterm_drains_the_ranks(tmp_path, agents):
+    agent = agents(tmp_path, "wait", "--nproc", "2", "--replica-id", "r0")
+    agent.wait_started(2)  # the ranks' SIGTERM handlers are installed
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait() == 0, agent.log()
+    assert (agent.out / "sigterm-rank0-restart0").exists() and (agent.out / "sigterm-rank1-restart0").exists()
+    assert "DRAINING" in agent.log() and agent.started() == ["env-rank0-restart0.json", "env-rank1-restart0.json"]
+
+
+def test_sigterm_during_the_backoff_stops_without_restarting(tmp_path, agents):
+    agent = agents(tmp_path, "fail", "--replica-id", "r0", "--restart-backoff", "60s")
+    wait_until(lambda: "-> RESTARTING" in agent.log(), 20, message="the agent to enter RESTARTING")
+    began = time.monotonic()
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait() == 0, agent.log()
+    assert time.monotonic() - began < 10, "the back-off must be interruptible"
+    assert agent.started() == ["env-rank0-restart0.json"]
+
+
+def test_transitions_are_reported_to_a_real_coordinator(tmp_path, agents):
+    coordinator = CoordinatorProcess(tmp_path).start()
+    try:
+        with CoordinatorClient([coordinator.address]) as client:
+            # The coordinator shows agent state only for replicas it knows.
+            client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
+            agent = agents(tmp_path, "fail-once", "--replica-id", "r0", coordinator=coordinator.address)
+            assert agent.wait() == 0, agent.log()
+            replica = {r.replica_id: r for r in client.status().replicas}["r0"]
+            assert (replica.agent_state, replica.restart_count) == (pb.AGENT_STATE_SUCCEEDED, 1)
+        log = lambda: (tmp_path / "coordinator.log").read_text()  # noqa: E731
+        wait_until(lambda: "agent of r0 (node 0): succeeded" in log(), 10, message="the coordinator to log the events")
+        reported = [line.split("agent of r0 (node 0): ")[1].split(" (")[0] for line in log().splitlines() if "agent of r0" in line]
+        assert reported == ["starting", "running", "failed", "restarting", "starting", "running", "succeeded"]
+        assert "agent of r0 (node 0): failed (local rank 0 exited with code 3)" in log()
+    finally:
+        coordinator.stop()
+
+
+def test_supervision_goes_on_without_a_coordinator(tmp_path, agents):
+    began = time.monotonic()
+    agent = agents(tmp_path, "fail-once", "--replica-id", "r0")  # nothing listens on its coordinator port
+    assert agent.wait() == 0, agent.log()
+    assert time.monotonic() - began < 15
+    assert agent.started() == ["env-rank0-restart0.json", "env-rank0-restart1.json"]
+    assert "could not report" in agent.log()
+
+
+def test_supervisor_reports_every_transition_in_order(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    events: list[pb.AgentEventRequest] = []
+    config = AgentConfig(replica_id="r0", nproc=2, max_restarts=1, restart_backoff=0.01, monitor_interval=0.02)
+    command = [sys.executable, RANK_SCRIPT, str(tmp_path / "ranks"), "kill1"]
+    supervisor = Supervisor(config, command, env=_env(), report=events.append)
+    assert supervisor.run() == 0
+    assert [(S(e.state), e.restart_count) for e in events] == [
+        (S.STARTING, 0), (S.RUNNING, 0), (S.FAILED, 0), (S.RESTARTING, 0),
+        (S.STARTING, 1), (S.RUNNING, 1), (S.SUCCEEDED, 1),
+    ]  # fmt: skip
+    assert events[2].detail == "local rank 1 exited with signal SIGKILL"
+    assert {(e.job, e.replica_id, e.node_rank) for e in events} == {("default", "r0", 0)}
+
+
+def test_a_missing_rank_command_gives_up_at_once(tmp_path):
+    events: list[pb.AgentEventRequest] = []
+    config = AgentConfig(replica_id="r0", max_restarts=5)
+    assert Supervisor(config, [str(tmp_path / "no-such-program")], report=events.append).run() == 1
+    assert [S(e.state) for e in events] == [S.STARTING, S.GAVE_UP]
+    assert "cannot start the rank command" in events[-1].detail
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--replica-id", "r0"), "no rank command"),
+        (("--replica-id", "r0", "--"), "no rank command"),
+        (("--", "true"), "--replica-id is required"),
+        (("--replica-id", "r0", "--nnodes", "2", "--node-rank", "2", "--master-port", "29400", "--", "true"), "--node-rank"),
+        (("--replica-id", "r0", "--nnodes", "2", "--", "true"), "--master-port 0"),
+        (("--replica-id", "r0", "--backend", "mpi", "--", "true"), "gloo or nccl"),
+        (("--replica-id", "r0", "--nproc", "0", "--", "true"), "--nproc must be at least 1"),
+        (("--replica-id", "r0", "--restart-backoff", "soon", "--", "true"), "expected a duration"),
+        (("--replica-id", "replica-2", "--", "true"), "must be less than --num-replicas"),
+        (("--replica-id", "a/b", "--", "true"), "may contain only"),
+        (("--replica-id", "r0", "--coordinator", "nowhere", "--", "true"), "is not HOST:PORT"),
+    ],
+)
+def test_cli_errors_are_one_line(args, words):
+    one_line_error(fthsdp("agent", *args), 2, words)
+
+
+def test_cli_reads_the_environment_and_a_config_file(tmp_path):
+    config = tmp_path / "agent.toml"
+    config.write_text("[agent]\nreplica_id = 'r0'\nnproc = 0\n")
+    one_line_error(fthsdp("agent", "--config", str(config), "--", "true"), 2, "--nproc must be at least 1")
+    one_line_error(fthsdp("agent", "--", "true", env={"FTHSDP_REPLICA_ID": "r0", "FTHSDP_MAX_RESTARTS": "-1"}), 2, "--max-restarts")
+
+
+# ----- pure ----------------------------------------------------------------------------
+
+
+def test_rank_environments_across_nodes():
+    config = AgentConfig(replica_id="r0", nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400)
+    envs = rank_environments(config, restart_count=2, master_port=29400, base={"PATH": "/bin", "RANK": "stale"})
+    assert [e["RANK"] for e in envs] == ["4", "5", "6", "7"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
+    for e in envs:
+        assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) == ("8", "4", "1")
+        assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("10.0.0.1", "29400")
+        assert e["TORCHELASTIC_RESTART_COUNT"] == e["FTHSDP_RESTART_COUNT"] == "2"
+        assert e["PATH"] == "/bin"  # the agent's environment passes through underneath
+
+
+def test_backoff_doubles_up_to_a_cap():
+    assert [backoff_delay(1.0, n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert backoff_delay(0.0, 5) == 0
+    assert backoff_delay(45.0, 3) == 45  # a base above the cap is taken as given
+    assert backoff_delay(1.0, 10_000) == 30
+    with pytest.raises(ValueError):
+        backoff_delay(1.0, 0)
+
+
+def test_replica_rank_defaults_to_the_ids_trailing_digits():
+    assert [replica_rank_from_id(i) for i in ("replica-3", "r12", "trainer", "a1b")] == [3, 12, 0, 0]
+    assert AgentConfig(replica_id="replica-2", num_replicas=4).replica_rank == 2
+    assert AgentConfig(replica_id="replica-2", replica_rank=0).replica_rank == 0
+    with pytest.raises(ConfigError, match="--num-replicas"):
+        AgentConfig(replica_id="replica-2")
+
+
+def test_agent_state_mirrors_the_proto():
+    names = {n.removeprefix("AGENT_STATE_"): v for n, v in pb.AgentState.items() if n != "AGENT_STATE_UNSPECIFIED"}
+    assert {s.name: int(s) for s in AgentState} == names
+    # Every state is reachable from the start and every non-final one can end.
+    reachable, frontier = set(), {None}
+    while frontier:
+        frontier = {n for s in frontier for n in TRANSITIONS[s]} - reachable
+        reachable |= frontier
+    assert reachable == set(AgentState)
+    assert all(TRANSITIONS[s] for s in AgentState if not s.final)
+    assert all(not TRANSITIONS[s] for s in AgentState if s.final)
+
+
+def test_describe_exit():
+    assert describe_exit(3) == "code 3"
+    assert describe_exit(-9) == "signal SIGKILL"
