@@ -125,6 +125,8 @@ class FTAR:
         self.shard_rank = shard_rank
         self.timeout = timeout
         self._group: _Group | None = None
+        self._in_step_with = 0
+        """The group in which every member committed the last step together."""
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
         self._abandoned: list[_Group] = []
@@ -138,23 +140,27 @@ class FTAR:
         abandoned = 0
         while True:
             group = self._current_group(deadline)
+            if pending is None and group.quorum_id == self._in_step_with:
+                # Every member committed the previous step through the same
+                # agree in this group, so all start this step with its data.
+                pending, abandoned = self._data(group, local, deadline, pending, abandoned)
+                continue
             rq = pending[0] if pending else 0
             numel = local.numel()
             agree = torch.tensor([step, -step, rq, -rq, numel, -numel, structure_hash, -structure_hash], dtype=torch.int64)
             if self._collective(group, agree, dist.ReduceOp.MAX, deadline) != _DONE:
+                self._in_step_with = 0
                 abandoned += 1
                 continue
             max_step, min_step, max_rq, min_rq = int(agree[0]), -int(agree[1]), int(agree[2]), -int(agree[3])
             self._check_same_shape(agree, numel, structure_hash)
             if min_step == max_step == step:
                 if pending is not None and min_rq == max_rq == pending[0]:
+                    self._in_step_with = group.quorum_id
                     return self._result(pending, abandoned)
-                buf = local.detach().clone()  # a fresh buffer: an abandoned op may still write the old one
-                if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
-                    pending = (group.quorum_id, buf, group.size)
-                else:
-                    abandoned += 1
+                pending, abandoned = self._data(group, local, deadline, None, abandoned)
                 continue
+            self._in_step_with = 0  # out of phase: the next step starts with an agree
             if min_step == step and max_step == step + 1:
                 if pending is None:
                     raise FtarError(f"step {step}: other replicas committed it, but this one holds no result")
@@ -164,6 +170,13 @@ class FTAR:
             raise FtarError(
                 f"replicas in quorum {group.quorum_id} are at steps {min_step}..{max_step}, this one at {step}"
             )
+
+    def _data(self, group: _Group, local: torch.Tensor, deadline: float, pending, abandoned: int):
+        buf = local.detach().clone()  # a fresh buffer: an abandoned op may still write the old one
+        if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
+            return (group.quorum_id, buf, group.size), abandoned
+        self._in_step_with = 0
+        return pending, abandoned + 1
 
     @staticmethod
     def _result(pending: tuple[int, torch.Tensor, int], abandoned: int) -> StepResult:

@@ -44,6 +44,9 @@ from coordinator.errors import ConfigError, FthsdpError
 log = logging.getLogger("fthsdp.agent.manager")
 
 
+CHECKSUM_STRIDES = (1, 10, 100, 1000, 10000)
+
+
 class ApiMisuse(FthsdpError):
     """The training script called the API out of order."""
 
@@ -119,6 +122,7 @@ class Manager:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._structure = structure_hash(model)
         self._reduced = False
+        self._history: dict[int, tuple[int, str]] = {}
         self._drain = threading.Event()
         timeout = datetime.timedelta(seconds=config.timeout)
         # The rendezvous store of every quorum whose first member we are.
@@ -196,12 +200,23 @@ class Manager:
         m.training_quorum_id = self.last.quorum_id
         every = self.config.checksum_every
         if every and self.step % every == 0:
-            m.state_checksum, m.checksum_step = state_checksum(self.model, self.optimizer), self.step
+            checksum = state_checksum(self.model, self.optimizer)
+            m.state_checksum, m.checksum_step = checksum, self.step
+            m.recent_checksums = self._strided_history(checksum)
         latest = m.latest
         if self._drain.is_set() or (latest is not None and latest.drain_requested):
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
             m.leave("drained")
             self.stopped = True
+
+    def _strided_history(self, checksum: str) -> dict[int, str]:
+        """The latest checksum at each stride of 1, 10, 100... checksum periods:
+        replicas whose heartbeats sample different steps still share some."""
+        every = self.config.checksum_every
+        for level in CHECKSUM_STRIDES:
+            if self.step % (every * level) == 0:
+                self._history[level] = (self.step, checksum)
+        return dict(self._history.values())
 
     @property
     def checksum(self) -> str:

@@ -46,6 +46,8 @@ class Membership:
         self.ready = False
         self.state_checksum = ""
         self.checksum_step = 0
+        self.recent_checksums: dict[int, str] = {}
+        """Checksums at earlier steps, sent with each heartbeat (see the proto)."""
         self.training_quorum_id = 0
         """The quorum this process trains in; sent when it re-registers."""
         self.latest: pb.WatchEvent | None = None
@@ -140,6 +142,7 @@ class Membership:
                 ready=self.ready,
                 state_checksum=self.state_checksum,
                 checksum_step=self.checksum_step,
+                recent_checksums=[pb.StepChecksum(step=s, checksum=c) for s, c in list(self.recent_checksums.items())],
             )
             try:
                 self.client.call("Heartbeat", request)

@@ -30,7 +30,6 @@ import queue
 import select
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.config import MAX_BACKOFF, AgentConfig
@@ -194,7 +193,8 @@ class _StopRequest:
 
     def close(self) -> None:
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
+            if previous is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, previous)  # type: ignore[arg-type]
         os.close(self._r)
         os.close(self._w)
 

@@ -16,7 +16,7 @@ from coordinator.quorum import CatchUpSource, Decision, Quorum, ReplicaView, Rul
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 
-CHECKSUM_HISTORY = 16
+CHECKSUM_HISTORY = 32
 """Recent (step, checksum) reports kept per replica for comparison."""
 
 _AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP)
@@ -182,6 +182,7 @@ class JobState:
         state_checksum: str,
         checksum_step: int,
         now: float,
+        recent: dict[int, str] | None = None,
     ) -> pb.HeartbeatResponse:
         entry = self._session(replica_id, session_id)
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
@@ -192,7 +193,9 @@ class JobState:
         if state_checksum:
             entry.state_checksum, entry.checksum_step = state_checksum, checksum_step
             entry.checksums[checksum_step] = state_checksum
-            while len(entry.checksums) > CHECKSUM_HISTORY:
+        if recent:
+            entry.checksums.update(recent)
+        while len(entry.checksums) > CHECKSUM_HISTORY:
                 del entry.checksums[min(entry.checksums)]
         return pb.HeartbeatResponse(
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested

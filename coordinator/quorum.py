@@ -298,11 +298,14 @@ def _summary(prev, alive, replicas, pending) -> str:
 def find_diverged(reports: Mapping[str, Mapping[int, str]], joined: Mapping[str, int]) -> dict[str, int]:
     """Members whose state checksum disagrees with the others' at a common step.
 
-    ``reports`` maps each member to its recent {step: checksum}; ``joined`` to
-    the quorum id that admitted it. At every step two or more members
-    reported, the checksum most of them hold is right; on a tie the members
-    admitted earliest are presumed right (a fresh catch-up is the likelier
-    culprit). Returns {replica_id: first step at which it disagreed}.
+    ``reports`` maps each member to its recent {step: checksum}; ``joined``
+    maps every member of the quorum to the quorum id that admitted it. At a
+    step, the replicas holding a checksum that a strict majority of all
+    members share are right and the others are flagged. Without such a
+    majority (two members, say) and once every member reported the step, the
+    members admitted earliest are presumed right if that tells the sides
+    apart (a fresh catch-up is the likelier culprit); otherwise nobody is
+    flagged. Returns {replica_id: first step at which it disagreed}.
     """
     steps: dict[int, dict[str, str]] = {}
     for rid, history in reports.items():
@@ -315,12 +318,17 @@ def find_diverged(reports: Mapping[str, Mapping[int, str]], joined: Mapping[str,
             by_checksum.setdefault(checksum, []).append(rid)
         if len(by_checksum) < 2:
             continue
-        winner = max(
-            by_checksum.values(),
-            key=lambda ids: (len(ids), -min(joined.get(i, 0) for i in ids)),
-        )
-        for ids in by_checksum.values():
-            if ids is not winner:
-                for rid in ids:
-                    out.setdefault(rid, step)
+        groups = sorted(by_checksum.values(), key=len, reverse=True)
+        if len(groups[0]) * 2 > len(joined):
+            wrong = [rid for ids in groups[1:] for rid in ids]
+        elif len(steps[step]) == len(joined):
+            seniority = sorted(groups, key=lambda ids: min(joined.get(i, 0) for i in ids))
+            oldest = min(joined.get(i, 0) for i in seniority[0])
+            if any(min(joined.get(i, 0) for i in ids) == oldest for ids in seniority[1:]):
+                continue  # cannot tell who is right
+            wrong = [rid for ids in seniority[1:] for rid in ids]
+        else:
+            continue
+        for rid in wrong:
+            out.setdefault(rid, step)
     return out

@@ -155,8 +155,10 @@ class CoordinatorRuntime:
         job = self.job(req.job)
         was_ready = job.state.replicas.get(req.replica_id)
         was_ready = was_ready is not None and was_ready.ready_since is not None
+        recent = {c.step: c.checksum for c in req.recent_checksums}
         response = job.state.heartbeat(
-            req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock()
+            req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
+            recent,
         )
         if req.ready != was_ready:
             self.wake()

@@ -62,11 +62,19 @@ def check_session(req) -> None:
     _short("session_id", req.session_id)
 
 
+MAX_RECENT_CHECKSUMS = 16
+
+
 def check_heartbeat(req) -> None:
     check_session(req)
     _non_negative("step", req.step)
     _non_negative("checksum_step", req.checksum_step)
     _short("state_checksum", req.state_checksum)
+    if len(req.recent_checksums) > MAX_RECENT_CHECKSUMS:
+        raise InvalidRequest(f"recent_checksums has {len(req.recent_checksums)} entries; the limit is {MAX_RECENT_CHECKSUMS}")
+    for item in req.recent_checksums:
+        _non_negative("recent_checksums.step", item.step)
+        _short("recent_checksums.checksum", item.checksum)
 
 
 def check_watch(req) -> None:

@@ -215,11 +215,16 @@ def test_members_sorted_and_carry_their_step() -> None:
 @pytest.mark.parametrize(
     "reports, joined, expected",
     [
-        ({"a": {10: "x"}, "b": {10: "x"}, "c": {10: "x"}}, {}, {}),
-        ({"a": {10: "x"}, "b": {10: "x"}, "c": {10: "y"}}, {}, {"c": 10}),
-        ({"a": {10: "x", 11: "p"}, "b": {11: "q"}}, {"a": 1, "b": 5}, {"b": 11}),  # tie: the later joiner
-        ({"a": {10: "x"}, "b": {11: "y"}}, {}, {}),  # no common step: nothing to compare
-        ({"a": {9: "x", 10: "y"}, "b": {9: "x", 10: "z"}, "c": {10: "z"}}, {}, {"a": 10}),
+        ({"a": {10: "x"}, "b": {10: "x"}, "c": {10: "x"}}, {"a": 1, "b": 1, "c": 1}, {}),
+        ({"a": {10: "x"}, "b": {10: "x"}, "c": {10: "y"}}, {"a": 1, "b": 1, "c": 1}, {"c": 10}),
+        # only two of three reported and they differ: no majority yet
+        ({"a": {10: "x"}, "c": {10: "y"}}, {"a": 1, "b": 1, "c": 1}, {}),
+        # two members, a tie: the later joiner is presumed wrong...
+        ({"a": {10: "x", 11: "p"}, "b": {11: "q"}}, {"a": 1, "b": 5}, {"b": 11}),
+        # ...unless they joined together
+        ({"a": {11: "p"}, "b": {11: "q"}}, {"a": 1, "b": 1}, {}),
+        ({"a": {10: "x"}, "b": {11: "y"}}, {"a": 1, "b": 1}, {}),  # no common step
+        ({"a": {9: "x", 10: "y"}, "b": {9: "x", 10: "z"}, "c": {10: "z"}}, {"a": 1, "b": 1, "c": 1}, {"a": 10}),
     ],
 )
 def test_find_diverged(reports, joined, expected):

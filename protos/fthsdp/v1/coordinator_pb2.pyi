@@ -111,8 +111,16 @@ class RegisterResponse(_message.Message):
     leader: str
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., leader: _Optional[str] = ...) -> None: ...
 
+class StepChecksum(_message.Message):
+    __slots__ = ("step", "checksum")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    checksum: str
+    def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +128,7 @@ class HeartbeatRequest(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     STATE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_STEP_FIELD_NUMBER: _ClassVar[int]
+    RECENT_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -127,7 +136,8 @@ class HeartbeatRequest(_message.Message):
     ready: bool
     state_checksum: str
     checksum_step: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ...) -> None: ...
+    recent_checksums: _containers.RepeatedCompositeFieldContainer[StepChecksum]
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("quorum_id", "drain_requested")
