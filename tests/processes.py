@@ -205,3 +205,20 @@ class WorkerProcess(_Process):
         self.read_until(lambda line: "done" in line, timeout)
         assert self.proc.wait(timeout=30) == 0
         return self.done
+
+
+class AgentProcess(WorkerProcess):
+    """``fthsdp agent`` running tests/ftar_worker.py as its rank; the worker's
+    JSON lines come through the agent's stdout."""
+
+    def __init__(self, tmp: Path, coordinator: str, replica_id: str, replica_rank: int, num_replicas: int,
+                 *worker_args: str, agent_args: tuple[str, ...] = ()) -> None:
+        super().__init__(tmp, coordinator, replica_id, replica_rank)
+        self.argv = [
+            sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", coordinator,
+            "--replica-id", replica_id, "--replica-rank", str(replica_rank), "--num-replicas", str(num_replicas),
+            "--nproc", "1", "--restart-backoff", "100ms", *agent_args,
+            "--", sys.executable, "-m", "tests.ftar_worker", *worker_args,
+        ]
+        self.log_path = tmp / f"agent-{replica_id}.log"
+        self.env = {"FTHSDP_FTAR_TIMEOUT": "30"}
