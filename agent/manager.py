@@ -158,16 +158,22 @@ class Manager:
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d", self.config.replica_id, quorum.id)
 
-    def close(self) -> None:
-        self.membership.close()
+    def close(self, reason: str = "finished") -> None:
+        """Leave the job (the others go on without this replica) and stop."""
+        if not self.stopped:
+            self.stopped = True
+            try:
+                self.membership.leave(reason)
+            except FthsdpError as e:
+                log.warning("could not tell the coordinator that this replica leaves: %s", e)
+                self.membership.close()
 
     def __enter__(self) -> "Manager":
         self.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if not self.stopped:
-            self.close()
+        self.close("finished" if exc[0] is None else f"failed: {exc[1]}")
 
     # ----- the step ------------------------------------------------------------------
 
@@ -206,8 +212,7 @@ class Manager:
         latest = m.latest
         if self._drain.is_set() or (latest is not None and latest.drain_requested):
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
-            m.leave("drained")
-            self.stopped = True
+            self.close("drained")
 
     def _strided_history(self, checksum: str) -> dict[int, str]:
         """The latest checksum at each stride of 1, 10, 100... checksum periods:

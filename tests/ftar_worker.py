@@ -89,8 +89,7 @@ def main() -> int:
     if args.save:
         torch.save(model.state_dict(), args.save)
     print(json.dumps({"done": ft.step, "stopped": ft.stopped}), flush=True)
-    if not ft.stopped:
-        ft.close()
+    ft.close()
     # Abandoned gloo collectives may linger until their timeout; do not wait for them.
     sys.stdout.flush()
     os._exit(0)

@@ -1,0 +1,84 @@
+"""Train the example GPT as one replica of an fthsdp job.
+
+    fthsdp agent --coordinator 127.0.0.1:29510 --replica-id r0 --num-replicas 3 \\
+        -- python examples/gpt/train.py --steps 300
+
+Reads top to bottom like nanoGPT's train.py: config, data, model, optimizer,
+then the loop, where fthsdp adds three calls. ``--fail-at-step`` makes this
+replica die (SIGKILL), hang (SIGSTOP) or exit with an error at that step, once
+(not after its agent restarted it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from data import Dataset, corpus  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+from agent.manager import Manager  # noqa: E402
+
+# ----- config -----------------------------------------------------------------------------
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("--steps", type=int, default=300)
+p.add_argument("--batch-size", type=int, default=8)
+p.add_argument("--block-size", type=int, default=128)
+p.add_argument("--n-layer", type=int, default=4)
+p.add_argument("--n-embd", type=int, default=256)
+p.add_argument("--lr", type=float, default=1e-3)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+p.add_argument("--log-every", type=int, default=10)
+p.add_argument("--fail-at-step", type=int, default=-1)
+p.add_argument("--fail-how", choices=("kill", "hang", "exit"), default="kill")
+args = p.parse_args()
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+first_start = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
+
+# ----- data and model ---------------------------------------------------------------------
+data = Dataset(corpus(), args.block_size)
+torch.manual_seed(args.seed)  # every replica starts from the same weights
+model = GPT(GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+                      n_embd=args.n_embd)).to(args.device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+n_params = sum(p.numel() for p in model.parameters())
+
+# ----- the loop ---------------------------------------------------------------------------
+ft = Manager.from_env(model, optimizer)
+ft.start(wait_for_replicas=ft.num_replicas if first_start else 1)
+print(json.dumps({"replica": ft.config.replica_id, "params": n_params, "quorum": ft.tracker.quorum.id}), flush=True)
+started = time.monotonic()
+while ft.step < args.steps and not ft.stopped:
+    if ft.step == args.fail_at_step and first_start:
+        print(json.dumps({"failing": args.fail_how, "step": ft.step}), flush=True)
+        if args.fail_how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif args.fail_how == "hang":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            sys.exit(3)
+    x, y = data.batch(ft.step, ft.replica_rank, args.batch_size, args.seed)
+    _, loss = model(x.to(args.device), y.to(args.device))
+    loss.backward()
+    result = ft.allreduce_gradients()  # the average over the quorum, redone among survivors on a failure
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    ft.commit()  # the step boundary
+    if ft.step % args.log_every == 0:
+        print(json.dumps({
+            "step": ft.step, "loss": round(loss.item(), 4), "quorum": result.quorum_id,
+            "replicas": result.contributors, "checksum": ft.checksum,
+            "elapsed_s": round(time.monotonic() - started, 2),
+        }), flush=True)
+print(json.dumps({"done": ft.step, "drained": ft.stopped}), flush=True)
+ft.close()  # leave the job: the other replicas go on without this one
+os._exit(0)  # abandoned collectives (if any) would otherwise hold the exit until their timeout
