@@ -10,21 +10,16 @@ quorum arrives the collective is *abandoned* (left to time out on its own, its
 buffers never reused) and the step continues in a new group among the
 survivors, from the intact local gradients.
 
-Agreement. A step's collectives in a group are an *agree* (a tiny MAX
-all-reduce of the step number, the quorum id of a finished data all-reduce,
-the gradient size and a hash of the model's structure) and the *data*
-all-reduce. Each replica loops::
-
-    agree -> all at my step, all hold the same finished result -> commit it
-          -> all at my step otherwise                            -> data, then agree again
-          -> others already committed this step                  -> commit my result (it is theirs)
-          -> others one step behind                              -> agree again (they are committing)
-
-A replica commits a data result only after an agree in which every member
-reported holding it, or after seeing members that already did so; a
-collective that completes on some replicas and not others therefore never
-splits them: the laggards learn in the next group what the others committed.
-The average divides by the number of replicas whose gradients it contains.
+Agreement. On the fast path a step is one collective, the data all-reduce,
+in place: a replica whose all-reduce completes commits its result at once.
+The first collective in every new group is an *agree* instead: an all-gather
+of each member's step, gradient size and model hash. A failure can leave the
+survivors split, some having completed the step's all-reduce (and committed)
+and some not; the agree shows it (steps differ by one), and the ones ahead
+broadcast the sum they committed, which the others commit too. If none
+completed it, all redo it among themselves from their intact local
+gradients. Either way every survivor commits the same result, and the
+average divides by the number of replicas whose gradients it contains.
 """
 
 from __future__ import annotations
@@ -60,7 +55,9 @@ class FtarTimeout(FthsdpError):
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    average: torch.Tensor
+    total: torch.Tensor
+    """The *sum* over the contributors: dividing is left to the caller, who
+    can fuse it with copying the result back into the gradients."""
     contributors: int
     quorum_id: int
     abandoned: int
@@ -126,72 +123,116 @@ class FTAR:
         self.timeout = timeout
         self._group: _Group | None = None
         self._in_step_with = 0
-        """The group in which every member committed the last step together."""
+        """The group whose members are known to be at the same step."""
+        self._last: StepResult | None = None
+        self._last_step = -1
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
         self._abandoned: list[_Group] = []
 
     # ----- the step ------------------------------------------------------------------
 
-    def allreduce(self, step: int, local: torch.Tensor, structure_hash: int) -> StepResult:
-        """Average ``local`` over the quorum for ``step``; see the module docstring."""
+    def allreduce(
+        self,
+        step: int,
+        buffer: torch.Tensor,
+        structure_hash: int,
+        refill: Callable[[], torch.Tensor] | None = None,
+    ) -> StepResult:
+        """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
+
+        The data all-reduce runs in place in ``buffer`` (no copy on the fast
+        path); a redo needs the local values again in a *fresh* tensor, since
+        an abandoned collective may still write the old one: ``refill`` makes
+        one (for example by flattening the intact gradients again). Without
+        ``refill``, a copy of ``buffer`` is kept up front. The returned sum
+        must be left unchanged until the next call: a replica that fell
+        behind may need it.
+        """
+        if refill is None:
+            original = buffer.detach().clone()
+            refill = original.clone
+        buffers = [buffer]
         deadline = time.monotonic() + self.timeout
-        pending: tuple[int, torch.Tensor, int] | None = None  # (quorum id, sum, contributors)
         abandoned = 0
         while True:
             group = self._current_group(deadline)
-            if pending is None and group.quorum_id == self._in_step_with:
-                # Every member committed the previous step through the same
-                # agree in this group, so all start this step with its data.
-                pending, abandoned = self._data(group, local, deadline, pending, abandoned)
-                continue
-            rq = pending[0] if pending else 0
-            numel = local.numel()
-            agree = torch.tensor([step, -step, rq, -rq, numel, -numel, structure_hash, -structure_hash], dtype=torch.int64)
-            if self._collective(group, agree, dist.ReduceOp.MAX, deadline) != _DONE:
+            if group.quorum_id == self._in_step_with:
+                buf = buffers.pop() if buffers else refill()
+                if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
+                    self._last = StepResult(buf, group.size, group.quorum_id, abandoned)
+                    self._last_step = step
+                    return self._last
                 self._in_step_with = 0
                 abandoned += 1
                 continue
-            max_step, min_step, max_rq, min_rq = int(agree[0]), -int(agree[1]), int(agree[2]), -int(agree[3])
-            self._check_same_shape(agree, numel, structure_hash)
-            if min_step == max_step == step:
-                if pending is not None and min_rq == max_rq == pending[0]:
-                    self._in_step_with = group.quorum_id
-                    return self._result(pending, abandoned)
-                pending, abandoned = self._data(group, local, deadline, None, abandoned)
+            rows = self._agree(group, step, buffer.numel(), structure_hash, deadline)
+            if rows is None:
+                abandoned += 1
                 continue
-            self._in_step_with = 0  # out of phase: the next step starts with an agree
-            if min_step == step and max_step == step + 1:
-                if pending is None:
-                    raise FtarError(f"step {step}: other replicas committed it, but this one holds no result")
-                return self._result(pending, abandoned)
-            if min_step == step - 1 and max_step == step:
-                continue  # the laggards are committing step - 1; meet them in the next agree
+            steps = [int(r[0]) for r in rows]
+            if min(steps) == max(steps) == step:
+                self._in_step_with = group.quorum_id  # in phase: the data comes next
+                continue
+            if min(steps) == step and max(steps) == step + 1:
+                result = self._catch_up_step(group, rows, step, buffer, deadline)
+                if result is not None:
+                    return dataclasses.replace(result, abandoned=abandoned)
+                abandoned += 1
+                continue
+            if min(steps) == step - 1 and max(steps) == step:
+                if self._serve_last_step(group, rows, step, deadline) is None:
+                    abandoned += 1
+                continue  # the laggards now hold step - 1 too; agree again
+            raise FtarError(f"replicas in quorum {group.quorum_id} are at steps {min(steps)}..{max(steps)}, this one at {step}")
+
+    def _agree(self, group: _Group, step: int, numel: int, structure_hash: int, deadline: float):
+        """All-gather every member's (step, size, model hash, last result's
+        contributors and quorum): the first collective in every new group."""
+        last = self._last if self._last is not None and self._last_step == step - 1 else None
+        row = torch.tensor(
+            [step, numel, structure_hash, last.contributors if last else 0, last.quorum_id if last else 0],
+            dtype=torch.int64,
+        )
+        rows = [torch.zeros_like(row) for _ in range(group.size)]
+        if self._wait_work(group.pg.allgather([rows], [row]), group.quorum_id, deadline) != _DONE:
+            self._in_step_with = 0
+            return None
+        sizes = {int(r[1]) for r in rows}
+        if len(sizes) > 1:
             raise FtarError(
-                f"replicas in quorum {group.quorum_id} are at steps {min_step}..{max_step}, this one at {step}"
-            )
-
-    def _data(self, group: _Group, local: torch.Tensor, deadline: float, pending, abandoned: int):
-        buf = local.detach().clone()  # a fresh buffer: an abandoned op may still write the old one
-        if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
-            return (group.quorum_id, buf, group.size), abandoned
-        self._in_step_with = 0
-        return pending, abandoned + 1
-
-    @staticmethod
-    def _result(pending: tuple[int, torch.Tensor, int], abandoned: int) -> StepResult:
-        quorum_id, total, contributors = pending
-        return StepResult(total.div_(contributors), contributors, quorum_id, abandoned)
-
-    @staticmethod
-    def _check_same_shape(agree: torch.Tensor, numel: int, structure_hash: int) -> None:
-        if int(agree[4]) != -int(agree[5]):
-            raise FtarError(
-                f"replicas all-reduce gradients of different sizes ({-int(agree[5])}..{int(agree[4])} elements; "
+                f"replicas all-reduce gradients of different sizes ({min(sizes)}..{max(sizes)} elements; "
                 f"this one {numel}): are they training the same model?"
             )
-        if int(agree[6]) != -int(agree[7]):
+        if len({int(r[2]) for r in rows}) > 1:
             raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
+        return rows
+
+    def _catch_up_step(self, group, rows, step, buffer, deadline) -> StepResult | None:
+        """Others finished ``step`` (their data all-reduce completed before a
+        failure stopped ours): take their sum, the one they applied."""
+        root = min(i for i, r in enumerate(rows) if int(r[0]) == step + 1)
+        total = torch.empty_like(buffer)
+        if self._broadcast(group, total, root, deadline) != _DONE:
+            return None
+        self._last = StepResult(total, int(rows[root][3]), int(rows[root][4]), 0)
+        self._last_step = step
+        return self._last
+
+    def _serve_last_step(self, group, rows, step, deadline) -> str | None:
+        """Some members are one step behind: send them the sum of ``step - 1``."""
+        root = min(i for i, r in enumerate(rows) if int(r[0]) == step)
+        if self._last is None or self._last_step != step - 1:
+            raise FtarError(f"step {step - 1}: other replicas need its result, but this one no longer holds it")
+        return self._broadcast(group, self._last.total, root, deadline)
+
+    def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int, deadline: float) -> str | None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        if self._wait_work(group.pg.broadcast([tensor], opts), group.quorum_id, deadline) == _DONE:
+            return _DONE
+        self._in_step_with = 0
+        return None
 
     # ----- groups --------------------------------------------------------------------
 
@@ -226,40 +267,66 @@ class FTAR:
     # ----- waiting -------------------------------------------------------------------
 
     def _collective(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp, deadline: float) -> str:
+        """All-reduce ``tensor`` in place, abandoned if a newer quorum comes."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
-        return self._wait(lambda: group.pg.allreduce([tensor], opts).wait(), group.quorum_id, deadline)
+        return self._wait_work(group.pg.allreduce([tensor], opts), group.quorum_id, deadline)
+
+    def _wait_work(self, work, quorum_id: int, deadline: float) -> str:
+        """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
+        thread, and a newer quorum is seen within a millisecond."""
+        pause = 20e-6
+        while not work.is_completed():
+            if self.tracker.newest_id() > quorum_id:
+                return _NEWER
+            if time.monotonic() > deadline:
+                raise FtarTimeout(f"a collective in quorum {quorum_id} did not finish and no newer quorum came")
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        try:
+            work.wait()
+        except RuntimeError as e:
+            # The collective failed (a peer's connection dropped): the
+            # coordinator will push the quorum without that peer.
+            return self._await_newer(quorum_id, deadline, e)
+        return _DONE
+
+    def _await_newer(self, quorum_id: int, deadline: float, cause: BaseException) -> str:
+        log.warning("collective in quorum %d failed (%s); waiting for a newer quorum", quorum_id, cause)
+        with self.tracker.cond:
+            while self.tracker.newest_id() <= quorum_id:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FtarTimeout(f"a collective in quorum {quorum_id} failed ({cause}) and no newer quorum came")
+                self.tracker.cond.wait(left)
+        return _NEWER
 
     def _wait(self, blocking: Callable[[], object], quorum_id: int, deadline: float) -> str:
-        """Run ``blocking`` on a helper thread; return DONE when it finishes, NEWER
-        as soon as a quorum newer than ``quorum_id`` is known. If it fails, wait
-        for the newer quorum the coordinator will push."""
+        """Run ``blocking`` (a call with no handle to poll, like building a
+        group) on a helper thread; return DONE when it finishes, NEWER as soon
+        as a quorum newer than ``quorum_id`` is known."""
         done = threading.Event()
         errors: list[BaseException] = []
 
         def run() -> None:
             try:
                 blocking()
-            except BaseException as e:  # noqa: BLE001 - reported to the waiting thread
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 errors.append(e)
             finally:
                 done.set()
                 with self.tracker.cond:
                     self.tracker.cond.notify_all()
 
-        threading.Thread(target=run, name="fthsdp-ftar-op", daemon=True).start()
-        warned = False
+        threading.Thread(target=run, name="fthsdp-ftar-build", daemon=True).start()
         with self.tracker.cond:
-            while True:
+            while not done.is_set():
                 if self.tracker.newest_id() > quorum_id:
                     return _NEWER
-                if done.is_set() and not errors:
-                    return _DONE
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    what = f"failed ({errors[0]})" if errors else "did not finish"
-                    raise FtarTimeout(f"a collective in quorum {quorum_id} {what} and no newer quorum came")
-                if errors and not warned:
-                    log.warning("collective in quorum %d failed (%s); waiting for a newer quorum", quorum_id, errors[0])
-                    warned = True
+                    raise FtarTimeout(f"building the group of quorum {quorum_id} did not finish and no newer quorum came")
                 self.tracker.cond.wait(left)
+        if errors:
+            return self._await_newer(quorum_id, deadline, errors[0])
+        return _DONE

@@ -182,14 +182,18 @@ class Manager:
         if self._reduced:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() after optimizer.step()")
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        result = self.ftar.allreduce(self.step, flat, self._structure)
+
+        def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
+            return torch.cat([g.reshape(-1) for g in grads])
+
+        result = self.ftar.allreduce(self.step, flatten(), self._structure, refill=flatten)
         offset = 0
         for p, g in zip(self._params, grads):
             n = g.numel()
             if p.grad is None:
                 p.grad = g
-            p.grad.copy_(result.average[offset : offset + n].view_as(g))
+            # One pass per gradient: divide the sum straight into it.
+            torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=p.grad)
             offset += n
         self._reduced = True
         self.last = result
