@@ -14,8 +14,8 @@ import zlib
 import torch
 
 
-def _tensor_bytes(t: torch.Tensor):
-    t = t.detach()
+def _tensor_bytes(t: torch.Tensor, local=lambda t: t):
+    t = local(t).detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
@@ -24,18 +24,19 @@ def _tensor_bytes(t: torch.Tensor):
     return t.view(torch.uint8).numpy()
 
 
-def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> str:
+def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, local=lambda t: t) -> str:
+    """``local`` maps a sharded tensor to this rank's shard (FSDP2)."""
     crc = 0
     for name, p in sorted(model.state_dict().items()):
         crc = zlib.crc32(name.encode(), crc)
-        crc = zlib.crc32(_tensor_bytes(p), crc)
+        crc = zlib.crc32(_tensor_bytes(p, local), crc)
     if optimizer is not None:
         state = optimizer.state_dict()["state"]
         for index in sorted(state):
             for key in sorted(state[index]):
                 value = state[index][key]
                 if isinstance(value, torch.Tensor):
-                    crc = zlib.crc32(_tensor_bytes(value), crc)
+                    crc = zlib.crc32(_tensor_bytes(value, local), crc)
                 else:
                     crc = zlib.crc32(repr(value).encode(), crc)
     return f"{crc:08x}"
@@ -43,8 +44,10 @@ def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | No
 
 def structure_hash(model: torch.nn.Module) -> int:
     """A 62-bit hash of the parameter names, shapes and dtypes (not values):
-    replicas whose hashes differ are not training the same model."""
+    replicas whose hashes differ are not training the same model. For FSDP2
+    parameters the shape of this rank's shard counts too."""
     h = hashlib.blake2b(digest_size=8)
     for name, p in model.named_parameters():
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+        shard = tuple(p.to_local().shape) if hasattr(p, "to_local") else ()
+        h.update(f"{name}:{tuple(p.shape)}:{shard}:{p.dtype};".encode())
     return int.from_bytes(h.digest(), "big") >> 2

@@ -31,13 +31,14 @@ import logging
 import os
 import signal
 import threading
+import zlib
 from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from agent.checksum import state_checksum, structure_hash
-from agent.ftar import FTAR, QuorumTracker, StepResult
+from agent.ftar import FTAR, Evicted, QuorumTracker, StepResult
 from agent.membership import Membership
 from coordinator.errors import ConfigError, FthsdpError
 
@@ -79,6 +80,12 @@ class ManagerConfig:
     checksum_every: int = 1
     """Report the state checksum every this many steps (0: never)."""
 
+    shard_rank: int = 0
+    """This rank's index inside its replica group (RANK from `fthsdp agent`)."""
+
+    shard_count: int = 1
+    """Ranks in the replica group (WORLD_SIZE): more than one for HSDP."""
+
     def __post_init__(self) -> None:
         if not self.coordinator:
             raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
@@ -88,6 +95,8 @@ class ManagerConfig:
             raise ConfigError("replica rank must be >= 0 and the number of replicas >= 1")
         if self.timeout <= 0 or self.checksum_every < 0:
             raise ConfigError("timeout must be positive and checksum_every >= 0")
+        if not 0 <= self.shard_rank < self.shard_count:
+            raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides) -> "ManagerConfig":
@@ -104,6 +113,8 @@ class ManagerConfig:
                 host=get("ADVERTISE_HOST", "127.0.0.1"),
                 timeout=float(get("FTAR_TIMEOUT", "60")),
                 checksum_every=int(get("CHECKSUM_EVERY", "1")),
+                shard_rank=int(env.get("RANK", "0") or 0),
+                shard_count=int(env.get("WORLD_SIZE", "1") or 1),
             )
         except ValueError as e:
             raise ConfigError(f"bad FTHSDP_* setting: {e}") from e
@@ -125,13 +136,20 @@ class Manager:
         self._history: dict[int, tuple[int, str]] = {}
         self._drain = threading.Event()
         timeout = datetime.timedelta(seconds=config.timeout)
-        # The rendezvous store of every quorum whose first member we are.
-        self._store = dist.TCPStore(config.host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
-        self.address = f"{config.host}:{self._store.port}"
+        self.leader = config.shard_rank == 0
+        """Rank 0 of the replica group holds its session with the coordinator."""
+        if self.leader:
+            # The rendezvous store of every quorum whose first member we are.
+            self._store = dist.TCPStore(config.host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+            self.address = f"{config.host}:{self._store.port}"
+        else:
+            self.address = ""
         self.tracker = QuorumTracker(config.replica_id)
-        self.membership = Membership(config.coordinator, config.job, config.replica_id, self.address, 1, 0)
+        self.membership = Membership(
+            config.coordinator, config.job, config.replica_id, self.address or "unused:0", config.shard_count, 0
+        )
         self.membership.add_listener(self.tracker.update)
-        self.ftar = FTAR(self.tracker, config.job, timeout=config.timeout)
+        self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
 
     @classmethod
     def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
@@ -151,9 +169,17 @@ class Manager:
         """Register and wait until a quorum of at least ``wait_for_replicas``
         members includes this replica (a fresh job passes its replica count so
         that every replica starts at step 0 together)."""
+        if self.config.shard_count > 1 and not dist.is_initialized():
+            raise ConfigError(
+                f"this replica group has {self.config.shard_count} ranks: call torch.distributed.init_process_group() "
+                "(the group's own world, for FSDP) before Manager.start()"
+            )
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self._drain.set())
-        self.membership.start()
+        if self.leader:
+            self.membership.start()
+        else:
+            self.membership.observe()
         quorum = self.tracker.wait_for_membership(admission_timeout, wait_for_replicas)
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d", self.config.replica_id, quorum.id)
@@ -177,23 +203,36 @@ class Manager:
 
     # ----- the step ------------------------------------------------------------------
 
-    def allreduce_gradients(self) -> StepResult:
-        """Replace every gradient by its average over the quorum's replicas."""
+    def allreduce_gradients(self) -> StepResult | None:
+        """Replace every gradient by its average over the quorum's replicas.
+
+        With FSDP (HSDP), each rank all-reduces its own gradient shards with
+        the same rank of the other replica groups. Returns None, leaving the
+        gradients alone, once this replica has been drained out of the quorum.
+        """
+        if self.stopped:
+            return None
         if self._reduced:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() after optimizer.step()")
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        shards = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self._params]
 
         def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
-            return torch.cat([g.reshape(-1) for g in grads])
+            return torch.cat([g.reshape(-1) for g in shards])
 
-        result = self.ftar.allreduce(self.step, flatten(), self._structure, refill=flatten)
+        try:
+            result = self.ftar.allreduce(self.step, flatten(), self._structure, refill=flatten)
+        except Evicted:
+            if self._drain.is_set():  # drained: the quorum went on without us
+                self.stopped = True
+                return None
+            raise
         offset = 0
-        for p, g in zip(self._params, grads):
+        for p, g in zip(self._params, shards):
             n = g.numel()
-            if p.grad is None:
+            if p.grad is None and not _is_dtensor(p):
                 p.grad = g
             # One pass per gradient: divide the sum straight into it.
-            torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=p.grad)
+            torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=g)
             offset += n
         self._reduced = True
         self.last = result
@@ -201,6 +240,8 @@ class Manager:
 
     def commit(self) -> None:
         """Mark the step boundary after ``optimizer.step()``."""
+        if self.stopped:
+            return
         if not self._reduced:
             raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
         self._reduced = False
@@ -210,13 +251,28 @@ class Manager:
         m.training_quorum_id = self.last.quorum_id
         every = self.config.checksum_every
         if every and self.step % every == 0:
-            checksum = state_checksum(self.model, self.optimizer)
+            checksum = self._group_checksum()
             m.state_checksum, m.checksum_step = checksum, self.step
             m.recent_checksums = self._strided_history(checksum)
         latest = m.latest
-        if self._drain.is_set() or (latest is not None and latest.drain_requested):
+        drain = self._drain.is_set() or (latest is not None and latest.drain_requested)
+        if self.config.shard_count > 1:
+            # Every rank of the group must stop at the same step boundary.
+            flag = torch.tensor([int(drain)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            drain = bool(flag.item())
+        if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
             self.close("drained")
+
+    def _group_checksum(self) -> str:
+        """The checksum of this rank's shards, combined over the replica group."""
+        own = state_checksum(self.model, self.optimizer, local=_local)
+        if self.config.shard_count == 1:
+            return own
+        parts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.config.shard_count)]
+        dist.all_gather(parts, torch.tensor([int(own, 16)], dtype=torch.int64))
+        return f"{zlib.crc32(b''.join(int(x).to_bytes(4, 'big') for x in parts)):08x}"
 
     def _strided_history(self, checksum: str) -> dict[int, str]:
         """The latest checksum at each stride of 1, 10, 100... checksum periods:
@@ -231,3 +287,12 @@ class Manager:
     def checksum(self) -> str:
         return self.membership.state_checksum
 
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "to_local") and hasattr(t, "placements")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) parameter or gradient; the tensor itself otherwise."""
+    return t.to_local() if _is_dtensor(t) else t

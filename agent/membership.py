@@ -58,9 +58,19 @@ class Membership:
         self._threads: list[threading.Thread] = []
         self._stream = None
         self._register_lock = threading.Lock()
+        self._observer = False
         self._listeners: list[Callable[[pb.WatchEvent], None]] = []
 
     # ----- lifecycle -----------------------------------------------------------------
+
+    def observe(self) -> None:
+        """Watch only: follow the quorum without registering or heartbeating.
+        The other ranks of a multi-rank replica group do this; its rank 0
+        holds the replica's session."""
+        self._observer = True
+        t = threading.Thread(target=self._watch_loop, name=f"fthsdp-observe-{self.replica_id}", daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def start(self, deadline: float = 30.0) -> None:
         """Register (retrying until ``deadline`` seconds pass) and start the threads."""
@@ -79,6 +89,9 @@ class Membership:
             self._threads.append(t)
 
     def leave(self, reason: str, failed: bool = False) -> None:
+        if self._observer:
+            self.close()
+            return
         try:
             self.client.call(
                 "Leave",
@@ -173,7 +186,10 @@ class Membership:
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
             address = self.client.current_address()
-            request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=self._session)
+            if self._observer:
+                request = pb.WatchRequest(job=self.job)
+            else:
+                request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=self._session)
             try:
                 self._stream = self.client.stub(address).Watch(request)
                 for event in self._stream:

@@ -1,0 +1,66 @@
+"""One rank of a multi-rank replica group for the HSDP tests: FSDP2
+(``fully_shard``) inside the replica over the group's own gloo world (RANK,
+WORLD_SIZE, MASTER_ADDR/PORT from `fthsdp agent`), FTAR across replicas.
+
+Rank r of replica k trains on batch (step, k * WORLD_SIZE + r), the data a
+DDP run with world size replicas * WORLD_SIZE would give global rank
+k * WORLD_SIZE + r. Rank 0 prints one JSON line per committed step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from agent.manager import Manager
+from tests.ftar_worker import batch, make_model, make_optimizer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-for", type=int, default=1)
+    p.add_argument("--save", default="")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model(args.hidden, args.seed)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = make_optimizer(model)
+    ft = Manager.from_env(model, optimizer)
+    ft.start(wait_for_replicas=args.wait_for)
+    print(json.dumps({"rank": rank, "pid": os.getpid()}), flush=True)
+    while ft.step < args.steps and not ft.stopped:
+        x, y = batch(ft.step, ft.replica_rank * world + rank, args.hidden, args.seed)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        result = ft.allreduce_gradients()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        ft.commit()
+        if rank == 0:
+            print(json.dumps({"step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
+                              "abandoned": result.abandoned, "checksum": ft.checksum}), flush=True)
+    full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective: every rank
+    if args.save and rank == 0:
+        torch.save(full, args.save)
+    if rank == 0:
+        print(json.dumps({"done": ft.step, "stopped": ft.stopped}), flush=True)
+    ft.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

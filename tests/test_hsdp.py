@@ -1,0 +1,74 @@
+"""HSDP on CPU: replica groups of 2 ranks each sharding the model with FSDP2,
+FTAR across replicas (each shard rank with the same shard rank of the others),
+launched by `fthsdp agent --nproc 2` against a real coordinator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import torch
+
+from coordinator.local_etcd import free_port
+from tests.processes import ROOT, AgentProcess, CoordinatorProcess, _env
+
+REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
+
+
+def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
+    init = f"tcp://127.0.0.1:{free_port()}"
+    world = REPLICAS * RANKS
+    oracle = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(world), "--init", init,
+             "--steps", str(STEPS), "--hidden", HIDDEN, "--save", str(tmp_path / f"ddp{r}.pt")],
+            cwd=ROOT, env=_env(),
+        )
+        for r in range(world)
+    ]
+    for p in oracle:
+        assert p.wait(timeout=180) == 0
+    c = CoordinatorProcess(tmp_path, "--min-replicas", str(REPLICAS)).start()
+    try:
+        agents = [hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt"))
+                  for k in range(REPLICAS)]
+        for a in agents:
+            a.finish(timeout=180)
+    finally:
+        c.stop()
+    r0, r1 = agents
+    for step in range(1, STEPS + 1):
+        assert r0.steps[step]["checksum"] == r1.steps[step]["checksum"], f"replicas differ at step {step}"
+        assert r0.steps[step]["contributors"] == REPLICAS
+    expected = torch.load(tmp_path / "ddp0.pt", weights_only=True)
+    for k in range(REPLICAS):
+        got = torch.load(tmp_path / f"hsdp{k}.pt", weights_only=True)
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=f"replica {k}, {name}")
+
+
+def hsdp_agent(tmp_path, address: str, k: int, *args: str) -> AgentProcess:
+    a = AgentProcess(tmp_path, address, f"r{k}", k, REPLICAS, "--hidden", HIDDEN, "--wait-for", str(REPLICAS), *args,
+                     agent_args=("--nproc", str(RANKS)))
+    a.argv[a.argv.index("tests.ftar_worker")] = "tests.hsdp_worker"
+    return a.start()
+
+
+def test_a_dead_shard_rank_takes_its_replica_out_and_the_other_replica_trains_on(tmp_path):
+    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
+                           "--heartbeat-interval", "200ms").start()
+    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "200")
+    r1 = hsdp_agent(tmp_path, c.address, 1, "--steps", "200")
+    try:
+        victim = r1.read_until(lambda line: line.get("rank") == 1)
+        r0.read_until(lambda line: line.get("step") == 5)
+        os.kill(victim["pid"], signal.SIGKILL)  # rank 1 of replica r1: r1's rank 0 holds the session
+        r0.finish(timeout=180)
+    finally:
+        r1.stop()
+        c.stop()
+    assert sorted(r0.steps) == list(range(1, 201)), "r0 lost or repeated a step"
+    assert r0.steps[200]["contributors"] == 1
+    assert "agent of r1 (node 0): failed" in c.log_path.read_text()
