@@ -11,11 +11,12 @@ import re
 import sys
 from pathlib import Path
 
+from agent.config import AgentConfig
 from coordinator.config import CoordinatorConfig
 from coordinator.settings import reference_markdown
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SECTIONS = {"coordinator": CoordinatorConfig}
+SECTIONS = {"coordinator": CoordinatorConfig, "agent": AgentConfig}
 
 
 def render(text: str) -> str:

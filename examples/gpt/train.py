@@ -55,7 +55,8 @@ n_params = sum(p.numel() for p in model.parameters())
 # ----- the loop ---------------------------------------------------------------------------
 ft = Manager.from_env(model, optimizer)
 ft.start(wait_for_replicas=ft.num_replicas if first_start else 1)
-print(json.dumps({"replica": ft.config.replica_id, "params": n_params, "quorum": ft.tracker.quorum.id}), flush=True)
+print(json.dumps({"replica": ft.config.replica_id, "params": n_params, "quorum": ft.tracker.quorum.id,
+                  "pid": os.getpid()}), flush=True)
 started = time.monotonic()
 while ft.step < args.steps and not ft.stopped:
     if ft.step == args.fail_at_step and first_start:
@@ -77,7 +78,7 @@ while ft.step < args.steps and not ft.stopped:
         print(json.dumps({
             "step": ft.step, "loss": round(loss.item(), 4), "quorum": result.quorum_id,
             "replicas": result.contributors, "checksum": ft.checksum,
-            "elapsed_s": round(time.monotonic() - started, 2),
+            "elapsed_s": round(time.monotonic() - started, 2), "t": time.monotonic(),
         }), flush=True)
 print(json.dumps({"done": ft.step, "drained": ft.stopped}), flush=True)
 ft.close()  # leave the job: the other replicas go on without this one
