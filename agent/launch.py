@@ -10,11 +10,13 @@ import logging
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
 from agent.config import AgentConfig
+from coordinator.local_etcd import die_with_parent_prefix
 
 log = logging.getLogger("fthsdp.agent")
 
@@ -87,7 +89,14 @@ class Rank:
 
     def __init__(self, local_rank: int, command: Sequence[str], env: Mapping[str, str]) -> None:
         self.local_rank = local_rank
-        self.proc = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+        if shutil.which(command[0], path=env.get("PATH")) is None:
+            # Checked here: behind setpriv a missing program would look like a rank exiting 127.
+            raise FileNotFoundError(2, "No such file or directory", command[0])
+        # The rank dies with its agent (PR_SET_PDEATHSIG through setpriv): an
+        # agent killed by the OOM killer must not leave ranks training on.
+        self.proc = subprocess.Popen(
+            [*die_with_parent_prefix(), *command], env=dict(env), start_new_session=True
+        )
 
     @property
     def pid(self) -> int:

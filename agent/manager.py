@@ -30,6 +30,7 @@ import datetime
 import logging
 import os
 import signal
+import sys
 import threading
 import zlib
 from collections.abc import Mapping
@@ -46,6 +47,9 @@ log = logging.getLogger("fthsdp.agent.manager")
 
 
 CHECKSUM_STRIDES = (1, 10, 100, 1000, 10000)
+EVICTION_GRACE = 2.0
+"""Seconds an evicted rank of a multi-rank group waits (for a drain to finish) before exiting."""
+EXIT_EVICTED = 75
 
 
 class ApiMisuse(FthsdpError):
@@ -183,6 +187,33 @@ class Manager:
         quorum = self.tracker.wait_for_membership(admission_timeout, wait_for_replicas)
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d", self.config.replica_id, quorum.id)
+        if self.config.shard_count > 1:
+            threading.Thread(target=self._eviction_watchdog, name="fthsdp-eviction-watchdog", daemon=True).start()
+
+    def _eviction_watchdog(self) -> None:
+        """Exit at once when the coordinator takes this replica group out.
+
+        Another rank of the group may have died, on this node or another,
+        leaving this one blocked in an FSDP collective that gloo would only
+        time out much later. Out of the quorum this incarnation's state is
+        lost anyway: exiting lets every node's agent restart the whole group.
+        A drain (a planned exit at a step boundary) is given a grace period.
+        """
+        with self.tracker.cond:
+            while not self.stopped:
+                quorum = self.tracker.quorum
+                if quorum is not None and not self.tracker._includes_me(quorum) and not self._drain.is_set():
+                    self.tracker.cond.wait(EVICTION_GRACE)
+                    quorum = self.tracker.quorum
+                    if not self.stopped and not self._drain.is_set() and not self.tracker._includes_me(quorum):
+                        print(
+                            f"fthsdp: replica {self.config.replica_id} was taken out of quorum {quorum.id}; "
+                            f"rank {self.config.shard_rank} exits so that its agent restarts the group",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        os._exit(EXIT_EVICTED)
+                self.tracker.cond.wait(1.0)
 
     def close(self, reason: str = "finished") -> None:
         """Leave the job (the others go on without this replica) and stop."""

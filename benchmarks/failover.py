@@ -61,6 +61,7 @@ class Proc:
             os.killpg(self.p.pid, signal.SIGCONT)
             os.killpg(self.p.pid, signal.SIGKILL)
         self.p.wait()
+        self.p.stdout.close()
 
 
 def trial(case: str, heartbeat_timeout: str, rng: random.Random) -> dict:
@@ -89,10 +90,11 @@ def trial(case: str, heartbeat_timeout: str, rng: random.Random) -> dict:
         failed_at = time.monotonic()
         if case == "rank killed":
             os.kill(victim_pid, signal.SIGKILL)
-        elif case == "node lost":
-            os.killpg(agents[2].p.pid, signal.SIGKILL)
         else:
-            os.killpg(agents[2].p.pid, signal.SIGSTOP)
+            # The agent and its rank (the rank runs in a session of its own).
+            sig = signal.SIGKILL if case == "node lost" else signal.SIGSTOP
+            os.killpg(agents[2].p.pid, sig)
+            os.kill(victim_pid, sig)
         while True:
             x = agents[0].until(lambda x: "step" in x or "done" in x)
             if "done" in x:
@@ -115,12 +117,13 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--heartbeat-timeout", default="1s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", default=",".join(CASES))
     args = p.parse_args()
     rng = random.Random(args.seed)
     print(f"heartbeat timeout {args.heartbeat_timeout}, 3 replicas of examples/gpt, {args.trials} trials per case (medians)")
     print("| failure | gap between commits | normal step interval | stall (gap - interval) | failure to next commit | steps discarded |")
     print("|---|---:|---:|---:|---:|---:|")
-    for case in CASES:
+    for case in args.cases.split(","):
         runs = [trial(case, args.heartbeat_timeout, rng) for _ in range(args.trials)]
         med = {k: statistics.median(r[k] for r in runs) for k in ("gap", "interval", "detect")}
         print(f"| {case} | {med['gap']:.2f} s | {med['interval']:.2f} s | {med['gap'] - med['interval']:.2f} s | "

@@ -100,7 +100,7 @@ class EtcdServer:
         peer = f"http://{HOST}:{self.peer_port}"
         client = f"http://{HOST}:{self.client_port}"
         args = [
-            *_die_with_parent_prefix(),
+            *die_with_parent_prefix(),
             self.binary,
             "--name", "default",
             "--data-dir", str(self.data_dir),
@@ -229,7 +229,7 @@ class EtcdServer:
             client.close()
 
 
-def _die_with_parent_prefix() -> list[str]:
+def die_with_parent_prefix() -> list[str]:
     """A command prefix making the kernel SIGKILL etcd when the test process
     dies, even by SIGKILL, so a killed test run leaves no stray etcd behind.
 

@@ -72,3 +72,41 @@ def test_a_dead_shard_rank_takes_its_replica_out_and_the_other_replica_trains_on
     assert sorted(r0.steps) == list(range(1, 201)), "r0 lost or repeated a step"
     assert r0.steps[200]["contributors"] == 1
     assert "agent of r1 (node 0): failed" in c.log_path.read_text()
+
+
+def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
+    """Replica r1's two ranks run under two agents (two "nodes"); killing the
+    rank on node 1 takes the whole group out: the coordinator drops r1, the
+    rank on node 0 exits (eviction watchdog) and both agents restart."""
+    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
+                           "--heartbeat-interval", "200ms").start()
+    port = str(free_port())
+    nodes = []
+    for node in (0, 1):
+        a = AgentProcess(tmp_path, c.address, "r1", 1, REPLICAS, "--hidden", HIDDEN, "--wait-for", str(REPLICAS),
+                         "--steps", "300",
+                         agent_args=("--nnodes", "2", "--node-rank", str(node), "--master-port", port))
+        a.argv[a.argv.index("tests.ftar_worker")] = "tests.hsdp_worker"
+        a.log_path = tmp_path / f"agent-r1-node{node}.log"
+        nodes.append(a.start())
+    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "300")
+    try:
+        victim = nodes[1].read_until(lambda line: line.get("rank") == 1)
+        r0.read_until(lambda line: line.get("step") == 5)
+        os.kill(victim["pid"], signal.SIGKILL)
+        log = c.log_path
+
+        def both_restarted() -> bool:
+            text = log.read_text()
+            return "agent of r1 (node 0): restarting" in text and "agent of r1 (node 1): restarting" in text
+
+        from tests.waiting import wait_until
+
+        wait_until(both_restarted, 60, message="both nodes of r1 restarting")
+        r0.finish(timeout=240)
+    finally:
+        for a in nodes:
+            a.stop()
+        c.stop()
+    assert sorted(r0.steps) == list(range(1, 301))
+    assert r0.steps[300]["contributors"] == 1
