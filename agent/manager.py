@@ -183,7 +183,7 @@ class Manager:
         if self.leader:
             self.membership.start()
         else:
-            self.membership.observe()
+            self.membership.observe(self.config.shard_rank)
         quorum = self.tracker.wait_for_membership(admission_timeout, wait_for_replicas)
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d", self.config.replica_id, quorum.id)

@@ -63,14 +63,29 @@ class Membership:
 
     # ----- lifecycle -----------------------------------------------------------------
 
-    def observe(self) -> None:
-        """Watch only: follow the quorum without registering or heartbeating.
-        The other ranks of a multi-rank replica group do this; its rank 0
-        holds the replica's session."""
+    def observe(self, shard_rank: int) -> None:
+        """Follow the quorum without registering, and ping the coordinator as
+        rank ``shard_rank`` of the replica group. The other ranks of a
+        multi-rank group do this; its rank 0 holds the replica's session."""
         self._observer = True
-        t = threading.Thread(target=self._watch_loop, name=f"fthsdp-observe-{self.replica_id}", daemon=True)
-        t.start()
-        self._threads.append(t)
+        self.shard_rank = shard_rank
+        for target, name in ((self._watch_loop, "observe"), (self._ping_loop, "ping")):
+            t = threading.Thread(target=target, name=f"fthsdp-{name}-{self.replica_id}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _ping_loop(self) -> None:
+        while True:
+            request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank)
+            try:
+                self.client.call("Heartbeat", request)
+            except (RequestRejected, CoordinatorUnavailable) as e:
+                # Rank 0 may not have registered (again) yet: keep pinging.
+                log.debug("rank %d ping: %s", self.shard_rank, e)
+            event = self.latest
+            interval = event.heartbeat_interval_s if event is not None and event.heartbeat_interval_s else 0.5
+            if self._stop.wait(interval):
+                return
 
     def start(self, deadline: float = 30.0) -> None:
         """Register (retrying until ``deadline`` seconds pass) and start the threads."""

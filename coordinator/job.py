@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 
-from coordinator.errors import NotFound, StaleSession
+from coordinator.errors import InvalidRequest, NotFound, StaleSession
 from coordinator.quorum import CatchUpSource, Decision, Quorum, ReplicaView, Rules, decide, find_diverged, lost_at
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
@@ -43,17 +43,21 @@ class ReplicaEntry:
     state_checksum: str = ""
     checksum_step: int = 0
     checksums: dict[int, str] = dataclasses.field(default_factory=dict)
+    rank_heartbeats: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Last ping of each rank other than 0 of a multi-rank replica group."""
     diverged_at: int | None = None
     record_revision: int = 0
     open_watches: int = 0
 
     def view(self) -> ReplicaView:
+        # The replica is as alive as its most silent rank.
+        last = min(self.last_heartbeat, *self.rank_heartbeats.values()) if self.rank_heartbeats else self.last_heartbeat
         return ReplicaView(
             replica_id=self.replica_id,
             address=self.address,
             world_size=self.world_size,
             step=self.step,
-            last_heartbeat=self.last_heartbeat,
+            last_heartbeat=last,
             registered_at=self.registered_at,
             disconnected_at=self.disconnected_at,
             failed_at=self.failed_at,
@@ -166,6 +170,9 @@ class JobState:
         entry.heard_from = True
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = None
         entry.checksums.clear()
+        # Every other rank of the group must ping within a heartbeat timeout
+        # of the registration, or the group counts as silent.
+        entry.rank_heartbeats = {rank: now for rank in range(1, world_size)}
         entry.state_checksum, entry.checksum_step = "", 0
         entry.open_watches = 0  # streams of the old session no longer count
         entry.restarted = member is not None and quorum_id < member.joined_quorum_id
@@ -183,7 +190,10 @@ class JobState:
         checksum_step: int,
         now: float,
         recent: dict[int, str] | None = None,
+        shard_rank: int = 0,
     ) -> pb.HeartbeatResponse:
+        if shard_rank > 0:
+            return self._rank_ping(replica_id, shard_rank, now)
         entry = self._session(replica_id, session_id)
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
         if ready and entry.ready_since is None:
@@ -200,6 +210,15 @@ class JobState:
         return pb.HeartbeatResponse(
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
         )
+
+    def _rank_ping(self, replica_id: str, shard_rank: int, now: float) -> pb.HeartbeatResponse:
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id is None:
+            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
+        if shard_rank >= entry.world_size:
+            raise InvalidRequest(f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
+        entry.rank_heartbeats[shard_rank] = now
+        return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested)
 
     def watch_opened(self, replica_id: str, session_id: str) -> None:
         entry = self._session(replica_id, session_id)

@@ -158,9 +158,9 @@ class CoordinatorRuntime:
         recent = {c.step: c.checksum for c in req.recent_checksums}
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
-            recent,
+            recent, req.shard_rank,
         )
-        if req.ready != was_ready:
+        if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
         return response
 
@@ -173,6 +173,7 @@ class CoordinatorRuntime:
             while True:
                 changed = job.changed
                 event = job.state.watch_event(req.replica_id, job.quorum_pb, self.leader)
+                event.heartbeat_interval_s = self.config.heartbeat_interval
                 if event != last:
                     yield event
                     last = event

@@ -66,7 +66,13 @@ MAX_RECENT_CHECKSUMS = 16
 
 
 def check_heartbeat(req) -> None:
-    check_session(req)
+    if not 0 <= req.shard_rank < MAX_WORLD_SIZE:
+        raise InvalidRequest(f"shard_rank must be between 0 and {MAX_WORLD_SIZE - 1}, got {req.shard_rank}")
+    if req.shard_rank == 0:
+        check_session(req)
+    else:
+        check_replica_id(req.replica_id)
+        _short("session_id", req.session_id)
     _non_negative("step", req.step)
     _non_negative("checksum_step", req.checksum_step)
     _short("state_checksum", req.state_checksum)

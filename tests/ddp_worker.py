@@ -17,7 +17,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
-    p.add_argument("--init", required=True, help="tcp://127.0.0.1:PORT")
+    p.add_argument("--init", required=True, help="an init_method: tcp://HOST:PORT or file://PATH")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)

@@ -27,6 +27,23 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _json_objects(text: str) -> list[dict]:
+    """The JSON objects on one output line; ranks sharing an agent's stdout
+    can land two on a line, and log lines are not JSON at all."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return out
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+
+
 class _Process:
     """A child process whose stdout lines are read on a thread into a queue."""
 
@@ -183,22 +200,22 @@ class WorkerProcess(_Process):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"worker {self.replica_id}: nothing matching in {timeout}s; log:\n{self.log_tail()}")
-            line = json.loads(self.next_line(left))
-            if "step" in line:
-                self.steps[line["step"]] = line
-            if "done" in line:
-                self.done = line
-            if predicate(line):
-                return line
+            for line in _json_objects(self.next_line(left)):
+                if "step" in line:
+                    self.steps[line["step"]] = line
+                if "done" in line:
+                    self.done = line
+                if predicate(line):
+                    return line
 
     def collect_after_exit(self, timeout: float = 30.0) -> int:
         """Wait for the process to end and record every step it printed."""
         code = self.proc.wait(timeout=timeout)
         self._pumper.join(timeout)
         while not self.lines.empty():
-            line = json.loads(self.lines.get_nowait())
-            if "step" in line:
-                self.steps[line["step"]] = line
+            for line in _json_objects(self.lines.get_nowait()):
+                if "step" in line:
+                    self.steps[line["step"]] = line
         return code
 
     def finish(self, timeout: float = 60.0) -> dict:

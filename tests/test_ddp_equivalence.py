@@ -8,14 +8,13 @@ import sys
 
 import torch
 
-from coordinator.local_etcd import free_port
 from tests.processes import ROOT, CoordinatorProcess, WorkerProcess, _env
 
 N, STEPS, HIDDEN = 3, 12, "96"
 
 
 def test_same_parameters_as_ddp(tmp_path):
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = f"file://{tmp_path / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
     oracle = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(N), "--init", init,

@@ -18,7 +18,7 @@ REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
 
 
 def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = f"file://{tmp_path / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
     world = REPLICAS * RANKS
     oracle = [
         subprocess.Popen(
@@ -110,3 +110,25 @@ def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
         c.stop()
     assert sorted(r0.steps) == list(range(1, 301))
     assert r0.steps[300]["contributors"] == 1
+
+
+def test_a_hung_shard_rank_is_noticed_although_rank_0_heartbeats(tmp_path):
+    """Rank 1 of r1 hangs (SIGSTOP); r1's rank 0, which holds the session,
+    goes on heartbeating. Rank 1's own pings stop, so the coordinator drops r1
+    after the heartbeat timeout and r0 trains on."""
+    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
+                           "--heartbeat-interval", "200ms").start()
+    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "200")
+    r1 = hsdp_agent(tmp_path, c.address, 1, "--steps", "200")
+    try:
+        victim = r1.read_until(lambda line: line.get("rank") == 1)
+        r0.read_until(lambda line: line.get("step") == 5)
+        os.kill(victim["pid"], signal.SIGSTOP)
+        r0.finish(timeout=180)
+    finally:
+        os.kill(victim["pid"], signal.SIGCONT)
+        r1.stop()
+        c.stop()
+    assert sorted(r0.steps) == list(range(1, 201))
+    assert r0.steps[200]["contributors"] == 1
+    assert "r1 (heartbeat timeout)" in c.log_path.read_text()

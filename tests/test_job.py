@@ -103,3 +103,17 @@ def test_agent_failure_report_fails_the_replica_at_once():
     assert status["b"].agent_state == pb.AGENT_STATE_FAILED and status["b"].agent_detail == "rank 1 exited with -9"
     # a second report for the same dead session changes nothing
     assert job.agent_event("b", pb.AGENT_STATE_RESTARTING, 1, "", now=0.5) is False
+
+
+def test_a_silent_rank_makes_the_whole_replica_silent():
+    job = JobState("j", RULES)
+    s = job.register("a", "a:1", 2, 0, 0, now=0.0)
+    job.heartbeat("a", s, 1, False, "", 0, now=4.0)
+    job.heartbeat("a", "", 0, False, "", 0, now=1.0, shard_rank=1)  # rank 1 last heard of at 1.0
+    assert job.replica_state(job.replicas["a"], 5.5) != pb.REPLICA_STATE_FAILED
+    assert job.replica_state(job.replicas["a"], 6.5) == pb.REPLICA_STATE_FAILED  # 1.0 + 5 s timeout
+    job.heartbeat("a", s, 1, False, "", 0, now=6.6)
+    job.heartbeat("a", "", 0, False, "", 0, now=6.6, shard_rank=1)
+    assert job.replica_state(job.replicas["a"], 6.7) != pb.REPLICA_STATE_FAILED
+    with pytest.raises(Exception, match="outside replica"):
+        job.heartbeat("a", "", 0, False, "", 0, now=5.8, shard_rank=2)
