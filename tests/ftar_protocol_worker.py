@@ -23,7 +23,7 @@ def main() -> None:
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     import datetime
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, wait_for_workers=False,
+    store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, wait_for_workers=False,  # noqa: F841 - hosts the groups
                           timeout=datetime.timedelta(seconds=30))
     tracker = QuorumTracker(f"r{rank}")
     members = [pb.QuorumMember(replica_id=f"r{i}", address=f"127.0.0.1:{port}") for i in range(2)]

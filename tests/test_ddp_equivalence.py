@@ -3,26 +3,16 @@ own DistributedDataParallel reaches with world size N on the same data."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import torch
 
-from tests.processes import ROOT, CoordinatorProcess, WorkerProcess, _env
+from tests.processes import CoordinatorProcess, WorkerProcess, start_ddp_oracle
 
 N, STEPS, HIDDEN = 3, 12, "96"
 
 
 def test_same_parameters_as_ddp(tmp_path):
-    init = f"file://{tmp_path / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
-    oracle = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(N), "--init", init,
-             "--steps", str(STEPS), "--hidden", HIDDEN, "--save", str(tmp_path / f"ddp{r}.pt")],
-            cwd=ROOT, env=_env(),
-        )
-        for r in range(N)
-    ]
+    oracle = start_ddp_oracle(tmp_path, N, STEPS, HIDDEN)
     coordinator = CoordinatorProcess(tmp_path, "--min-replicas", str(N)).start()
     try:
         workers = [

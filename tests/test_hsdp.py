@@ -6,28 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import torch
 
 from coordinator.local_etcd import free_port
-from tests.processes import ROOT, AgentProcess, CoordinatorProcess, _env
+from tests.processes import AgentProcess, CoordinatorProcess, start_ddp_oracle
 
 REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
 
 
 def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
-    init = f"file://{tmp_path / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
     world = REPLICAS * RANKS
-    oracle = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(world), "--init", init,
-             "--steps", str(STEPS), "--hidden", HIDDEN, "--save", str(tmp_path / f"ddp{r}.pt")],
-            cwd=ROOT, env=_env(),
-        )
-        for r in range(world)
-    ]
+    oracle = start_ddp_oracle(tmp_path, world, STEPS, HIDDEN)
     for p in oracle:
         assert p.wait(timeout=180) == 0
     c = CoordinatorProcess(tmp_path, "--min-replicas", str(REPLICAS)).start()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 from coordinator.errors import StoreUnavailable
 from coordinator.store import Store, open_store
 from coordinator.store.etcd import EtcdStore
-from coordinator.local_etcd import EtcdNotFound, EtcdServer, free_port
+from coordinator.local_etcd import EtcdServer, free_port
 from tests.waiting import wait_until
 
 # Generous for a loaded CI machine; on a quiet one it is well under a second.
