@@ -85,14 +85,14 @@ class QuorumTracker:
         """Block until a quorum of at least ``min_members`` includes this replica."""
         deadline = time.monotonic() + timeout
         with self.cond:
-            while not self._includes_me(self.quorum) or len(self.quorum.members) < min_members:
+            while not self.includes_me(self.quorum) or len(self.quorum.members) < min_members:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise FtarTimeout(f"replica {self.replica_id} was not admitted into a quorum within {timeout:g}s")
                 self.cond.wait(left)
             return self.quorum
 
-    def _includes_me(self, quorum: pb.Quorum | None) -> bool:
+    def includes_me(self, quorum: pb.Quorum | None) -> bool:
         return quorum is not None and any(m.replica_id == self.replica_id for m in quorum.members)
 
 
@@ -128,7 +128,7 @@ class FTAR:
         self._last_step = -1
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
-        self._abandoned: list[_Group] = []
+        self._abandoned: list[tuple[float, _Group]] = []
 
     # ----- the step ------------------------------------------------------------------
 
@@ -241,12 +241,15 @@ class FTAR:
         while True:
             with self.tracker.cond:
                 quorum = self.tracker.quorum
-            if quorum is None or not self.tracker._includes_me(quorum):
+            if quorum is None or not self.tracker.includes_me(quorum):
                 raise Evicted(f"the newest quorum ({quorum.id if quorum else 'none'}) does not include this replica")
             if self._group is not None and self._group.quorum_id == quorum.id:
                 return self._group
             if self._group is not None:
-                self._abandoned.append(self._group)
+                now = time.monotonic()
+                # Past twice the timeout their collectives have ended: let them go.
+                self._abandoned = [(t, g) for t, g in self._abandoned if now - t < 2 * self.timeout]
+                self._abandoned.append((now, self._group))
                 self._group = None
             built: list[_Group] = []
             if self._wait(lambda: built.append(self._build(quorum)), quorum.id, deadline) == _DONE and built:

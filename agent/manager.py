@@ -202,10 +202,10 @@ class Manager:
         with self.tracker.cond:
             while not self.stopped:
                 quorum = self.tracker.quorum
-                if quorum is not None and not self.tracker._includes_me(quorum) and not self._drain.is_set():
+                if quorum is not None and not self.tracker.includes_me(quorum) and not self._drain.is_set():
                     self.tracker.cond.wait(EVICTION_GRACE)
                     quorum = self.tracker.quorum
-                    if not self.stopped and not self._drain.is_set() and not self.tracker._includes_me(quorum):
+                    if not self.stopped and not self._drain.is_set() and not self.tracker.includes_me(quorum):
                         print(
                             f"fthsdp: replica {self.config.replica_id} was taken out of quorum {quorum.id}; "
                             f"rank {self.config.shard_rank} exits so that its agent restarts the group",

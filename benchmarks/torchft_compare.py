@@ -9,8 +9,8 @@ under `torchrun`. Both systems train examples/gpt with 2 replicas of 1 rank,
 a 1 s heartbeat timeout, gloo. Reported per system: the steady step time
 (median after 5 warm-up steps, no failure) and, in a second run, what the
 surviving replica sees when the other's training process is SIGKILLed at
-step --kill-at: the gap between its commits around the failure, and the steps
-it discarded (did not commit).
+step --kill-at, at a random point of the following step: the time from the
+kill to its next commit, and the steps it discarded (did not commit).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import signal
 import statistics
 import subprocess
@@ -59,7 +60,7 @@ class Proc:
                 except json.JSONDecodeError:
                     pass
 
-    def until(self, predicate, timeout: float = 180.0) -> dict:
+    def until(self, predicate, timeout: float = 120.0) -> dict:
         end = time.monotonic() + timeout
         while True:
             item = self.lines.get(timeout=max(0.01, end - time.monotonic()))
@@ -112,13 +113,17 @@ def _observe(replicas, others, steps, kill_at, fthsdp: bool = False) -> list[dic
     try:
         victim = replicas[1].until(lambda x: "pid" in x)["pid"]
         lines = []
+        killed = False
         while True:
             x = replicas[0].until(lambda x: "step" in x or "done" in x)
             if "done" in x:
                 break
             x.setdefault("committed", True)  # fthsdp never discards a step
             lines.append(x)
-            if kill_at is not None and x["step"] == kill_at:
+            if kill_at is not None and x["step"] == kill_at and not killed:
+                # At a random point of the next step (forward, backward or all-reduce).
+                time.sleep(_rng.uniform(0, steady(lines) if len(lines) > 7 else 0.2))
+                killed = True
                 x["kill"] = time.monotonic()
                 os.kill(victim, signal.SIGKILL)
             if x["step"] >= steps and x["committed"]:
@@ -127,6 +132,9 @@ def _observe(replicas, others, steps, kill_at, fthsdp: bool = False) -> list[dic
     finally:
         for r in replicas + others:
             r.stop()
+
+
+_rng = random.Random(0)
 
 
 def steady(lines: list[dict]) -> float:
@@ -148,20 +156,28 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     args = p.parse_args()
     systems = (("fthsdp", run_fthsdp), ("torchft 0.2.0", run_torchft))
-    results = {name: {"step": [], "gap": [], "discarded": 0} for name, _ in systems}
+    results = {name: {"step": [], "gap": [], "discarded": 0, "stuck": 0} for name, _ in systems}
     for _ in range(args.trials):  # interleaved, so machine noise hits both
         for name, run in systems:
-            results[name]["step"].append(steady(run(args.steps, None)))
-            gap, discarded = failure(run(args.steps, args.kill_at))
+            try:
+                step = steady(run(args.steps, None))
+                gap, discarded = failure(run(args.steps, args.kill_at))
+            except queue.Empty:  # a run that printed nothing for 3 minutes
+                results[name]["stuck"] += 1
+                continue
+            results[name]["step"].append(step)
             results[name]["gap"].append(gap)
             results[name]["discarded"] += discarded
     print(f"2 replicas of examples/gpt, heartbeat timeout 1 s, {args.trials} trials each (medians; all trials in brackets)")
-    print("| system | steady step | SIGKILL of the other replica -> survivor's next commit | steps discarded (all trials) |")
-    print("|---|---:|---:|---:|")
+    print("| system | steady step | SIGKILL of the other replica -> survivor's next commit | steps discarded (all trials) | trials stuck |")
+    print("|---|---:|---:|---:|---:|")
     for name, r in results.items():
+        if not r["gap"]:
+            print(f"| {name} | - | - | - | {r['stuck']} |")
+            continue
         gaps = ", ".join(f"{g:.2f}" for g in r["gap"])
         print(f"| {name} | {statistics.median(r['step']) * 1e3:.0f} ms | {statistics.median(r['gap']):.2f} s [{gaps}] | "
-              f"{r['discarded']} |")
+              f"{r['discarded']} | {r['stuck']} |")
 
 
 if __name__ == "__main__":
