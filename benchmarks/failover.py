@@ -19,49 +19,19 @@ discarded (committed step numbers must stay contiguous: 0 expected).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import queue
 import random
 import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from jsonproc import Proc  # noqa: E402
 CASES = ("rank killed", "node lost", "node hung")
-
-
-class Proc:
-    def __init__(self, argv, env, pump: bool = True) -> None:
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                  cwd=ROOT, start_new_session=True)
-        self.lines: queue.Queue = queue.Queue()
-        if pump:
-            threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.p.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-
-    def until(self, predicate, timeout: float = 120.0) -> dict:
-        end = time.monotonic() + timeout
-        while True:
-            item = self.lines.get(timeout=max(0.01, end - time.monotonic()))
-            if predicate(item):
-                return item
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGCONT)
-            os.killpg(self.p.pid, signal.SIGKILL)
-        self.p.wait()
-        self.p.stdout.close()
 
 
 def trial(case: str, heartbeat_timeout: str, rng: random.Random) -> dict:

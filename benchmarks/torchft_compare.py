@@ -16,7 +16,6 @@ kill to its next commit, and the steps it discarded (did not commit).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import random
@@ -24,13 +23,14 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "benchmarks" / ".torchft-venv"
 sys.path.insert(0, str(ROOT))
+
+from jsonproc import Proc  # noqa: E402
 
 from coordinator.local_etcd import free_port  # noqa: E402
 
@@ -43,34 +43,6 @@ def torchft_python() -> Path:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "torchft==0.2.0"], check=True)
     return python
-
-
-class Proc:
-    def __init__(self, argv, env) -> None:
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                  cwd=ROOT, start_new_session=True)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.p.stdout:
-            if line.startswith("{"):
-                try:
-                    self.lines.put(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-
-    def until(self, predicate, timeout: float = 120.0) -> dict:
-        end = time.monotonic() + timeout
-        while True:
-            item = self.lines.get(timeout=max(0.01, end - time.monotonic()))
-            if predicate(item):
-                return item
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        self.p.wait()
 
 
 def run_torchft(steps: int, kill_at: int | None) -> list[dict]:

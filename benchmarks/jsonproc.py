@@ -1,0 +1,48 @@
+"""A child process whose stdout JSON lines are collected on a thread (benchmark helper)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Proc:
+    """Runs in a session of its own, so ``stop`` can kill its whole tree."""
+
+    def __init__(self, argv, env, pump: bool = True) -> None:
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                                  cwd=ROOT, start_new_session=True)
+        self.lines: queue.Queue = queue.Queue()
+        if pump:
+            threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.p.stdout:
+            if line.startswith("{"):
+                try:
+                    self.lines.put(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+
+    def until(self, predicate, timeout: float = 120.0) -> dict:
+        """The next JSON line satisfying ``predicate``; queue.Empty after ``timeout``."""
+        end = time.monotonic() + timeout
+        while True:
+            item = self.lines.get(timeout=max(0.01, end - time.monotonic()))
+            if predicate(item):
+                return item
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGCONT)
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait()
+        self.p.stdout.close()
