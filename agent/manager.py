@@ -167,6 +167,15 @@ class Manager:
     def num_replicas(self) -> int:
         return self.config.num_replicas
 
+    @property
+    def replica_id(self) -> str:
+        return self.config.replica_id
+
+    @property
+    def quorum_id(self) -> int:
+        """The newest quorum this replica knows of (0 before the first)."""
+        return self.tracker.newest_id()
+
     # ----- lifecycle -----------------------------------------------------------------
 
     def start(self, wait_for_replicas: int = 1, admission_timeout: float = 120.0) -> None:

@@ -63,7 +63,7 @@ def main() -> int:
     optimizer = make_optimizer(model)
     ft = Manager.from_env(model, optimizer)
     ft.start(wait_for_replicas=args.wait_for)
-    print(json.dumps({"admitted": ft.tracker.quorum.id, "pid": os.getpid(), "t": time.monotonic()}), flush=True)
+    print(json.dumps({"admitted": ft.quorum_id, "pid": os.getpid(), "t": time.monotonic()}), flush=True)
     while ft.step < args.steps and not ft.stopped:
         dying = ft.step == args.die_at
         x, y = batch(ft.step, ft.replica_rank, args.hidden, args.seed)

@@ -55,7 +55,7 @@ n_params = sum(p.numel() for p in model.parameters())
 # ----- the loop ---------------------------------------------------------------------------
 ft = Manager.from_env(model, optimizer)
 ft.start(wait_for_replicas=ft.num_replicas if first_start else 1)
-print(json.dumps({"replica": ft.config.replica_id, "params": n_params, "quorum": ft.tracker.quorum.id,
+print(json.dumps({"replica": ft.replica_id, "params": n_params, "quorum": ft.quorum_id,
                   "pid": os.getpid()}), flush=True)
 started = time.monotonic()
 while ft.step < args.steps and not ft.stopped:
