@@ -81,8 +81,10 @@ class ManagerConfig:
     timeout: float = 60.0
     """Longest wait for a collective or a quorum before giving up."""
 
-    checksum_every: int = 1
-    """Report the state checksum every this many steps (0: never)."""
+    checksum_every: int = 10
+    """Report the state checksum every this many steps (0: never). One checksum
+    reads the whole state once (6.6 ms for the 3.2M-parameter example with
+    AdamW, 38 MB, on one CPU core: 2-3% of its step), hence not every step."""
 
     shard_rank: int = 0
     """This rank's index inside its replica group (RANK from `fthsdp agent`)."""
@@ -116,7 +118,7 @@ class ManagerConfig:
                 num_replicas=int(get("NUM_REPLICAS", "1")),
                 host=get("ADVERTISE_HOST", "127.0.0.1"),
                 timeout=float(get("FTAR_TIMEOUT", "60")),
-                checksum_every=int(get("CHECKSUM_EVERY", "1")),
+                checksum_every=int(get("CHECKSUM_EVERY", "10")),
                 shard_rank=int(env.get("RANK", "0") or 0),
                 shard_count=int(env.get("WORLD_SIZE", "1") or 1),
             )

@@ -8,7 +8,7 @@ time after 5 warm-up steps. Runs alternate DDP, fthsdp, DDP, fthsdp... and
 the table reports each side's median and the median of the per-pair ratios,
 since this machine's run-to-run spread (about 6%) is larger than the effect.
 fthsdp runs against a real coordinator (embedded store) with the full
-training API: FTAR, commit, a state checksum every 10 steps.
+training API with its defaults: FTAR, commit, a state checksum every 10 steps.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
     else:
         from agent.manager import Manager
 
-        ft = Manager.from_env(model, optimizer, checksum_every=10)
+        ft = Manager.from_env(model, optimizer)  # the defaults, a checksum every 10 steps included
         ft.start(wait_for_replicas=world)
         while ft.step < steps:
             start = time.perf_counter()

@@ -176,6 +176,7 @@ class WorkerProcess(_Process):
             "FTHSDP_REPLICA_ID": replica_id,
             "FTHSDP_REPLICA_RANK": str(replica_rank),
             "FTHSDP_FTAR_TIMEOUT": "30",
+            "FTHSDP_CHECKSUM_EVERY": "1",  # the tests compare replicas at every step
             **(env or {}),
         }
         self.steps: dict[int, dict] = {}
@@ -238,7 +239,7 @@ class AgentProcess(WorkerProcess):
             "--", sys.executable, "-m", "tests.ftar_worker", *worker_args,
         ]
         self.log_path = tmp / f"agent-{replica_id}.log"
-        self.env = {"FTHSDP_FTAR_TIMEOUT": "30"}
+        self.env = {"FTHSDP_FTAR_TIMEOUT": "30", "FTHSDP_CHECKSUM_EVERY": "1"}
 
 
 def start_ddp_oracle(tmp: Path, world: int, steps: int, hidden: str) -> list[subprocess.Popen]:
