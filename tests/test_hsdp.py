@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 import torch
 
 from coordinator.local_etcd import free_port
 from tests.processes import AgentProcess, CoordinatorProcess, start_ddp_oracle
+from tests.waiting import wait_until
 
 REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
 
@@ -22,7 +24,7 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
         assert p.wait(timeout=180) == 0
     c = CoordinatorProcess(tmp_path, "--min-replicas", str(REPLICAS)).start()
     try:
-        agents = [hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt"))
+        agents = [hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt")).start()
                   for k in range(REPLICAS)]
         for a in agents:
             a.finish(timeout=180)
@@ -39,58 +41,70 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
             torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=f"replica {k}, {name}")
 
 
-def hsdp_agent(tmp_path, address: str, k: int, *args: str) -> AgentProcess:
+def hsdp_agent(tmp_path, address: str, k: int, *args: str, agent_args: tuple[str, ...] = ()) -> AgentProcess:
     a = AgentProcess(tmp_path, address, f"r{k}", k, REPLICAS, "--hidden", HIDDEN, "--wait-for", str(REPLICAS), *args,
-                     agent_args=("--nproc", str(RANKS)))
+                     agent_args=("--nproc", str(RANKS), *agent_args))
     a.argv[a.argv.index("tests.ftar_worker")] = "tests.hsdp_worker"
-    return a.start()
+    return a
 
 
-def test_a_dead_shard_rank_takes_its_replica_out_and_the_other_replica_trains_on(tmp_path):
-    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
-                           "--heartbeat-interval", "200ms").start()
-    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "200")
-    r1 = hsdp_agent(tmp_path, c.address, 1, "--steps", "200")
+def fast_coordinator(tmp_path) -> CoordinatorProcess:
+    return CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
+                              "--heartbeat-interval", "200ms").start()
+
+
+@pytest.mark.parametrize(
+    "sig, detected_by",
+    [
+        # Rank 1 dies: its agent reports it at once (r1's rank 0 holds the session).
+        (signal.SIGKILL, "agent of r1 (node 0): failed"),
+        # Rank 1 hangs while r1's rank 0 goes on heartbeating: rank 1's own
+        # pings stop, so the coordinator drops r1 after the heartbeat timeout.
+        (signal.SIGSTOP, "r1 (heartbeat timeout)"),
+    ],
+    ids=["killed", "hung"],
+)
+def test_a_failed_shard_rank_takes_its_replica_out_and_the_other_trains_on(tmp_path, sig, detected_by):
+    c = fast_coordinator(tmp_path)
+    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "200").start()
+    r1 = hsdp_agent(tmp_path, c.address, 1, "--steps", "200").start()
+    victim = None
     try:
-        victim = r1.read_until(lambda line: line.get("rank") == 1)
+        victim = r1.read_until(lambda line: line.get("rank") == 1)["pid"]
         r0.read_until(lambda line: line.get("step") == 5)
-        os.kill(victim["pid"], signal.SIGKILL)  # rank 1 of replica r1: r1's rank 0 holds the session
+        os.kill(victim, sig)
         r0.finish(timeout=180)
     finally:
+        if victim is not None and sig == signal.SIGSTOP:
+            os.kill(victim, signal.SIGCONT)
         r1.stop()
         c.stop()
     assert sorted(r0.steps) == list(range(1, 201)), "r0 lost or repeated a step"
     assert r0.steps[200]["contributors"] == 1
-    assert "agent of r1 (node 0): failed" in c.log_path.read_text()
+    assert detected_by in c.log_path.read_text()
 
 
 def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
     """Replica r1's two ranks run under two agents (two "nodes"); killing the
     rank on node 1 takes the whole group out: the coordinator drops r1, the
     rank on node 0 exits (eviction watchdog) and both agents restart."""
-    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
-                           "--heartbeat-interval", "200ms").start()
+    c = fast_coordinator(tmp_path)
     port = str(free_port())
     nodes = []
     for node in (0, 1):
-        a = AgentProcess(tmp_path, c.address, "r1", 1, REPLICAS, "--hidden", HIDDEN, "--wait-for", str(REPLICAS),
-                         "--steps", "300",
-                         agent_args=("--nnodes", "2", "--node-rank", str(node), "--master-port", port))
-        a.argv[a.argv.index("tests.ftar_worker")] = "tests.hsdp_worker"
+        a = hsdp_agent(tmp_path, c.address, 1, "--steps", "300",
+                       agent_args=("--nproc", "1", "--nnodes", "2", "--node-rank", str(node), "--master-port", port))
         a.log_path = tmp_path / f"agent-r1-node{node}.log"
         nodes.append(a.start())
-    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "300")
+    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "300").start()
     try:
         victim = nodes[1].read_until(lambda line: line.get("rank") == 1)
         r0.read_until(lambda line: line.get("step") == 5)
         os.kill(victim["pid"], signal.SIGKILL)
-        log = c.log_path
 
         def both_restarted() -> bool:
-            text = log.read_text()
+            text = c.log_path.read_text()
             return "agent of r1 (node 0): restarting" in text and "agent of r1 (node 1): restarting" in text
-
-        from tests.waiting import wait_until
 
         wait_until(both_restarted, 60, message="both nodes of r1 restarting")
         r0.finish(timeout=240)
@@ -100,25 +114,3 @@ def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
         c.stop()
     assert sorted(r0.steps) == list(range(1, 301))
     assert r0.steps[300]["contributors"] == 1
-
-
-def test_a_hung_shard_rank_is_noticed_although_rank_0_heartbeats(tmp_path):
-    """Rank 1 of r1 hangs (SIGSTOP); r1's rank 0, which holds the session,
-    goes on heartbeating. Rank 1's own pings stop, so the coordinator drops r1
-    after the heartbeat timeout and r0 trains on."""
-    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
-                           "--heartbeat-interval", "200ms").start()
-    r0 = hsdp_agent(tmp_path, c.address, 0, "--steps", "200")
-    r1 = hsdp_agent(tmp_path, c.address, 1, "--steps", "200")
-    try:
-        victim = r1.read_until(lambda line: line.get("rank") == 1)
-        r0.read_until(lambda line: line.get("step") == 5)
-        os.kill(victim["pid"], signal.SIGSTOP)
-        r0.finish(timeout=180)
-    finally:
-        os.kill(victim["pid"], signal.SIGCONT)
-        r1.stop()
-        c.stop()
-    assert sorted(r0.steps) == list(range(1, 201))
-    assert r0.steps[200]["contributors"] == 1
-    assert "r1 (heartbeat timeout)" in c.log_path.read_text()
