@@ -62,6 +62,9 @@ class StepResult:
     quorum_id: int
     abandoned: int
     """Collectives of this step that were abandoned for a newer quorum."""
+    step: int = -1
+    """The step this sum belongs to (a joiner that closed a gap is further on
+    than the step it asked for)."""
 
 
 class QuorumTracker:
@@ -129,6 +132,10 @@ class FTAR:
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
         self._abandoned: list[tuple[float, _Group]] = []
+        self.on_behind: Callable[[int, int], int] | None = None
+        """``on_behind(step, head)``: this replica is at ``step`` and the
+        quorum at ``head`` >= ``step + 2`` (a joiner admitted mid-replay);
+        brings it to ``head - 1`` and returns that step."""
 
     # ----- the step ------------------------------------------------------------------
 
@@ -160,7 +167,7 @@ class FTAR:
             if group.quorum_id == self._in_step_with:
                 buf = buffers.pop() if buffers else refill()
                 if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
-                    self._last = StepResult(buf, group.size, group.quorum_id, abandoned)
+                    self._last = StepResult(buf, group.size, group.quorum_id, abandoned, step)
                     self._last_step = step
                     return self._last
                 self._in_step_with = 0
@@ -171,6 +178,14 @@ class FTAR:
                 abandoned += 1
                 continue
             steps = [int(r[0]) for r in rows]
+            if min(steps) == step and max(steps) >= step + 2:
+                # Admitted while still replaying: close the gap from the catch-up source.
+                if self.on_behind is None:
+                    raise FtarError(f"this replica is at step {step}, the quorum at {max(steps)}, and cannot catch up")
+                step = self.on_behind(step, max(steps))
+                continue
+            if min(steps) < step - 1 and max(steps) == step:
+                continue  # a joiner closes its gap from its source; then agree again
             if min(steps) == max(steps) == step:
                 self._in_step_with = group.quorum_id  # in phase: the data comes next
                 continue
@@ -215,7 +230,7 @@ class FTAR:
         total = torch.empty_like(buffer)
         if self._broadcast(group, total, root, deadline) != _DONE:
             return None
-        self._last = StepResult(total, int(rows[root][3]), int(rows[root][4]), 0)
+        self._last = StepResult(total, int(rows[root][3]), int(rows[root][4]), 0, step)
         self._last_step = step
         return self._last
 

@@ -21,27 +21,48 @@ next step boundary; ``stopped`` then turns true and the script should exit 0.
 Data semantics: replica ``r`` trains on batch ``(step, r)`` of a deterministic
 stream. While a replica is out, its batches are not trained on (the global
 batch shrinks); no other replica skips or repeats data because of it.
+
+Catch-up: a replica that starts behind the quorum (restarted by its agent, or
+new) gets its state from a healthy peer inside ``start()`` (agent/joiner.py),
+so the loop above needs nothing for it; every replica serves its state to
+joiners in turn (agent/catchup_server.py). Set a learning-rate schedule
+*before* ``allreduce_gradients()``: a joiner replays the members' recorded
+hyperparameters for the steps it missed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
+from agent.catchup_client import CatchUpError
+from agent.catchup_server import CatchUpServer
+from agent.catchup_source import CatchUpSource
 from agent.checksum import state_checksum, structure_hash
-from agent.ftar import FTAR, Evicted, QuorumTracker, StepResult
+from agent.ftar import FTAR, Evicted, FtarError, QuorumTracker, StepResult
+from agent.grad_log import GradientLog
+from agent.joiner import Joiner
+from agent.manager_config import ManagerConfig
 from agent.membership import Membership
+from agent.replica_group import ReplicaGroup
+from agent.snapshot import capture_state, load_state
+from agent.state_codec import is_dtensor as _is_dtensor
+from agent.state_codec import local as _local
 from coordinator.errors import ConfigError, FthsdpError
+from protos.fthsdp.v1 import catchup_pb2 as cpb
+
+__all__ = ["ApiMisuse", "Manager", "ManagerConfig"]
 
 log = logging.getLogger("fthsdp.agent.manager")
 
@@ -56,78 +77,6 @@ class ApiMisuse(FthsdpError):
     """The training script called the API out of order."""
 
 
-@dataclasses.dataclass(frozen=True)
-class ManagerConfig:
-    """Settings of the fault-tolerant step (from FTHSDP_* set by `fthsdp agent`)."""
-
-    coordinator: tuple[str, ...]
-    """Coordinator addresses."""
-
-    replica_id: str
-    """This replica group's id."""
-
-    job: str = "default"
-    """Job name on the coordinator."""
-
-    replica_rank: int = 0
-    """This replica's fixed index, for data sharding."""
-
-    num_replicas: int = 1
-    """The nominal number of replicas, for data sharding."""
-
-    host: str = "127.0.0.1"
-    """Address other replicas use to reach this one."""
-
-    timeout: float = 60.0
-    """Longest wait for a collective or a quorum before giving up."""
-
-    checksum_every: int = 10
-    """Report the state checksum every this many steps (0: never). One checksum
-    reads the whole state once (6.6 ms for the 3.2M-parameter example with
-    AdamW, 38 MB, on one CPU core: 2-3% of its step), hence not every step."""
-
-    shard_rank: int = 0
-    """This rank's index inside its replica group (RANK from `fthsdp agent`)."""
-
-    shard_count: int = 1
-    """Ranks in the replica group (WORLD_SIZE): more than one for HSDP."""
-
-    def __post_init__(self) -> None:
-        if not self.coordinator:
-            raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
-        if not self.replica_id:
-            raise ConfigError("FTHSDP_REPLICA_ID is not set: run the script under `fthsdp agent`")
-        if self.replica_rank < 0 or self.num_replicas < 1:
-            raise ConfigError("replica rank must be >= 0 and the number of replicas >= 1")
-        if self.timeout <= 0 or self.checksum_every < 0:
-            raise ConfigError("timeout must be positive and checksum_every >= 0")
-        if not 0 <= self.shard_rank < self.shard_count:
-            raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], **overrides) -> "ManagerConfig":
-        def get(name: str, default: str) -> str:
-            return env.get(f"FTHSDP_{name}", default) or default
-
-        try:
-            values = dict(
-                coordinator=tuple(a for a in get("COORDINATOR", "127.0.0.1:29510").split(",") if a),
-                replica_id=get("REPLICA_ID", ""),
-                job=get("JOB", "default"),
-                replica_rank=int(get("REPLICA_RANK", "0")),
-                num_replicas=int(get("NUM_REPLICAS", "1")),
-                host=get("ADVERTISE_HOST", "127.0.0.1"),
-                timeout=float(get("FTAR_TIMEOUT", "60")),
-                checksum_every=int(get("CHECKSUM_EVERY", "10")),
-                shard_rank=int(env.get("RANK", "0") or 0),
-                shard_count=int(env.get("WORLD_SIZE", "1") or 1),
-            )
-        except ValueError as e:
-            raise ConfigError(f"bad FTHSDP_* setting: {e}") from e
-        values.update(overrides)
-        return cls(**values)
-
-
 class Manager:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ManagerConfig) -> None:
         self.model = model
@@ -137,10 +86,16 @@ class Manager:
         self.stopped = False
         self.last: StepResult | None = None
         self._params = [p for p in model.parameters() if p.requires_grad]
-        self._structure = structure_hash(model)
+        self.structure = structure_hash(model)
         self._reduced = False
         self._history: dict[int, tuple[int, str]] = {}
         self._drain = threading.Event()
+        self.group: ReplicaGroup | None = None
+        self.log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
+        self.source = CatchUpSource(config.replica_id, config.shard_rank, self.structure, self.log)
+        self._server: CatchUpServer | None = None
+        self._joiner: Joiner | None = None
+        self._checksum_wanted = False
         timeout = datetime.timedelta(seconds=config.timeout)
         self.leader = config.shard_rank == 0
         """Rank 0 of the replica group holds its session with the coordinator."""
@@ -156,6 +111,7 @@ class Manager:
         )
         self.membership.add_listener(self.tracker.update)
         self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
+        self.ftar.on_behind = self._close_gap
 
     @classmethod
     def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
@@ -181,9 +137,10 @@ class Manager:
     # ----- lifecycle -----------------------------------------------------------------
 
     def start(self, wait_for_replicas: int = 1, admission_timeout: float = 120.0) -> None:
-        """Register and wait until a quorum of at least ``wait_for_replicas``
-        members includes this replica (a fresh job passes its replica count so
-        that every replica starts at step 0 together)."""
+        """Register and wait until a quorum includes this replica: at once
+        for a fresh job once ``wait_for_replicas`` members are in (a fresh job
+        passes its replica count so that every replica starts at step 0
+        together), or after catching up from a peer when the quorum is ahead."""
         if self.config.shard_count > 1 and not dist.is_initialized():
             raise ConfigError(
                 f"this replica group has {self.config.shard_count} ranks: call torch.distributed.init_process_group() "
@@ -191,14 +148,23 @@ class Manager:
             )
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self._drain.set())
+        cfg = self.config
+        self.group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))
+        self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate).start()
+        self.membership.catch_up_addresses = self.group.all_gather_strings(self._server.address)
         if self.leader:
             self.membership.start()
         else:
-            self.membership.observe(self.config.shard_rank)
-        quorum = self.tracker.wait_for_membership(admission_timeout, wait_for_replicas)
+            self.membership.observe(cfg.shard_rank)
+        self._joiner = Joiner(self)
+        self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
+        if self._joiner.client is None:
+            self._joiner = None
+        # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
+        quorum = self.tracker.wait_for_membership(admission_timeout)
         self.membership.training_quorum_id = quorum.id
-        log.info("replica %s admitted in quorum %d", self.config.replica_id, quorum.id)
-        if self.config.shard_count > 1:
+        log.info("replica %s admitted in quorum %d at step %d", cfg.replica_id, quorum.id, self.step)
+        if cfg.shard_count > 1:
             threading.Thread(target=self._eviction_watchdog, name="fthsdp-eviction-watchdog", daemon=True).start()
 
     def _eviction_watchdog(self) -> None:
@@ -235,6 +201,8 @@ class Manager:
             except FthsdpError as e:
                 log.warning("could not tell the coordinator that this replica leaves: %s", e)
                 self.membership.close()
+            if self._server is not None:
+                self._server.close()
 
     def __enter__(self) -> "Manager":
         self.start()
@@ -262,7 +230,7 @@ class Manager:
             return torch.cat([g.reshape(-1) for g in shards])
 
         try:
-            result = self.ftar.allreduce(self.step, flatten(), self._structure, refill=flatten)
+            result = self.ftar.allreduce(self.step, flatten(), self.structure, refill=flatten)
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
                 self.stopped = True
@@ -276,8 +244,11 @@ class Manager:
             # One pass per gradient: divide the sum straight into it.
             torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=g)
             offset += n
+        self.step = result.step  # a joiner that closed a gap of several steps is further on
         self._reduced = True
         self.last = result
+        # A snapshot taken at the last boundary must be copied before optimizer.step() changes the state.
+        self.source.wait_copied(self.config.timeout)
         return result
 
     def commit(self) -> None:
@@ -292,29 +263,101 @@ class Manager:
         m.step = self.step
         m.training_quorum_id = self.last.quorum_id
         every = self.config.checksum_every
-        if every and self.step % every == 0:
-            checksum = self._group_checksum()
+        periodic = bool(every) and self.step % every == 0
+        checksum = self.group_checksum() if periodic or self._checksum_wanted else ""
+        if periodic:
             m.state_checksum, m.checksum_step = checksum, self.step
             m.recent_checksums = self._strided_history(checksum)
+        self._checksum_wanted = False
+        last = self.last
+        self.log.append(self.step - 1, last.total, last.contributors, last.quorum_id, self._hyperparams(), checksum)
         latest = m.latest
         drain = self._drain.is_set() or (latest is not None and latest.drain_requested)
-        if self.config.shard_count > 1:
-            # Every rank of the group must stop at the same step boundary.
-            flag = torch.tensor([int(drain)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            drain = bool(flag.item())
+        # Every rank of the group must stop, or snapshot, at the same step boundary.
+        drain, snapshot = self.group.max(int(drain), int(self.source.wanted))
+        if snapshot:
+            self.source.take(self.step, capture_state(self.model, self.optimizer))
+            self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
+        if self._joiner is not None:
+            self._joiner.finish()  # the first step in the quorum is committed: release the source
+            self._joiner = None
         if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
             self.close("drained")
 
-    def _group_checksum(self) -> str:
-        """The checksum of this rank's shards, combined over the replica group."""
+    # ----- catch-up (see agent/joiner.py) ----------------------------------------------
+
+    def _hyperparams(self) -> str:
+        """The optimizer's numeric hyperparameters, which a joiner replays."""
+        groups = [
+            {k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for g in self.optimizer.param_groups
+        ]
+        return json.dumps(groups, separators=(",", ":"))
+
+    def _set_hyperparams(self, text: str) -> None:
+        groups = json.loads(text) if text else []
+        if len(groups) != len(self.optimizer.param_groups):
+            raise CatchUpError(f"the source's optimizer has {len(groups)} param groups, this one {len(self.optimizer.param_groups)}")
+        for group, values in zip(self.optimizer.param_groups, groups):
+            group.update(values)
+
+    def load_snapshot(self, state: dict, step: int) -> None:
+        load_state(self.model, self.optimizer, state)
+        self.step = self.membership.step = step
+
+    def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
+        """Apply one logged step, exactly as the members did."""
+        if entry.step != self.step:
+            raise CatchUpError(f"log entry of step {entry.step}, but this replica is at step {self.step}")
+        if entry.numel != sum(_local(p).numel() for p in self._params):
+            raise CatchUpError(f"log entry of {entry.numel} gradient elements for a model of a different size")
+        self._set_hyperparams(entry.hyperparams_json)
+        offset = 0
+        for p in self._params:
+            shard = _local(p)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            n = shard.numel()
+            grad = _local(p.grad)
+            torch.div(total[offset : offset + n].view_as(grad).to(grad.device), entry.contributors, out=grad)
+            offset += n
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.membership.step = self.step
+        self.log.append(entry.step, total, entry.contributors, entry.quorum_id, entry.hyperparams_json)
+
+    def _close_gap(self, step: int, head: int) -> int:
+        """FTAR found the quorum at ``head`` and this replica at ``step`` <
+        ``head - 1`` (admitted while it still replayed): replay up to
+        ``head - 1`` from the catch-up source, take that step's
+        hyperparameters, and let FTAR hand over the sum of ``head - 1``."""
+        client = self._joiner.client if self._joiner is not None else None
+        if client is None:
+            raise FtarError(f"this replica is at step {step}, the quorum at {head}, and it has no catch-up source")
+        self.step = step
+        while self.step < head:
+            entries, _, _ = client.log(self.step, wait=self.config.timeout)
+            for entry, data in entries:
+                if entry.step == head - 1:
+                    self._set_hyperparams(entry.hyperparams_json)
+                    return self.step
+                self.replay(entry, data)
+        raise FtarError(f"the catch-up source has no log entry of step {head - 1}")
+
+    def report_progress(self, done: int, total: int) -> None:
+        if self.leader:
+            self.membership.catch_up_progress = (done, total)
+
+    def group_checksum(self) -> str:
+        """The checksum of this rank's shards, combined over the replica group
+        (a collective: every rank of the group calls it at the same point)."""
         own = state_checksum(self.model, self.optimizer, local=_local)
         if self.config.shard_count == 1:
             return own
-        parts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.config.shard_count)]
-        dist.all_gather(parts, torch.tensor([int(own, 16)], dtype=torch.int64))
-        return f"{zlib.crc32(b''.join(int(x).to_bytes(4, 'big') for x in parts)):08x}"
+        parts = self.group.all_gather_int(int(own, 16))
+        return f"{zlib.crc32(b''.join(x.to_bytes(4, 'big') for x in parts)):08x}"
 
     def _strided_history(self, checksum: str) -> dict[int, str]:
         """The latest checksum at each stride of 1, 10, 100... checksum periods:
@@ -328,13 +371,3 @@ class Manager:
     @property
     def checksum(self) -> str:
         return self.membership.state_checksum
-
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "to_local") and hasattr(t, "placements")
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP2 (DTensor) parameter or gradient; the tensor itself otherwise."""
-    return t.to_local() if _is_dtensor(t) else t

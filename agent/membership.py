@@ -48,6 +48,11 @@ class Membership:
         self.checksum_step = 0
         self.recent_checksums: dict[int, str] = {}
         """Checksums at earlier steps, sent with each heartbeat (see the proto)."""
+        self.catch_up_addresses: list[str] = []
+        """This replica's catch-up servers, one per shard rank, sent when registering."""
+        self.catch_up_progress: tuple[int, int] = (0, 0)
+        """Snapshot bytes received and expected while catching up."""
+        self._beat_now = threading.Event()
         self.training_quorum_id = 0
         """The quorum this process trains in; sent when it re-registers."""
         self.latest: pb.WatchEvent | None = None
@@ -117,8 +122,16 @@ class Membership:
         finally:
             self.close()
 
+    def set_ready(self, ready: bool) -> None:
+        """Say (at once, not at the next heartbeat) whether this replica, not
+        a member, can join at the next step boundary."""
+        if self.ready != ready:
+            self.ready = ready
+            self._beat_now.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._beat_now.set()
         stream = self._stream
         if stream is not None:
             stream.cancel()
@@ -155,13 +168,19 @@ class Membership:
                 world_size=self.world_size,
                 step=self.step,
                 quorum_id=self.training_quorum_id,
+                catch_up_addresses=self.catch_up_addresses,
             ),
         )
         self._session = response.session_id
         self._interval = response.heartbeat_interval_s or 1.0
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._beat_now.wait(self._interval)
+            if self._stop.is_set():
+                return
+            self._beat_now.clear()
+            done, total = self.catch_up_progress
             request = pb.HeartbeatRequest(
                 job=self.job,
                 replica_id=self.replica_id,
@@ -171,6 +190,8 @@ class Membership:
                 state_checksum=self.state_checksum,
                 checksum_step=self.checksum_step,
                 recent_checksums=[pb.StepChecksum(step=s, checksum=c) for s, c in list(self.recent_checksums.items())],
+                catch_up_bytes=done,
+                catch_up_total_bytes=total,
             )
             try:
                 self.client.call("Heartbeat", request)

@@ -48,6 +48,9 @@ class ReplicaEntry:
     diverged_at: int | None = None
     record_revision: int = 0
     open_watches: int = 0
+    catch_up_addresses: tuple[str, ...] = ()
+    catch_up_progress: tuple[int, int] = (0, 0)
+    """Snapshot bytes received and expected, while the replica catches up."""
 
     def view(self) -> ReplicaView:
         # The replica is as alive as its most silent rank.
@@ -57,6 +60,7 @@ class ReplicaEntry:
             address=self.address,
             world_size=self.world_size,
             step=self.step,
+            catch_up_addresses=self.catch_up_addresses,
             last_heartbeat=last,
             registered_at=self.registered_at,
             disconnected_at=self.disconnected_at,
@@ -155,6 +159,7 @@ class JobState:
         quorum_id: int,
         now: float,
         record_revision: int | None = None,
+        catch_up_addresses: tuple[str, ...] = (),
     ) -> str:
         """Register a new incarnation of a replica and return its session id.
 
@@ -165,6 +170,7 @@ class JobState:
         entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
         member = self._member(replica_id)
         entry.address, entry.world_size, entry.step = address, world_size, step
+        entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
         entry.session_id = secrets.token_hex(8)
         entry.registered_at = entry.last_heartbeat = now
         entry.heard_from = True
@@ -191,11 +197,13 @@ class JobState:
         now: float,
         recent: dict[int, str] | None = None,
         shard_rank: int = 0,
+        catch_up_progress: tuple[int, int] = (0, 0),
     ) -> pb.HeartbeatResponse:
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now)
         entry = self._session(replica_id, session_id)
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
+        entry.catch_up_progress = catch_up_progress
         if ready and entry.ready_since is None:
             entry.ready_since = now
         elif not ready:
@@ -322,7 +330,7 @@ class JobState:
             return pb.REPLICA_STATE_DRAINING
         if self._member(entry.replica_id) is not None and not entry.restarted:
             return pb.REPLICA_STATE_HEALTHY
-        if entry.replica_id in self.catch_up:
+        if entry.replica_id in self.catch_up and entry.ready_since is None:
             return pb.REPLICA_STATE_CATCHING_UP
         return pb.REPLICA_STATE_JOINING
 
@@ -348,6 +356,8 @@ class JobState:
                     restart_count=restarts,
                     agent_detail=agent_detail,
                     checksum_mismatch_step=e.diverged_at or 0,
+                    catch_up_bytes=e.catch_up_progress[0],
+                    catch_up_total_bytes=e.catch_up_progress[1],
                 )
             )
         return out
@@ -362,7 +372,12 @@ class JobState:
             source = self.catch_up.get(replica_id)
             if source is not None:
                 event.catch_up.CopyFrom(
-                    pb.CatchUp(source_replica_id=source.replica_id, source_address=source.address, source_step=source.step)
+                    pb.CatchUp(
+                        source_replica_id=source.replica_id,
+                        source_address=source.address,
+                        source_step=source.step,
+                        source_catch_up_addresses=source.catch_up_addresses,
+                    )
                 )
         return event
 

@@ -36,8 +36,9 @@ The rules, in order:
    from the first ready joiner so that several joiners cost one membership
    change; when nobody else is pending it admits at once.
 7. Catch-up sources. Every live replica that is behind the head step gets a
-   named up-to-date source among the members, sticky while that source stays
-   a member, spread so that no source serves more joiners than it must.
+   named source among the members (all up to date: they train in lockstep,
+   whatever step their last heartbeat reported), sticky while that source
+   stays a member, spread so that no source serves more joiners than it must.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class ReplicaView:
     address: str = ""
     world_size: int = 1
     step: int = 0
+    catch_up_addresses: tuple[str, ...] = ()
     last_heartbeat: float = 0.0
     registered_at: float = 0.0
     disconnected_at: float | None = None
@@ -110,6 +112,7 @@ class CatchUpSource:
     replica_id: str
     address: str
     step: int
+    catch_up_addresses: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,10 +184,16 @@ def decide(
     def result(ids: Sequence[str] | None, reason: str) -> Decision:
         next_id = (prev.id if prev else 0) + 1
         members = new_members(ids, next_id) if ids is not None else None
-        # Without a new quorum the sources are the members that stay or, when
-        # there are none, the up-to-date replicas that will form the next one.
-        source_pool = [m.replica_id for m in members] if members is not None else (staying or ready)
-        sources = [i for i in source_pool if not alive[i].drain_requested and alive[i].step >= head]
+        # The sources are the members (of the new quorum, or those that stay):
+        # they train in lockstep, so each is up to date whatever step its last
+        # heartbeat said. Without members, the up-to-date ready replicas.
+        if members is not None:
+            sources = [m.replica_id for m in members]
+        elif staying:
+            sources = staying
+        else:
+            sources = [i for i in ready if alive[i].step >= head]
+        sources = [i for i in sources if not alive[i].drain_requested]
         admitted = {m.replica_id for m in members} if members is not None else set()
         behind = [i for i in eligible if alive[i].step < head and i not in admitted]
         catch_up = _assign_sources(behind, sources, alive, prev_catch_up or {})
@@ -284,7 +293,9 @@ def _assign_sources(
             s = min(sources, key=lambda x: (load[x], x))
             chosen[i] = s
             load[s] += 1
-    return {i: CatchUpSource(s, alive[s].address, alive[s].step) for i, s in chosen.items()}
+    return {
+        i: CatchUpSource(s, alive[s].address, alive[s].step, alive[s].catch_up_addresses) for i, s in chosen.items()
+    }
 
 
 def _summary(prev, alive, replicas, pending) -> str:

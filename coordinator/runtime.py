@@ -137,7 +137,8 @@ class CoordinatorRuntime:
                 rec.registered_unix_ms = int(self.wall() * 1000)
                 revision = await self._write_record(job, rec, expected)
             session = job.state.register(
-                req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision
+                req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
+                tuple(req.catch_up_addresses),
             )
         log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step, req.quorum_id)
         self.wake()
@@ -158,7 +159,7 @@ class CoordinatorRuntime:
         recent = {c.step: c.checksum for c in req.recent_checksums}
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
-            recent, req.shard_rank,
+            recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes),
         )
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()

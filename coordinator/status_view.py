@@ -49,6 +49,8 @@ def status_dict(status: pb.StatusResponse) -> dict:
                 "world_size": r.world_size,
                 "cordoned": r.cordoned,
                 "catch_up_source": r.catch_up_source or None,
+                "catch_up_bytes": r.catch_up_bytes if r.catch_up_total_bytes else None,
+                "catch_up_total_bytes": r.catch_up_total_bytes or None,
                 "agent_state": AGENT_STATE_NAMES.get(r.agent_state),
                 "restart_count": r.restart_count,
                 "checksum_mismatch_step": r.checksum_mismatch_step or None,
@@ -82,7 +84,11 @@ def status_table(status: pb.StatusResponse) -> str:
         if r["checksum_mismatch_step"]:
             notes.append(f"CHECKSUM MISMATCH at step {r['checksum_mismatch_step']}")
         if r["catch_up_source"]:
-            notes.append(f"from {r['catch_up_source']}")
+            progress = ""
+            if r["catch_up_total_bytes"]:
+                done, total = r["catch_up_bytes"], r["catch_up_total_bytes"]
+                progress = f", {done / 2**20:.0f}/{total / 2**20:.0f} MiB ({100 * done // total}%)"
+            notes.append(f"from {r['catch_up_source']}{progress}")
         if r["agent_state"]:
             notes.append(f"agent {r['agent_state']}" + (f", {r['restart_count']} restarts" if r["restart_count"] else ""))
         rows.append((r["id"], r["state"], str(r["step"]), age, r["address"], str(r["world_size"]), checksum, ", ".join(notes)))

@@ -53,6 +53,16 @@ def check_register(req) -> None:
         raise InvalidRequest(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {req.world_size}")
     _non_negative("step", req.step)
     _non_negative("quorum_id", req.quorum_id)
+    if len(req.catch_up_addresses) not in (0, req.world_size):
+        raise InvalidRequest(
+            f"catch_up_addresses has {len(req.catch_up_addresses)} entries; give one per shard rank ({req.world_size})"
+        )
+    for address in req.catch_up_addresses:
+        _short("catch_up_addresses", address, MAX_ADDRESS_LEN)
+        try:
+            split_host_port(address)
+        except ValueError as e:
+            raise InvalidRequest(f"catch_up_addresses: {e}") from e
 
 
 def check_session(req) -> None:
@@ -75,6 +85,8 @@ def check_heartbeat(req) -> None:
         _short("session_id", req.session_id)
     _non_negative("step", req.step)
     _non_negative("checksum_step", req.checksum_step)
+    _non_negative("catch_up_bytes", req.catch_up_bytes)
+    _non_negative("catch_up_total_bytes", req.catch_up_total_bytes)
     _short("state_checksum", req.state_checksum)
     if len(req.recent_checksums) > MAX_RECENT_CHECKSUMS:
         raise InvalidRequest(f"recent_checksums has {len(req.recent_checksums)} entries; the limit is {MAX_RECENT_CHECKSUMS}")

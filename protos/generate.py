@@ -13,7 +13,7 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PROTO_FILES = ("protos/fthsdp/v1/coordinator.proto",)
+PROTO_FILES = ("protos/fthsdp/v1/coordinator.proto", "protos/fthsdp/v1/catchup.proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import os
 import signal
 import sys
@@ -56,12 +57,26 @@ def main() -> int:
     p.add_argument("--save", default="")
     p.add_argument("--names", choices=("plain", "renamed"), default="plain")
     p.add_argument("--corrupt-at", type=int, default=-1, help="silently perturb a weight after this step")
+    p.add_argument("--corrupt-first-replay", action="store_true",
+                   help="perturb a weight while replaying the first catch-up (a replay that does not reproduce the state)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     model = make_model(args.hidden, args.seed, args.names)
     optimizer = make_optimizer(model)
     ft = Manager.from_env(model, optimizer)
+    if args.corrupt_first_replay:
+        replay, corrupted = ft.replay, []
+
+        def corrupting_replay(entry, data):
+            replay(entry, data)
+            if not corrupted:
+                corrupted.append(entry.step)
+                with torch.no_grad():
+                    next(model.parameters()).view(-1)[0] += 1e-3
+
+        ft.replay = corrupting_replay
     ft.start(wait_for_replicas=args.wait_for)
     print(json.dumps({"admitted": ft.quorum_id, "pid": os.getpid(), "t": time.monotonic()}), flush=True)
     while ft.step < args.steps and not ft.stopped:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 
 import torch
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--save", default="")
     args = p.parse_args()
     torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model(args.hidden, args.seed)

@@ -230,16 +230,17 @@ class AgentProcess(WorkerProcess):
     JSON lines come through the agent's stdout."""
 
     def __init__(self, tmp: Path, coordinator: str, replica_id: str, replica_rank: int, num_replicas: int,
-                 *worker_args: str, agent_args: tuple[str, ...] = ()) -> None:
+                 *worker_args: str, agent_args: tuple[str, ...] = (), env: dict | None = None,
+                 worker: str = "tests.ftar_worker") -> None:
         super().__init__(tmp, coordinator, replica_id, replica_rank)
         self.argv = [
             sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", coordinator,
             "--replica-id", replica_id, "--replica-rank", str(replica_rank), "--num-replicas", str(num_replicas),
             "--nproc", "1", "--restart-backoff", "100ms", *agent_args,
-            "--", sys.executable, "-m", "tests.ftar_worker", *worker_args,
+            "--", sys.executable, "-m", worker, *worker_args,
         ]
         self.log_path = tmp / f"agent-{replica_id}.log"
-        self.env = {"FTHSDP_FTAR_TIMEOUT": "30", "FTHSDP_CHECKSUM_EVERY": "1"}
+        self.env = {"FTHSDP_FTAR_TIMEOUT": "30", "FTHSDP_CHECKSUM_EVERY": "1", **(env or {})}
 
 
 def start_ddp_oracle(tmp: Path, world: int, steps: int, hidden: str) -> list[subprocess.Popen]:

@@ -151,6 +151,14 @@ CASES = [
         catch_up={"x": "a", "y": "b", "z": "a"},
     ),
     Case(
+        "a member whose last heartbeat lags a step is a source too",
+        quorum("a", "b"),
+        table(alive("a", 101), alive("b", 100), alive("x", 0), alive("y", 0)),
+        None,
+        "unchanged",
+        catch_up={"x": "a", "y": "b"},
+    ),
+    Case(
         "sources are sticky",
         quorum("a", "b"),
         table(alive("a"), alive("b"), alive("x", 0), alive("y", 0)),

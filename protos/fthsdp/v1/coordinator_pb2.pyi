@@ -72,30 +72,34 @@ class Quorum(_message.Message):
     def __init__(self, id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., step: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CatchUp(_message.Message):
-    __slots__ = ("source_replica_id", "source_address", "source_step")
+    __slots__ = ("source_replica_id", "source_address", "source_step", "source_catch_up_addresses")
     SOURCE_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_CATCH_UP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     source_replica_id: str
     source_address: str
     source_step: int
-    def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ...) -> None: ...
+    source_catch_up_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id")
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     address: str
     world_size: int
     step: int
     quorum_id: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
+    catch_up_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
@@ -120,7 +124,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +134,8 @@ class HeartbeatRequest(_message.Message):
     CHECKSUM_STEP_FIELD_NUMBER: _ClassVar[int]
     RECENT_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     SHARD_RANK_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -139,7 +145,9 @@ class HeartbeatRequest(_message.Message):
     checksum_step: int
     recent_checksums: _containers.RepeatedCompositeFieldContainer[StepChecksum]
     shard_rank: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ...) -> None: ...
+    catch_up_bytes: int
+    catch_up_total_bytes: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("quorum_id", "drain_requested")
@@ -220,7 +228,7 @@ class StatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step")
+    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step", "catch_up_bytes", "catch_up_total_bytes")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +243,8 @@ class ReplicaStatus(_message.Message):
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     AGENT_DETAIL_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_MISMATCH_STEP_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     state: ReplicaState
     step: int
@@ -249,7 +259,9 @@ class ReplicaStatus(_message.Message):
     restart_count: int
     agent_detail: str
     checksum_mismatch_step: int
-    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ...) -> None: ...
+    catch_up_bytes: int
+    catch_up_total_bytes: int
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs")

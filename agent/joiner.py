@@ -1,0 +1,204 @@
+"""The joiner's side of catch-up: from a source assignment to admission.
+
+A replica that registers behind the quorum (restarted, or new) is named a
+source by the coordinator (``WatchEvent.catch_up``). Then, without the
+members ever waiting for it:
+
+1. Snapshot. Rank 0 asks the source's rank 0 for a snapshot; the source
+   takes it at its next step boundary (every rank of the source group at the
+   same one) and copies it to host memory in the background. Rank k of the
+   joiner pulls the shard of rank k of the source, verified chunk by chunk.
+2. Replay. The joiner loads the state and replays, from the source's
+   gradient log, the optimizer steps the members took meanwhile (the joiner
+   replays faster than they train: no forward or backward pass). The first
+   entry carries the source's state checksum after that step (computed on
+   request); the joiner compares its own: a mismatch refuses this catch-up
+   and it starts over from a fresh snapshot.
+3. Ready. Verified and within ``READY_GAP`` steps of the source's head, it
+   tells the coordinator it is ready (an immediate heartbeat) and keeps
+   following the log until a quorum admits it. The last step or two it may
+   still lack are closed inside FTAR's first collective in the new quorum.
+
+The source dying mid-transfer makes the coordinator name another source; the
+joiner starts over from it (a snapshot from another replica is at another
+step, so the bytes already received cannot be reused; an interrupted
+connection to a *live* source resumes where it stopped instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from agent.catchup_client import CatchUpError, SourceClient
+from agent.snapshot import state_from_bytes
+from coordinator.errors import FthsdpError
+
+if TYPE_CHECKING:
+    from agent.manager import Manager
+
+log = logging.getLogger("fthsdp.agent.joiner")
+
+READY_GAP = 2
+"""Steps behind the source's head at which a verified joiner asks to be admitted."""
+MAX_REFUSALS = 3
+"""Catch-ups refused for a checksum mismatch before the replica gives up."""
+RETRY_SAME_SOURCE_AFTER = 2.0
+"""Seconds before a source that failed is tried again if the coordinator names no other."""
+LOG_BATCH_BYTES = 256 << 20
+
+
+class CatchUpFailed(FthsdpError):
+    """Catch-up was refused too often: the replay does not reproduce the members' state."""
+
+
+class _Refused(CatchUpError):
+    pass
+
+
+class Joiner:
+    def __init__(self, manager: "Manager") -> None:
+        self.m = manager
+        self.group = manager.group
+        self.client: SourceClient | None = None
+        self.snapshot_step = -1
+        self.refusals = 0
+
+    # ----- the procedure -------------------------------------------------------------
+
+    def run(self, deadline: float, min_members: int = 1) -> None:
+        """Return once a quorum includes this replica (caught up, or admitted
+        as up to date into a quorum of at least ``min_members``);
+        ``self.client`` is left open for the last gap."""
+        self.min_members = min_members
+        failed: dict[str, float] = {}
+        while True:
+            plan = self.group.broadcast_json(self._plan(deadline, failed) if self.group.rank == 0 else None)
+            if plan["admitted"]:
+                return
+            source = plan["source"]
+            try:
+                self._catch_up(source, plan["addresses"], deadline)
+                return
+            except _Refused as e:
+                self.refusals += 1
+                log.warning("catch-up from %s refused (%d of %d): %s", source, self.refusals, MAX_REFUSALS, e)
+                if self.refusals >= MAX_REFUSALS:
+                    raise CatchUpFailed(f"catch-up refused {self.refusals} times; last: {e}") from e
+            except CatchUpError as e:
+                log.warning("catch-up from %s failed: %s; trying again", source, e)
+                failed[source] = time.monotonic()
+            self._reset()
+
+    def _plan(self, deadline: float, failed: dict[str, float]) -> dict:
+        """Rank 0: wait until admitted, or until a source worth trying is named."""
+        membership, tracker = self.m.membership, self.m.tracker
+
+        def usable(event) -> bool:
+            if tracker.includes_me(event.quorum) and len(event.quorum.members) >= self.min_members:
+                return True
+            source = event.catch_up.source_replica_id
+            if not source or not event.catch_up.source_catch_up_addresses:
+                return False
+            return time.monotonic() - failed.get(source, -1e9) > RETRY_SAME_SOURCE_AFTER
+
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FthsdpError(f"replica {self.m.replica_id} was neither admitted nor given a catch-up source in time")
+            try:
+                event = membership.wait_for(usable, min(left, RETRY_SAME_SOURCE_AFTER))
+                break
+            except TimeoutError:
+                continue
+        if tracker.includes_me(event.quorum) and len(event.quorum.members) >= self.min_members:
+            return {"admitted": True}
+        cu = event.catch_up
+        log.info("catching up from %s (at step %d)", cu.source_replica_id, cu.source_step)
+        return {"admitted": False, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
+
+    def _catch_up(self, source: str, addresses: list[str], deadline: float) -> None:
+        m, group = self.m, self.group
+        if len(addresses) != group.size:
+            raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
+        self.client = SourceClient(addresses[group.rank], m.config.token, timeout=m.config.timeout)
+        began = time.monotonic()
+
+        # 1. The snapshot, at one step for every rank.
+        step, error = -1, ""
+        if group.rank == 0:
+            try:
+                manifest = self.client.request_snapshot(wait=min(30.0, max(1.0, deadline - time.monotonic())))
+                step = manifest.step
+            except CatchUpError as e:
+                error = str(e)
+        (step,) = group.max(step)
+        if step < 0:
+            raise CatchUpError(error or "the source's rank 0 took no snapshot")
+        self.snapshot_step = step
+        ok = 1
+        try:
+            if group.rank != 0:
+                manifest = self.client.manifest(step)
+            if manifest.structure_hash != m.structure:
+                raise CatchUpError(f"source {source} trains a different model (structure hash differs)")
+            data = self.client.fetch(manifest, progress=lambda n: m.report_progress(n, manifest.total_bytes))
+            m.load_snapshot(state_from_bytes(manifest, data), step)
+        except CatchUpError as e:
+            error, ok = str(e), 0
+        self._agree(ok, error)
+        log.info(
+            "loaded the snapshot of step %d from %s: %.1f MiB in %.2fs",
+            step, source, manifest.total_bytes / 2**20, time.monotonic() - began,
+        )
+
+        # 2-3. Replay the log; ask to be admitted once verified and close to the head.
+        verified = False
+        while True:
+            entries, head, ok, error = [], m.step, 1, ""
+            try:
+                wait = 0.05 if m.membership.ready else 0.5
+                entries, head, _ = self.client.log(m.step, LOG_BATCH_BYTES, wait)
+            except CatchUpError as e:
+                ok, error = 0, str(e)
+            self._agree(ok, error)
+            (reach,) = group.min(m.step + len(entries))
+            for entry, data in entries[: reach - m.step]:
+                m.replay(entry, data)
+                if entry.checksum_after:
+                    mine = m.group_checksum()
+                    if mine != entry.checksum_after:
+                        raise _Refused(f"after step {entry.step + 1} this replica's state checksum is {mine}, the source's {entry.checksum_after}")
+                    verified = True
+            admitted, changed = 0, 0
+            if group.rank == 0:
+                latest = m.membership.latest
+                admitted = int(m.tracker.includes_me(m.tracker.quorum))
+                changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
+                if verified and not m.membership.ready and head - m.step <= READY_GAP:
+                    log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, time.monotonic() - began)
+                    m.membership.set_ready(True)
+            admitted, changed = group.max(admitted, changed)
+            if admitted:
+                return
+            if changed:
+                raise CatchUpError(f"the coordinator moved this replica from source {source} to another")
+
+    def _agree(self, ok: int, error: str) -> None:
+        (all_ok,) = self.group.min(ok)
+        if not all_ok:
+            raise CatchUpError(error or "another rank of this replica group failed to catch up")
+
+    def _reset(self) -> None:
+        if self.client is not None:
+            if self.snapshot_step >= 0:
+                self.client.release(self.snapshot_step)
+            self.client.close()
+        self.client, self.snapshot_step = None, -1
+        self.m.membership.set_ready(False)
+        self.m.report_progress(0, 0)
+
+    def finish(self) -> None:
+        """After the first committed step in the quorum: let the source go."""
+        self._reset()

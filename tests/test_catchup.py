@@ -1,0 +1,247 @@
+"""Catch-up of a returning replica, with real processes: a real coordinator,
+replicas training over gloo, the catch-up servers and clients over HTTP.
+
+The replicas train "forever" (a large --steps) and are drained at the end, so
+no test depends on how fast this machine trains. The transfer is slowed down
+with the sources' rate limit where a test must act in the middle of it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from coordinator.client import CoordinatorClient
+from coordinator.status_view import STATE_NAMES
+from tests.processes import AgentProcess, CoordinatorProcess, WorkerProcess
+from tests.waiting import wait_until
+
+FOREVER = "1000000"
+HIDDEN = "512"  # 0.5M parameters: 6.3 MB of state with AdamW
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    started = []
+
+    def coordinator(*args: str) -> CoordinatorProcess:
+        c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
+                               "--join-timeout", "2s", *args).start()
+        started.append(c)
+        return c
+
+    def agent(c, i: int, n: int, *worker_args: str, env: dict | None = None) -> AgentProcess:
+        a = AgentProcess(tmp_path, c.address, f"r{i}", i, n, "--steps", FOREVER, "--wait-for", str(n),
+                         "--hidden", HIDDEN, *worker_args, env=env).start()
+        started.append(a)
+        return a
+
+    def worker(c, i: int, n: int, *worker_args: str, env: dict | None = None, name: str = "") -> WorkerProcess:
+        w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", FOREVER, "--wait-for", str(n),
+                          "--hidden", HIDDEN, *worker_args, env=env)
+        if name:
+            w.log_path = tmp_path / f"worker-{name}.log"
+        w.start()
+        started.append(w)
+        return w
+
+    yield coordinator, agent, worker
+    for proc in reversed(started):
+        proc.stop()
+
+
+def status_of(client, replica_id: str):
+    status = client.status()
+    replica = {r.replica_id: r for r in status.replicas}.get(replica_id)
+    return status, replica
+
+
+def common_checksum_steps(a, b, after: int) -> list[int]:
+    """Steps after ``after`` at which both replicas printed a fresh checksum."""
+    return [s for s in sorted(set(a.steps) & set(b.steps)) if s > after and a.steps[s]["checksum"] and s % 10 == 0]
+
+
+def test_restarted_replica_catches_up_while_the_others_keep_training(cluster):
+    """The issue's acceptance path: kill a replica's rank; its agent restarts
+    it; status shows it catching up from a peer, then healthy, while the
+    others' steps advance; its state then equals theirs, step for step."""
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "2")
+    # Checksums every 10 steps (the default) so that the joiner's check uses
+    # the checksum its source computes on request; the rate limit makes the
+    # transfer last about a second, long enough to be seen in status.
+    env = {"FTHSDP_CHECKSUM_EVERY": "10", "FTHSDP_CATCH_UP_MAX_RATE": str(6 << 20)}
+    a0, a1, a2 = (agent(c, i, 3, env=env) for i in range(3))
+    first = a2.read_until(lambda line: "admitted" in line)
+    a0.read_until(lambda line: line.get("step", 0) >= 20)
+    os.kill(first["pid"], signal.SIGKILL)
+
+    polls: list[tuple[str, int]] = []  # (r2's state, r0's step) at each status poll
+    with CoordinatorClient([c.address]) as client:
+        def back_in_quorum() -> bool:
+            status, r2 = status_of(client, "r2")
+            r0 = {r.replica_id: r for r in status.replicas}["r0"]
+            state = STATE_NAMES[r2.state]
+            polls.append((state, r0.step))
+            return r2.restart_count == 1 and state == "healthy" and "r2" in {m.replica_id for m in status.quorum.members}
+
+        wait_until(back_in_quorum, 60, interval=0.01, message="r2 back in the quorum")
+    states = [s for i, (s, _) in enumerate(polls) if i == 0 or polls[i - 1][0] != s]
+    assert "catching-up" in states, states
+    assert states.index("catching-up") < len(states) - 1 and states[-1] == "healthy", states
+    r0_steps_while_catching_up = [step for s, step in polls if s == "catching-up"]
+    assert max(r0_steps_while_catching_up) > min(r0_steps_while_catching_up), f"the others stalled: {polls}"
+
+    rejoined = a2.read_until(lambda line: "admitted" in line and line["pid"] != first["pid"])
+    first_new = a2.read_until(lambda line: "step" in line and line["t"] > rejoined["t"])["step"]
+    a2.read_until(lambda line: line.get("step", 0) >= first_new + 40)
+    a0.read_until(lambda line: line.get("step", 0) >= first_new + 40)
+    steps = common_checksum_steps(a0, a2, after=first_new)
+    assert len(steps) >= 3, f"too few common steps after the rejoin: {steps}"
+    for s in steps:
+        assert a2.steps[s]["checksum"] == a0.steps[s]["checksum"], f"r2 differs from r0 at step {s}"
+
+
+def members(client) -> set[str]:
+    return {m.replica_id for m in client.status().quorum.members}
+
+
+def assert_same_state_after_rejoin(joiner, peer, min_steps: int = 20) -> None:
+    """The joiner's state checksum equals the peer's at every common step after it rejoined."""
+    first = joiner.read_until(lambda line: "step" in line)["step"]
+    joiner.read_until(lambda line: line.get("step", 0) >= first + min_steps)
+    peer.read_until(lambda line: line.get("step", 0) >= first + min_steps)
+    steps = [s for s in range(first, first + min_steps) if s in peer.steps and s in joiner.steps]
+    assert len(steps) >= min_steps // 2, f"too few common steps: {steps}"
+    for s in steps:
+        assert joiner.steps[s]["checksum"] == peer.steps[s]["checksum"], f"{joiner.replica_id} differs at step {s}"
+
+
+SLOW = {"FTHSDP_CATCH_UP_MAX_RATE": str(2 << 20)}  # 6 MB of state: a transfer of about 3 s
+
+
+def start_and_lose_one(coordinator, worker, n: int, min_replicas: int, lose: tuple[int, ...] = (2,)):
+    c = coordinator("--min-replicas", str(min_replicas))
+    workers = [worker(c, i, n, env=SLOW) for i in range(n)]
+    workers[0].read_until(lambda line: line.get("step", 0) >= 10)
+    for i in lose:
+        workers[i].kill()
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {f"r{i}" for i in range(n) if i not in lose}, 20,
+                   message="the lost replicas taken out")
+    return c, workers
+
+
+def wait_transfer_started(client, replica_id: str) -> str:
+    """Wait until the joiner reports snapshot bytes received; return its source."""
+    found = []
+
+    def started() -> bool:
+        _, r = status_of(client, replica_id)
+        if r is not None and r.catch_up_bytes > 0 and r.catch_up_source:
+            found.append(r.catch_up_source)
+            return True
+        return False
+
+    wait_until(started, 30, interval=0.01, message=f"{replica_id}'s snapshot transfer under way")
+    return found[0]
+
+
+def test_source_killed_mid_transfer_the_joiner_finishes_from_another(cluster):
+    coordinator, _, worker = cluster
+    c, (r0, r1, _) = start_and_lose_one(coordinator, worker, 3, min_replicas=1)
+    joiner = worker(c, 2, 1, env=SLOW, name="r2-joiner")
+    with CoordinatorClient([c.address]) as client:
+        source = wait_transfer_started(client, "r2")
+        victim, other = (r0, r1) if source == "r0" else (r1, r0)
+        victim.kill()
+        sources = set()
+
+        def rejoined() -> bool:
+            _, r = status_of(client, "r2")
+            sources.add(r.catch_up_source)
+            return STATE_NAMES[r.state] == "healthy" and members(client) == {other.replica_id, "r2"}
+
+        wait_until(rejoined, 60, interval=0.01, message="r2 caught up from the other source and rejoined")
+    assert other.replica_id in sources, sources
+    assert_same_state_after_rejoin(joiner, other)
+
+
+def test_joiner_killed_mid_transfer_nobody_notices(cluster):
+    coordinator, _, worker = cluster
+    c, (r0, r1, _) = start_and_lose_one(coordinator, worker, 3, min_replicas=2)
+    with CoordinatorClient([c.address]) as client:
+        quorum_id = client.status().quorum.id
+        joiner = worker(c, 2, 1, env=SLOW, name="r2-first")
+        wait_transfer_started(client, "r2")
+        joiner.kill()
+        killed_at = time.monotonic()  # the lines' "t" is on the same (system-wide) clock
+        # The members go on committing steps in the same quorum.
+        for r in (r0, r1):
+            first = r.read_until(lambda line: line.get("t", 0) > killed_at)["step"]
+            r.read_until(lambda line: line.get("step", 0) >= first + 50)
+            assert {r.steps[s]["quorum"] for s in range(first, first + 50)} == {quorum_id}
+        assert client.status().quorum.id == quorum_id
+        # The source is not stuck with the dead joiner: the next one catches up.
+        again = worker(c, 2, 1, name="r2-second")
+        wait_until(lambda: members(client) == {"r0", "r1", "r2"}, 60, message="the second joiner rejoined")
+    assert_same_state_after_rejoin(again, r0)
+
+
+def test_two_replicas_join_at_once_from_different_sources(cluster):
+    coordinator, _, worker = cluster
+    c, (r0, r1, _, _) = start_and_lose_one(coordinator, worker, 4, min_replicas=2, lose=(2, 3))
+    joiners = [worker(c, i, 1, env=SLOW, name=f"r{i}-joiner") for i in (2, 3)]
+    with CoordinatorClient([c.address]) as client:
+        sources = {rid: wait_transfer_started(client, rid) for rid in ("r2", "r3")}
+        wait_until(lambda: members(client) == {"r0", "r1", "r2", "r3"}, 60, message="both joiners admitted")
+    assert set(sources.values()) == {"r0", "r1"}, f"the coordinator did not spread the sources: {sources}"
+    for j in joiners:
+        assert_same_state_after_rejoin(j, r0)
+
+
+def test_joiner_whose_replay_differs_is_refused_and_retries(cluster):
+    coordinator, _, worker = cluster
+    c, (r0, _, _) = start_and_lose_one(coordinator, worker, 3, min_replicas=2)
+    joiner = worker(c, 2, 1, "--corrupt-first-replay", name="r2-corrupt")
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1", "r2"}, 60, message="the joiner admitted after a retry")
+    assert "refused (1 of 3)" in joiner.log_path.read_text()
+    assert_same_state_after_rejoin(joiner, r0)
+
+
+def test_fsdp2_replica_group_catches_up_shard_by_shard(cluster, tmp_path):
+    """Two replica groups of 2 FSDP2 ranks; a rank of one dies, its agent
+    restarts the group, and each rank pulls its own shard and log."""
+    coordinator, _, _ = cluster
+    c = coordinator("--min-replicas", "1")
+    groups = []
+    for k in range(2):
+        a = AgentProcess(tmp_path, c.address, f"r{k}", k, 2, "--steps", FOREVER, "--hidden", "256", "--wait-for", "2",
+                         agent_args=("--nproc", "2"), worker="tests.hsdp_worker",
+                         env={"FTHSDP_CATCH_UP_MAX_RATE": str(1 << 20)}).start()
+        groups.append(a)
+    a0, a1 = groups
+    cluster_procs = groups  # stopped below; the fixture stops the coordinator
+    rank1 = a1.read_until(lambda line: line.get("rank") == 1)
+    a0.read_until(lambda line: line.get("step", 0) >= 10)
+    os.kill(rank1["pid"], signal.SIGKILL)
+    try:
+        with CoordinatorClient([c.address]) as client:
+            states = []
+
+            def rejoined() -> bool:
+                status, r1 = status_of(client, "r1")
+                states.append(STATE_NAMES[r1.state])
+                return r1.restart_count == 1 and states[-1] == "healthy" and members(client) == {"r0", "r1"}
+
+            wait_until(rejoined, 90, interval=0.01, message="r1's group restarted, caught up and rejoined")
+        assert "catching-up" in states
+        a1.read_until(lambda line: "admitted" in line or line.get("rank") == 0, timeout=30)
+        assert_same_state_after_rejoin(a1, a0)
+    finally:
+        for a in reversed(cluster_procs):
+            a.stop()
