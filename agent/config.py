@@ -85,7 +85,10 @@ class AgentConfig:
     """How often the whole group is restarted after a rank fails before the agent gives up."""
 
     restart_backoff: float = dataclasses.field(default=1.0, metadata=DURATION)
-    """Pause before the first restart; doubles at every further restart, up to 30s."""
+    """Pause before restarting a group that failed within a minute of starting (a crash loop); doubles at every further such restart, up to 30s. A group that ran longer restarts at once."""
+
+    standby: bool = False
+    """Keep a warm standby of the rank command (started ahead with the next restart's environment, waiting inside Manager.from_env with torch imported and the model built) to replace a failed group without process start-up. What the script does before Manager.from_env runs ahead of time, and the model takes memory twice (on the GPU for a GPU model). Only with --nnodes 1."""
 
     monitor_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
     """How often the ranks are checked for exits."""
@@ -128,6 +131,8 @@ class AgentConfig:
             raise ConfigError("--master-addr must not be empty")
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is out of range")
+        if self.standby and self.nnodes > 1:
+            raise ConfigError("--standby works only with --nnodes 1 (a standby group must be complete on one node)")
         if self.master_port == 0 and self.nnodes > 1:
             raise ConfigError("--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port")
         if self.backend not in BACKENDS:

@@ -87,7 +87,9 @@ class Rank:
     agent, which then drains the ranks in order.
     """
 
-    def __init__(self, local_rank: int, command: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self, local_rank: int, command: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> None:
         self.local_rank = local_rank
         if shutil.which(command[0], path=env.get("PATH")) is None:
             # Checked here: behind setpriv a missing program would look like a rank exiting 127.
@@ -95,7 +97,7 @@ class Rank:
         # The rank dies with its agent (PR_SET_PDEATHSIG through setpriv): an
         # agent killed by the OOM killer must not leave ranks training on.
         self.proc = subprocess.Popen(
-            [*die_with_parent_prefix(), *command], env=dict(env), start_new_session=True
+            [*die_with_parent_prefix(), *command], env=dict(env), start_new_session=True, pass_fds=tuple(pass_fds)
         )
 
     @property

@@ -57,6 +57,7 @@ from agent.manager_config import ManagerConfig
 from agent.membership import Membership
 from agent.replica_group import ReplicaGroup
 from agent.snapshot import capture_state, load_state
+from agent.standby import wait_for_activation
 from agent.state_codec import is_dtensor as _is_dtensor
 from agent.state_codec import local as _local
 from coordinator.errors import ConfigError, FthsdpError
@@ -115,7 +116,11 @@ class Manager:
 
     @classmethod
     def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
-        return cls(model, optimizer, ManagerConfig.from_env(os.environ if env is None else env, **overrides))
+        """The manager configured by `fthsdp agent`. In a warm standby (``fthsdp
+        agent --standby``) this waits until the agent activates it."""
+        env = os.environ if env is None else env
+        wait_for_activation(env)
+        return cls(model, optimizer, ManagerConfig.from_env(env, **overrides))
 
     @property
     def replica_rank(self) -> int:

@@ -30,8 +30,10 @@ import queue
 import select
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
+from agent import standby
 from agent.config import MAX_BACKOFF, AgentConfig
 from agent.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -42,6 +44,8 @@ REPORT_TIMEOUT = 2.0
 """Deadline of one ReportAgentEvent call (the coordinator answers in milliseconds)."""
 FLUSH_TIMEOUT = 3.0
 """How long an exiting agent waits for its last reports to go out."""
+STABLE_UPTIME = 60.0
+"""A group that ran this long before failing is not crash-looping: it restarts without back-off."""
 
 
 class AgentState(enum.IntEnum):
@@ -225,6 +229,10 @@ class Supervisor:
         self.history: list[tuple[AgentState, str]] = []
         self._ranks: list[Rank] = []
         self._stop = _StopRequest()
+        self._standby: list[tuple[Rank, int]] = []
+        """The warm standby group (--standby): each rank with the pipe that activates it."""
+        self._fast_failures = 0
+        self._running_since = 0.0
 
     def request_stop(self) -> None:
         """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
@@ -239,6 +247,7 @@ class Supervisor:
         try:
             return self._supervise()
         finally:
+            self._retire_standby()
             if any(rank.poll() is None for rank in self._ranks):  # only on an unexpected exception
                 stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
             self._stop.close()
@@ -260,6 +269,9 @@ class Supervisor:
             if self._stop.requested:
                 return self._drain()
             self._transition(AgentState.RUNNING, "pids " + " ".join(str(r.pid) for r in self._ranks))
+            self._running_since = time.monotonic()
+            if cfg.standby:
+                self._spawn_standby()
             failure = self._monitor()
             if failure is None and self._stop.requested:
                 return self._drain()
@@ -273,7 +285,10 @@ class Supervisor:
             if self.restart_count >= cfg.max_restarts:
                 self._transition(AgentState.GAVE_UP, f"{failure}; no restarts left (--max-restarts {cfg.max_restarts})")
                 return 1
-            delay = backoff_delay(cfg.restart_backoff, self.restart_count + 1)
+            # Back off only from a crash loop; a group that ran a while restarts at once.
+            stable = time.monotonic() - self._running_since >= STABLE_UPTIME
+            self._fast_failures = 0 if stable else self._fast_failures + 1
+            delay = 0.0 if stable else backoff_delay(cfg.restart_backoff, self._fast_failures)
             self._transition(
                 AgentState.RESTARTING, f"restart {self.restart_count + 1} of {cfg.max_restarts} in {delay:g}s"
             )
@@ -282,12 +297,67 @@ class Supervisor:
             self.restart_count += 1
 
     def _start_ranks(self) -> None:
+        if self._activate_standby():
+            return
         port = self.config.master_port or free_port()  # a fresh port per start: the old one may linger in TIME_WAIT
         envs = rank_environments(self.config, self.restart_count, port, self.env)
         self._ranks = []
         for local_rank, env in enumerate(envs):
             self._ranks.append(Rank(local_rank, self.command, env))
         log.info("started %d rank(s) (MASTER_ADDR=%s MASTER_PORT=%d)", len(envs), self.config.master_addr, port)
+
+    # ----- warm standby (agent/standby.py) --------------------------------------------
+
+    def _spawn_standby(self) -> None:
+        """Start the next restart's group ahead of need; it waits inside Manager.from_env."""
+        self._retire_standby()
+        envs = rank_environments(self.config, self.restart_count + 1, free_port(), self.env)
+        try:
+            for local_rank, env in enumerate(envs):
+                read_end, write_end = os.pipe()
+                try:
+                    rank = Rank(local_rank, self.command, {**env, standby.ENV: str(read_end)}, pass_fds=(read_end,))
+                except OSError:
+                    os.close(write_end)
+                    raise
+                finally:
+                    os.close(read_end)
+                self._standby.append((rank, write_end))
+        except OSError as e:
+            log.warning("could not start a warm standby: %s", e)
+            self._retire_standby()
+            return
+        log.info("warm standby ready to start: pids %s", " ".join(str(r.pid) for r, _ in self._standby))
+
+    def _activate_standby(self) -> bool:
+        """Make the standby group the running one, if it is still alive."""
+        if not self._standby:
+            return False
+        if any(rank.poll() is not None for rank, _ in self._standby):
+            log.warning("the warm standby exited; starting the ranks cold")
+            self._retire_standby()
+            return False
+        self._ranks = []
+        for rank, pipe in self._standby:
+            try:
+                os.write(pipe, standby.GO)
+            except OSError as e:  # it died just now: the monitor will see the rank fail
+                log.warning("could not activate standby rank %d: %s", rank.local_rank, e)
+            os.close(pipe)
+            self._ranks.append(rank)
+        self._standby = []
+        log.info("activated the warm standby (pids %s)", " ".join(str(r.pid) for r in self._ranks))
+        return True
+
+    def _retire_standby(self) -> None:
+        """Close the pipes (a waiting standby then exits 0) and make sure they are gone."""
+        if not self._standby:
+            return
+        ranks = [rank for rank, _ in self._standby]
+        for _, pipe in self._standby:
+            os.close(pipe)
+        self._standby = []
+        stop_ranks(ranks, self.config.stop_timeout, self.config.monitor_interval)
 
     def _monitor(self) -> str | None:
         """Wait until every rank exited 0 (None), one failed (its description),

@@ -33,9 +33,10 @@ def cluster(tmp_path):
         started.append(c)
         return c
 
-    def agent(c, i: int, n: int, *worker_args: str, env: dict | None = None) -> AgentProcess:
+    def agent(c, i: int, n: int, *worker_args: str, env: dict | None = None,
+              agent_args: tuple[str, ...] = ()) -> AgentProcess:
         a = AgentProcess(tmp_path, c.address, f"r{i}", i, n, "--steps", FOREVER, "--wait-for", str(n),
-                         "--hidden", HIDDEN, *worker_args, env=env).start()
+                         "--hidden", HIDDEN, *worker_args, env=env, agent_args=agent_args).start()
         started.append(a)
         return a
 
@@ -245,3 +246,32 @@ def test_fsdp2_replica_group_catches_up_shard_by_shard(cluster, tmp_path):
     finally:
         for a in reversed(cluster_procs):
             a.stop()
+
+
+def test_warm_standby_takes_over_and_catches_up(cluster):
+    """With --standby the agent keeps the next incarnation waiting inside
+    Manager.from_env; a failure activates it (no cold start) and the next
+    standby is started; draining the agent retires the standby."""
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "2")
+    a0, _, a2 = (agent(c, i, 3, agent_args=("--standby",) if i == 2 else ()) for i in range(3))
+
+    def standby_pids() -> list[int]:
+        return [int(line.rsplit("pids ", 1)[1]) for line in a2.log_path.read_text().splitlines()
+                if "warm standby ready to start: pids" in line]
+
+    first = a2.read_until(lambda line: "admitted" in line)
+    wait_until(lambda: len(standby_pids()) == 1, 30, message="the first standby started")
+    waiting = standby_pids()[0]
+    a0.read_until(lambda line: line.get("step", 0) >= 20)
+    os.kill(first["pid"], signal.SIGKILL)
+    rejoined = a2.read_until(lambda line: "admitted" in line and line["pid"] != first["pid"])
+    assert rejoined["pid"] == waiting, "the restart did not use the warm standby"
+    wait_until(lambda: len(standby_pids()) == 2, 30, message="the next standby started")
+    assert_same_state_after_rejoin(a2, a0)
+    a2.signal(signal.SIGTERM)
+    assert a2.proc.wait(timeout=30) == 0
+    next_standby = standby_pids()[1]
+    wait_until(lambda: not os.path.exists(f"/proc/{next_standby}") or
+               open(f"/proc/{next_standby}/stat").read().split()[2] == "Z", 10, message="the standby retired")
+
