@@ -27,6 +27,7 @@ connection to a *live* source resumes where it stopped instead).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -49,6 +50,29 @@ RETRY_SAME_SOURCE_AFTER = 2.0
 LOG_BATCH_BYTES = 256 << 20
 
 
+@dataclasses.dataclass
+class CatchUpReport:
+    """What the last catch-up took (times on the monotonic clock, which is
+    system-wide, so other processes' timestamps compare)."""
+
+    source: str = ""
+    snapshot_step: int = -1
+    snapshot_bytes: int = 0
+    """Bytes of this rank's snapshot."""
+    began: float = 0.0
+    loaded: float = 0.0
+    """The snapshot is received and loaded."""
+    ready: float = 0.0
+    """Verified and close to the head: admission asked for."""
+    admitted: float = 0.0
+    replayed_steps: int = 0
+    attempts: int = 0
+    """Catch-ups started (more than one after a source failed or a refusal)."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 class CatchUpFailed(FthsdpError):
     """Catch-up was refused too often: the replay does not reproduce the members' state."""
 
@@ -64,6 +88,8 @@ class Joiner:
         self.client: SourceClient | None = None
         self.snapshot_step = -1
         self.refusals = 0
+        self.report: CatchUpReport | None = None
+        """Set when this replica caught up (None when it was admitted as up to date)."""
 
     # ----- the procedure -------------------------------------------------------------
 
@@ -124,6 +150,8 @@ class Joiner:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
         self.client = SourceClient(addresses[group.rank], m.config.token, timeout=m.config.timeout)
         began = time.monotonic()
+        attempts = self.report.attempts if self.report is not None else 0
+        self.report = report = CatchUpReport(source=source, began=began, attempts=attempts + 1)
 
         # 1. The snapshot, at one step for every rank.
         step, error = -1, ""
@@ -148,6 +176,7 @@ class Joiner:
         except CatchUpError as e:
             error, ok = str(e), 0
         self._agree(ok, error)
+        report.snapshot_step, report.snapshot_bytes, report.loaded = step, manifest.total_bytes, time.monotonic()
         log.info(
             "loaded the snapshot of step %d from %s: %.1f MiB in %.2fs",
             step, source, manifest.total_bytes / 2**20, time.monotonic() - began,
@@ -166,6 +195,7 @@ class Joiner:
             (reach,) = group.min(m.step + len(entries))
             for entry, data in entries[: reach - m.step]:
                 m.replay(entry, data)
+                report.replayed_steps += 1
                 if entry.checksum_after:
                     mine = m.group_checksum()
                     if mine != entry.checksum_after:
@@ -179,8 +209,10 @@ class Joiner:
                 if verified and not m.membership.ready and head - m.step <= READY_GAP:
                     log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, time.monotonic() - began)
                     m.membership.set_ready(True)
+                    report.ready = time.monotonic()
             admitted, changed = group.max(admitted, changed)
             if admitted:
+                report.admitted = time.monotonic()
                 return
             if changed:
                 raise CatchUpError(f"the coordinator moved this replica from source {source} to another")

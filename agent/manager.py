@@ -52,7 +52,7 @@ from agent.catchup_source import CatchUpSource
 from agent.checksum import state_checksum, structure_hash
 from agent.ftar import FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.grad_log import GradientLog
-from agent.joiner import Joiner
+from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
 from agent.membership import Membership
 from agent.replica_group import ReplicaGroup
@@ -97,6 +97,8 @@ class Manager:
         self._server: CatchUpServer | None = None
         self._joiner: Joiner | None = None
         self._checksum_wanted = False
+        self.catch_up: CatchUpReport | None = None
+        """How this replica caught up in ``start()``; None if it started up to date."""
         timeout = datetime.timedelta(seconds=config.timeout)
         self.leader = config.shard_rank == 0
         """Rank 0 of the replica group holds its session with the coordinator."""
@@ -163,6 +165,7 @@ class Manager:
             self.membership.observe(cfg.shard_rank)
         self._joiner = Joiner(self)
         self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
+        self.catch_up = self._joiner.report
         if self._joiner.client is None:
             self._joiner = None
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.

@@ -78,7 +78,8 @@ def main() -> int:
 
         ft.replay = corrupting_replay
     ft.start(wait_for_replicas=args.wait_for)
-    print(json.dumps({"admitted": ft.quorum_id, "pid": os.getpid(), "t": time.monotonic()}), flush=True)
+    print(json.dumps({"admitted": ft.quorum_id, "pid": os.getpid(), "t": time.monotonic(),
+                      "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
     while ft.step < args.steps and not ft.stopped:
         dying = ft.step == args.die_at
         x, y = batch(ft.step, ft.replica_rank, args.hidden, args.seed)

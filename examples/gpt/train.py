@@ -55,8 +55,9 @@ n_params = sum(p.numel() for p in model.parameters())
 # ----- the loop ---------------------------------------------------------------------------
 ft = Manager.from_env(model, optimizer)
 ft.start(wait_for_replicas=ft.num_replicas if first_start else 1)
-print(json.dumps({"replica": ft.replica_id, "params": n_params, "quorum": ft.quorum_id,
-                  "pid": os.getpid()}), flush=True)
+print(json.dumps({"replica": ft.replica_id, "params": n_params, "quorum": ft.quorum_id, "start_step": ft.step,
+                  "pid": os.getpid(), "t": time.monotonic(),
+                  "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
 started = time.monotonic()
 while ft.step < args.steps and not ft.stopped:
     if ft.step == args.fail_at_step and first_start:
