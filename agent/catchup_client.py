@@ -10,6 +10,8 @@ up (``SourceUnavailable``: the caller moves to another source).
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import http.client
 import logging
 import struct
@@ -117,34 +119,53 @@ class SourceClient:
         except CatchUpError as e:
             log.debug("releasing snapshot %d: %s", step, e)
 
-    def fetch(self, manifest: cpb.SnapshotManifest, progress: Callable[[int], None] = lambda n: None) -> torch.Tensor:
-        """The snapshot's bytes, verified; ``progress(bytes_so_far)`` after each chunk."""
+    def fetch(
+        self, manifest: cpb.SnapshotManifest, progress: Callable[[int], None] = lambda n: None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The snapshot's bytes, verified; ``progress(bytes_so_far)`` after
+        each chunk. ``out``: a uint8 buffer of ``total_bytes`` to fill (a
+        fresh one is allocated otherwise)."""
         total, size = manifest.total_bytes, manifest.chunk_bytes
         chunks = (total + size - 1) // size if size > 0 else 0
         if size <= 0 or len(manifest.chunk_crc32) != chunks:
             raise CatchUpError(f"malformed manifest: {len(manifest.chunk_crc32)} CRCs for {chunks} chunks")
-        data = torch.empty(total, dtype=torch.uint8)
+        data = torch.empty(total, dtype=torch.uint8) if out is None else out
+        if data.dtype != torch.uint8 or data.numel() != total or not data.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of {total} bytes")
         view = memoryview(data.numpy()).cast("B")
-        done, failures = 0, 0
-        while done < chunks:
-            try:
-                response = self._request("GET", f"/v1/snapshots/{manifest.step}/data", {"Range": f"bytes={done * size}-"})
-                if response.status != 206:
-                    self._body(response, f"snapshot data of step {manifest.step}")
-                    raise SourceUnavailable(f"catch-up source {self.address}: expected 206, got {response.status}")
-                while done < chunks:
-                    chunk = view[done * size : min(total, (done + 1) * size)]
-                    _read_exact(response, chunk)
-                    if zlib.crc32(chunk) != manifest.chunk_crc32[done]:
-                        raise _BadChunk(f"chunk {done} of the snapshot of step {manifest.step} failed its CRC check")
-                    done += 1
-                    progress(min(total, done * size))
-            except (OSError, http.client.HTTPException, _BadChunk) as e:
-                self.close()
-                failures += 1
-                if failures >= self._attempts:
-                    raise SourceUnavailable(f"catch-up source {self.address}: {e} ({failures} attempts)") from e
-                log.warning("snapshot transfer from %s interrupted (%s); resuming at chunk %d", self.address, e, done)
+        done, failures = 0, 0  # ``done``: chunks received *and* verified
+        # Each chunk's CRC is checked on a helper thread while the next one is
+        # received (zlib and the socket both release the GIL), so the check
+        # costs little of the transfer's time.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fthsdp-crc") as checker:
+            while done < chunks:
+                pending: collections.deque = collections.deque()
+                try:
+                    response = self._request("GET", f"/v1/snapshots/{manifest.step}/data", {"Range": f"bytes={done * size}-"})
+                    if response.status != 206:
+                        self._body(response, f"snapshot data of step {manifest.step}")
+                        raise SourceUnavailable(f"catch-up source {self.address}: expected 206, got {response.status}")
+                    received = done
+                    while done < chunks:
+                        if received < chunks:
+                            chunk = view[received * size : min(total, (received + 1) * size)]
+                            _read_exact(response, chunk)
+                            pending.append((received, checker.submit(zlib.crc32, chunk)))
+                            received += 1
+                        if pending and (received == chunks or len(pending) > 1):
+                            index, crc = pending.popleft()
+                            if crc.result() != manifest.chunk_crc32[index]:
+                                raise _BadChunk(f"chunk {index} of the snapshot of step {manifest.step} failed its CRC check")
+                            done = index + 1
+                            progress(min(total, done * size))
+                except (OSError, http.client.HTTPException, _BadChunk) as e:
+                    self.close()
+                    for _, crc in pending:
+                        crc.cancel()
+                    failures += 1
+                    if failures >= self._attempts:
+                        raise SourceUnavailable(f"catch-up source {self.address}: {e} ({failures} attempts)") from e
+                    log.warning("snapshot transfer from %s interrupted (%s); resuming at chunk %d", self.address, e, done)
         return data
 
     def log(self, from_step: int, max_bytes: int = 256 << 20, wait: float = 0.0):

@@ -1,0 +1,329 @@
+"""Catch-up: transfer throughput, the members' step time while a replica
+catches up, and the time from a replica's restart to its first committed
+step; torchft 0.2.0's heal side by side.
+
+    python benchmarks/catchup.py [--mib 512] [--skip-large] [--skip-torchft]
+
+1. Transfer. A source process holds a state of --mib MiB (16 float32 tensors)
+   behind fthsdp's catch-up server; this process asks for a snapshot, then
+   times ``SourceClient.fetch`` (chunked, CRC-checked, into a fresh buffer).
+   Baseline, same run, same bytes: a raw loopback socket (``sendall`` of one
+   buffer from another process, ``recv_into`` a fresh buffer here).
+2. Rejoin. Three replicas under ``fthsdp agent`` (the third with --standby,
+   or without for a cold start); after a warm-up the third one's training
+   process is SIGKILLed; its agent restarts it and it catches up. Reported:
+   the members' mean step time while the catch-up runs (snapshot and replay,
+   from the joiner's own timestamps) against their steady step time before
+   the failure, the admission step, and the time from the kill to the
+   restarted replica's first committed step. Two states: examples/gpt
+   (3.2M parameters, 40 MB with AdamW) and a 2-layer MLP of 90M parameters
+   (1.08 GB with AdamW; tests/ftar_worker.py --hidden 6700).
+3. torchft 0.2.0 (its own environment, see torchft_compare.py): the same
+   examples/gpt, 2 replicas under torchrun --max-restarts 1; the time from
+   SIGKILL of one replica's process to its first committed step after
+   torchrun restarted it and it healed, and the survivor's step time meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from jsonproc import Proc  # noqa: E402
+
+# ----- 1. transfer ---------------------------------------------------------------------
+
+
+def serve_http(mib: int) -> None:
+    """Role: a source holding ``mib`` MiB, taking snapshots when asked."""
+    import torch
+
+    from agent.catchup_server import CatchUpServer
+    from agent.catchup_source import CatchUpSource
+    from agent.grad_log import GradientLog
+
+    state = {"model": {f"w{i}": torch.rand(mib * 2**20 // 4 // 16) for i in range(16)}}
+    source = CatchUpSource("bench", 0, 0, GradientLog())
+    server = CatchUpServer(source).start()
+    print(json.dumps({"address": server.address}), flush=True)
+    step = 0
+    while True:  # the "training thread": a step boundary every millisecond
+        if source.wanted:
+            source.take(step, state)
+            source.wait_copied(60)
+        time.sleep(0.001)
+
+
+def serve_raw(mib: int) -> None:
+    """Role: send ``mib`` MiB to every connection, as fast as a socket goes."""
+    import torch
+
+    data = memoryview(torch.rand(mib * 2**20 // 4).view(torch.uint8).numpy()).cast("B")
+    listener = socket.create_server(("127.0.0.1", 0))
+    print(json.dumps({"address": f"127.0.0.1:{listener.getsockname()[1]}"}), flush=True)
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(data)
+
+
+def fetch_raw(address: str, buf) -> float:
+    host, port = address.rsplit(":", 1)
+    nbytes = buf.numel()
+    began = time.perf_counter()
+    view = memoryview(buf.numpy()).cast("B")
+    with socket.create_connection((host, int(port))) as s:
+        got = 0
+        while got < nbytes:
+            n = s.recv_into(view[got:])
+            if not n:
+                raise RuntimeError("raw source closed early")
+            got += n
+    return time.perf_counter() - began
+
+
+def fetch_http(address: str, buf=None) -> tuple[float, int]:
+    from agent.catchup_client import SourceClient
+
+    client = SourceClient(address)
+    manifest = client.request_snapshot()
+    began = time.perf_counter()
+    client.fetch(manifest, out=buf)
+    took = time.perf_counter() - began
+    client.release(manifest.step)
+    client.close()
+    return took, manifest.total_bytes
+
+
+def transfer(mib: int, trials: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    me = [sys.executable, str(Path(__file__).resolve())]
+    http = Proc([*me, "--role", "http-source", "--mib", str(mib)], env)
+    raw = Proc([*me, "--role", "raw-source", "--mib", str(mib)], env)
+    import torch
+
+    try:
+        http_address = http.until(lambda x: "address" in x)["address"]
+        raw_address = raw.until(lambda x: "address" in x)["address"]
+        _, nbytes = fetch_http(http_address)  # warm-up: the source's first copy allocates its buffer
+        # One destination buffer, faulted in before timing: this compares the
+        # transports, not the kernel's page faults (which cost both the same).
+        buf = torch.ones(nbytes, dtype=torch.uint8)
+        times_http, times_raw = [], []
+        for _ in range(trials):  # interleaved, so machine noise hits both
+            times_http.append(fetch_http(http_address, buf)[0])
+            times_raw.append(fetch_raw(raw_address, buf))
+    finally:
+        http.stop()
+        raw.stop()
+    gbps = lambda t: nbytes / t / 1e9  # noqa: E731
+    h, r = statistics.median(times_http), statistics.median(times_raw)
+    print(f"\n### Transfer of {nbytes / 2**20:.0f} MiB on loopback ({trials} trials, medians)\n")
+    print("| transport | GB/s | all trials (GB/s) |")
+    print("|---|---:|---|")
+    print(f"| raw socket (baseline) | {gbps(r):.2f} | {', '.join(f'{gbps(t):.2f}' for t in times_raw)} |")
+    print(f"| fthsdp catch-up (HTTP, 8 MiB chunks, CRC-32 checked) | {gbps(h):.2f} | "
+          f"{', '.join(f'{gbps(t):.2f}' for t in times_http)} |")
+    print(f"| ratio fthsdp / raw | {r / h:.2f} | |")
+
+
+# ----- 2. rejoin -----------------------------------------------------------------------
+
+CONFIGS = {
+    "examples/gpt (3.2M params, 40 MB state)": dict(
+        command=["examples/gpt/train.py", "--steps", "1000000", "--log-every", "1"], warm=15, steady=20, env={}),
+    "MLP (90M params, 1.08 GB state)": dict(
+        command=["-m", "tests.ftar_worker", "--steps", "1000000", "--hidden", "6700"], warm=4, steady=6,
+        env={"FTHSDP_CATCH_UP_LOG_STEPS": "2", "FTHSDP_FTAR_TIMEOUT": "120"}),
+}
+
+
+class Lines:
+    """Every JSON line of a Proc, collected on its own thread."""
+
+    def __init__(self, proc: Proc) -> None:
+        self.items: list[dict] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+
+    def _pump(self, proc: Proc) -> None:
+        while True:
+            item = proc.lines.get()
+            with self.cond:
+                self.items.append(item)
+                self.cond.notify_all()
+
+    def wait(self, predicate, timeout: float = 600.0) -> dict:
+        end = time.monotonic() + timeout
+        with self.cond:
+            seen = 0
+            while True:
+                for item in self.items[seen:]:
+                    if predicate(item):
+                        return item
+                seen = len(self.items)
+                if not self.cond.wait(max(0.0, end - time.monotonic())):
+                    raise TimeoutError("no matching line")
+
+
+def wait_standby_waiting(agent_pid: int, rank_pid: int, timeout: float = 120.0) -> None:
+    """Until the agent's other child (the standby) blocks reading its pipe:
+    torch imported, model built (set-up before the measurement)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == rank_pid:
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[1]) == agent_pid and "pipe" in Path(f"/proc/{entry}/wchan").read_text():
+                    return
+            except (OSError, IndexError, ValueError):
+                continue
+        time.sleep(0.1)
+    raise TimeoutError("the standby never started waiting")
+
+
+def rejoin(name: str, standby: bool) -> dict:
+    cfg = CONFIGS[name]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **cfg["env"]}
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "2",
+         "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s", "--join-timeout", "2s"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT, start_new_session=True)
+    address = coordinator.stdout.readline().split("listening on ")[1].split()[0]
+    procs = [
+        Proc([sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
+              "--num-replicas", "3", "--restart-backoff", "0", *(["--standby"] if standby and i == 2 else []),
+              "--", sys.executable, *cfg["command"]], env)
+        for i in range(3)
+    ]
+    r0, r2 = Lines(procs[0]), Lines(procs[2])
+    try:
+        first = r2.wait(lambda x: "pid" in x)
+        r0.wait(lambda x: x.get("step", 0) >= cfg["warm"] + cfg["steady"])
+        if standby:
+            wait_standby_waiting(procs[2].p.pid, first["pid"])
+        t_kill = time.monotonic()
+        os.kill(first["pid"], signal.SIGKILL)
+        again = r2.wait(lambda x: "pid" in x and x["pid"] != first["pid"])
+        report = again["catch_up"]
+        first_commit = r2.wait(lambda x: "step" in x and x["t"] > again["t"])
+        r0.wait(lambda x: x.get("t", 0) > first_commit["t"] and "step" in x)
+    finally:
+        for p in procs:
+            p.stop()
+        coordinator.kill()
+        coordinator.wait()
+    steps = sorted((x["t"], x["step"]) for x in r0.items if "step" in x and "t" in x)
+    times = [t for t, _ in steps]
+    intervals = [(b, b - a) for a, b in zip(times, times[1:])]
+    before = [d for t, d in intervals if t < t_kill][-cfg["steady"]:]
+    during = [d for t, d in intervals if report["began"] < t <= report["ready"]]
+    admission = [d for t, d in intervals if t > report["admitted"]][:1]
+    steady = statistics.mean(before)
+    return {
+        "steady": steady,
+        "during": statistics.mean(during) if during else float("nan"),
+        "steps_during": len(during),
+        "admission": admission[0] if admission else float("nan"),
+        "transfer": report["loaded"] - report["began"],
+        "bytes": report["snapshot_bytes"],
+        "replayed": report["replayed_steps"],
+        "restart_to_commit": first_commit["t"] - t_kill,
+        "start_to_catch_up": report["began"] - t_kill,
+    }
+
+
+def rejoin_table(configs: list[str]) -> None:
+    print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin\n")
+    print("| state | restart | members' steady step | members' step during catch-up (ratio) | steps during catch-up |"
+          " admission step | snapshot: load time | steps replayed | kill → catch-up starts | kill → first committed step |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in configs:
+        for standby in (True, False):
+            r = rejoin(name, standby)
+            print(f"| {name} | {'warm standby' if standby else 'cold'} | {r['steady'] * 1e3:.0f} ms | "
+                  f"{r['during'] * 1e3:.0f} ms ({r['during'] / r['steady']:.2f}×) | {r['steps_during']} | "
+                  f"{r['admission'] * 1e3:.0f} ms | {r['bytes'] / 2**20:.0f} MiB in {r['transfer']:.2f} s | "
+                  f"{r['replayed']} | {r['start_to_catch_up']:.2f} s | {r['restart_to_commit']:.2f} s |", flush=True)
+
+
+# ----- 3. torchft ----------------------------------------------------------------------
+
+
+def torchft_restart() -> None:
+    from coordinator.local_etcd import free_port
+    from torchft_compare import VENV, torchft_python
+
+    python = torchft_python()
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
+    lighthouse = Proc([str(VENV / "bin" / "torchft_lighthouse"), "--min_replicas", "1", "--bind",
+                       f"127.0.0.1:{port}", "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"], env)
+    replicas = []
+    for i in range(2):
+        renv = {**env, "REPLICA_GROUP_ID": str(i), "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}"}
+        replicas.append(Proc([str(python), "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=1",
+                              "--max-restarts=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                              "benchmarks/torchft_train.py", "--steps", "1000000"], renv))
+    r0, r1 = Lines(replicas[0]), Lines(replicas[1])
+    try:
+        first = r1.wait(lambda x: "pid" in x)
+        r0.wait(lambda x: x.get("step", 0) >= 35 and x.get("committed"))
+        t_kill = time.monotonic()
+        os.kill(first["pid"], signal.SIGKILL)
+        again = r1.wait(lambda x: "pid" in x and x["pid"] != first["pid"])
+        first_commit = r1.wait(lambda x: x.get("committed") and x.get("t", 0) > t_kill)
+        r0.wait(lambda x: x.get("t", 0) > first_commit["t"] + 1)
+    finally:
+        for p in replicas + [lighthouse]:
+            p.stop()
+    times = sorted(x["t"] for x in r0.items if x.get("committed"))
+    intervals = [(b, b - a) for a, b in zip(times, times[1:])]
+    steady = statistics.mean([d for t, d in intervals if t < t_kill][-20:])
+    heal = [d for t, d in intervals if again.get("t", t_kill) < t <= first_commit["t"]]
+    print("\n### torchft 0.2.0, same model and machine (2 replicas, torchrun --max-restarts 1)\n")
+    print("| figure | torchft 0.2.0 |")
+    print("|---|---:|")
+    print(f"| survivor's steady step | {steady * 1e3:.0f} ms |")
+    print(f"| kill → restarted replica's first committed step | {first_commit['t'] - t_kill:.2f} s |")
+    if heal:
+        print(f"| survivor's longest step while the replica restarted and healed | {max(heal) * 1e3:.0f} ms |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=("http-source", "raw-source"), help=argparse.SUPPRESS)
+    p.add_argument("--mib", type=int, default=512)
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--skip-large", action="store_true", help="leave out the 1 GB state")
+    p.add_argument("--skip-torchft", action="store_true")
+    args = p.parse_args()
+    if args.role == "http-source":
+        return serve_http(args.mib)
+    if args.role == "raw-source":
+        return serve_raw(args.mib)
+    transfer(args.mib, args.trials)
+    configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)
+    rejoin_table(configs)
+    if not args.skip_torchft:
+        torchft_restart()
+    return None
+
+
+if __name__ == "__main__":
+    main()
