@@ -286,6 +286,8 @@ class Manager:
         if snapshot:
             self.source.take(self.step, capture_state(self.model, self.optimizer))
             self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
+        else:
+            self.source.expire()  # a joiner that died without releasing its snapshot
         if self._joiner is not None:
             self._joiner.finish()  # the first step in the quorum is committed: release the source
             self._joiner = None

@@ -230,10 +230,13 @@ def rejoin(name: str, standby: bool) -> dict:
         coordinator.wait()
     steps = sorted((x["t"], x["step"]) for x in r0.items if "step" in x and "t" in x)
     times = [t for t, _ in steps]
-    intervals = [(b, b - a) for a, b in zip(times, times[1:])]
-    before = [d for t, d in intervals if t < t_kill][-cfg["steady"]:]
-    during = [d for t, d in intervals if report["began"] < t <= report["ready"]]
-    admission = [d for t, d in intervals if t > report["admitted"]][:1]
+    intervals = list(zip(times, times[1:]))
+    before = [b - a for a, b in intervals if b < t_kill][-cfg["steady"]:]
+    # Every step of the members that overlapped the catch-up (snapshot to ready).
+    # (A joiner that reached the head is admitted as up to date before it asks: then "ready" is 0.)
+    caught_up = report["ready"] or report["admitted"]
+    during = [b - a for a, b in intervals if b > report["began"] and a < caught_up]
+    admission = [b - a for a, b in intervals if b > report["admitted"]][:1]
     steady = statistics.mean(before)
     return {
         "steady": steady,
@@ -250,7 +253,7 @@ def rejoin(name: str, standby: bool) -> dict:
 
 def rejoin_table(configs: list[str]) -> None:
     print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin\n")
-    print("| state | restart | members' steady step | members' step during catch-up (ratio) | steps during catch-up |"
+    print("| state | restart | members' steady step (3 replicas) | members' step overlapping the catch-up (ratio) | such steps |"
           " admission step | snapshot: load time | steps replayed | kill → catch-up starts | kill → first committed step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in configs:

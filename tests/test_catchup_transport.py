@@ -1,0 +1,240 @@
+"""The catch-up pieces on their own: the state codec, the gradient log, and
+the HTTP transport against a real server on a loopback port (no training)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+
+import pytest
+import torch
+
+from agent.catchup_client import LogGone, SourceClient, SourceUnavailable, Unauthorized
+from agent.catchup_server import CatchUpServer
+from agent.catchup_source import CatchUpSource, SnapshotUnavailable
+from agent.checksum import state_checksum
+from agent.grad_log import GradientLog
+from agent.snapshot import capture_state, load_state, state_from_bytes
+from agent.state_codec import StateCodecError, flatten, unflatten
+from tests.waiting import wait_until
+
+# ----- the codec -------------------------------------------------------------------------
+
+
+def test_codec_round_trips_an_optimizer_state_without_pickle():
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.5, betas=(0.8, 0.9))
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    state = {"optimizer": opt.state_dict(), "extra": {"$odd": 1, "none": None, "inf": float("inf")}}
+    skeleton, tensors, sharded = flatten(state)
+    assert not any(sharded)
+    back = unflatten(skeleton, tensors)
+    assert back["optimizer"]["param_groups"][0]["betas"] == (0.8, 0.9)  # a tuple again
+    assert set(back["optimizer"]["state"]) == {0, 1}  # integer keys again
+    assert back["extra"] == {"$odd": 1, "none": None, "inf": float("inf")}
+    torch.testing.assert_close(back["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+@pytest.mark.parametrize("bad", [{"f": lambda: 0}, {"s": {1, 2}}, {(1, 2): 3}])
+def test_codec_refuses_what_it_cannot_send(bad):
+    with pytest.raises(StateCodecError, match="cannot be transferred"):
+        flatten(bad)
+
+
+def test_codec_refuses_a_reference_to_a_missing_tensor():
+    with pytest.raises(StateCodecError, match="refers to tensor 3"):
+        unflatten('{"a": {"$t": 3}}', [])
+
+
+# ----- the gradient log ------------------------------------------------------------------
+
+
+def filled_log(keep: int, steps: int, max_bytes: int = 1 << 30) -> GradientLog:
+    log = GradientLog(keep_steps=keep, max_bytes=max_bytes)
+    for s in range(steps):
+        log.append(s, torch.full((4,), float(s)), 2, 1, "[]")
+    return log
+
+
+def test_log_keeps_only_the_last_steps_unless_pinned():
+    log = filled_log(keep=2, steps=5)
+    records, head, oldest = log.read(0, 1 << 20)
+    assert (records, head, oldest) == ([], 5, 3)
+    log.pin(5)
+    for s in range(5, 9):
+        log.append(s, torch.zeros(4), 2, 1, "[]")
+    records, head, _ = log.read(5, 1 << 20)
+    assert [r.entry.step for r in records] == [5, 6, 7, 8] and head == 9
+    log.unpin(5)
+    assert log.read(5, 1 << 20)[0] == []
+
+
+def test_log_pin_is_bounded_by_bytes():
+    log = GradientLog(keep_steps=1, max_bytes=3 * 16)  # three entries of 4 float32
+    log.pin(0)
+    for s in range(6):
+        log.append(s, torch.zeros(4), 2, 1, "[]")
+    assert [r.entry.step for r in log.read(0, 1 << 20, 0)[0]] == []
+    assert [r.entry.step for r in log.read(3, 1 << 20, 0)[0]] == [3, 4, 5]
+
+
+def test_log_read_returns_at_least_one_entry_and_respects_max_bytes():
+    log = filled_log(keep=10, steps=4)
+    assert [r.entry.step for r in log.read(1, max_bytes=1)[0]] == [1]
+    assert [r.entry.step for r in log.read(1, max_bytes=32)[0]] == [1, 2]
+
+
+def test_log_forgets_entries_across_a_gap():
+    log = filled_log(keep=10, steps=3)
+    log.append(7, torch.zeros(4), 2, 1, "[]")
+    assert [r.entry.step for r in log.read(0, 1 << 20)[0]] == []
+    assert [r.entry.step for r in log.read(7, 1 << 20)[0]] == [7]
+
+
+# ----- the transport ---------------------------------------------------------------------
+
+
+class Source:
+    """A CatchUpSource over a real server, with a 'training thread' that
+    takes a requested snapshot at its next step boundary."""
+
+    def __init__(self, token: str = "", chunk: int = 4096) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.model(torch.randn(8, 32)).sum().backward()
+        self.opt.step()
+        self.log = GradientLog()
+        self.log.append(0, torch.arange(6.0), 2, 5, '[{"lr": 0.01}]', "cafe0001")
+        self.source = CatchUpSource("r0", 0, 42, self.log, chunk_bytes=chunk)
+        self.server = CatchUpServer(self.source, token=token).start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._train, daemon=True)
+        self._thread.start()
+
+    def _train(self) -> None:
+        while not self._stop.wait(0.001):
+            if self.source.wanted:
+                self.source.take(self.log.head, capture_state(self.model, self.opt))
+                self.source.wait_copied(10)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.close()
+
+
+@pytest.fixture
+def source():
+    made = []
+
+    def make(**kw) -> Source:
+        made.append(Source(**kw))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_snapshot_round_trip_gives_the_same_state(source):
+    src = source()
+    client = SourceClient(src.server.address)
+    manifest = client.request_snapshot()
+    assert (manifest.step, manifest.structure_hash, manifest.replica_id) == (1, 42, "r0")
+    seen = []
+    data = client.fetch(manifest, progress=seen.append)
+    assert seen[-1] == manifest.total_bytes and len(seen) == len(manifest.chunk_crc32)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    load_state(model, opt, state_from_bytes(manifest, data))
+    assert state_checksum(model, opt) == state_checksum(src.model, src.opt)
+    assert src.source.held == [1]
+    client.release(1)
+    assert src.source.held == []
+
+
+def test_log_entries_arrive_with_their_metadata(source):
+    src = source()
+    entries, head, oldest = SourceClient(src.server.address).log(0)
+    assert (head, oldest) == (1, 0)
+    (entry, data), = entries
+    assert (entry.step, entry.contributors, entry.quorum_id, entry.checksum_after) == (0, 2, 5, "cafe0001")
+    torch.testing.assert_close(data, torch.arange(6.0))
+
+
+def test_log_gone_when_the_step_is_no_longer_held(source):
+    src = source()
+    for s in range(1, 10):
+        src.log.append(s, torch.zeros(6), 2, 5, "[]")
+    with pytest.raises(LogGone, match="no longer held"):
+        SourceClient(src.server.address).log(0)
+
+
+@pytest.mark.parametrize("given", ["", "wrong"])
+def test_a_missing_or_wrong_token_is_refused_and_takes_no_snapshot(source, given):
+    src = source(token="s3cret")
+    with pytest.raises(Unauthorized):
+        SourceClient(src.server.address, token=given).request_snapshot(wait=1)
+    assert not src.source.wanted and src.source.held == []
+    assert SourceClient(src.server.address, token="s3cret").request_snapshot().step == 1
+
+
+def test_health_needs_no_token(source):
+    src = source(token="s3cret")
+    host, port = src.server.address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    conn.request("GET", "/v1/health")
+    assert conn.getresponse().status == 200
+
+
+def test_ranged_read_resumes_in_the_middle(source):
+    src = source()
+    client = SourceClient(src.server.address)
+    manifest = client.request_snapshot()
+    host, port = src.server.address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    conn.request("GET", f"/v1/snapshots/{manifest.step}/data", headers={"Range": "bytes=100-199"})
+    response = conn.getresponse()
+    assert response.status == 206
+    assert response.getheader("Content-Range") == f"bytes 100-199/{manifest.total_bytes}"
+    assert response.read() == bytes(client.fetch(manifest)[100:200].numpy())
+
+
+def test_a_snapshot_nobody_asks_for_in_time_is_unavailable():
+    source = CatchUpSource("r0", 0, 1, GradientLog())  # no training thread takes it
+    with pytest.raises(SnapshotUnavailable, match="is this replica training"):
+        source.request_snapshot(timeout=0.05)
+    assert not source.wanted
+
+
+def test_a_source_that_breaks_off_is_given_up():
+    # A "server" that sends headers and a few bytes, then closes: every attempt fails.
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 8192\r\n\r\nxx")
+
+    threading.Thread(target=serve, daemon=True).start()
+    from protos.fthsdp.v1 import catchup_pb2 as cpb
+
+    manifest = cpb.SnapshotManifest(step=1, total_bytes=8192, chunk_bytes=4096, chunk_crc32=[0, 0])
+    client = SourceClient(f"127.0.0.1:{listener.getsockname()[1]}", attempts=2, timeout=5)
+    with pytest.raises(SourceUnavailable, match="2 attempts"):
+        client.fetch(manifest)
+    stop.set()
+    listener.close()
+
+
+def test_idle_snapshots_expire(source):
+    src = source()
+    src.source.idle_timeout = 0.0
+    SourceClient(src.server.address).request_snapshot()
+    wait_until(lambda: (src.source.expire(), src.source.held == [])[1], 5, message="the idle snapshot expired")
