@@ -127,6 +127,8 @@ class FTAR:
         self._group: _Group | None = None
         self._in_step_with = 0
         """The group whose members are known to be at the same step."""
+        self._phase_contributors: int | None = None
+        """How many members contribute to the step the last agree settled (None: all)."""
         self._last: StepResult | None = None
         self._last_step = -1
         # Abandoned groups are kept alive: destroying one whose collective is
@@ -145,8 +147,15 @@ class FTAR:
         buffer: torch.Tensor,
         structure_hash: int,
         refill: Callable[[], torch.Tensor] | None = None,
+        contributes: bool = True,
     ) -> StepResult:
         """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
+
+        ``contributes=False``: this replica has no gradient for the step (a
+        joiner whose forward pass ran on a state it has since replayed past);
+        its ``buffer`` must hold zeros, and the result's ``contributors`` does
+        not count it. Only a replica's first step in a new group can be one
+        without a contribution (the agree tells the others).
 
         The data all-reduce runs in place in ``buffer`` (no copy on the fast
         path); a redo needs the local values again in a *fresh* tensor, since
@@ -167,13 +176,15 @@ class FTAR:
             if group.quorum_id == self._in_step_with:
                 buf = buffers.pop() if buffers else refill()
                 if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
-                    self._last = StepResult(buf, group.size, group.quorum_id, abandoned, step)
+                    contributors = self._phase_contributors or group.size
+                    self._phase_contributors = None  # every member contributes from the next step on
+                    self._last = StepResult(buf, contributors, group.quorum_id, abandoned, step)
                     self._last_step = step
                     return self._last
                 self._in_step_with = 0
                 abandoned += 1
                 continue
-            rows = self._agree(group, step, buffer.numel(), structure_hash, deadline)
+            rows = self._agree(group, step, buffer.numel(), structure_hash, deadline, contributes)
             if rows is None:
                 abandoned += 1
                 continue
@@ -187,6 +198,9 @@ class FTAR:
             if min(steps) < step - 1 and max(steps) == step:
                 continue  # a joiner closes its gap from its source; then agree again
             if min(steps) == max(steps) == step:
+                self._phase_contributors = sum(int(r[5]) for r in rows)
+                if not self._phase_contributors:
+                    raise FtarError(f"no member of quorum {group.quorum_id} has a gradient for step {step}")
                 self._in_step_with = group.quorum_id  # in phase: the data comes next
                 continue
             if min(steps) == step and max(steps) == step + 1:
@@ -196,17 +210,18 @@ class FTAR:
                 abandoned += 1
                 continue
             if min(steps) == step - 1 and max(steps) == step:
-                if self._serve_last_step(group, rows, step, deadline) is None:
+                if self._serve_last_step(group, rows, step, buffer, deadline) is None:
                     abandoned += 1
                 continue  # the laggards now hold step - 1 too; agree again
             raise FtarError(f"replicas in quorum {group.quorum_id} are at steps {min(steps)}..{max(steps)}, this one at {step}")
 
-    def _agree(self, group: _Group, step: int, numel: int, structure_hash: int, deadline: float):
+    def _agree(self, group: _Group, step: int, numel: int, structure_hash: int, deadline: float, contributes: bool = True):
         """All-gather every member's (step, size, model hash, last result's
-        contributors and quorum): the first collective in every new group."""
+        contributors and quorum, whether it contributes a gradient): the
+        first collective in every new group."""
         last = self._last if self._last is not None and self._last_step == step - 1 else None
         row = torch.tensor(
-            [step, numel, structure_hash, last.contributors if last else 0, last.quorum_id if last else 0],
+            [step, numel, structure_hash, last.contributors if last else 0, last.quorum_id if last else 0, int(contributes)],
             dtype=torch.int64,
         )
         rows = [torch.zeros_like(row) for _ in range(group.size)]
@@ -223,10 +238,19 @@ class FTAR:
             raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
         return rows
 
+    @staticmethod
+    def _holder(group: _Group, rows, step: int) -> int:
+        """The first member at ``step`` that holds the sum of ``step - 1``
+        (a joiner that caught up by replay is at the step but holds no sum)."""
+        for i, r in enumerate(rows):
+            if int(r[0]) == step and int(r[4]) > 0:
+                return i
+        raise FtarError(f"quorum {group.quorum_id}: no member at step {step} holds the result of step {step - 1}")
+
     def _catch_up_step(self, group, rows, step, buffer, deadline) -> StepResult | None:
         """Others finished ``step`` (their data all-reduce completed before a
         failure stopped ours): take their sum, the one they applied."""
-        root = min(i for i, r in enumerate(rows) if int(r[0]) == step + 1)
+        root = self._holder(group, rows, step + 1)
         total = torch.empty_like(buffer)
         if self._broadcast(group, total, root, deadline) != _DONE:
             return None
@@ -234,12 +258,18 @@ class FTAR:
         self._last_step = step
         return self._last
 
-    def _serve_last_step(self, group, rows, step, deadline) -> str | None:
-        """Some members are one step behind: send them the sum of ``step - 1``."""
-        root = min(i for i, r in enumerate(rows) if int(r[0]) == step)
-        if self._last is None or self._last_step != step - 1:
-            raise FtarError(f"step {step - 1}: other replicas need its result, but this one no longer holds it")
-        return self._broadcast(group, self._last.total, root, deadline)
+    def _serve_last_step(self, group, rows, step, buffer, deadline) -> str | None:
+        """Some members are one step behind: the holder sends them the sum of
+        ``step - 1``; the other members at ``step`` take part with a scratch
+        tensor (a broadcast writes every non-root tensor)."""
+        root = self._holder(group, rows, step)
+        if group.rank == root:
+            if self._last is None or self._last_step != step - 1:
+                raise FtarError(f"step {step - 1}: other replicas need its result, but this one no longer holds it")
+            tensor = self._last.total
+        else:
+            tensor = torch.empty_like(buffer)
+        return self._broadcast(group, tensor, root, deadline)
 
     def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int, deadline: float) -> str | None:
         opts = dist.BroadcastOptions()

@@ -90,23 +90,33 @@ class Joiner:
         self.refusals = 0
         self.report: CatchUpReport | None = None
         """Set when this replica caught up (None when it was admitted as up to date)."""
+        self.source = ""
+        self.verified = False
+        """The replay reproduced a checksum of the source's."""
+        self.ready = False
 
     # ----- the procedure -------------------------------------------------------------
 
-    def run(self, deadline: float, min_members: int = 1) -> None:
-        """Return once a quorum includes this replica (caught up, or admitted
-        as up to date into a quorum of at least ``min_members``);
-        ``self.client`` is left open for the last gap."""
+    def run(self, deadline: float, min_members: int = 1, until_admitted: bool = False) -> bool:
+        """Catch up until this replica is ready to join (or, with
+        ``until_admitted``, until a quorum includes it); returns whether a
+        quorum includes it. A replica that is up to date is admitted into a
+        quorum of at least ``min_members`` without catching up. ``self.client``
+        stays open for the last gap."""
         self.min_members = min_members
         failed: dict[str, float] = {}
         while True:
-            plan = self.group.broadcast_json(self._plan(deadline, failed) if self.group.rank == 0 else None)
-            if plan["admitted"]:
-                return
-            source = plan["source"]
+            if self.client is not None:  # ready before: follow the same source on
+                source = self.source
+            else:
+                plan = self.group.broadcast_json(self._plan(deadline, failed) if self.group.rank == 0 else None)
+                if plan["admitted"]:
+                    return True
+                source = plan["source"]
             try:
-                self._catch_up(source, plan["addresses"], deadline)
-                return
+                if self.client is None:
+                    self._catch_up(source, plan["addresses"], deadline)
+                return self._follow(source, until_admitted)
             except _Refused as e:
                 self.refusals += 1
                 log.warning("catch-up from %s refused (%d of %d): %s", source, self.refusals, MAX_REFUSALS, e)
@@ -149,6 +159,7 @@ class Joiner:
         if len(addresses) != group.size:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
         self.client = SourceClient(addresses[group.rank], m.config.token, timeout=m.config.timeout)
+        self.source = source
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
         self.report = report = CatchUpReport(source=source, began=began, attempts=attempts + 1)
@@ -182,12 +193,15 @@ class Joiner:
             step, source, manifest.total_bytes / 2**20, time.monotonic() - began,
         )
 
-        # 2-3. Replay the log; ask to be admitted once verified and close to the head.
-        verified = False
+    def _follow(self, source: str, until_admitted: bool) -> bool:
+        """Replay the source's log as it grows; ask to be admitted once
+        verified and close to the head. Returns True once admitted, False
+        once ready (without ``until_admitted``)."""
+        m, group, report = self.m, self.group, self.report
         while True:
             entries, head, ok, error = [], m.step, 1, ""
             try:
-                wait = 0.05 if m.membership.ready else 0.5
+                wait = 0.05 if self.ready else 0.5
                 entries, head, _ = self.client.log(m.step, LOG_BATCH_BYTES, wait)
             except CatchUpError as e:
                 ok, error = 0, str(e)
@@ -200,22 +214,26 @@ class Joiner:
                     mine = m.group_checksum()
                     if mine != entry.checksum_after:
                         raise _Refused(f"after step {entry.step + 1} this replica's state checksum is {mine}, the source's {entry.checksum_after}")
-                    verified = True
-            admitted, changed = 0, 0
+                    self.verified = True
+            admitted, changed, ready = 0, 0, 0
             if group.rank == 0:
                 latest = m.membership.latest
                 admitted = int(m.tracker.includes_me(m.tracker.quorum))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
-                if verified and not m.membership.ready and head - m.step <= READY_GAP:
-                    log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, time.monotonic() - began)
-                    m.membership.set_ready(True)
-                    report.ready = time.monotonic()
-            admitted, changed = group.max(admitted, changed)
+                ready = int(self.verified and head - m.step <= READY_GAP)
+            admitted, changed, ready = group.max(admitted, changed, ready)
+            if ready and not self.ready:
+                self.ready = True
+                report.ready = time.monotonic()
+                log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, report.ready - report.began)
+                m.membership.set_ready(True)
             if admitted:
                 report.admitted = time.monotonic()
-                return
+                return True
             if changed:
                 raise CatchUpError(f"the coordinator moved this replica from source {source} to another")
+            if self.ready and not until_admitted:
+                return False
 
     def _agree(self, ok: int, error: str) -> None:
         (all_ok,) = self.group.min(ok)
@@ -228,6 +246,7 @@ class Joiner:
                 self.client.release(self.snapshot_step)
             self.client.close()
         self.client, self.snapshot_step = None, -1
+        self.verified = self.ready = False
         self.m.membership.set_ready(False)
         self.m.report_progress(0, 0)
 

@@ -58,7 +58,6 @@ from agent.membership import Membership
 from agent.replica_group import ReplicaGroup
 from agent.snapshot import capture_state, load_state
 from agent.standby import wait_for_activation
-from agent.state_codec import is_dtensor as _is_dtensor
 from agent.state_codec import local as _local
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
@@ -97,6 +96,8 @@ class Manager:
         self._server: CatchUpServer | None = None
         self._joiner: Joiner | None = None
         self._checksum_wanted = False
+        self._following = False
+        self._admission_timeout = 120.0
         self.catch_up: CatchUpReport | None = None
         """How this replica caught up in ``start()``; None if it started up to date."""
         timeout = datetime.timedelta(seconds=config.timeout)
@@ -144,10 +145,13 @@ class Manager:
     # ----- lifecycle -----------------------------------------------------------------
 
     def start(self, wait_for_replicas: int = 1, admission_timeout: float = 120.0) -> None:
-        """Register and wait until a quorum includes this replica: at once
-        for a fresh job once ``wait_for_replicas`` members are in (a fresh job
-        passes its replica count so that every replica starts at step 0
-        together), or after catching up from a peer when the quorum is ahead."""
+        """Register, and return once this replica can train: for a fresh job,
+        once a quorum of ``wait_for_replicas`` members includes it (a fresh
+        job passes its replica count so that every replica starts at step 0
+        together); for a replica behind the quorum, once it caught up from a
+        peer and asked to join. Its first ``allreduce_gradients()`` then waits
+        for the admission, replaying the steps the members take meanwhile, so
+        that the members never wait for this replica's forward pass."""
         if self.config.shard_count > 1 and not dist.is_initialized():
             raise ConfigError(
                 f"this replica group has {self.config.shard_count} ranks: call torch.distributed.init_process_group() "
@@ -163,16 +167,24 @@ class Manager:
             self.membership.start()
         else:
             self.membership.observe(cfg.shard_rank)
+        self._admission_timeout = admission_timeout
         self._joiner = Joiner(self)
-        self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
+        admitted = self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
         self.catch_up = self._joiner.report
-        if self._joiner.client is None:
-            self._joiner = None
+        if admitted:
+            self._admitted()
+        else:
+            self._following = True
+            log.info("replica %s caught up to step %d; joining at its first all-reduce", cfg.replica_id, self.step)
+
+    def _admitted(self) -> None:
+        if self._joiner is not None and self._joiner.client is None:
+            self._joiner = None  # admitted as up to date: no source to let go of
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
-        quorum = self.tracker.wait_for_membership(admission_timeout)
+        quorum = self.tracker.wait_for_membership(self._admission_timeout)
         self.membership.training_quorum_id = quorum.id
-        log.info("replica %s admitted in quorum %d at step %d", cfg.replica_id, quorum.id, self.step)
-        if cfg.shard_count > 1:
+        log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id, self.step)
+        if self.config.shard_count > 1:
             threading.Thread(target=self._eviction_watchdog, name="fthsdp-eviction-watchdog", daemon=True).start()
 
     def _eviction_watchdog(self) -> None:
@@ -232,23 +244,33 @@ class Manager:
             return None
         if self._reduced:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() after optimizer.step()")
-        shards = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self._params]
+        contributes = True
+        if self._following:
+            # Caught up, not yet admitted: follow the members until a quorum
+            # includes this replica. The gradients just computed are then for
+            # a step the state has moved past: this step contributes none.
+            self._joiner.run(time.monotonic() + self._admission_timeout, until_admitted=True)
+            self._following, contributes = False, False
+            self._admitted()
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
+        shards = [_local(p.grad) for p in self._params]
 
         def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
-            return torch.cat([g.reshape(-1) for g in shards])
+            flat = torch.cat([g.reshape(-1) for g in shards])
+            return flat if contributes else flat.zero_()
 
         try:
-            result = self.ftar.allreduce(self.step, flatten(), self.structure, refill=flatten)
+            result = self.ftar.allreduce(self.step, flatten(), self.structure, refill=flatten, contributes=contributes)
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
                 self.stopped = True
                 return None
             raise
         offset = 0
-        for p, g in zip(self._params, shards):
+        for g in shards:
             n = g.numel()
-            if p.grad is None and not _is_dtensor(p):
-                p.grad = g
             # One pass per gradient: divide the sum straight into it.
             torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=g)
             offset += n
