@@ -87,6 +87,9 @@ class AgentConfig:
     restart_backoff: float = dataclasses.field(default=1.0, metadata=DURATION)
     """Pause before restarting a group that failed within a minute of starting (a crash loop); doubles at every further such restart, up to 30s. A group that ran longer restarts at once."""
 
+    standby_delay: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """With --standby: how long after a (re)start the next standby is started, so that its start-up does not take CPU from a group still catching up."""
+
     standby: bool = False
     """Keep a warm standby of the rank command (started ahead with the next restart's environment, waiting inside Manager.from_env with torch imported and the model built) to replace a failed group without process start-up. What the script does before Manager.from_env runs ahead of time, and the model takes memory twice (on the GPU for a GPU model). Only with --nnodes 1."""
 
@@ -139,7 +142,7 @@ class AgentConfig:
             raise ConfigError(f"--backend must be gloo or nccl, got {self.backend!r}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must not be negative, got {self.max_restarts}")
-        for name in ("restart_backoff", "stop_timeout"):
+        for name in ("restart_backoff", "stop_timeout", "standby_delay"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
         if self.monitor_interval <= 0:

@@ -14,10 +14,14 @@ members ever waiting for it:
    entry carries the source's state checksum after that step (computed on
    request); the joiner compares its own: a mismatch refuses this catch-up
    and it starts over from a fresh snapshot.
-3. Ready. Verified and within ``READY_GAP`` steps of the source's head, it
-   tells the coordinator it is ready (an immediate heartbeat) and keeps
-   following the log until a quorum admits it. The last step or two it may
-   still lack are closed inside FTAR's first collective in the new quorum.
+3. Ready. Verified and within ``READY_GAP`` steps of the source's head,
+   ``Manager.start()`` returns. The training loop's first
+   ``allreduce_gradients()`` then tells the coordinator it is ready (an
+   immediate heartbeat) and follows the log until a quorum admits it: the
+   members never wait for the joiner's forward and backward pass. That step
+   contributes no gradient (it was computed on a state since replayed past);
+   the last step or two the joiner may still lack are closed inside FTAR's
+   first collective in the new quorum.
 
 The source dying mid-transfer makes the coordinator name another source; the
 joiner starts over from it (a snapshot from another replica is at another
@@ -215,25 +219,27 @@ class Joiner:
                     if mine != entry.checksum_after:
                         raise _Refused(f"after step {entry.step + 1} this replica's state checksum is {mine}, the source's {entry.checksum_after}")
                     self.verified = True
-            admitted, changed, ready = 0, 0, 0
+            admitted, changed, near = 0, 0, 0
             if group.rank == 0:
                 latest = m.membership.latest
                 admitted = int(m.tracker.includes_me(m.tracker.quorum))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
-                ready = int(self.verified and head - m.step <= READY_GAP)
-            admitted, changed, ready = group.max(admitted, changed, ready)
-            if ready and not self.ready:
-                self.ready = True
-                report.ready = time.monotonic()
-                log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, report.ready - report.began)
-                m.membership.set_ready(True)
+                near = int(self.verified and head - m.step <= READY_GAP)
+            admitted, changed, near = group.max(admitted, changed, near)
             if admitted:
                 report.admitted = time.monotonic()
                 return True
             if changed:
                 raise CatchUpError(f"the coordinator moved this replica from source {source} to another")
-            if self.ready and not until_admitted:
-                return False
+            if near and not until_admitted:
+                return False  # caught up: the training loop's first all-reduce asks to join
+            if near and not self.ready:
+                # Ask only now, from inside the all-reduce: admitted, this
+                # replica is ready to agree at once, and nobody waits for it.
+                self.ready = True
+                report.ready = time.monotonic()
+                log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, report.ready - report.began)
+                m.membership.set_ready(True)
 
     def _agree(self, ok: int, error: str) -> None:
         (all_ok,) = self.group.min(ok)

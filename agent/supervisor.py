@@ -270,8 +270,6 @@ class Supervisor:
                 return self._drain()
             self._transition(AgentState.RUNNING, "pids " + " ".join(str(r.pid) for r in self._ranks))
             self._running_since = time.monotonic()
-            if cfg.standby:
-                self._spawn_standby()
             failure = self._monitor()
             if failure is None and self._stop.requested:
                 return self._drain()
@@ -362,7 +360,11 @@ class Supervisor:
     def _monitor(self) -> str | None:
         """Wait until every rank exited 0 (None), one failed (its description),
         or a stop was requested (None, with the request set)."""
+        standby_due = self._running_since + self.config.standby_delay if self.config.standby else None
         while not self._stop.requested:
+            if standby_due is not None and time.monotonic() >= standby_due:
+                standby_due = None  # once per start: a standby that dies is not restarted in a loop
+                self._spawn_standby()
             codes = [rank.poll() for rank in self._ranks]
             for rank, code in zip(self._ranks, codes):
                 if code is not None and code != 0:

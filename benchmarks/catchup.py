@@ -207,7 +207,7 @@ def rejoin(name: str, standby: bool) -> dict:
     address = coordinator.stdout.readline().split("listening on ")[1].split()[0]
     procs = [
         Proc([sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
-              "--num-replicas", "3", "--restart-backoff", "0", *(["--standby"] if standby and i == 2 else []),
+              "--num-replicas", "3", "--restart-backoff", "0", *(["--standby", "--standby-delay", "3s"] if standby and i == 2 else []),
               "--", sys.executable, *cfg["command"]], env)
         for i in range(3)
     ]
@@ -235,10 +235,14 @@ def rejoin(name: str, standby: bool) -> dict:
     # Every step of the members that overlapped the catch-up (snapshot to ready).
     # (A joiner that reached the head is admitted as up to date before it asks: then "ready" is 0.)
     caught_up = report["ready"] or report["admitted"]
-    during = [b - a for a, b in intervals if b > report["began"] and a < caught_up]
+    # The members' step that absorbed the kill (abandoned, redone without the
+    # victim) is the failure's cost, not the catch-up's: reported on its own.
+    failure_step = next((a, b) for a, b in intervals if b > t_kill)
+    during = [b - a for a, b in intervals if b > report["began"] and a < caught_up and (a, b) != failure_step]
     admission = [b - a for a, b in intervals if b > report["admitted"]][:1]
     steady = statistics.mean(before)
     return {
+        "failure": failure_step[1] - failure_step[0],
         "steady": steady,
         "during": statistics.mean(during) if during else float("nan"),
         "steps_during": len(during),
@@ -253,13 +257,15 @@ def rejoin(name: str, standby: bool) -> dict:
 
 def rejoin_table(configs: list[str]) -> None:
     print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin\n")
-    print("| state | restart | members' steady step (3 replicas) | members' step overlapping the catch-up (ratio) | such steps |"
-          " admission step | snapshot: load time | steps replayed | kill → catch-up starts | kill → first committed step |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| state | restart | members' steady step (3 replicas) | failure step | members' step overlapping the catch-up (ratio) |"
+          " such steps | admission step | snapshot: load time | steps replayed | kill → catch-up starts |"
+          " kill → first committed step |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in configs:
         for standby in (True, False):
             r = rejoin(name, standby)
             print(f"| {name} | {'warm standby' if standby else 'cold'} | {r['steady'] * 1e3:.0f} ms | "
+                  f"{r['failure'] * 1e3:.0f} ms | "
                   f"{r['during'] * 1e3:.0f} ms ({r['during'] / r['steady']:.2f}×) | {r['steps_during']} | "
                   f"{r['admission'] * 1e3:.0f} ms | {r['bytes'] / 2**20:.0f} MiB in {r['transfer']:.2f} s | "
                   f"{r['replayed']} | {r['start_to_catch_up']:.2f} s | {r['restart_to_commit']:.2f} s |", flush=True)

@@ -227,7 +227,9 @@ def test_fsdp2_replica_group_catches_up_shard_by_shard(cluster, tmp_path):
         groups.append(a)
     a0, a1 = groups
     cluster_procs = groups  # stopped below; the fixture stops the coordinator
-    rank1 = a1.read_until(lambda line: line.get("rank") == 1)
+    pids = {}
+    a1.read_until(lambda line: "rank" in line and pids.update({line["rank"]: line["pid"]}) is None and len(pids) == 2)
+    rank1 = {"pid": pids[1]}
     a0.read_until(lambda line: line.get("step", 0) >= 10)
     os.kill(rank1["pid"], signal.SIGKILL)
     try:
@@ -241,7 +243,8 @@ def test_fsdp2_replica_group_catches_up_shard_by_shard(cluster, tmp_path):
 
             wait_until(rejoined, 90, interval=0.01, message="r1's group restarted, caught up and rejoined")
         assert "catching-up" in states
-        a1.read_until(lambda line: "admitted" in line or line.get("rank") == 0, timeout=30)
+        # Past the old incarnation's lines: the restarted rank 0 announces itself.
+        a1.read_until(lambda line: line.get("rank") == 0 and line["pid"] != pids[0], timeout=30)
         assert_same_state_after_rejoin(a1, a0)
     finally:
         for a in reversed(cluster_procs):
@@ -254,7 +257,7 @@ def test_warm_standby_takes_over_and_catches_up(cluster):
     standby is started; draining the agent retires the standby."""
     coordinator, agent, _ = cluster
     c = coordinator("--min-replicas", "2")
-    a0, _, a2 = (agent(c, i, 3, agent_args=("--standby",) if i == 2 else ()) for i in range(3))
+    a0, _, a2 = (agent(c, i, 3, agent_args=("--standby", "--standby-delay", "1s") if i == 2 else ()) for i in range(3))
 
     def standby_pids() -> list[int]:
         return [int(line.rsplit("pids ", 1)[1]) for line in a2.log_path.read_text().splitlines()
