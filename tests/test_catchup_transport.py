@@ -238,3 +238,14 @@ def test_idle_snapshots_expire(source):
     src.source.idle_timeout = 0.0
     SourceClient(src.server.address).request_snapshot()
     wait_until(lambda: (src.source.expire(), src.source.held == [])[1], 5, message="the idle snapshot expired")
+
+
+def test_status_table_shows_catch_up_progress():
+    from coordinator.status_view import status_table
+    from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+    status = pb.StatusResponse(job="j", replicas=[pb.ReplicaStatus(
+        replica_id="r2", state=pb.REPLICA_STATE_CATCHING_UP, catch_up_source="r0",
+        catch_up_bytes=12 << 20, catch_up_total_bytes=48 << 20, heartbeat_age_s=0.1)])
+    row = next(line for line in status_table(status).splitlines() if line.startswith("r2"))
+    assert "catching-up" in row and "from r0, 12/48 MiB (25%)" in row
