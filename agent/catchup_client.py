@@ -112,6 +112,10 @@ class SourceClient:
         response = self._request("GET", f"/v1/snapshots/{step}/manifest?wait={wait:g}", timeout=wait + self._timeout)
         return cpb.SnapshotManifest.FromString(self._body(response, f"manifest of step {step}"))
 
+    def hyperparams(self) -> str:
+        response = self._request("GET", "/v1/hyperparams")
+        return self._body(response, "hyperparameters").decode()
+
     def release(self, step: int) -> None:
         try:
             response = self._request("DELETE", f"/v1/snapshots/{step}")

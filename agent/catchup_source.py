@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -51,6 +52,9 @@ class CatchUpSource:
         self._copying: list[Snapshot] = []
         self._generation = 0
         self._latest: Snapshot | None = None
+        self.hyperparams: Callable[[], str] = lambda: "[]"
+        """The optimizer's current numeric hyperparameters as JSON (set by the
+        manager): what a joiner takes for the step the members are in."""
 
     # ----- HTTP threads --------------------------------------------------------------
 

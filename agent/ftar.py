@@ -134,10 +134,13 @@ class FTAR:
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
         self._abandoned: list[tuple[float, _Group]] = []
-        self.on_behind: Callable[[int, int], int] | None = None
-        """``on_behind(step, head)``: this replica is at ``step`` and the
-        quorum at ``head`` >= ``step + 2`` (a joiner admitted mid-replay);
-        brings it to ``head - 1`` and returns that step."""
+        self.on_behind: Callable[[int, int, bool], int] | None = None
+        """``on_behind(step, head, to_head)``: this replica is at ``step``
+        and the quorum's members at ``head`` (a joiner admitted mid-replay).
+        Brings it to ``head`` (``to_head``: it has no gradient this step and
+        joins the members' step) or to ``head - 1`` (its own gradient is for
+        a step the others finished: it takes their sum of ``head - 1``), and
+        returns that step."""
 
     # ----- the step ------------------------------------------------------------------
 
@@ -189,31 +192,52 @@ class FTAR:
                 abandoned += 1
                 continue
             steps = [int(r[0]) for r in rows]
-            if min(steps) == step and max(steps) >= step + 2:
-                # Admitted while still replaying: close the gap from the catch-up source.
-                if self.on_behind is None:
-                    raise FtarError(f"this replica is at step {step}, the quorum at {max(steps)}, and cannot catch up")
-                step = self.on_behind(step, max(steps))
-                continue
-            if min(steps) < step - 1 and max(steps) == step:
-                continue  # a joiner closes its gap from its source; then agree again
-            if min(steps) == max(steps) == step:
-                self._phase_contributors = sum(int(r[5]) for r in rows)
-                if not self._phase_contributors:
-                    raise FtarError(f"no member of quorum {group.quorum_id} has a gradient for step {step}")
+            # The members' positions decide; a joiner without a gradient
+            # (contributes=False) follows them, whatever step it is at.
+            counted = [s for s, r in zip(steps, rows) if int(r[5])]
+            if not counted:
+                raise FtarError(f"no member of quorum {group.quorum_id} has a gradient for step {step}")
+            lo, hi = min(counted), max(counted)
+            if not contributes:
+                if lo < hi:  # the members heal one another first: take part in their broadcast
+                    if self._broadcast(group, torch.empty_like(buffer), self._holder(group, rows, hi), deadline) is None:
+                        abandoned += 1
+                    continue
+                if step < hi:  # replay up to the members' step from the catch-up source, then agree again
+                    if self.on_behind is None:
+                        raise FtarError(f"this replica is at step {step}, the quorum at {hi}, and cannot catch up")
+                    step = self.on_behind(step, hi, True)
+                    continue
+                if step == hi:
+                    self._phase_contributors = len(counted)
+                    self._in_step_with = group.quorum_id
+                    continue
+                raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
+            if lo == hi == step:
+                if any(s != step for s in steps):
+                    continue  # a joiner without a gradient closes its gap; then agree again
+                self._phase_contributors = len(counted)
                 self._in_step_with = group.quorum_id  # in phase: the data comes next
                 continue
-            if min(steps) == step and max(steps) == step + 1:
+            if lo == step and hi >= step + 2:
+                # Admitted while still replaying: close the gap from the catch-up source.
+                if self.on_behind is None:
+                    raise FtarError(f"this replica is at step {step}, the quorum at {hi}, and cannot catch up")
+                step = self.on_behind(step, hi, False)
+                continue
+            if lo < step - 1 and hi == step:
+                continue  # a joiner closes its gap from its source; then agree again
+            if lo == step and hi == step + 1:
                 result = self._catch_up_step(group, rows, step, buffer, deadline)
                 if result is not None:
                     return dataclasses.replace(result, abandoned=abandoned)
                 abandoned += 1
                 continue
-            if min(steps) == step - 1 and max(steps) == step:
+            if lo == step - 1 and hi == step:
                 if self._serve_last_step(group, rows, step, buffer, deadline) is None:
                     abandoned += 1
                 continue  # the laggards now hold step - 1 too; agree again
-            raise FtarError(f"replicas in quorum {group.quorum_id} are at steps {min(steps)}..{max(steps)}, this one at {step}")
+            raise FtarError(f"replicas in quorum {group.quorum_id} are at steps {lo}..{hi}, this one at {step}")
 
     def _agree(self, group: _Group, step: int, numel: int, structure_hash: int, deadline: float, contributes: bool = True):
         """All-gather every member's (step, size, model hash, last result's

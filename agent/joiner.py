@@ -14,7 +14,9 @@ members ever waiting for it:
    entry carries the source's state checksum after that step (computed on
    request); the joiner compares its own: a mismatch refuses this catch-up
    and it starts over from a fresh snapshot.
-3. Ready. Verified and within ``READY_GAP`` steps of the source's head,
+3. Ready. Verified and within ``READY_GAP`` steps of the source's head (or
+   no longer gaining on it: members whose steps take about as long as a
+   replay; they then wait once, at the admission, for the rest),
    ``Manager.start()`` returns. The training loop's first
    ``allreduce_gradients()`` then tells the coordinator it is ready (an
    immediate heartbeat) and follows the log until a quorum admits it: the
@@ -47,6 +49,8 @@ log = logging.getLogger("fthsdp.agent.joiner")
 
 READY_GAP = 2
 """Steps behind the source's head at which a verified joiner asks to be admitted."""
+STALLED_ROUNDS = 5
+"""Log rounds without gaining on the source after which a verified joiner asks anyway."""
 MAX_REFUSALS = 3
 """Catch-ups refused for a checksum mismatch before the replica gives up."""
 RETRY_SAME_SOURCE_AFTER = 2.0
@@ -95,6 +99,9 @@ class Joiner:
         self.report: CatchUpReport | None = None
         """Set when this replica caught up (None when it was admitted as up to date)."""
         self.source = ""
+        self.source_address = ""
+        """This rank's address of the last source: kept after a reset, to
+        close the last gap if this replica is admitted meanwhile."""
         self.verified = False
         """The replay reproduced a checksum of the source's."""
         self.ready = False
@@ -163,7 +170,7 @@ class Joiner:
         if len(addresses) != group.size:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
         self.client = SourceClient(addresses[group.rank], m.config.token, timeout=m.config.timeout)
-        self.source = source
+        self.source, self.source_address = source, addresses[group.rank]
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
         self.report = report = CatchUpReport(source=source, began=began, attempts=attempts + 1)
@@ -202,6 +209,7 @@ class Joiner:
         verified and close to the head. Returns True once admitted, False
         once ready (without ``until_admitted``)."""
         m, group, report = self.m, self.group, self.report
+        gaps: list[int] = []
         while True:
             entries, head, ok, error = [], m.step, 1, ""
             try:
@@ -214,17 +222,22 @@ class Joiner:
             for entry, data in entries[: reach - m.step]:
                 m.replay(entry, data)
                 report.replayed_steps += 1
-                if entry.checksum_after:
+                if entry.checksum_after and not self.verified:  # once: later steps replay the same way
                     mine = m.group_checksum()
                     if mine != entry.checksum_after:
                         raise _Refused(f"after step {entry.step + 1} this replica's state checksum is {mine}, the source's {entry.checksum_after}")
                     self.verified = True
             admitted, changed, near = 0, 0, 0
             if group.rank == 0:
-                latest = m.membership.latest
-                admitted = int(m.tracker.includes_me(m.tracker.quorum))
+                latest = m.membership.latest  # one event for both: the quorum and the assignment change together
+                admitted = int(latest is not None and m.tracker.includes_me(latest.quorum))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
-                near = int(self.verified and head - m.step <= READY_GAP)
+                gaps.append(head - m.step)
+                # Close enough, or not gaining on members that train about as
+                # fast as it replays: then the members wait for the rest once,
+                # at the admission, rather than the joiner chasing them forever.
+                stalled = len(gaps) > STALLED_ROUNDS and gaps[-1] >= gaps[-1 - STALLED_ROUNDS]
+                near = int(self.verified and (gaps[-1] <= READY_GAP or stalled))
             admitted, changed, near = group.max(admitted, changed, near)
             if admitted:
                 report.admitted = time.monotonic()
@@ -255,6 +268,12 @@ class Joiner:
         self.verified = self.ready = False
         self.m.membership.set_ready(False)
         self.m.report_progress(0, 0)
+
+    def gap_client(self) -> SourceClient | None:
+        """A connection to the last source, for the last gap inside FTAR."""
+        if self.client is None and self.source_address:
+            self.client = SourceClient(self.source_address, self.m.config.token, timeout=self.m.config.timeout)
+        return self.client
 
     def finish(self) -> None:
         """After the first committed step in the quorum: let the source go."""

@@ -93,6 +93,7 @@ class Manager:
         self.group: ReplicaGroup | None = None
         self.log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
         self.source = CatchUpSource(config.replica_id, config.shard_rank, self.structure, self.log)
+        self.source.hyperparams = self._hyperparams
         self._server: CatchUpServer | None = None
         self._joiner: Joiner | None = None
         self._checksum_wanted = False
@@ -178,7 +179,7 @@ class Manager:
             log.info("replica %s caught up to step %d; joining at its first all-reduce", cfg.replica_id, self.step)
 
     def _admitted(self) -> None:
-        if self._joiner is not None and self._joiner.client is None:
+        if self._joiner is not None and not self._joiner.source_address:
             self._joiner = None  # admitted as up to date: no source to let go of
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
         quorum = self.tracker.wait_for_membership(self._admission_timeout)
@@ -255,7 +256,8 @@ class Manager:
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
-        shards = [_local(p.grad) for p in self._params]
+        grads = [p.grad for p in self._params]
+        shards = [_local(g) for g in grads]
 
         def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
             flat = torch.cat([g.reshape(-1) for g in shards])
@@ -268,6 +270,8 @@ class Manager:
                 self.stopped = True
                 return None
             raise
+        for p, grad in zip(self._params, grads):
+            p.grad = grad  # a joiner's replays inside FTAR reset the gradients; the result goes here
         offset = 0
         for g in shards:
             n = g.numel()
@@ -360,23 +364,33 @@ class Manager:
         self.membership.step = self.step
         self.log.append(entry.step, total, entry.contributors, entry.quorum_id, entry.hyperparams_json)
 
-    def _close_gap(self, step: int, head: int) -> int:
-        """FTAR found the quorum at ``head`` and this replica at ``step`` <
-        ``head - 1`` (admitted while it still replayed): replay up to
-        ``head - 1`` from the catch-up source, take that step's
-        hyperparameters, and let FTAR hand over the sum of ``head - 1``."""
-        client = self._joiner.client if self._joiner is not None else None
+    def _close_gap(self, step: int, head: int, to_head: bool) -> int:
+        """FTAR found the members at ``head`` and this joiner at ``step``
+        (admitted while it still replayed): replay from the catch-up source
+        up to ``head`` (``to_head``: this step has no gradient of ours, so we
+        join the members' step with their current hyperparameters) or up to
+        ``head - 1`` with the hyperparameters of that step (FTAR then hands
+        over the members' sum of ``head - 1``)."""
+        client = self._joiner.gap_client() if self._joiner is not None else None
         if client is None:
             raise FtarError(f"this replica is at step {step}, the quorum at {head}, and it has no catch-up source")
         self.step = step
-        while self.step < head:
+        target = head if to_head else head - 1
+        while self.step < target:
             entries, _, _ = client.log(self.step, wait=self.config.timeout)
             for entry, data in entries:
-                if entry.step == head - 1:
-                    self._set_hyperparams(entry.hyperparams_json)
-                    return self.step
+                if entry.step >= target:
+                    break
                 self.replay(entry, data)
-        raise FtarError(f"the catch-up source has no log entry of step {head - 1}")
+        if to_head:
+            # The members set this step's hyperparameters before their all-reduce, where they wait now.
+            self._set_hyperparams(client.hyperparams())
+            return self.step
+        entries, _, _ = client.log(target, wait=self.config.timeout)
+        if not entries or entries[0][0].step != target:
+            raise FtarError(f"the catch-up source has no log entry of step {target}")
+        self._set_hyperparams(entries[0][0].hyperparams_json)
+        return self.step
 
     def report_progress(self, done: int, total: int) -> None:
         if self.leader:
