@@ -110,6 +110,70 @@ class _Group:
 _DONE, _NEWER = "done", "newer"
 
 
+# ----- the agreement, as a pure function -------------------------------------------------
+
+AGAIN = "again"
+"""Agree again (another member closes a gap first)."""
+IN_PHASE = "in-phase"
+"""Every member is at this step: the data all-reduce follows (arg: contributors)."""
+REPLAY_TO_HEAD = "replay-to-head"
+"""A joiner without a gradient: replay up to the members' step (arg), then agree again."""
+REPLAY_TO_BEFORE_HEAD = "replay-to-before-head"
+"""Two or more steps behind with a gradient: replay up to arg - 1, then agree again."""
+FOLLOW_HEAL = "follow-heal"
+"""A joiner takes part in the members' broadcast among themselves (arg: root)."""
+TAKE_LAST = "take-last"
+"""One step behind: receive the sum of this step from arg, and commit it."""
+SERVE_LAST = "serve-last"
+"""Others are one step behind: broadcast the sum of the last step (arg: root)."""
+
+
+def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id: int = 0) -> tuple[str, int]:
+    """What this member does after an agree, from every member's row.
+
+    A row is (step, gradient size, model hash, last sum's contributors, last
+    sum's quorum id or 0 if not held, contributes this step). The members
+    with a gradient (contributes) decide; joiners without one follow them,
+    whatever step they are at. Every member reaches a decision whose next
+    collective is the same as every other member's (tests/test_ftar_agree.py
+    checks this over all small configurations): an all-gather (AGAIN and the
+    replays), the data all-reduce (IN_PHASE), or one broadcast from the same
+    root (FOLLOW_HEAL, TAKE_LAST, SERVE_LAST).
+    """
+    steps = [r[0] for r in rows]
+    counted = [r[0] for r in rows if r[5]]
+    if not counted:
+        raise FtarError(f"no member of quorum {quorum_id} has a gradient for step {step}")
+    lo, hi = min(counted), max(counted)
+
+    def holder(at: int) -> int:
+        """The first member at ``at`` that holds the sum of ``at - 1``."""
+        for i, r in enumerate(rows):
+            if r[0] == at and r[4] > 0:
+                return i
+        raise FtarError(f"quorum {quorum_id}: no member at step {at} holds the result of step {at - 1}")
+
+    if not contributes:
+        if lo < hi:
+            return FOLLOW_HEAL, holder(hi)
+        if step < hi:
+            return REPLAY_TO_HEAD, hi
+        if step == hi:
+            return (AGAIN, 0) if any(s != step for s in steps) else (IN_PHASE, len(counted))
+        raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
+    if lo == hi == step:
+        return (AGAIN, 0) if any(s != step for s in steps) else (IN_PHASE, len(counted))
+    if lo == step and hi >= step + 2:
+        return REPLAY_TO_BEFORE_HEAD, hi
+    if lo < step - 1 and hi == step:
+        return AGAIN, 0
+    if lo == step and hi == step + 1:
+        return TAKE_LAST, holder(hi)
+    if lo == step - 1 and hi == step:
+        return SERVE_LAST, holder(step)
+    raise FtarError(f"replicas in quorum {quorum_id} are at steps {lo}..{hi}, this one at {step}")
+
+
 class FTAR:
     """All-reduce one flat gradient tensor per step across the quorum."""
 
@@ -191,53 +255,27 @@ class FTAR:
             if rows is None:
                 abandoned += 1
                 continue
-            steps = [int(r[0]) for r in rows]
-            # The members' positions decide; a joiner without a gradient
-            # (contributes=False) follows them, whatever step it is at.
-            counted = [s for s, r in zip(steps, rows) if int(r[5])]
-            if not counted:
-                raise FtarError(f"no member of quorum {group.quorum_id} has a gradient for step {step}")
-            lo, hi = min(counted), max(counted)
-            if not contributes:
-                if lo < hi:  # the members heal one another first: take part in their broadcast
-                    if self._broadcast(group, torch.empty_like(buffer), self._holder(group, rows, hi), deadline) is None:
-                        abandoned += 1
-                    continue
-                if step < hi:  # replay up to the members' step from the catch-up source, then agree again
-                    if self.on_behind is None:
-                        raise FtarError(f"this replica is at step {step}, the quorum at {hi}, and cannot catch up")
-                    step = self.on_behind(step, hi, True)
-                    continue
-                if step == hi:
-                    self._phase_contributors = len(counted)
-                    self._in_step_with = group.quorum_id
-                    continue
-                raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
-            if lo == hi == step:
-                if any(s != step for s in steps):
-                    continue  # a joiner without a gradient closes its gap; then agree again
-                self._phase_contributors = len(counted)
-                self._in_step_with = group.quorum_id  # in phase: the data comes next
-                continue
-            if lo == step and hi >= step + 2:
+            action, arg = agree_action(step, contributes, [[int(x) for x in r] for r in rows], group.quorum_id)
+            if action == IN_PHASE:
+                self._phase_contributors = arg
+                self._in_step_with = group.quorum_id  # the data all-reduce comes next
+            elif action in (REPLAY_TO_HEAD, REPLAY_TO_BEFORE_HEAD):
                 # Admitted while still replaying: close the gap from the catch-up source.
                 if self.on_behind is None:
-                    raise FtarError(f"this replica is at step {step}, the quorum at {hi}, and cannot catch up")
-                step = self.on_behind(step, hi, False)
-                continue
-            if lo < step - 1 and hi == step:
-                continue  # a joiner closes its gap from its source; then agree again
-            if lo == step and hi == step + 1:
-                result = self._catch_up_step(group, rows, step, buffer, deadline)
+                    raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
+                step = self.on_behind(step, arg, action == REPLAY_TO_HEAD)
+            elif action == FOLLOW_HEAL:
+                if self._broadcast(group, torch.empty_like(buffer), arg, deadline) is None:
+                    abandoned += 1
+            elif action == TAKE_LAST:
+                result = self._catch_up_step(group, rows, step, buffer, arg, deadline)
                 if result is not None:
                     return dataclasses.replace(result, abandoned=abandoned)
                 abandoned += 1
-                continue
-            if lo == step - 1 and hi == step:
-                if self._serve_last_step(group, rows, step, buffer, deadline) is None:
+            elif action == SERVE_LAST:
+                if self._serve_last_step(group, step, buffer, arg, deadline) is None:
                     abandoned += 1
-                continue  # the laggards now hold step - 1 too; agree again
-            raise FtarError(f"replicas in quorum {group.quorum_id} are at steps {lo}..{hi}, this one at {step}")
+            # AGAIN, and after every action but TAKE_LAST: agree again.
 
     def _agree(self, group: _Group, step: int, numel: int, structure_hash: int, deadline: float, contributes: bool = True):
         """All-gather every member's (step, size, model hash, last result's
@@ -262,19 +300,9 @@ class FTAR:
             raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
         return rows
 
-    @staticmethod
-    def _holder(group: _Group, rows, step: int) -> int:
-        """The first member at ``step`` that holds the sum of ``step - 1``
-        (a joiner that caught up by replay is at the step but holds no sum)."""
-        for i, r in enumerate(rows):
-            if int(r[0]) == step and int(r[4]) > 0:
-                return i
-        raise FtarError(f"quorum {group.quorum_id}: no member at step {step} holds the result of step {step - 1}")
-
-    def _catch_up_step(self, group, rows, step, buffer, deadline) -> StepResult | None:
+    def _catch_up_step(self, group, rows, step, buffer, root, deadline) -> StepResult | None:
         """Others finished ``step`` (their data all-reduce completed before a
         failure stopped ours): take their sum, the one they applied."""
-        root = self._holder(group, rows, step + 1)
         total = torch.empty_like(buffer)
         if self._broadcast(group, total, root, deadline) != _DONE:
             return None
@@ -282,11 +310,10 @@ class FTAR:
         self._last_step = step
         return self._last
 
-    def _serve_last_step(self, group, rows, step, buffer, deadline) -> str | None:
+    def _serve_last_step(self, group, step, buffer, root, deadline) -> str | None:
         """Some members are one step behind: the holder sends them the sum of
         ``step - 1``; the other members at ``step`` take part with a scratch
         tensor (a broadcast writes every non-root tensor)."""
-        root = self._holder(group, rows, step)
         if group.rank == root:
             if self._last is None or self._last_step != step - 1:
                 raise FtarError(f"step {step - 1}: other replicas need its result, but this one no longer holds it")

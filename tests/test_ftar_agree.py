@@ -1,0 +1,88 @@
+"""FTAR's agreement as a pure function: after every agree, every member's
+next collective must be the same (or a member waits forever for a collective
+nobody else starts). Checked exhaustively over small configurations."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent.ftar import (
+    AGAIN,
+    FOLLOW_HEAL,
+    IN_PHASE,
+    REPLAY_TO_BEFORE_HEAD,
+    REPLAY_TO_HEAD,
+    SERVE_LAST,
+    TAKE_LAST,
+    FtarError,
+    agree_action,
+)
+
+H = 100  # the members' step
+
+
+def row(step: int, contributes: bool, holds_last: bool) -> list[int]:
+    return [step, 10, 7, 2 if holds_last else 0, 5 if holds_last else 0, int(contributes)]
+
+
+def collective(action: str, arg: int) -> tuple:
+    if action in (AGAIN, REPLAY_TO_HEAD, REPLAY_TO_BEFORE_HEAD):
+        return ("allgather",)
+    if action == IN_PHASE:
+        return ("allreduce", arg)
+    assert action in (FOLLOW_HEAL, TAKE_LAST, SERVE_LAST)
+    return ("broadcast", arg)
+
+
+def next_collectives(rows: list[list[int]]) -> list[tuple]:
+    return [collective(*agree_action(r[0], bool(r[5]), rows)) for r in rows]
+
+
+def scenarios():
+    """Members with a gradient at H, or split between H and H + 1 by a
+    failure (those at H + 1 hold the sum of H; those at H hold H - 1's), plus
+    joiners without a gradient, holding no sum, anywhere from H - 3 to the top."""
+    for n_members, n_joiners in ((1, 1), (2, 1), (2, 2), (3, 1), (1, 2)):
+        for ahead in range(n_members):
+            members = [row(H + 1, True, True)] * ahead + [row(H, True, True)] * (n_members - ahead)
+            top = H + 1 if ahead else H
+            for joiner_steps in itertools.product(range(H - 3, top + 1), repeat=n_joiners):
+                rows = members + [row(s, False, False) for s in joiner_steps]
+                yield pytest.param(rows, id=f"members{[r[0] - H for r in members]}-joiners{[s - H for s in joiner_steps]}")
+
+
+@pytest.mark.parametrize("rows", list(scenarios()))
+def test_every_member_starts_the_same_next_collective(rows):
+    kinds = next_collectives(rows)
+    assert len(set(kinds)) == 1, list(zip([r[0] - H for r in rows], kinds))
+
+
+def test_in_phase_counts_only_members_with_a_gradient():
+    rows = [row(H, True, True), row(H, True, True), row(H, False, False)]
+    assert {agree_action(r[0], bool(r[5]), rows) for r in rows} == {(IN_PHASE, 2)}
+
+
+def test_a_joiner_behind_replays_to_the_members_step_while_they_agree_again():
+    rows = [row(H, True, True), row(H, True, True), row(H - 3, False, False)]
+    assert agree_action(H - 3, False, rows) == (REPLAY_TO_HEAD, H)
+    assert agree_action(H, True, rows) == (AGAIN, 0)
+
+
+def test_a_survivor_one_step_behind_takes_the_sum_from_a_holder():
+    rows = [row(H, True, True), row(H + 1, True, False), row(H + 1, True, True)]
+    assert agree_action(H, True, rows) == (TAKE_LAST, 2)  # the replica at H + 1 without the sum is no root
+    assert agree_action(H + 1, True, rows) == (SERVE_LAST, 2)
+
+
+def test_nobody_with_a_gradient_is_an_error():
+    rows = [row(H, False, False), row(H, False, False)]
+    with pytest.raises(FtarError, match="no member"):
+        agree_action(H, False, rows)
+
+
+def test_members_steps_too_far_apart_is_an_error():
+    rows = [row(H, True, True), row(H + 1, True, True), row(H + 2, True, True)]
+    with pytest.raises(FtarError, match="steps"):
+        agree_action(H + 1, True, rows)
