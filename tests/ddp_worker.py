@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,11 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     torch.save(model.state_dict(), args.save)
-    dist.destroy_process_group()
+    # Every rank has saved once all reach the barrier; then leave without a
+    # teardown: with a file:// store, ranks tearing down at once under load
+    # sometimes failed it (a non-zero exit after a good run).
+    dist.barrier()
+    os._exit(0)
 
 
 if __name__ == "__main__":
