@@ -170,7 +170,12 @@ class Manager:
             self.membership.observe(cfg.shard_rank)
         self._admission_timeout = admission_timeout
         self._joiner = Joiner(self)
-        admitted = self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
+        # A multi-rank (FSDP2) group waits for its admission here: joining from
+        # inside the first all-reduce, without a gradient, once left an FSDP2
+        # joiner's state different from the members' (not yet understood).
+        admitted = self._joiner.run(
+            time.monotonic() + admission_timeout, min_members=wait_for_replicas, until_admitted=cfg.shard_count > 1
+        )
         self.catch_up = self._joiner.report
         if admitted:
             self._admitted()
