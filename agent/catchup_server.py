@@ -163,6 +163,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start = int(query["from"]) if "from" in query else 0
         max_bytes = int(query.get("max_bytes", str(256 << 20)))
         wait = min(float(query.get("wait", "0")), MAX_WAIT)
+        self.server.source.touch(start)
         records, head, oldest = self.server.source.log.read(start, max_bytes, wait)
         if not records and start < head and start < oldest:
             return self._error(410, f"step {start} is no longer held (oldest {oldest}, head {head})")

@@ -138,6 +138,15 @@ class CatchUpSource:
         for snap in copying:
             snap.wait_copied(timeout)
 
+    def touch(self, from_step: int) -> None:
+        """A joiner reads the log from ``from_step``: the snapshots it may
+        have started from stay held (they pin the log it replays)."""
+        now = time.monotonic()
+        with self._cond:
+            for step, snap in self._snapshots.items():
+                if step <= from_step:
+                    snap.last_used = now
+
     def _expire(self) -> None:
         now = time.monotonic()
         for step, snap in list(self._snapshots.items()):

@@ -20,6 +20,19 @@ broadcast the sum they committed, which the others commit too. If none
 completed it, all redo it among themselves from their intact local
 gradients. Either way every survivor commits the same result, and the
 average divides by the number of replicas whose gradients it contains.
+
+Growth. A quorum that only adds replicas (a joiner admitted) abandons
+nothing: the members build its group in the background while they keep
+training in the old one, and switch at a step boundary they all agree on. A
+small control all-reduce follows every step's data all-reduce (same group,
+so it is done by the next step): each member proposes the newest growth
+quorum whose group it has built, and the members switch when every proposal
+is the same (the max and the min of the proposals agree). Every member reads
+the same result, so they switch at the same step; a member that sees the
+push a moment later than another never waits in a group the others left.
+The joiner waits in the new group, following the log; when the members
+arrive it joins their data all-reduce at once, without a gradient, and
+replays the step or two it still lacks while that all-reduce runs.
 """
 
 from __future__ import annotations
@@ -105,9 +118,70 @@ class _Group:
     rank: int
     size: int
     pg: dist.ProcessGroup
+    members: frozenset[str] = frozenset()
+
+
+def is_growth(members: frozenset[str], quorum: pb.Quorum | None) -> bool:
+    """Whether ``quorum`` keeps every one of ``members`` and adds some."""
+    if quorum is None:
+        return False
+    ids = {m.replica_id for m in quorum.members}
+    return members < ids
+
+
+def slot_switch(quorum_id: int, size: int, total: int, squares: int) -> int:
+    """The quorum every member of ``quorum_id``'s group (``size`` members)
+    agreed to switch to, from the sums of their proposals d and d*d carried
+    in the data all-reduce (see CONTROL_SLOTS); 0 if they did not agree."""
+    if total > 0 and total * total == size * squares:
+        return quorum_id + total // size
+    return 0
+
+
+class _Prebuild:
+    """A group built on a helper thread while training goes on in the old one."""
+
+    def __init__(self, quorum_id: int, build: Callable[[], _Group]) -> None:
+        self.quorum_id = quorum_id
+        self.group: _Group | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.group = build()
+            except BaseException as e:  # noqa: BLE001 - reported through ready()
+                self.error = e
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name=f"fthsdp-ftar-prebuild-q{quorum_id}", daemon=True).start()
+
+    def ready(self) -> bool:
+        return self.done.is_set() and self.group is not None
 
 
 _DONE, _NEWER = "done", "newer"
+
+CONTROL_SLOTS = 2
+"""Spare elements at the end of a gradient buffer (``allreduce(...,
+control_slots=True)``) that carry this member's switch proposal inside the
+data all-reduce, at no cost: d and d*d, d being the proposed quorum id minus
+the group's (0: none). Every member proposed the same d > 0 exactly when
+(sum d)^2 == n * sum d^2 (Cauchy-Schwarz), exact in float32 for d <= 15 and
+up to 74,000 members. Other dtypes, or no spare elements: a separate small
+all-reduce carries the proposal."""
+MAX_SLOT_PROPOSAL = 15
+_EXACT_SLOT_DTYPES = (torch.float32, torch.float64)
+
+PATIENCE_MIN = 2.0
+PATIENCE_STEPS = 3
+"""How long a collective (or a group's build) waits for a quorum's
+members once a quorum that grows it is known: PATIENCE_STEPS of the longest
+recent step, at least PATIENCE_MIN seconds. Members normally switch at an
+agreed boundary long before; past it they abandon the group for the newest
+quorum, which ends the rare case of a member that never saw the old quorum
+(its push came too close to the next one's)."""
 
 
 # ----- the agreement, as a pure function -------------------------------------------------
@@ -116,8 +190,9 @@ AGAIN = "again"
 """Agree again (another member closes a gap first)."""
 IN_PHASE = "in-phase"
 """Every member is at this step: the data all-reduce follows (arg: contributors)."""
-REPLAY_TO_HEAD = "replay-to-head"
-"""A joiner without a gradient: replay up to the members' step (arg), then agree again."""
+JOIN_IN_PHASE = "join-in-phase"
+"""A joiner without a gradient, at or behind the members' step (arg): it
+takes part in their data all-reduce at once and replays up to their step meanwhile."""
 REPLAY_TO_BEFORE_HEAD = "replay-to-before-head"
 """Two or more steps behind with a gradient: replay up to arg - 1, then agree again."""
 FOLLOW_HEAL = "follow-heal"
@@ -134,11 +209,12 @@ def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id:
     A row is (step, gradient size, model hash, last sum's contributors, last
     sum's quorum id or 0 if not held, contributes this step). The members
     with a gradient (contributes) decide; joiners without one follow them,
-    whatever step they are at. Every member reaches a decision whose next
-    collective is the same as every other member's (tests/test_ftar_agree.py
-    checks this over all small configurations): an all-gather (AGAIN and the
-    replays), the data all-reduce (IN_PHASE), or one broadcast from the same
-    root (FOLLOW_HEAL, TAKE_LAST, SERVE_LAST).
+    whatever step they are at below the members'. Every member reaches a
+    decision whose next collective is the same as every other member's
+    (tests/test_ftar_agree.py checks this over all small configurations): an
+    all-gather (AGAIN, REPLAY_TO_BEFORE_HEAD), the data all-reduce (IN_PHASE,
+    JOIN_IN_PHASE), or one broadcast from the same root (FOLLOW_HEAL,
+    TAKE_LAST, SERVE_LAST).
     """
     steps = [r[0] for r in rows]
     counted = [r[0] for r in rows if r[5]]
@@ -156,13 +232,14 @@ def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id:
     if not contributes:
         if lo < hi:
             return FOLLOW_HEAL, holder(hi)
-        if step < hi:
-            return REPLAY_TO_HEAD, hi
-        if step == hi:
-            return (AGAIN, 0) if any(s != step for s in steps) else (IN_PHASE, len(counted))
-        raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
+        if step > hi:
+            raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
+        if max(steps) > hi:
+            return AGAIN, 0  # another joiner is ahead: it fails, and the quorum changes
+        # Even at the members' step: the joiner sets their hyperparameters for it.
+        return JOIN_IN_PHASE, hi
     if lo == hi == step:
-        return (AGAIN, 0) if any(s != step for s in steps) else (IN_PHASE, len(counted))
+        return (AGAIN, 0) if max(steps) > step else (IN_PHASE, len(counted))
     if lo == step and hi >= step + 2:
         return REPLAY_TO_BEFORE_HEAD, hi
     if lo < step - 1 and hi == step:
@@ -198,13 +275,29 @@ class FTAR:
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
         self._abandoned: list[tuple[float, _Group]] = []
-        self.on_behind: Callable[[int, int, bool], int] | None = None
-        """``on_behind(step, head, to_head)``: this replica is at ``step``
-        and the quorum's members at ``head`` (a joiner admitted mid-replay).
-        Brings it to ``head`` (``to_head``: it has no gradient this step and
-        joins the members' step) or to ``head - 1`` (its own gradient is for
-        a step the others finished: it takes their sum of ``head - 1``), and
-        returns that step."""
+        self._prebuilt: dict[int, _Prebuild] = {}
+        """Groups of growth quorums, built in the background (by quorum id)."""
+        self._controls: list[tuple[_Group, object, torch.Tensor]] = []
+        """The control all-reduces of switch proposals of the last steps (see ``_settle_switch``)."""
+        self._switch_to = 0
+        """The growth quorum every member agreed to switch to at this step."""
+        self._called: float | None = None
+        self._intervals: list[float] = []
+        self.on_behind: Callable[[int, int], int] | None = None
+        """``on_behind(step, head)``: this replica has a gradient for
+        ``step``, but the members are at ``head`` >= step + 2 (a replica
+        admitted while it replayed). Brings it to ``head - 1``, where it
+        takes the members' sum, and returns that step."""
+        self.on_join: Callable[[int], Callable[[], int]] | None = None
+        """``on_join(head)``: this replica, without a gradient, joins the
+        members' data all-reduce of step ``head`` while it is behind it. Called
+        before this replica's part of that all-reduce starts (the members
+        wait in it: their hyperparameters for ``head`` are stable); returns a
+        function, run while the all-reduce goes on, that replays up to
+        ``head`` and returns that step."""
+        self.while_joining: Callable[[], None] | None = None
+        """Called now and then while this replica, without a gradient, waits
+        in a new group for the members to arrive (a joiner follows the log)."""
 
     # ----- the step ------------------------------------------------------------------
 
@@ -215,6 +308,8 @@ class FTAR:
         structure_hash: int,
         refill: Callable[[], torch.Tensor] | None = None,
         contributes: bool = True,
+        proposal: int | None = None,
+        control_slots: bool = False,
     ) -> StepResult:
         """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
 
@@ -223,6 +318,12 @@ class FTAR:
         its ``buffer`` must hold zeros, and the result's ``contributors`` does
         not count it. Only a replica's first step in a new group can be one
         without a contribution (the agree tells the others).
+
+        ``proposal``: the growth quorum this replica proposes to switch to
+        after this step (see ``growth_ready``); by default this rank's own.
+        The ranks of a multi-rank replica group must propose the same.
+        ``control_slots``: ``buffer`` (and every ``refill``) ends in
+        CONTROL_SLOTS spare elements that carry it; the result excludes them.
 
         The data all-reduce runs in place in ``buffer`` (no copy on the fast
         path); a redo needs the local values again in a *fresh* tensor, since
@@ -235,23 +336,46 @@ class FTAR:
         if refill is None:
             original = buffer.detach().clone()
             refill = original.clone
+        numel = buffer.numel() - (CONTROL_SLOTS if control_slots else 0)
+        slots = control_slots and buffer.dtype in _EXACT_SLOT_DTYPES
         buffers = [buffer]
-        deadline = time.monotonic() + self.timeout
+        now = time.monotonic()
+        if self._called is not None:
+            self._intervals = (self._intervals + [now - self._called])[-8:]
+        self._called = now
+        deadline = now + self.timeout
         abandoned = 0
+        joining: int | None = None  # the members' step this joiner replays to during the all-reduce
+        self._settle_switch(deadline)
         while True:
             group = self._current_group(deadline)
             if group.quorum_id == self._in_step_with:
                 buf = buffers.pop() if buffers else refill()
-                if self._collective(group, buf, dist.ReduceOp.SUM, deadline) == _DONE:
+                replay = self.on_join(joining) if joining is not None else None
+                p = self.growth_ready() if proposal is None else proposal
+                if slots:
+                    d = p - group.quorum_id if 0 < p - group.quorum_id <= MAX_SLOT_PROPOSAL else 0
+                    buf[numel:] = torch.tensor([d, d * d], dtype=buf.dtype)
+                work = self._start(group, buf, dist.ReduceOp.SUM)
+                control = None if slots else self._start_control(group, p)
+                if replay is not None:
+                    step, joining = replay(), None
+                if self._wait_work(work, group, deadline) == _DONE:
                     contributors = self._phase_contributors or group.size
                     self._phase_contributors = None  # every member contributes from the next step on
-                    self._last = StepResult(buf, contributors, group.quorum_id, abandoned, step)
+                    if slots:
+                        self._switch_from_slots(group, buf[numel:])
+                    else:
+                        self._controls.append(control)
+                    total = buf[:numel] if control_slots else buf
+                    self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
                     self._last_step = step
                     return self._last
-                self._in_step_with = 0
+                self._retire(group)
                 abandoned += 1
                 continue
-            rows = self._agree(group, step, buffer.numel(), structure_hash, deadline, contributes)
+            idle = None if contributes else self.while_joining
+            rows = self._agree(group, step, numel, structure_hash, deadline, contributes, idle)
             if rows is None:
                 abandoned += 1
                 continue
@@ -259,25 +383,31 @@ class FTAR:
             if action == IN_PHASE:
                 self._phase_contributors = arg
                 self._in_step_with = group.quorum_id  # the data all-reduce comes next
-            elif action in (REPLAY_TO_HEAD, REPLAY_TO_BEFORE_HEAD):
+            elif action == JOIN_IN_PHASE:
+                if self.on_join is None:
+                    raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
+                self._phase_contributors = sum(1 for r in rows if r[5])
+                self._in_step_with = group.quorum_id
+                joining = arg
+            elif action == REPLAY_TO_BEFORE_HEAD:
                 # Admitted while still replaying: close the gap from the catch-up source.
                 if self.on_behind is None:
                     raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
-                step = self.on_behind(step, arg, action == REPLAY_TO_HEAD)
+                step = self.on_behind(step, arg)
             elif action == FOLLOW_HEAL:
-                if self._broadcast(group, torch.empty_like(buffer), arg, deadline) is None:
+                if self._broadcast(group, buffer.new_empty(numel), arg, deadline) is None:
                     abandoned += 1
             elif action == TAKE_LAST:
-                result = self._catch_up_step(group, rows, step, buffer, arg, deadline)
+                result = self._catch_up_step(group, rows, step, buffer.new_empty(numel), arg, deadline)
                 if result is not None:
                     return dataclasses.replace(result, abandoned=abandoned)
                 abandoned += 1
             elif action == SERVE_LAST:
-                if self._serve_last_step(group, step, buffer, arg, deadline) is None:
+                if self._serve_last_step(group, step, buffer.new_empty(numel), arg, deadline) is None:
                     abandoned += 1
             # AGAIN, and after every action but TAKE_LAST: agree again.
 
-    def _agree(self, group: _Group, step: int, numel: int, structure_hash: int, deadline: float, contributes: bool = True):
+    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None):
         """All-gather every member's (step, size, model hash, last result's
         contributors and quorum, whether it contributes a gradient): the
         first collective in every new group."""
@@ -287,8 +417,8 @@ class FTAR:
             dtype=torch.int64,
         )
         rows = [torch.zeros_like(row) for _ in range(group.size)]
-        if self._wait_work(group.pg.allgather([rows], [row]), group.quorum_id, deadline) != _DONE:
-            self._in_step_with = 0
+        if self._wait_work(group.pg.allgather([rows], [row]), group, deadline, idle=idle) != _DONE:
+            self._retire(group)
             return None
         sizes = {int(r[1]) for r in rows}
         if len(sizes) > 1:
@@ -300,58 +430,132 @@ class FTAR:
             raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
         return rows
 
-    def _catch_up_step(self, group, rows, step, buffer, root, deadline) -> StepResult | None:
+    def _catch_up_step(self, group, rows, step, total, root, deadline) -> StepResult | None:
         """Others finished ``step`` (their data all-reduce completed before a
-        failure stopped ours): take their sum, the one they applied."""
-        total = torch.empty_like(buffer)
+        failure stopped ours): take their sum, the one they applied, into ``total``."""
         if self._broadcast(group, total, root, deadline) != _DONE:
             return None
         self._last = StepResult(total, int(rows[root][3]), int(rows[root][4]), 0, step)
         self._last_step = step
         return self._last
 
-    def _serve_last_step(self, group, step, buffer, root, deadline) -> str | None:
+    def _serve_last_step(self, group, step, scratch, root, deadline) -> str | None:
         """Some members are one step behind: the holder sends them the sum of
-        ``step - 1``; the other members at ``step`` take part with a scratch
-        tensor (a broadcast writes every non-root tensor)."""
+        ``step - 1``; the other members at ``step`` take part with a
+        ``scratch`` tensor (a broadcast writes every non-root tensor)."""
         if group.rank == root:
             if self._last is None or self._last_step != step - 1:
                 raise FtarError(f"step {step - 1}: other replicas need its result, but this one no longer holds it")
             tensor = self._last.total
         else:
-            tensor = torch.empty_like(buffer)
+            tensor = scratch
         return self._broadcast(group, tensor, root, deadline)
 
     def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int, deadline: float) -> str | None:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        if self._wait_work(group.pg.broadcast([tensor], opts), group.quorum_id, deadline) == _DONE:
+        if self._wait_work(group.pg.broadcast([tensor], opts), group, deadline) == _DONE:
             return _DONE
-        self._in_step_with = 0
+        self._retire(group)
         return None
+
+    # ----- growth: the agreed switch -------------------------------------------------
+
+    def growth_ready(self) -> int:
+        """The id of the newest quorum if it only adds replicas to the group
+        this one trains in and its group is built here, else 0: the switch
+        this rank proposes. Starts building that group if nobody has."""
+        group = self._group
+        with self.tracker.cond:
+            quorum = self.tracker.quorum
+        if group is None or self._in_step_with != group.quorum_id or not is_growth(group.members, quorum):
+            return 0
+        return quorum.id if self._prebuild(quorum).ready() else 0
+
+    def _prebuild(self, quorum: pb.Quorum) -> _Prebuild:
+        pre = self._prebuilt.get(quorum.id)
+        if pre is None:
+            pre = self._prebuilt[quorum.id] = _Prebuild(quorum.id, lambda: self._build(quorum))
+        return pre
+
+    def _switch_from_slots(self, group: _Group, summed: torch.Tensor) -> None:
+        """The proposals carried in the data all-reduce (see CONTROL_SLOTS)."""
+        total, squares = (int(round(float(x))) for x in summed)
+        self._switch_to = slot_switch(group.quorum_id, group.size, total, squares)
+
+    def _start_control(self, group: _Group, p: int):
+        """After the data all-reduce, in the same group: (max, -min) of the proposals."""
+        t = torch.tensor([p, -p], dtype=torch.int64)
+        return group, self._start(group, t, dist.ReduceOp.MAX), t
+
+    def _settle_switch(self, deadline: float) -> None:
+        """Read the control all-reduce of the step before last: switch if
+        every member proposed the same growth quorum. Not the last step's:
+        this step's data all-reduce would wait for it (gloo runs a group's
+        collectives in order) when steps follow each other closely; the one
+        before last finished while the last step's data moved."""
+        controls = [c for c in self._controls if c[0] is self._group and self._in_step_with == c[0].quorum_id]
+        self._controls = controls
+        if len(controls) < 2:
+            return
+        group, work, t = self._controls.pop(0)
+        if self._wait_work(work, group, deadline) != _DONE:
+            self._retire(group)
+            return
+        top, neg_bottom = int(t[0]), int(t[1])
+        if top > 0 and top == -neg_bottom:
+            self._switch_to = top
 
     # ----- groups --------------------------------------------------------------------
 
     def _current_group(self, deadline: float) -> _Group:
-        """The group of the newest quorum, built if needed; abandons older ones."""
+        """The group to run the next collective in: the current one while a
+        quorum that only grows it waits for the agreed switch, else the
+        newest quorum's (built if needed; the old one is abandoned)."""
         while True:
             with self.tracker.cond:
                 quorum = self.tracker.quorum
             if quorum is None or not self.tracker.includes_me(quorum):
                 raise Evicted(f"the newest quorum ({quorum.id if quorum else 'none'}) does not include this replica")
-            if self._group is not None and self._group.quorum_id == quorum.id:
-                return self._group
-            if self._group is not None:
-                now = time.monotonic()
-                # Past twice the timeout their collectives have ended: let them go.
-                self._abandoned = [(t, g) for t, g in self._abandoned if now - t < 2 * self.timeout]
-                self._abandoned.append((now, self._group))
-                self._group = None
-            built: list[_Group] = []
-            if self._wait(lambda: built.append(self._build(quorum)), quorum.id, deadline) == _DONE and built:
-                self._group = built[0]
-                log.info("quorum %d: group of %d built", quorum.id, self._group.size)
-                return self._group
+            group, switch_to, self._switch_to = self._group, self._switch_to, 0
+            if group is not None and group.quorum_id == quorum.id:
+                return group
+            if group is not None and is_growth(group.members, quorum):
+                target = self._prebuilt.get(switch_to)
+                if target is None or not target.ready():
+                    self._prebuild(quorum)
+                    return group  # go on here until every member agrees to switch
+                self._adopt(target.group)
+                log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id, group.quorum_id)
+                return target.group
+            if group is not None:
+                self._retire(group)
+            pre = self._prebuild(quorum)  # one build per quorum, whoever started it
+            ids = frozenset(m.replica_id for m in quorum.members)
+            if self._wait(pre.done.wait, quorum.id, ids, deadline) == _DONE:
+                if pre.error is not None:
+                    self._prebuilt.pop(quorum.id, None)
+                    self._await_newer(quorum.id, deadline, pre.error)
+                    continue
+                self._adopt(pre.group)
+                log.info("quorum %d: group of %d built", quorum.id, pre.group.size)
+                return pre.group
+
+    def _adopt(self, group: _Group) -> None:
+        if self._group is not None and self._group is not group:
+            self._retire(self._group)
+        self._group = group
+        self._in_step_with = 0  # the first collective in a new group is an agree
+        self._prebuilt = {q: p for q, p in self._prebuilt.items() if q > group.quorum_id}
+
+    def _retire(self, group: _Group) -> None:
+        now = time.monotonic()
+        # Past twice the timeout their collectives have ended: let them go.
+        self._abandoned = [(t, g) for t, g in self._abandoned if now - t < 2 * self.timeout]
+        self._abandoned.append((now, group))
+        if self._group is group:
+            self._group = None
+        self._in_step_with = 0
 
     def _build(self, quorum: pb.Quorum) -> _Group:
         ids = [m.replica_id for m in quorum.members]
@@ -361,25 +565,52 @@ class FTAR:
         store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
         pg = dist.ProcessGroupGloo(prefix, rank, len(ids), timeout)
-        return _Group(quorum.id, rank, len(ids), pg)
+        return _Group(quorum.id, rank, len(ids), pg, frozenset(ids))
 
     # ----- waiting -------------------------------------------------------------------
 
-    def _collective(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp, deadline: float) -> str:
-        """All-reduce ``tensor`` in place, abandoned if a newer quorum comes."""
+    def _start(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp):
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
-        return self._wait_work(group.pg.allreduce([tensor], opts), group.quorum_id, deadline)
+        return group.pg.allreduce([tensor], opts)
 
-    def _wait_work(self, work, quorum_id: int, deadline: float) -> str:
+    def _patience(self) -> float:
+        longest = max(self._intervals, default=0.0)
+        return min(self.timeout / 2, max(PATIENCE_MIN, PATIENCE_STEPS * longest))
+
+    def _leave_for(self, members: frozenset[str], quorum_id: int, since: list[float]) -> bool:
+        """Whether a collective among ``members`` (of ``quorum_id``) is left
+        for the newest quorum: at once for one that drops a member; for one
+        that only grows the group, after the patience (``since`` holds when
+        it was first seen, and its id)."""
+        newest = self.tracker.quorum
+        if newest is None or newest.id <= quorum_id:
+            return False
+        if not since or since[1] != newest.id:
+            if not is_growth(members, newest):
+                return True
+            self._prebuild(newest)
+            since[:] = [since[0] if since else time.monotonic(), newest.id]
+        if time.monotonic() - since[0] > self._patience():
+            log.warning("quorum %d: no agreed switch to quorum %d in %.1fs; leaving for it", quorum_id, newest.id, self._patience())
+            return True
+        return False
+
+    def _wait_work(self, work, group: _Group, deadline: float, idle=None) -> str:
         """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
-        thread, and a newer quorum is seen within a millisecond."""
+        thread, and a newer quorum is seen within a millisecond. A newer
+        quorum abandons it, except one that only grows the group: the members
+        switch at an agreed step boundary instead (see ``_leave_for``).
+        ``idle`` runs between polls."""
         pause = 20e-6
+        since: list[float] = []
         while not work.is_completed():
-            if self.tracker.newest_id() > quorum_id:
+            if self._leave_for(group.members, group.quorum_id, since):
                 return _NEWER
             if time.monotonic() > deadline:
-                raise FtarTimeout(f"a collective in quorum {quorum_id} did not finish and no newer quorum came")
+                raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
+            if idle is not None:
+                idle()
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         try:
@@ -387,7 +618,7 @@ class FTAR:
         except RuntimeError as e:
             # The collective failed (a peer's connection dropped): the
             # coordinator will push the quorum without that peer.
-            return self._await_newer(quorum_id, deadline, e)
+            return self._await_newer(group.quorum_id, deadline, e)
         return _DONE
 
     def _await_newer(self, quorum_id: int, deadline: float, cause: BaseException) -> str:
@@ -400,10 +631,11 @@ class FTAR:
                 self.tracker.cond.wait(left)
         return _NEWER
 
-    def _wait(self, blocking: Callable[[], object], quorum_id: int, deadline: float) -> str:
-        """Run ``blocking`` (a call with no handle to poll, like building a
-        group) on a helper thread; return DONE when it finishes, NEWER as soon
-        as a quorum newer than ``quorum_id`` is known."""
+    def _wait(self, blocking: Callable[[], object], quorum_id: int, members: frozenset[str], deadline: float) -> str:
+        """Run ``blocking`` (a call with no handle to poll, like building the
+        group of ``quorum_id``) on a helper thread; return DONE when it
+        finishes, NEWER when a newer quorum makes this one's wait pointless
+        (see ``_leave_for``)."""
         done = threading.Event()
         errors: list[BaseException] = []
 
@@ -418,14 +650,15 @@ class FTAR:
                     self.tracker.cond.notify_all()
 
         threading.Thread(target=run, name="fthsdp-ftar-build", daemon=True).start()
+        since: list[float] = []
         with self.tracker.cond:
             while not done.is_set():
-                if self.tracker.newest_id() > quorum_id:
+                if self._leave_for(members, quorum_id, since):
                     return _NEWER
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise FtarTimeout(f"building the group of quorum {quorum_id} did not finish and no newer quorum came")
-                self.tracker.cond.wait(left)
+                self.tracker.cond.wait(min(left, 0.1) if since else left)
         if errors:
             return self._await_newer(quorum_id, deadline, errors[0])
         return _DONE

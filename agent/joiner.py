@@ -171,6 +171,7 @@ class Joiner:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
         self.client = SourceClient(addresses[group.rank], m.config.token, timeout=m.config.timeout)
         self.source, self.source_address = source, addresses[group.rank]
+        m.membership.set_catching_up(True)  # not to be admitted on its step alone, until ready
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
         self.report = report = CatchUpReport(source=source, began=began, attempts=attempts + 1)
@@ -278,3 +279,4 @@ class Joiner:
     def finish(self) -> None:
         """After the first committed step in the quorum: let the source go."""
         self._reset()
+        self.m.membership.set_catching_up(False)

@@ -50,7 +50,7 @@ from agent.catchup_client import CatchUpError
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
 from agent.checksum import state_checksum, structure_hash
-from agent.ftar import FTAR, Evicted, FtarError, QuorumTracker, StepResult
+from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
@@ -117,6 +117,11 @@ class Manager:
         self.membership.add_listener(self.tracker.update)
         self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
         self.ftar.on_behind = self._close_gap
+        self.ftar.on_join = self._join_members
+        self.ftar.while_joining = self._follow_log
+        self._proposal = 0
+        """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
+        self._next_follow = 0.0
 
     @classmethod
     def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
@@ -170,12 +175,7 @@ class Manager:
             self.membership.observe(cfg.shard_rank)
         self._admission_timeout = admission_timeout
         self._joiner = Joiner(self)
-        # A multi-rank (FSDP2) group waits for its admission here: joining from
-        # inside the first all-reduce, without a gradient, once left an FSDP2
-        # joiner's state different from the members' (not yet understood).
-        admitted = self._joiner.run(
-            time.monotonic() + admission_timeout, min_members=wait_for_replicas, until_admitted=cfg.shard_count > 1
-        )
+        admitted = self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
         self.catch_up = self._joiner.report
         if admitted:
             self._admitted()
@@ -264,17 +264,29 @@ class Manager:
         grads = [p.grad for p in self._params]
         shards = [_local(g) for g in grads]
 
+        spare = shards[0].new_zeros(CONTROL_SLOTS)  # FTAR's switch proposals ride along
+
         def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
-            flat = torch.cat([g.reshape(-1) for g in shards])
+            flat = torch.cat([g.reshape(-1) for g in shards] + [spare])
             return flat if contributes else flat.zero_()
 
+        proposal, self._proposal = self._proposal, 0
         try:
-            result = self.ftar.allreduce(self.step, flatten(), self.structure, refill=flatten, contributes=contributes)
+            result = self.ftar.allreduce(
+                self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
+                control_slots=True,
+            )
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
                 self.stopped = True
                 return None
             raise
+        if not contributes and self.config.shard_count > 1:
+            # Every rank of the group must have joined at the same step (the
+            # members switch every shard's group at one agreed step boundary).
+            top, neg_bottom = self.group.max(result.step, -result.step)
+            if top != -neg_bottom:
+                raise FtarError(f"the ranks of replica {self.replica_id} joined the quorum at steps {-neg_bottom}..{top}")
         for p, grad in zip(self._params, grads):
             p.grad = grad  # a joiner's replays inside FTAR reset the gradients; the result goes here
         offset = 0
@@ -312,8 +324,12 @@ class Manager:
         self.log.append(self.step - 1, last.total, last.contributors, last.quorum_id, self._hyperparams(), checksum)
         latest = m.latest
         drain = self._drain.is_set() or (latest is not None and latest.drain_requested)
-        # Every rank of the group must stop, or snapshot, at the same step boundary.
-        drain, snapshot = self.group.max(int(drain), int(self.source.wanted))
+        # Every rank of the group must stop, snapshot, or propose a switch to
+        # a growth quorum at the same step boundary (the ranks' proposals
+        # must be equal, so that every shard's group switches at one step).
+        proposal = self.ftar.growth_ready()
+        drain, snapshot, top, neg_bottom = self.group.max(int(drain), int(self.source.wanted), proposal, -proposal)
+        self._proposal = top if top == -neg_bottom else 0
         if snapshot:
             self.source.take(self.step, capture_state(self.model, self.optimizer))
             self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
@@ -369,33 +385,69 @@ class Manager:
         self.membership.step = self.step
         self.log.append(entry.step, total, entry.contributors, entry.quorum_id, entry.hyperparams_json)
 
-    def _close_gap(self, step: int, head: int, to_head: bool) -> int:
-        """FTAR found the members at ``head`` and this joiner at ``step``
-        (admitted while it still replayed): replay from the catch-up source
-        up to ``head`` (``to_head``: this step has no gradient of ours, so we
-        join the members' step with their current hyperparameters) or up to
-        ``head - 1`` with the hyperparameters of that step (FTAR then hands
-        over the members' sum of ``head - 1``)."""
+    def _gap_client(self, head: int):
         client = self._joiner.gap_client() if self._joiner is not None else None
         if client is None:
-            raise FtarError(f"this replica is at step {step}, the quorum at {head}, and it has no catch-up source")
-        self.step = step
-        target = head if to_head else head - 1
+            raise FtarError(f"this replica is at step {self.step}, the quorum at {head}, and it has no catch-up source")
+        return client
+
+    def _replay_until(self, client, target: int) -> None:
         while self.step < target:
             entries, _, _ = client.log(self.step, wait=self.config.timeout)
             for entry, data in entries:
                 if entry.step >= target:
                     break
                 self.replay(entry, data)
-        if to_head:
-            # The members set this step's hyperparameters before their all-reduce, where they wait now.
-            self._set_hyperparams(client.hyperparams())
-            return self.step
+
+    def _close_gap(self, step: int, head: int) -> int:
+        """FTAR found the members at ``head`` and this joiner, with a
+        gradient for ``step``, two or more steps behind (admitted while it
+        still replayed): replay from the catch-up source up to ``head - 1``
+        with the hyperparameters of that step; FTAR then hands over the
+        members' sum of ``head - 1``."""
+        client = self._gap_client(head)
+        self.step = step
+        target = head - 1
+        self._replay_until(client, target)
         entries, _, _ = client.log(target, wait=self.config.timeout)
         if not entries or entries[0][0].step != target:
             raise FtarError(f"the catch-up source has no log entry of step {target}")
         self._set_hyperparams(entries[0][0].hyperparams_json)
         return self.step
+
+    def _join_members(self, head: int):
+        """FTAR: this joiner, without a gradient, joins the members' data
+        all-reduce of step ``head``. Their hyperparameters for ``head`` are
+        read now, while they wait in that all-reduce; the steps still missing
+        are replayed while it runs (see ``FTAR.on_join``)."""
+        client = self._gap_client(head)
+        hyperparams = client.hyperparams()
+        if self.step > head:
+            raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
+
+        def replay() -> int:
+            self._replay_until(client, head)
+            self._set_hyperparams(hyperparams)
+            return self.step
+
+        return replay
+
+    def _follow_log(self) -> None:
+        """FTAR: while this joiner waits in its new group for the members to
+        switch to it, it replays what they commit meanwhile."""
+        now = time.monotonic()
+        client = self._joiner.client if self._joiner is not None else None
+        if client is None or now < self._next_follow:
+            return
+        self._next_follow = now + 0.01
+        try:
+            entries, _, _ = client.log(self.step, wait=0)
+        except CatchUpError as e:
+            log.warning("following the log while waiting for the members: %s", e)
+            self._next_follow = now + 1.0
+            return
+        for entry, data in entries:
+            self.replay(entry, data)
 
     def report_progress(self, done: int, total: int) -> None:
         if self.leader:

@@ -44,6 +44,7 @@ class Membership:
         self.world_size = world_size
         self.step = step
         self.ready = False
+        self.catching_up = False
         self.state_checksum = ""
         self.checksum_step = 0
         self.recent_checksums: dict[int, str] = {}
@@ -122,6 +123,14 @@ class Membership:
         finally:
             self.close()
 
+    def set_catching_up(self, catching_up: bool) -> None:
+        """Say (at once) that a catch-up is under way: the coordinator then
+        waits for ``set_ready`` before admitting this replica, whatever its
+        step (a replay may bring it level with the members' last heartbeats)."""
+        if self.catching_up != catching_up:
+            self.catching_up = catching_up
+            self._beat_now.set()
+
     def set_ready(self, ready: bool) -> None:
         """Say (at once, not at the next heartbeat) whether this replica, not
         a member, can join at the next step boundary."""
@@ -192,6 +201,7 @@ class Membership:
                 recent_checksums=[pb.StepChecksum(step=s, checksum=c) for s, c in list(self.recent_checksums.items())],
                 catch_up_bytes=done,
                 catch_up_total_bytes=total,
+                catching_up=self.catching_up,
             )
             try:
                 self.client.call("Heartbeat", request)

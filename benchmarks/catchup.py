@@ -197,6 +197,10 @@ def wait_standby_waiting(agent_pid: int, rank_pid: int, timeout: float = 120.0) 
     raise TimeoutError("the standby never started waiting")
 
 
+LOGS: Path | None = None
+"""--logs: a folder for every process's stderr (the runs append to it)."""
+
+
 def rejoin(name: str, standby: bool) -> dict:
     cfg = CONFIGS[name]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **cfg["env"]}
@@ -208,7 +212,7 @@ def rejoin(name: str, standby: bool) -> dict:
     procs = [
         Proc([sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
               "--num-replicas", "3", "--restart-backoff", "0", *(["--standby", "--standby-delay", "3s"] if standby and i == 2 else []),
-              "--", sys.executable, *cfg["command"]], env)
+              "--", sys.executable, *cfg["command"]], env, stderr_path=LOGS / f"rejoin-r{i}.log" if LOGS else None)
         for i in range(3)
     ]
     r0, r2 = Lines(procs[0]), Lines(procs[2])
@@ -228,6 +232,11 @@ def rejoin(name: str, standby: bool) -> dict:
             p.stop()
         coordinator.kill()
         coordinator.wait()
+    if LOGS:
+        with open(LOGS / "rejoin-lines.jsonl", "a") as f:
+            for who, lines in (("r0", r0.items), ("r2", r2.items)):
+                for x in lines:
+                    f.write(json.dumps({"from": who, "t_kill": t_kill, **x}) + "\n")
     steps = sorted((x["t"], x["step"]) for x in r0.items if "step" in x and "t" in x)
     times = [t for t, _ in steps]
     intervals = list(zip(times, times[1:]))
@@ -337,13 +346,21 @@ def main() -> None:
     p.add_argument("--skip-large", action="store_true", help="leave out the 1 GB state")
     p.add_argument("--skip-torchft", action="store_true")
     p.add_argument("--repeat", type=int, default=1, help="rejoin runs per state and restart kind")
+    p.add_argument("--logs", type=Path, help="a folder for the rejoin runs' logs (stderr of every agent and rank)")
+    p.add_argument("--skip-transfer", action="store_true")
+    p.add_argument("--only-large", action="store_true", help="leave out examples/gpt")
     args = p.parse_args()
+    global LOGS
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        LOGS = args.logs
     if args.role == "http-source":
         return serve_http(args.mib)
     if args.role == "raw-source":
         return serve_raw(args.mib)
-    transfer(args.mib, args.trials)
-    configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)
+    if not args.skip_transfer:
+        transfer(args.mib, args.trials)
+    configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)[1:] if args.only_large else list(CONFIGS)
     rejoin_table(configs, args.repeat)
     if not args.skip_torchft:
         torchft_restart()

@@ -31,7 +31,7 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     import torch
     import torch.distributed as dist
 
-    from agent.ftar import FTAR, QuorumTracker
+    from agent.ftar import CONTROL_SLOTS, FTAR, QuorumTracker
     from protos.fthsdp.v1 import coordinator_pb2 as pb
 
     torch.set_num_threads(1)
@@ -45,7 +45,8 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     step = 0
     results = []
     for mb in sizes_mb:
-        t = torch.ones(mb * (1 << 20) // 4)
+        # The tail carries FTAR's switch proposals, as in Manager (two float32s).
+        t = torch.ones(mb * (1 << 20) // 4 + CONTROL_SLOTS)
         block = max(3, 256 // mb)  # back-to-back ops per timing, so skew between ranks is paid by both
         times = {"raw": [], "ftar": []}
         for i in range(pairs + 1):  # the first pair warms up
@@ -56,7 +57,7 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
                     if kind == "raw":
                         raw.allreduce([t]).wait()
                     else:
-                        ftar.allreduce(step, t, 1, refill=t.clone)
+                        ftar.allreduce(step, t, 1, refill=t.clone, control_slots=True)
                         step += 1
                 raw.barrier().wait()
                 if i:

@@ -17,9 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 class Proc:
     """Runs in a session of its own, so ``stop`` can kill its whole tree."""
 
-    def __init__(self, argv, env, pump: bool = True) -> None:
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    def __init__(self, argv, env, pump: bool = True, stderr_path: str | Path | None = None) -> None:
+        """``stderr_path``: where the child's stderr goes (its logs), else nowhere."""
+        stderr = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
                                   cwd=ROOT, start_new_session=True)
+        if stderr_path:
+            stderr.close()
         self.lines: queue.Queue = queue.Queue()
         if pump:
             threading.Thread(target=self._pump, daemon=True).start()

@@ -51,6 +51,7 @@ class ReplicaEntry:
     catch_up_addresses: tuple[str, ...] = ()
     catch_up_progress: tuple[int, int] = (0, 0)
     """Snapshot bytes received and expected, while the replica catches up."""
+    catching_up: bool = False
 
     def view(self) -> ReplicaView:
         # The replica is as alive as its most silent rank.
@@ -66,6 +67,7 @@ class ReplicaEntry:
             disconnected_at=self.disconnected_at,
             failed_at=self.failed_at,
             ready_since=self.ready_since,
+            catching_up=self.catching_up,
             restarted=self.restarted,
             diverged=self.diverged_at is not None,
             cordoned=self.cordoned,
@@ -171,6 +173,7 @@ class JobState:
         member = self._member(replica_id)
         entry.address, entry.world_size, entry.step = address, world_size, step
         entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
+        entry.catching_up = False
         entry.session_id = secrets.token_hex(8)
         entry.registered_at = entry.last_heartbeat = now
         entry.heard_from = True
@@ -198,12 +201,13 @@ class JobState:
         recent: dict[int, str] | None = None,
         shard_rank: int = 0,
         catch_up_progress: tuple[int, int] = (0, 0),
+        catching_up: bool = False,
     ) -> pb.HeartbeatResponse:
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now)
         entry = self._session(replica_id, session_id)
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
-        entry.catch_up_progress = catch_up_progress
+        entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
         if ready and entry.ready_since is None:
             entry.ready_since = now
         elif not ready:

@@ -101,6 +101,8 @@ class ReplicaView:
     disconnected_at: float | None = None
     failed_at: float | None = None
     ready_since: float | None = None
+    catching_up: bool = False
+    """A catch-up is under way: not up to date whatever its step, until ready."""
     restarted: bool = False
     diverged: bool = False
     cordoned: bool = False
@@ -170,7 +172,7 @@ def decide(
 
     outsiders = sorted(i for i in alive if i not in continuing and not alive[i].drain_requested)
     eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged]
-    ready = [i for i in eligible if alive[i].step >= head or alive[i].ready_since is not None]
+    ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= head and not alive[i].catching_up)]
     pending = [i for i in eligible if i not in ready]
 
     def new_members(ids: Sequence[str], next_id: int) -> tuple[Member, ...]:
@@ -195,7 +197,7 @@ def decide(
             sources = [i for i in ready if alive[i].step >= head]
         sources = [i for i in sources if not alive[i].drain_requested]
         admitted = {m.replica_id for m in members} if members is not None else set()
-        behind = [i for i in eligible if alive[i].step < head and i not in admitted]
+        behind = [i for i in eligible if (alive[i].step < head or alive[i].catching_up) and i not in admitted]
         catch_up = _assign_sources(behind, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending)
         return Decision(members, f"{reason} {detail}".strip(), head, catch_up)

@@ -159,7 +159,7 @@ class CoordinatorRuntime:
         recent = {c.step: c.checksum for c in req.recent_checksums}
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
-            recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes),
+            recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
         )
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()

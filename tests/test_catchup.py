@@ -98,6 +98,12 @@ def test_restarted_replica_catches_up_while_the_others_keep_training(cluster):
 
     rejoined = a2.read_until(lambda line: "admitted" in line and line["pid"] != first["pid"])
     first_new = a2.read_until(lambda line: "step" in line and line["t"] > rejoined["t"])["step"]
+    # The members took the joiner in at a step boundary they agreed on: no
+    # collective of theirs was abandoned for it (a failure's quorum abandons one).
+    joined_in = a2.steps[first_new]["quorum"]
+    for member in (a0, a1):
+        line = member.read_until(lambda line: line.get("quorum", 0) >= joined_in)
+        assert line["quorum"] == joined_in and line["abandoned"] == 0, line
     a2.read_until(lambda line: line.get("step", 0) >= first_new + 40)
     a0.read_until(lambda line: line.get("step", 0) >= first_new + 40)
     steps = common_checksum_steps(a0, a2, after=first_new)

@@ -240,6 +240,23 @@ def test_idle_snapshots_expire(source):
     wait_until(lambda: (src.source.expire(), src.source.held == [])[1], 5, message="the idle snapshot expired")
 
 
+def test_a_joiner_reading_the_log_keeps_its_snapshot_and_the_log_held(source):
+    """A joiner may follow the log for longer than the idle timeout (its
+    admission waits for the members' next step boundary): the snapshot, and
+    the log entries it pins, must not expire under it."""
+    src = source()
+    client = SourceClient(src.server.address)
+    step = client.request_snapshot().step
+    snap = src.source.snapshot(step, 1)
+    snap.last_used -= 2 * src.source.idle_timeout  # idle for longer than the timeout...
+    client.log(step)  # ...but the joiner reads the log from the snapshot's step
+    src.source.expire()
+    assert src.source.held == [step]
+    snap.last_used -= 2 * src.source.idle_timeout
+    src.source.expire()
+    assert src.source.held == []
+
+
 def test_status_table_shows_catch_up_progress():
     from coordinator.status_view import status_table
     from protos.fthsdp.v1 import coordinator_pb2 as pb

@@ -13,7 +13,7 @@ from agent.ftar import (
     FOLLOW_HEAL,
     IN_PHASE,
     REPLAY_TO_BEFORE_HEAD,
-    REPLAY_TO_HEAD,
+    JOIN_IN_PHASE,
     SERVE_LAST,
     TAKE_LAST,
     FtarError,
@@ -27,17 +27,19 @@ def row(step: int, contributes: bool, holds_last: bool) -> list[int]:
     return [step, 10, 7, 2 if holds_last else 0, 5 if holds_last else 0, int(contributes)]
 
 
-def collective(action: str, arg: int) -> tuple:
-    if action in (AGAIN, REPLAY_TO_HEAD, REPLAY_TO_BEFORE_HEAD):
+def collective(action: str, arg: int, rows: list[list[int]]) -> tuple:
+    if action in (AGAIN, REPLAY_TO_BEFORE_HEAD):
         return ("allgather",)
     if action == IN_PHASE:
         return ("allreduce", arg)
+    if action == JOIN_IN_PHASE:  # the joiner counts the contributors itself
+        return ("allreduce", sum(1 for r in rows if r[5]))
     assert action in (FOLLOW_HEAL, TAKE_LAST, SERVE_LAST)
     return ("broadcast", arg)
 
 
 def next_collectives(rows: list[list[int]]) -> list[tuple]:
-    return [collective(*agree_action(r[0], bool(r[5]), rows)) for r in rows]
+    return [collective(*agree_action(r[0], bool(r[5]), rows), rows) for r in rows]
 
 
 def scenarios():
@@ -61,13 +63,23 @@ def test_every_member_starts_the_same_next_collective(rows):
 
 def test_in_phase_counts_only_members_with_a_gradient():
     rows = [row(H, True, True), row(H, True, True), row(H, False, False)]
-    assert {agree_action(r[0], bool(r[5]), rows) for r in rows} == {(IN_PHASE, 2)}
+    assert agree_action(H, True, rows) == (IN_PHASE, 2)
+    assert agree_action(H, False, rows) == (JOIN_IN_PHASE, H)  # sets the members' hyperparameters
 
 
-def test_a_joiner_behind_replays_to_the_members_step_while_they_agree_again():
+def test_a_joiner_behind_joins_the_members_all_reduce_at_once():
+    """The members do not wait for the joiner's replay: it runs during their all-reduce."""
     rows = [row(H, True, True), row(H, True, True), row(H - 3, False, False)]
-    assert agree_action(H - 3, False, rows) == (REPLAY_TO_HEAD, H)
+    assert agree_action(H - 3, False, rows) == (JOIN_IN_PHASE, H)
+    assert agree_action(H, True, rows) == (IN_PHASE, 2)
+
+
+def test_a_joiner_ahead_of_the_members_is_an_error_and_the_others_agree_again():
+    rows = [row(H, True, True), row(H + 1, False, False), row(H - 1, False, False)]
+    with pytest.raises(FtarError, match="ahead"):
+        agree_action(H + 1, False, rows)
     assert agree_action(H, True, rows) == (AGAIN, 0)
+    assert agree_action(H - 1, False, rows) == (AGAIN, 0)
 
 
 def test_a_survivor_one_step_behind_takes_the_sum_from_a_holder():
@@ -86,3 +98,29 @@ def test_members_steps_too_far_apart_is_an_error():
     rows = [row(H, True, True), row(H + 1, True, True), row(H + 2, True, True)]
     with pytest.raises(FtarError, match="steps"):
         agree_action(H + 1, True, rows)
+
+
+# ----- the agreed switch to a quorum that only grows the group ---------------------------
+
+
+@pytest.mark.parametrize(
+    "proposals, expected",
+    [
+        ([2, 2, 2], 12),  # every member proposes quorum 10 + 2
+        ([1], 11),
+        ([0, 0, 0], 0),  # nothing to switch to
+        ([2, 2, 0], 0),  # one member has not built the group yet
+        ([1, 2, 3], 0),  # the sums alone would say "all 2": the squares tell them apart
+        ([3, 1, 2, 2], 0),
+        ([15] * 1000, 25),
+    ],
+)
+def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected):
+    import torch
+
+    from agent.ftar import slot_switch
+
+    # Summed in float32, as in the gradient all-reduce.
+    total = torch.tensor([float(d) for d in proposals], dtype=torch.float32).sum()
+    squares = torch.tensor([float(d * d) for d in proposals], dtype=torch.float32).sum()
+    assert slot_switch(10, len(proposals), int(total), int(squares)) == expected

@@ -113,6 +113,15 @@ CASES = [
     ),
     Case("joiner behind: assigned a source, not admitted", quorum("a", "b"), table(alive("a"), alive("b"), alive("d", 0)), None, "unchanged", catch_up={"d": "a"}),
     Case(
+        "joiner level with the head by its replay: not admitted before it says ready, and keeps its source",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("d", 100, catching_up=True)),
+        None,
+        "unchanged",
+        catch_up={"d": "b"},
+        prev_catch_up={"d": "b"},
+    ),
+    Case(
         "joiner ready: admitted at once when nobody else is pending",
         quorum("a", "b"),
         table(alive("a"), alive("b"), alive("d", 97, ready_since=NOW - 0.1)),

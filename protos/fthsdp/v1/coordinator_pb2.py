@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"protos/fthsdp/v1/coordinator.proto\x12\tfthsdp.v1\"o\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x18\n\x10joined_quorum_id\x18\x05 \x01(\x03\"\x84\x01\n\x06Quorum\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x07members\x18\x02 \x03(\x0b\x32\x17.fthsdp.v1.QuorumMember\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x17\n\x0f\x63reated_unix_ms\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\"t\n\x07\x43\x61tchUp\x12\x19\n\x11source_replica_id\x18\x01 \x01(\t\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x13\n\x0bsource_step\x18\x03 \x01(\x03\x12!\n\x19source_catch_up_addresses\x18\x04 \x03(\t\"\x94\x01\n\x0fRegisterRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x11\n\tquorum_id\x18\x06 \x01(\x03\x12\x1a\n\x12\x63\x61tch_up_addresses\x18\x07 \x03(\t\"\x94\x01\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x03 \x01(\x01\x12!\n\x06quorum\x18\x04 \x01(\x0b\x32\x11.fthsdp.v1.Quorum\x12\x0e\n\x06leader\x18\x05 \x01(\t\".\n\x0cStepChecksum\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\"\x90\x02\n\x10HeartbeatRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x16\n\x0estate_checksum\x18\x06 \x01(\t\x12\x15\n\rchecksum_step\x18\x07 \x01(\x03\x12\x31\n\x10recent_checksums\x18\x08 \x03(\x0b\x32\x17.fthsdp.v1.StepChecksum\x12\x12\n\nshard_rank\x18\t \x01(\x05\x12\x16\n\x0e\x63\x61tch_up_bytes\x18\n \x01(\x03\x12\x1c\n\x14\x63\x61tch_up_total_bytes\x18\x0b \x01(\x03\"?\n\x11HeartbeatResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\x17\n\x0f\x64rain_requested\x18\x02 \x01(\x08\"C\n\x0cWatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\xac\x01\n\nWatchEvent\x12!\n\x06quorum\x18\x01 \x01(\x0b\x32\x11.fthsdp.v1.Quorum\x12$\n\x08\x63\x61tch_up\x18\x02 \x01(\x0b\x32\x12.fthsdp.v1.CatchUp\x12\x17\n\x0f\x64rain_requested\x18\x03 \x01(\x08\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x06 \x01(\x01\"c\n\x0cLeaveRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\"\x0f\n\rLeaveResponse\"\x94\x01\n\x11\x41gentEventRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.fthsdp.v1.AgentState\x12\x11\n\tnode_rank\x18\x04 \x01(\x05\x12\x15\n\rrestart_count\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\x14\n\x12\x41gentEventResponse\"\x1c\n\rStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\xa0\x03\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.fthsdp.v1.ReplicaState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x17\n\x0fheartbeat_age_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x16\n\x0estate_checksum\x18\x06 \x01(\t\x12\x15\n\rchecksum_step\x18\x07 \x01(\x03\x12\x12\n\nworld_size\x18\x08 \x01(\x05\x12\x10\n\x08\x63ordoned\x18\t \x01(\x08\x12\x17\n\x0f\x63\x61tch_up_source\x18\n \x01(\t\x12*\n\x0b\x61gent_state\x18\x0b \x01(\x0e\x32\x15.fthsdp.v1.AgentState\x12\x15\n\rrestart_count\x18\x0c \x01(\x05\x12\x14\n\x0c\x61gent_detail\x18\r \x01(\t\x12\x1e\n\x16\x63hecksum_mismatch_step\x18\x0e \x01(\x03\x12\x16\n\x0e\x63\x61tch_up_bytes\x18\x0f \x01(\x03\x12\x1c\n\x14\x63\x61tch_up_total_bytes\x18\x10 \x01(\x03\"\xa9\x01\n\x0eStatusResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12!\n\x06quorum\x18\x04 \x01(\x0b\x32\x11.fthsdp.v1.Quorum\x12*\n\x08replicas\x18\x05 \x03(\x0b\x32\x18.fthsdp.v1.ReplicaStatus\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0c\n\x04jobs\x18\x07 \x03(\t\"/\n\x0c\x44rainRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\"\x0f\n\rDrainResponse\"B\n\rCordonRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x10\n\x08\x63ordoned\x18\x03 \x01(\x08\"\x10\n\x0e\x43ordonResponse\"\x8f\x01\n\rReplicaRecord\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x10\n\x08\x63ordoned\x18\x04 \x01(\x08\x12\x17\n\x0f\x64rain_requested\x18\x05 \x01(\x08\x12\x1a\n\x12registered_unix_ms\x18\x06 \x01(\x03\"D\n\x05\x45poch\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x13\n\x0b\x63oordinator\x18\x02 \x01(\t\x12\x17\n\x0fstarted_unix_ms\x18\x03 \x01(\x03*\xb8\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_JOINING\x10\x01\x12\x19\n\x15REPLICA_STATE_HEALTHY\x10\x02\x12\x1d\n\x19REPLICA_STATE_CATCHING_UP\x10\x03\x12\x18\n\x14REPLICA_STATE_FAILED\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05*\xde\x01\n\nAgentState\x12\x1b\n\x17\x41GENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41GENT_STATE_STARTING\x10\x01\x12\x17\n\x13\x41GENT_STATE_RUNNING\x10\x02\x12\x16\n\x12\x41GENT_STATE_FAILED\x10\x03\x12\x1a\n\x16\x41GENT_STATE_RESTARTING\x10\x04\x12\x18\n\x14\x41GENT_STATE_DRAINING\x10\x05\x12\x19\n\x15\x41GENT_STATE_SUCCEEDED\x10\x06\x12\x17\n\x13\x41GENT_STATE_GAVE_UP\x10\x07\x32\x9c\x04\n\x0b\x43oordinator\x12\x43\n\x08Register\x12\x1a.fthsdp.v1.RegisterRequest\x1a\x1b.fthsdp.v1.RegisterResponse\x12\x46\n\tHeartbeat\x12\x1b.fthsdp.v1.HeartbeatRequest\x1a\x1c.fthsdp.v1.HeartbeatResponse\x12\x39\n\x05Watch\x12\x17.fthsdp.v1.WatchRequest\x1a\x15.fthsdp.v1.WatchEvent0\x01\x12:\n\x05Leave\x12\x17.fthsdp.v1.LeaveRequest\x1a\x18.fthsdp.v1.LeaveResponse\x12O\n\x10ReportAgentEvent\x12\x1c.fthsdp.v1.AgentEventRequest\x1a\x1d.fthsdp.v1.AgentEventResponse\x12=\n\x06Status\x12\x18.fthsdp.v1.StatusRequest\x1a\x19.fthsdp.v1.StatusResponse\x12:\n\x05\x44rain\x12\x17.fthsdp.v1.DrainRequest\x1a\x18.fthsdp.v1.DrainResponse\x12=\n\x06\x43ordon\x12\x18.fthsdp.v1.CordonRequest\x1a\x19.fthsdp.v1.CordonResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"protos/fthsdp/v1/coordinator.proto\x12\tfthsdp.v1\"o\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x18\n\x10joined_quorum_id\x18\x05 \x01(\x03\"\x84\x01\n\x06Quorum\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x07members\x18\x02 \x03(\x0b\x32\x17.fthsdp.v1.QuorumMember\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x17\n\x0f\x63reated_unix_ms\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\"t\n\x07\x43\x61tchUp\x12\x19\n\x11source_replica_id\x18\x01 \x01(\t\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x13\n\x0bsource_step\x18\x03 \x01(\x03\x12!\n\x19source_catch_up_addresses\x18\x04 \x03(\t\"\x94\x01\n\x0fRegisterRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x11\n\tquorum_id\x18\x06 \x01(\x03\x12\x1a\n\x12\x63\x61tch_up_addresses\x18\x07 \x03(\t\"\x94\x01\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x03 \x01(\x01\x12!\n\x06quorum\x18\x04 \x01(\x0b\x32\x11.fthsdp.v1.Quorum\x12\x0e\n\x06leader\x18\x05 \x01(\t\".\n\x0cStepChecksum\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\"\xa5\x02\n\x10HeartbeatRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x16\n\x0estate_checksum\x18\x06 \x01(\t\x12\x15\n\rchecksum_step\x18\x07 \x01(\x03\x12\x31\n\x10recent_checksums\x18\x08 \x03(\x0b\x32\x17.fthsdp.v1.StepChecksum\x12\x12\n\nshard_rank\x18\t \x01(\x05\x12\x16\n\x0e\x63\x61tch_up_bytes\x18\n \x01(\x03\x12\x1c\n\x14\x63\x61tch_up_total_bytes\x18\x0b \x01(\x03\x12\x13\n\x0b\x63\x61tching_up\x18\x0c \x01(\x08\"?\n\x11HeartbeatResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\x17\n\x0f\x64rain_requested\x18\x02 \x01(\x08\"C\n\x0cWatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\xac\x01\n\nWatchEvent\x12!\n\x06quorum\x18\x01 \x01(\x0b\x32\x11.fthsdp.v1.Quorum\x12$\n\x08\x63\x61tch_up\x18\x02 \x01(\x0b\x32\x12.fthsdp.v1.CatchUp\x12\x17\n\x0f\x64rain_requested\x18\x03 \x01(\x08\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x06 \x01(\x01\"c\n\x0cLeaveRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\"\x0f\n\rLeaveResponse\"\x94\x01\n\x11\x41gentEventRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.fthsdp.v1.AgentState\x12\x11\n\tnode_rank\x18\x04 \x01(\x05\x12\x15\n\rrestart_count\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\x14\n\x12\x41gentEventResponse\"\x1c\n\rStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\xa0\x03\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.fthsdp.v1.ReplicaState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x17\n\x0fheartbeat_age_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x16\n\x0estate_checksum\x18\x06 \x01(\t\x12\x15\n\rchecksum_step\x18\x07 \x01(\x03\x12\x12\n\nworld_size\x18\x08 \x01(\x05\x12\x10\n\x08\x63ordoned\x18\t \x01(\x08\x12\x17\n\x0f\x63\x61tch_up_source\x18\n \x01(\t\x12*\n\x0b\x61gent_state\x18\x0b \x01(\x0e\x32\x15.fthsdp.v1.AgentState\x12\x15\n\rrestart_count\x18\x0c \x01(\x05\x12\x14\n\x0c\x61gent_detail\x18\r \x01(\t\x12\x1e\n\x16\x63hecksum_mismatch_step\x18\x0e \x01(\x03\x12\x16\n\x0e\x63\x61tch_up_bytes\x18\x0f \x01(\x03\x12\x1c\n\x14\x63\x61tch_up_total_bytes\x18\x10 \x01(\x03\"\xa9\x01\n\x0eStatusResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12!\n\x06quorum\x18\x04 \x01(\x0b\x32\x11.fthsdp.v1.Quorum\x12*\n\x08replicas\x18\x05 \x03(\x0b\x32\x18.fthsdp.v1.ReplicaStatus\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0c\n\x04jobs\x18\x07 \x03(\t\"/\n\x0c\x44rainRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\"\x0f\n\rDrainResponse\"B\n\rCordonRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x10\n\x08\x63ordoned\x18\x03 \x01(\x08\"\x10\n\x0e\x43ordonResponse\"\x8f\x01\n\rReplicaRecord\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x10\n\x08\x63ordoned\x18\x04 \x01(\x08\x12\x17\n\x0f\x64rain_requested\x18\x05 \x01(\x08\x12\x1a\n\x12registered_unix_ms\x18\x06 \x01(\x03\"D\n\x05\x45poch\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x13\n\x0b\x63oordinator\x18\x02 \x01(\t\x12\x17\n\x0fstarted_unix_ms\x18\x03 \x01(\x03*\xb8\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_JOINING\x10\x01\x12\x19\n\x15REPLICA_STATE_HEALTHY\x10\x02\x12\x1d\n\x19REPLICA_STATE_CATCHING_UP\x10\x03\x12\x18\n\x14REPLICA_STATE_FAILED\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05*\xde\x01\n\nAgentState\x12\x1b\n\x17\x41GENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41GENT_STATE_STARTING\x10\x01\x12\x17\n\x13\x41GENT_STATE_RUNNING\x10\x02\x12\x16\n\x12\x41GENT_STATE_FAILED\x10\x03\x12\x1a\n\x16\x41GENT_STATE_RESTARTING\x10\x04\x12\x18\n\x14\x41GENT_STATE_DRAINING\x10\x05\x12\x19\n\x15\x41GENT_STATE_SUCCEEDED\x10\x06\x12\x17\n\x13\x41GENT_STATE_GAVE_UP\x10\x07\x32\x9c\x04\n\x0b\x43oordinator\x12\x43\n\x08Register\x12\x1a.fthsdp.v1.RegisterRequest\x1a\x1b.fthsdp.v1.RegisterResponse\x12\x46\n\tHeartbeat\x12\x1b.fthsdp.v1.HeartbeatRequest\x1a\x1c.fthsdp.v1.HeartbeatResponse\x12\x39\n\x05Watch\x12\x17.fthsdp.v1.WatchRequest\x1a\x15.fthsdp.v1.WatchEvent0\x01\x12:\n\x05Leave\x12\x17.fthsdp.v1.LeaveRequest\x1a\x18.fthsdp.v1.LeaveResponse\x12O\n\x10ReportAgentEvent\x12\x1c.fthsdp.v1.AgentEventRequest\x1a\x1d.fthsdp.v1.AgentEventResponse\x12=\n\x06Status\x12\x18.fthsdp.v1.StatusRequest\x1a\x19.fthsdp.v1.StatusResponse\x12:\n\x05\x44rain\x12\x17.fthsdp.v1.DrainRequest\x1a\x18.fthsdp.v1.DrainResponse\x12=\n\x06\x43ordon\x12\x18.fthsdp.v1.CordonRequest\x1a\x19.fthsdp.v1.CordonResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.fthsdp.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPLICASTATE']._serialized_start=2630
-  _globals['_REPLICASTATE']._serialized_end=2814
-  _globals['_AGENTSTATE']._serialized_start=2817
-  _globals['_AGENTSTATE']._serialized_end=3039
+  _globals['_REPLICASTATE']._serialized_start=2651
+  _globals['_REPLICASTATE']._serialized_end=2835
+  _globals['_AGENTSTATE']._serialized_start=2838
+  _globals['_AGENTSTATE']._serialized_end=3060
   _globals['_QUORUMMEMBER']._serialized_start=49
   _globals['_QUORUMMEMBER']._serialized_end=160
   _globals['_QUORUM']._serialized_start=163
@@ -48,39 +48,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPCHECKSUM']._serialized_start=717
   _globals['_STEPCHECKSUM']._serialized_end=763
   _globals['_HEARTBEATREQUEST']._serialized_start=766
-  _globals['_HEARTBEATREQUEST']._serialized_end=1038
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1040
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1103
-  _globals['_WATCHREQUEST']._serialized_start=1105
-  _globals['_WATCHREQUEST']._serialized_end=1172
-  _globals['_WATCHEVENT']._serialized_start=1175
-  _globals['_WATCHEVENT']._serialized_end=1347
-  _globals['_LEAVEREQUEST']._serialized_start=1349
-  _globals['_LEAVEREQUEST']._serialized_end=1448
-  _globals['_LEAVERESPONSE']._serialized_start=1450
-  _globals['_LEAVERESPONSE']._serialized_end=1465
-  _globals['_AGENTEVENTREQUEST']._serialized_start=1468
-  _globals['_AGENTEVENTREQUEST']._serialized_end=1616
-  _globals['_AGENTEVENTRESPONSE']._serialized_start=1618
-  _globals['_AGENTEVENTRESPONSE']._serialized_end=1638
-  _globals['_STATUSREQUEST']._serialized_start=1640
-  _globals['_STATUSREQUEST']._serialized_end=1668
-  _globals['_REPLICASTATUS']._serialized_start=1671
-  _globals['_REPLICASTATUS']._serialized_end=2087
-  _globals['_STATUSRESPONSE']._serialized_start=2090
-  _globals['_STATUSRESPONSE']._serialized_end=2259
-  _globals['_DRAINREQUEST']._serialized_start=2261
-  _globals['_DRAINREQUEST']._serialized_end=2308
-  _globals['_DRAINRESPONSE']._serialized_start=2310
-  _globals['_DRAINRESPONSE']._serialized_end=2325
-  _globals['_CORDONREQUEST']._serialized_start=2327
-  _globals['_CORDONREQUEST']._serialized_end=2393
-  _globals['_CORDONRESPONSE']._serialized_start=2395
-  _globals['_CORDONRESPONSE']._serialized_end=2411
-  _globals['_REPLICARECORD']._serialized_start=2414
-  _globals['_REPLICARECORD']._serialized_end=2557
-  _globals['_EPOCH']._serialized_start=2559
-  _globals['_EPOCH']._serialized_end=2627
-  _globals['_COORDINATOR']._serialized_start=3042
-  _globals['_COORDINATOR']._serialized_end=3582
+  _globals['_HEARTBEATREQUEST']._serialized_end=1059
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1061
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1124
+  _globals['_WATCHREQUEST']._serialized_start=1126
+  _globals['_WATCHREQUEST']._serialized_end=1193
+  _globals['_WATCHEVENT']._serialized_start=1196
+  _globals['_WATCHEVENT']._serialized_end=1368
+  _globals['_LEAVEREQUEST']._serialized_start=1370
+  _globals['_LEAVEREQUEST']._serialized_end=1469
+  _globals['_LEAVERESPONSE']._serialized_start=1471
+  _globals['_LEAVERESPONSE']._serialized_end=1486
+  _globals['_AGENTEVENTREQUEST']._serialized_start=1489
+  _globals['_AGENTEVENTREQUEST']._serialized_end=1637
+  _globals['_AGENTEVENTRESPONSE']._serialized_start=1639
+  _globals['_AGENTEVENTRESPONSE']._serialized_end=1659
+  _globals['_STATUSREQUEST']._serialized_start=1661
+  _globals['_STATUSREQUEST']._serialized_end=1689
+  _globals['_REPLICASTATUS']._serialized_start=1692
+  _globals['_REPLICASTATUS']._serialized_end=2108
+  _globals['_STATUSRESPONSE']._serialized_start=2111
+  _globals['_STATUSRESPONSE']._serialized_end=2280
+  _globals['_DRAINREQUEST']._serialized_start=2282
+  _globals['_DRAINREQUEST']._serialized_end=2329
+  _globals['_DRAINRESPONSE']._serialized_start=2331
+  _globals['_DRAINRESPONSE']._serialized_end=2346
+  _globals['_CORDONREQUEST']._serialized_start=2348
+  _globals['_CORDONREQUEST']._serialized_end=2414
+  _globals['_CORDONRESPONSE']._serialized_start=2416
+  _globals['_CORDONRESPONSE']._serialized_end=2432
+  _globals['_REPLICARECORD']._serialized_start=2435
+  _globals['_REPLICARECORD']._serialized_end=2578
+  _globals['_EPOCH']._serialized_start=2580
+  _globals['_EPOCH']._serialized_end=2648
+  _globals['_COORDINATOR']._serialized_start=3063
+  _globals['_COORDINATOR']._serialized_end=3603
 # @@protoc_insertion_point(module_scope)

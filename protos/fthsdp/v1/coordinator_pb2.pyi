@@ -124,7 +124,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class HeartbeatRequest(_message.Message):
     SHARD_RANK_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_BYTES_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CATCHING_UP_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -147,7 +148,8 @@ class HeartbeatRequest(_message.Message):
     shard_rank: int
     catch_up_bytes: int
     catch_up_total_bytes: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ...) -> None: ...
+    catching_up: bool
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("quorum_id", "drain_requested")
