@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from agent.ftar import (
+from agent.ftar_decisions import (
     AGAIN,
     FOLLOW_HEAL,
     IN_PHASE,
@@ -118,7 +118,7 @@ def test_members_steps_too_far_apart_is_an_error():
 def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected):
     import torch
 
-    from agent.ftar import slot_switch
+    from agent.ftar_decisions import slot_switch
 
     # Summed in float32, as in the gradient all-reduce.
     total = torch.tensor([float(d) for d in proposals], dtype=torch.float32).sum()

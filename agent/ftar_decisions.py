@@ -1,0 +1,113 @@
+"""FTAR's decisions, as pure functions of what the members exchanged.
+
+Kept apart from the collectives (agent/ftar.py) so that they can be checked
+exhaustively without processes (tests/test_ftar_agree.py): after every
+agree, what each member does next; whether a newer quorum only grows a
+group; and whether the members agreed to switch to it.
+"""
+
+from __future__ import annotations
+
+from coordinator.errors import FthsdpError
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+
+class FtarError(FthsdpError):
+    """The replicas cannot agree on this step (a misuse, not a failure)."""
+
+
+# ----- growth: the agreed switch --------------------------------------------------------
+
+CONTROL_SLOTS = 2
+"""Spare elements at the end of a gradient buffer (``allreduce(...,
+control_slots=True)``) that carry this member's switch proposal inside the
+data all-reduce, at no cost: d and d*d, d being the proposed quorum id minus
+the group's (0: none). Every member proposed the same d > 0 exactly when
+(sum d)^2 == n * sum d^2 (Cauchy-Schwarz), exact in float32 for d <= 15 and
+up to 74,000 members. Other dtypes, or no spare elements: a separate small
+all-reduce carries the proposal."""
+MAX_SLOT_PROPOSAL = 15
+
+
+def is_growth(members: frozenset[str], quorum: pb.Quorum | None) -> bool:
+    """Whether ``quorum`` keeps every one of ``members`` and adds some."""
+    if quorum is None:
+        return False
+    ids = {m.replica_id for m in quorum.members}
+    return members < ids
+
+
+def slot_switch(quorum_id: int, size: int, total: int, squares: int) -> int:
+    """The quorum every member of ``quorum_id``'s group (``size`` members)
+    agreed to switch to, from the sums of their proposals d and d*d carried
+    in the data all-reduce (see CONTROL_SLOTS); 0 if they did not agree."""
+    if total > 0 and total * total == size * squares:
+        return quorum_id + total // size
+    return 0
+
+
+# ----- the agreement, as a pure function -------------------------------------------------
+
+AGAIN = "again"
+"""Agree again (another member closes a gap first)."""
+IN_PHASE = "in-phase"
+"""Every member is at this step: the data all-reduce follows (arg: contributors)."""
+JOIN_IN_PHASE = "join-in-phase"
+"""A joiner without a gradient, at or behind the members' step (arg): it
+takes part in their data all-reduce at once and replays up to their step meanwhile."""
+REPLAY_TO_BEFORE_HEAD = "replay-to-before-head"
+"""Two or more steps behind with a gradient: replay up to arg - 1, then agree again."""
+FOLLOW_HEAL = "follow-heal"
+"""A joiner takes part in the members' broadcast among themselves (arg: root)."""
+TAKE_LAST = "take-last"
+"""One step behind: receive the sum of this step from arg, and commit it."""
+SERVE_LAST = "serve-last"
+"""Others are one step behind: broadcast the sum of the last step (arg: root)."""
+
+
+def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id: int = 0) -> tuple[str, int]:
+    """What this member does after an agree, from every member's row.
+
+    A row is (step, gradient size, model hash, last sum's contributors, last
+    sum's quorum id or 0 if not held, contributes this step). The members
+    with a gradient (contributes) decide; joiners without one follow them,
+    whatever step they are at below the members'. Every member reaches a
+    decision whose next collective is the same as every other member's
+    (tests/test_ftar_agree.py checks this over all small configurations): an
+    all-gather (AGAIN, REPLAY_TO_BEFORE_HEAD), the data all-reduce (IN_PHASE,
+    JOIN_IN_PHASE), or one broadcast from the same root (FOLLOW_HEAL,
+    TAKE_LAST, SERVE_LAST).
+    """
+    steps = [r[0] for r in rows]
+    counted = [r[0] for r in rows if r[5]]
+    if not counted:
+        raise FtarError(f"no member of quorum {quorum_id} has a gradient for step {step}")
+    lo, hi = min(counted), max(counted)
+
+    def holder(at: int) -> int:
+        """The first member at ``at`` that holds the sum of ``at - 1``."""
+        for i, r in enumerate(rows):
+            if r[0] == at and r[4] > 0:
+                return i
+        raise FtarError(f"quorum {quorum_id}: no member at step {at} holds the result of step {at - 1}")
+
+    if not contributes:
+        if lo < hi:
+            return FOLLOW_HEAL, holder(hi)
+        if step > hi:
+            raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
+        if max(steps) > hi:
+            return AGAIN, 0  # another joiner is ahead: it fails, and the quorum changes
+        # Even at the members' step: the joiner sets their hyperparameters for it.
+        return JOIN_IN_PHASE, hi
+    if lo == hi == step:
+        return (AGAIN, 0) if max(steps) > step else (IN_PHASE, len(counted))
+    if lo == step and hi >= step + 2:
+        return REPLAY_TO_BEFORE_HEAD, hi
+    if lo < step - 1 and hi == step:
+        return AGAIN, 0
+    if lo == step and hi == step + 1:
+        return TAKE_LAST, holder(hi)
+    if lo == step - 1 and hi == step:
+        return SERVE_LAST, holder(step)
+    raise FtarError(f"replicas in quorum {quorum_id} are at steps {lo}..{hi}, this one at {step}")
