@@ -215,8 +215,10 @@ class FTAR:
         function, run while the all-reduce goes on, that replays up to
         ``head`` and returns that step."""
         self.while_joining: Callable[[], None] | None = None
-        """Called now and then while this replica, without a gradient, waits
-        in a new group for the members to arrive (a joiner follows the log)."""
+        """Called before this replica, without a gradient, waits in a new
+        group for the members to arrive: a joiner follows the log meanwhile,
+        on a helper thread (the wait must never be held up by a replay;
+        ``on_join`` stops it)."""
 
     # ----- the step ------------------------------------------------------------------
 
@@ -293,8 +295,9 @@ class FTAR:
                 self._retire(group)
                 abandoned += 1
                 continue
-            idle = None if contributes else self.while_joining
-            rows = self._agree(group, step, numel, structure_hash, deadline, contributes, idle)
+            if not contributes and self.while_joining is not None:
+                self.while_joining()
+            rows = self._agree(group, step, numel, structure_hash, deadline, contributes)
             if rows is None:
                 abandoned += 1
                 continue
@@ -326,7 +329,7 @@ class FTAR:
                     abandoned += 1
             # AGAIN, and after every action but TAKE_LAST: agree again.
 
-    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None):
+    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True):
         """All-gather every member's (step, size, model hash, last result's
         contributors and quorum, whether it contributes a gradient): the
         first collective in every new group."""
@@ -336,7 +339,7 @@ class FTAR:
             dtype=torch.int64,
         )
         rows = [torch.zeros_like(row) for _ in range(group.size)]
-        if self._wait_work(group.pg.allgather([rows], [row]), group, deadline, idle=idle) != _DONE:
+        if self._wait_work(group.pg.allgather([rows], [row]), group, deadline) != _DONE:
             self._retire(group)
             return None
         sizes = {int(r[1]) for r in rows}
@@ -515,12 +518,11 @@ class FTAR:
             return True
         return False
 
-    def _wait_work(self, work, group: _Group, deadline: float, idle=None) -> str:
+    def _wait_work(self, work, group: _Group, deadline: float) -> str:
         """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
         thread, and a newer quorum is seen within a millisecond. A newer
         quorum abandons it, except one that only grows the group: the members
-        switch at an agreed step boundary instead (see ``_leave_for``).
-        ``idle`` runs between polls."""
+        switch at an agreed step boundary instead (see ``_leave_for``)."""
         pause = 20e-6
         since: list[float] = []
         while not work.is_completed():
@@ -528,8 +530,6 @@ class FTAR:
                 return _NEWER
             if time.monotonic() > deadline:
                 raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
-            if idle is not None:
-                idle()
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         try:

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from agent.catchup_client import CatchUpError
+from agent.catchup_client import CatchUpError, SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
 from agent.checksum import state_checksum, structure_hash
@@ -121,7 +121,8 @@ class Manager:
         self.ftar.while_joining = self._follow_log
         self._proposal = 0
         """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
-        self._next_follow = 0.0
+        self._follower: tuple[threading.Thread, threading.Event] | None = None
+        """The helper thread replaying the log while a joiner waits for the members."""
 
     @classmethod
     def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
@@ -405,6 +406,7 @@ class Manager:
         still replayed): replay from the catch-up source up to ``head - 1``
         with the hyperparameters of that step; FTAR then hands over the
         members' sum of ``head - 1``."""
+        self._stop_following()
         client = self._gap_client(head)
         self.step = step
         target = head - 1
@@ -422,10 +424,11 @@ class Manager:
         are replayed while it runs (see ``FTAR.on_join``)."""
         client = self._gap_client(head)
         hyperparams = client.hyperparams()
-        if self.step > head:
-            raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
 
         def replay() -> int:
+            self._stop_following()  # it may be in the middle of a step: let it finish
+            if self.step > head:
+                raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
             self._replay_until(client, head)
             self._set_hyperparams(hyperparams)
             return self.step
@@ -433,21 +436,39 @@ class Manager:
         return replay
 
     def _follow_log(self) -> None:
-        """FTAR: while this joiner waits in its new group for the members to
-        switch to it, it replays what they commit meanwhile."""
-        now = time.monotonic()
-        client = self._joiner.client if self._joiner is not None else None
-        if client is None or now < self._next_follow:
+        """FTAR: this joiner waits in its new group for the members to switch
+        to it. It replays what they commit meanwhile on a helper thread:
+        the members must never find it busy with a replay when they arrive
+        (its part of their all-reduce needs no state, only zeros)."""
+        joiner = self._joiner
+        if self._follower is not None or joiner is None or not joiner.source_address:
             return
-        self._next_follow = now + 0.01
-        try:
-            entries, _, _ = client.log(self.step, wait=0)
-        except CatchUpError as e:
-            log.warning("following the log while waiting for the members: %s", e)
-            self._next_follow = now + 1.0
-            return
-        for entry, data in entries:
-            self.replay(entry, data)
+        stop = threading.Event()
+        client = SourceClient(joiner.source_address, self.config.token, timeout=self.config.timeout)
+
+        def follow() -> None:
+            try:
+                while not stop.is_set():
+                    entries, _, _ = client.log(self.step, wait=0.05)
+                    for entry, data in entries:
+                        if stop.is_set():
+                            break
+                        self.replay(entry, data)
+            except (CatchUpError, FthsdpError) as e:
+                log.warning("following the log while waiting for the members: %s", e)
+            finally:
+                client.close()
+
+        thread = threading.Thread(target=follow, name="fthsdp-follow-log", daemon=True)
+        thread.start()
+        self._follower = (thread, stop)
+
+    def _stop_following(self) -> None:
+        if self._follower is not None:
+            thread, stop = self._follower
+            stop.set()
+            thread.join()
+            self._follower = None
 
     def report_progress(self, done: int, total: int) -> None:
         if self.leader:

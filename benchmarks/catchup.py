@@ -237,8 +237,8 @@ def rejoin(name: str, standby: bool) -> dict:
             for who, lines in (("r0", r0.items), ("r2", r2.items)):
                 for x in lines:
                     f.write(json.dumps({"from": who, "t_kill": t_kill, **x}) + "\n")
-    steps = sorted((x["t"], x["step"]) for x in r0.items if "step" in x and "t" in x)
-    times = [t for t, _ in steps]
+    steps = sorted((x["t"], x["step"], x.get("quorum", 0)) for x in r0.items if "step" in x and "t" in x)
+    times = [t for t, _, _ in steps]
     intervals = list(zip(times, times[1:]))
     before = [b - a for a, b in intervals if b < t_kill][-cfg["steady"]:]
     # Every step of the members that overlapped the catch-up (snapshot to ready).
@@ -249,14 +249,24 @@ def rejoin(name: str, standby: bool) -> dict:
     failure_step = next((a, b) for a, b in intervals if b > t_kill)
     window = [(a, b) for a, b in intervals if b > report["began"] and a < first_commit["t"] and (a, b) != failure_step]
     during = [b - a for a, b in window]
-    admission = [max(during)] if during else []
+    # The admission step: the members' first step in the joiner's quorum.
+    joined = next((i for i, (_, _, q) in enumerate(steps) if q == first_commit.get("quorum")), None)
+    admission = times[joined] - times[joined - 1] if joined else float("nan")
+    longest = max(window, key=lambda ab: ab[1] - ab[0]) if window else None
+    phase = ""
+    if longest is not None:
+        a, b = longest
+        phase = ("admission" if joined and b == times[joined] else
+                 "snapshot" if a < report["loaded"] else "replay and join")
     steady = statistics.mean(before)
     return {
         "failure": failure_step[1] - failure_step[0],
         "steady": steady,
         "during": statistics.mean(during) if during else float("nan"),
         "steps_during": len(during),
-        "admission": admission[0] if admission else float("nan"),
+        "longest": longest[1] - longest[0] if longest else float("nan"),
+        "longest_phase": phase,
+        "admission": admission,
         "transfer": report["loaded"] - report["began"],
         "bytes": report["snapshot_bytes"],
         "replayed": report["replayed_steps"],
@@ -268,9 +278,9 @@ def rejoin(name: str, standby: bool) -> dict:
 def rejoin_table(configs: list[str], repeat: int = 1) -> None:
     print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin\n")
     print("| state | restart | members' steady step (3 replicas) | failure step | members' mean step during the catch-up (ratio) |"
-          " such steps | longest of them (the admission) | snapshot: load time | steps replayed | kill → catch-up starts |"
-          " kill → first committed step |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " such steps | longest of them (ratio, during) | the admission step (ratio) | snapshot: load time | steps replayed |"
+          " kill → catch-up starts | kill → first committed step |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in configs:
         for standby in [True, False] * repeat:
             r = rejoin(name, standby)
@@ -279,7 +289,9 @@ def rejoin_table(configs: list[str], repeat: int = 1) -> None:
             print(f"| {name} | {'warm standby' if standby else 'cold'} | {r['steady'] * 1e3:.0f} ms | "
                   f"{r['failure'] * 1e3:.0f} ms | "
                   f"{during} | {r['steps_during']} | "
-                  f"{r['admission'] * 1e3:.0f} ms | {r['bytes'] / 2**20:.0f} MiB in {r['transfer']:.2f} s | "
+                  f"{r['longest'] * 1e3:.0f} ms ({r['longest'] / r['steady']:.2f}×, {r['longest_phase']}) | "
+                  f"{r['admission'] * 1e3:.0f} ms ({r['admission'] / r['steady']:.2f}×) | "
+                  f"{r['bytes'] / 2**20:.0f} MiB in {r['transfer']:.2f} s | "
                   f"{r['replayed']} | {r['start_to_catch_up']:.2f} s | {r['restart_to_commit']:.2f} s |", flush=True)
 
 
