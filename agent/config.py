@@ -13,6 +13,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
+from coordinator.credentials import read_token_file
 from coordinator.errors import ConfigError
 from coordinator.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
 from coordinator.settings import DURATION, load_toml, resolve
@@ -99,11 +100,15 @@ class AgentConfig:
     stop_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
     """How long ranks get to exit after SIGTERM before they are SIGKILLed."""
 
+    token_file: str = ""
+    """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE) for their coordinator calls and catch-up transfers. Empty: no token."""
+
     log_level: str = "info"
     """debug, info, warning or error."""
 
     def __post_init__(self) -> None:
         coordinator_addresses(self.coordinator)
+        read_token_file(self.token_file)
         problem = name_problem("job name", self.job, MAX_JOB_LEN)
         if problem:
             raise ConfigError(f"--job: {problem}")

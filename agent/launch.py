@@ -55,6 +55,7 @@ def rank_environments(
         "FTHSDP_NUM_REPLICAS": str(config.num_replicas),
         "FTHSDP_BACKEND": config.backend,
         "FTHSDP_RESTART_COUNT": str(restart_count),
+        **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
     }
     return [
         {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from coordinator.credentials import read_token_file
 from coordinator.errors import ConfigError
 
 
@@ -47,8 +48,10 @@ class ManagerConfig:
     """Ranks in the replica group (WORLD_SIZE): more than one for HSDP."""
 
     token: str = dataclasses.field(default="", repr=False)
-    """Bearer token the catch-up servers require and the joiners present
-    (read from FTHSDP_TOKEN_FILE); empty: no authentication."""
+    """Bearer token presented to the coordinator, and that the catch-up
+    servers require and the joiners present: the job's one credential (read
+    from FTHSDP_TOKEN_FILE, which `fthsdp agent --token-file` sets); empty:
+    no authentication."""
 
     catch_up_max_rate: float = 0.0
     """Bytes per second a catch-up server sends of a snapshot to one joiner
@@ -96,7 +99,7 @@ class ManagerConfig:
                 checksum_every=int(get("CHECKSUM_EVERY", "10")),
                 shard_rank=int(env.get("RANK", "0") or 0),
                 shard_count=int(env.get("WORLD_SIZE", "1") or 1),
-                token=_read_token(get("TOKEN_FILE", "")),
+                token=read_token_file(get("TOKEN_FILE", ""), "FTHSDP_TOKEN_FILE"),
                 catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
@@ -105,16 +108,3 @@ class ManagerConfig:
             raise ConfigError(f"bad FTHSDP_* setting: {e}") from e
         values.update(overrides)
         return cls(**values)
-
-
-def _read_token(path: str) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise ConfigError(f"FTHSDP_TOKEN_FILE: cannot read {path}: {e.strerror or e}") from e
-    if not token:
-        raise ConfigError(f"FTHSDP_TOKEN_FILE: {path} is empty")
-    return token

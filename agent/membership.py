@@ -36,8 +36,9 @@ class Membership:
         world_size: int = 1,
         step: int = 0,
         timeout: float = 5.0,
+        token: str = "",
     ) -> None:
-        self.client = CoordinatorClient(coordinators, timeout=timeout)
+        self.client = CoordinatorClient(coordinators, timeout=timeout, token=token)
         self.job = job
         self.replica_id = replica_id
         self.address = address
@@ -237,7 +238,7 @@ class Membership:
             else:
                 request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=self._session)
             try:
-                self._stream = self.client.stub(address).Watch(request)
+                self._stream = self.client.stub(address).Watch(request, metadata=self.client.metadata)
                 for event in self._stream:
                     self._deliver(event)
             except grpc.RpcError as e:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from agent import standby
 from agent.config import MAX_BACKOFF, AgentConfig
 from agent.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
+from coordinator.credentials import read_token_file
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent")
@@ -113,8 +114,9 @@ class Reporter:
     """Sends agent events to the coordinator in order, from a background thread,
     so that a slow or unreachable coordinator never holds up supervision."""
 
-    def __init__(self, addresses: Sequence[str], timeout: float = REPORT_TIMEOUT) -> None:
+    def __init__(self, addresses: Sequence[str], token: str = "", timeout: float = REPORT_TIMEOUT) -> None:
         self._addresses = list(addresses)
+        self._token = token
         self._timeout = timeout
         self._queue: queue.Queue[pb.AgentEventRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="fthsdp-agent-reporter", daemon=True)
@@ -126,7 +128,7 @@ class Reporter:
     def _run(self) -> None:
         from coordinator.client import CoordinatorClient  # gRPC only where it is used
 
-        client = CoordinatorClient(self._addresses, timeout=self._timeout)
+        client = CoordinatorClient(self._addresses, timeout=self._timeout, token=self._token)
         failing = False
         try:
             while (request := self._queue.get()) is not None:
@@ -242,7 +244,7 @@ class Supervisor:
         """Supervise until SUCCEEDED (returns 0) or GAVE_UP (returns 1)."""
         reporter = None
         if self._report is None:
-            reporter = self._report = Reporter(self.config.coordinators)
+            reporter = self._report = Reporter(self.config.coordinators, read_token_file(self.config.token_file))
         self._stop.install()
         try:
             return self._supervise()

@@ -60,6 +60,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--job", default=None, help="job name [env FTHSDP_JOB]; may be omitted if the coordinator serves one job")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="file holding the coordinator's bearer token [env FTHSDP_TOKEN_FILE]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +139,10 @@ def _client(args: argparse.Namespace, env: Mapping[str, str]):
     addresses = parse_addresses(args.coordinator or env.get("FTHSDP_COORDINATOR") or "127.0.0.1:29510")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
-    return CoordinatorClient(addresses, timeout=args.timeout)
+    from coordinator.credentials import read_token_file
+
+    token = read_token_file(args.token_file or env.get("FTHSDP_TOKEN_FILE", ""))
+    return CoordinatorClient(addresses, timeout=args.timeout, token=token)
 
 
 def _job_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from coordinator.credentials import bearer_metadata
 from coordinator.errors import ConfigError, CoordinatorUnavailable, RequestRejected
 from coordinator.names import split_host_port
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -67,9 +68,10 @@ def parse_addresses(text: str | Sequence[str], what: str = "--coordinator") -> l
 
 
 class CoordinatorClient:
-    def __init__(self, addresses: Sequence[str], timeout: float = 5.0) -> None:
+    def __init__(self, addresses: Sequence[str], timeout: float = 5.0, token: str = "") -> None:
         self.addresses = list(addresses)
         self.timeout = timeout
+        self._metadata = bearer_metadata(token)
         self._channels: dict[str, grpc.Channel] = {}
         self._current = 0
 
@@ -88,7 +90,9 @@ class CoordinatorClient:
             index = (self._current + k) % n
             address = self.addresses[index]
             try:
-                response = getattr(self.stub(address), method)(request, timeout=timeout or self.timeout)
+                response = getattr(self.stub(address), method)(
+                    request, timeout=timeout or self.timeout, metadata=self._metadata
+                )
             except grpc.RpcError as e:
                 if e.code() in _MOVE_ON:
                     errors.append(f"{address}: {e.code().name.lower()}")
@@ -97,6 +101,11 @@ class CoordinatorClient:
             self._current = index
             return response
         raise CoordinatorUnavailable(f"no coordinator answered ({'; '.join(errors)})")
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata for calls made on ``stub()`` directly (a Watch stream)."""
+        return self._metadata
 
     def current_address(self) -> str:
         """The address calls go to now (the last one that answered)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from coordinator.credentials import read_token_file
 from coordinator.errors import ConfigError
 from coordinator.names import MAX_JOB_LEN, name_problem, split_host_port
 from coordinator.quorum import Rules
@@ -52,6 +53,9 @@ class CoordinatorConfig:
     tick_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
     """How often the quorum decision is re-evaluated when nothing else triggers it."""
 
+    token_file: str = ""
+    """File holding the bearer token every client must present (gRPC metadata ``authorization: Bearer TOKEN``); calls without it get UNAUTHENTICATED and change nothing. The health service stays open for probes. Empty: no token."""
+
     max_request_bytes: int = 65536
     """Larger requests are refused with INVALID_ARGUMENT."""
 
@@ -89,6 +93,7 @@ class CoordinatorConfig:
             )
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
+        read_token_file(self.token_file)  # readable and well-formed now, not at the first call
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
 

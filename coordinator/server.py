@@ -15,6 +15,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coordinator.auth import TokenInterceptor
+from coordinator.credentials import read_token_file
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
 from coordinator.names import split_host_port
@@ -85,7 +87,8 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
     store = store or open_store(config.store, timeout=config.store_timeout)
     try:
         store.check()
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        token = read_token_file(config.token_file)
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[TokenInterceptor(token)] if token else [])
         try:
             port = server.add_insecure_port(config.bind)
         except RuntimeError as e:
