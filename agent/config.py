@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
-from coordinator.credentials import read_token_file
+from coordinator.credentials import TlsFiles, read_token_file
 from coordinator.errors import ConfigError
 from coordinator.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
 from coordinator.settings import DURATION, load_toml, resolve
@@ -103,12 +103,26 @@ class AgentConfig:
     token_file: str = ""
     """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE) for their coordinator calls and catch-up transfers. Empty: no token."""
 
+    tls_ca: str = ""
+    """Connect to the coordinator over TLS, trusting this PEM CA bundle (passed to the ranks as FTHSDP_TLS_CA)."""
+
+    tls_cert: str = ""
+    """PEM client certificate for a coordinator that requires mutual TLS, with --tls-key (passed to the ranks)."""
+
+    tls_key: str = ""
+    """PEM key of --tls-cert."""
+
     log_level: str = "info"
     """debug, info, warning or error."""
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_ca, self.tls_cert, self.tls_key)
 
     def __post_init__(self) -> None:
         coordinator_addresses(self.coordinator)
         read_token_file(self.token_file)
+        self.tls.check()
         problem = name_problem("job name", self.job, MAX_JOB_LEN)
         if problem:
             raise ConfigError(f"--job: {problem}")

@@ -56,6 +56,7 @@ def rank_environments(
         "FTHSDP_BACKEND": config.backend,
         "FTHSDP_RESTART_COUNT": str(restart_count),
         **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
+        **{f"FTHSDP_TLS_{n.upper()}": getattr(config, f"tls_{n}") for n in ("ca", "cert", "key") if getattr(config, f"tls_{n}")},
     }
     return [
         {

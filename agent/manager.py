@@ -113,7 +113,7 @@ class Manager:
         self.tracker = QuorumTracker(config.replica_id)
         self.membership = Membership(
             config.coordinator, config.job, config.replica_id, self.address or "unused:0", config.shard_count, 0,
-            token=config.token,
+            token=config.token, tls=config.tls,
         )
         self.membership.add_listener(self.tracker.update)
         self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)

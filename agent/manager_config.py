@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from coordinator.credentials import read_token_file
+from coordinator.credentials import TlsFiles, read_token_file
 from coordinator.errors import ConfigError
 
 
@@ -52,6 +52,9 @@ class ManagerConfig:
     servers require and the joiners present: the job's one credential (read
     from FTHSDP_TOKEN_FILE, which `fthsdp agent --token-file` sets); empty:
     no authentication."""
+
+    tls: TlsFiles = TlsFiles()
+    """TLS to the coordinator (FTHSDP_TLS_CA, _CERT, _KEY, set by `fthsdp agent`); off when empty."""
 
     catch_up_max_rate: float = 0.0
     """Bytes per second a catch-up server sends of a snapshot to one joiner
@@ -100,6 +103,7 @@ class ManagerConfig:
                 shard_rank=int(env.get("RANK", "0") or 0),
                 shard_count=int(env.get("WORLD_SIZE", "1") or 1),
                 token=read_token_file(get("TOKEN_FILE", ""), "FTHSDP_TOKEN_FILE"),
+                tls=TlsFiles(get("TLS_CA", ""), get("TLS_CERT", ""), get("TLS_KEY", "")),
                 catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),

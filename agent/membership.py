@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from coordinator.client import CoordinatorClient
+from coordinator.credentials import TlsFiles
 from coordinator.errors import CoordinatorUnavailable, RequestRejected
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
@@ -37,8 +38,9 @@ class Membership:
         step: int = 0,
         timeout: float = 5.0,
         token: str = "",
+        tls: TlsFiles | None = None,
     ) -> None:
-        self.client = CoordinatorClient(coordinators, timeout=timeout, token=token)
+        self.client = CoordinatorClient(coordinators, timeout=timeout, token=token, tls=tls)
         self.job = job
         self.replica_id = replica_id
         self.address = address

@@ -114,9 +114,10 @@ class Reporter:
     """Sends agent events to the coordinator in order, from a background thread,
     so that a slow or unreachable coordinator never holds up supervision."""
 
-    def __init__(self, addresses: Sequence[str], token: str = "", timeout: float = REPORT_TIMEOUT) -> None:
+    def __init__(self, addresses: Sequence[str], token: str = "", tls=None, timeout: float = REPORT_TIMEOUT) -> None:
         self._addresses = list(addresses)
         self._token = token
+        self._tls = tls
         self._timeout = timeout
         self._queue: queue.Queue[pb.AgentEventRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="fthsdp-agent-reporter", daemon=True)
@@ -128,7 +129,7 @@ class Reporter:
     def _run(self) -> None:
         from coordinator.client import CoordinatorClient  # gRPC only where it is used
 
-        client = CoordinatorClient(self._addresses, timeout=self._timeout, token=self._token)
+        client = CoordinatorClient(self._addresses, timeout=self._timeout, token=self._token, tls=self._tls)
         failing = False
         try:
             while (request := self._queue.get()) is not None:
@@ -244,7 +245,9 @@ class Supervisor:
         """Supervise until SUCCEEDED (returns 0) or GAVE_UP (returns 1)."""
         reporter = None
         if self._report is None:
-            reporter = self._report = Reporter(self.config.coordinators, read_token_file(self.config.token_file))
+            reporter = self._report = Reporter(
+                self.config.coordinators, read_token_file(self.config.token_file), self.config.tls
+            )
         self._stop.install()
         try:
             return self._supervise()

@@ -62,6 +62,11 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="file holding the coordinator's bearer token [env FTHSDP_TOKEN_FILE]")
+    p.add_argument("--tls-ca", default=None, metavar="PEM",
+                   help="connect over TLS, trusting this CA bundle [env FTHSDP_TLS_CA]")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="client certificate for mutual TLS, with --tls-key [env FTHSDP_TLS_CERT]")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="key of --tls-cert [env FTHSDP_TLS_KEY]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,10 +144,12 @@ def _client(args: argparse.Namespace, env: Mapping[str, str]):
     addresses = parse_addresses(args.coordinator or env.get("FTHSDP_COORDINATOR") or "127.0.0.1:29510")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
-    from coordinator.credentials import read_token_file
+    from coordinator.credentials import TlsFiles, read_token_file
 
     token = read_token_file(args.token_file or env.get("FTHSDP_TOKEN_FILE", ""))
-    return CoordinatorClient(addresses, timeout=args.timeout, token=token)
+    tls = TlsFiles(*(getattr(args, f"tls_{n}") or env.get(f"FTHSDP_TLS_{n.upper()}", "") for n in ("ca", "cert", "key")))
+    tls.check()
+    return CoordinatorClient(addresses, timeout=args.timeout, token=token, tls=tls)
 
 
 def _job_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from coordinator.credentials import bearer_metadata
+from coordinator.credentials import TlsFiles, bearer_metadata
 from coordinator.errors import ConfigError, CoordinatorUnavailable, RequestRejected
 from coordinator.names import split_host_port
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -68,17 +68,29 @@ def parse_addresses(text: str | Sequence[str], what: str = "--coordinator") -> l
 
 
 class CoordinatorClient:
-    def __init__(self, addresses: Sequence[str], timeout: float = 5.0, token: str = "") -> None:
+    def __init__(
+        self, addresses: Sequence[str], timeout: float = 5.0, token: str = "", tls: TlsFiles | None = None
+    ) -> None:
+        """``tls``: connect over TLS, trusting ``tls.ca`` (the system roots
+        if empty) and presenting ``tls.cert`` if given; None: plain text."""
         self.addresses = list(addresses)
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
+        self._credentials = None
+        if tls is not None and tls.enabled:
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=tls.read("ca"), private_key=tls.read("key"), certificate_chain=tls.read("cert")
+            )
         self._channels: dict[str, grpc.Channel] = {}
         self._current = 0
 
     def stub(self, address: str) -> pb_grpc.CoordinatorStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            if self._credentials is not None:
+                channel = grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
+            else:
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._channels[address] = channel
         return pb_grpc.CoordinatorStub(channel)
 

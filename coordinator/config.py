@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from coordinator.credentials import read_token_file
+from coordinator.credentials import TlsFiles, read_token_file
 from coordinator.errors import ConfigError
 from coordinator.names import MAX_JOB_LEN, name_problem, split_host_port
 from coordinator.quorum import Rules
@@ -56,6 +56,15 @@ class CoordinatorConfig:
     token_file: str = ""
     """File holding the bearer token every client must present (gRPC metadata ``authorization: Bearer TOKEN``); calls without it get UNAUTHENTICATED and change nothing. The health service stays open for probes. Empty: no token."""
 
+    tls_cert: str = ""
+    """PEM certificate chain of this coordinator: serve gRPC over TLS only (with --tls-key). Empty: plain text."""
+
+    tls_key: str = ""
+    """PEM private key of --tls-cert."""
+
+    tls_ca: str = ""
+    """PEM CA bundle: require every client to present a certificate signed by it (mutual TLS). Needs --tls-cert."""
+
     max_request_bytes: int = 65536
     """Larger requests are refused with INVALID_ARGUMENT."""
 
@@ -94,8 +103,15 @@ class CoordinatorConfig:
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
         read_token_file(self.token_file)  # readable and well-formed now, not at the first call
+        self.tls.check()
+        if self.tls_ca and not self.tls_cert:
+            raise ConfigError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key: the server side of TLS")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_ca, self.tls_cert, self.tls_key)
 
     @property
     def rules(self) -> Rules:

@@ -1,9 +1,11 @@
-"""Reading the job's bearer token (no gRPC here: the agent imports this at start-up).
+"""The job's credentials: its bearer token and TLS files (no gRPC here: the agent imports this at start-up).
 
 See coordinator/auth.py for how the coordinator checks it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from coordinator.errors import ConfigError
 
@@ -29,3 +31,42 @@ def read_token_file(path: str, what: str = "--token-file") -> str:
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     """The call metadata that presents ``token`` (none for an empty token)."""
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of one side of a TLS connection to or from the coordinator.
+
+    A server uses ``cert`` and ``key`` as its identity and, with ``ca``,
+    requires clients to present a certificate signed by it (mutual TLS). A
+    client trusts ``ca`` (the system roots when empty) and, with ``cert`` and
+    ``key``, presents that identity to a server that asks for one.
+    """
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca or self.cert)
+
+    def check(self, flag: str = "--tls") -> None:
+        """Clear errors for a half-given pair and for files that cannot be read."""
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError(f"{flag}-cert and {flag}-key go together: give both or neither")
+        for name in ("ca", "cert", "key"):
+            self.read(name, flag)
+
+    def read(self, name: str, flag: str = "--tls") -> bytes | None:
+        path = getattr(self, name)
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConfigError(f"{flag}-{name}: cannot read {path}: {e.strerror or e}") from e
+        if b"-----BEGIN" not in data:
+            raise ConfigError(f"{flag}-{name}: {path} is not a PEM file")
+        return data

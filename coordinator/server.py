@@ -90,7 +90,15 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
         token = read_token_file(config.token_file)
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[TokenInterceptor(token)] if token else [])
         try:
-            port = server.add_insecure_port(config.bind)
+            if config.tls_cert:
+                tls = config.tls
+                credentials = grpc.ssl_server_credentials(
+                    [(tls.read("key"), tls.read("cert"))], root_certificates=tls.read("ca"),
+                    require_client_auth=bool(config.tls_ca),
+                )
+                port = server.add_secure_port(config.bind, credentials)
+            else:
+                port = server.add_insecure_port(config.bind)
         except RuntimeError as e:
             raise ConfigError(f"cannot listen on {config.bind}: {e}") from e
         if port == 0:

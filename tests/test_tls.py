@@ -1,0 +1,115 @@
+"""TLS and mutual TLS on the coordinator, with real certificates and a real
+coordinator process: plain text to a TLS port, an untrusted server, and
+clients without a certificate, with an expired one or one from another CA
+are all refused, and change nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from coordinator.client import CoordinatorClient
+from coordinator.credentials import TlsFiles
+from coordinator.errors import CoordinatorUnavailable
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+from tests.processes import AgentProcess, CoordinatorProcess
+from tests.test_cli import fthsdp, one_line_error
+from tests.tls_certs import make_certificates
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+def tls_coordinator(tmp_path, certs, mutual: bool) -> CoordinatorProcess:
+    args = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")]
+    if mutual:
+        args += ["--tls-ca", str(certs / "ca.pem")]
+    return CoordinatorProcess(tmp_path, *args, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s").start()
+
+
+def client_tls(certs, name: str = "") -> TlsFiles:
+    if not name:
+        return TlsFiles(ca=str(certs / "ca.pem"))
+    return TlsFiles(str(certs / "ca.pem"), str(certs / f"{name}.pem"), str(certs / f"{name}.key"))
+
+
+REGISTER = pb.RegisterRequest(job="default", replica_id="intruder", address="127.0.0.1:1", world_size=1)
+
+
+def refused(address: str, tls: TlsFiles | None) -> None:
+    with CoordinatorClient([address], timeout=3, tls=tls) as client:
+        for method, request in (("Status", pb.StatusRequest()), ("Register", REGISTER)):
+            with pytest.raises(CoordinatorUnavailable):
+                client.call(method, request)
+
+
+def test_tls_server_refuses_plain_text_and_untrusted_clients_see_no_service(tmp_path, certs):
+    c = tls_coordinator(tmp_path, certs, mutual=False)
+    try:
+        refused(c.address, None)  # plain text to the TLS port
+        refused(c.address, TlsFiles())  # TLS, but trusting only the system roots
+        with CoordinatorClient([c.address], tls=client_tls(certs)) as client:
+            status = client.status()
+        assert [r.replica_id for r in status.replicas] == []  # nothing registered by the refused calls
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize("presented", ["", "expired", "stranger"], ids=["no-certificate", "expired", "other-ca"])
+def test_mutual_tls_refuses_clients_without_a_valid_certificate(tmp_path, certs, presented):
+    c = tls_coordinator(tmp_path, certs, mutual=True)
+    try:
+        refused(c.address, client_tls(certs, presented))
+        with CoordinatorClient([c.address], tls=client_tls(certs, "client")) as client:
+            assert [r.replica_id for r in client.status().replicas] == []
+    finally:
+        c.stop()
+
+
+def test_cli_over_mutual_tls(tmp_path, certs):
+    c = tls_coordinator(tmp_path, certs, mutual=True)
+    try:
+        ok = fthsdp("status", "--coordinator", c.address, "--tls-ca", str(certs / "ca.pem"),
+                    "--tls-cert", str(certs / "client.pem"), "--tls-key", str(certs / "client.key"))
+        assert ok.returncode == 0, ok.stderr
+        one_line_error(fthsdp("status", "--coordinator", c.address, "--timeout", "2"), 1, "no coordinator answered")
+        one_line_error(fthsdp("status", "--coordinator", c.address, "--tls-cert", str(certs / "client.pem")), 2,
+                       "go together")
+    finally:
+        c.stop()
+
+
+def test_coordinator_refuses_half_a_tls_configuration(tmp_path, certs):
+    one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--tls-ca", str(certs / "ca.pem")), 2, "needs --tls-cert")
+    one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--tls-cert", str(certs / "server.pem"),
+                          "--tls-key", str(tmp_path / "missing.key")), 2, "cannot read")
+
+
+def test_agent_and_ranks_train_and_catch_up_over_mutual_tls_with_the_token(tmp_path, certs):
+    token = tmp_path / "token"
+    token.write_text("tls-and-token\n")
+    c = CoordinatorProcess(tmp_path, "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+                           "--tls-ca", str(certs / "ca.pem"), "--token-file", str(token),
+                           "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s").start()
+    credentials = ("--token-file", str(token), "--tls-ca", str(certs / "ca.pem"),
+                   "--tls-cert", str(certs / "client.pem"), "--tls-key", str(certs / "client.key"))
+    agents = [
+        AgentProcess(tmp_path, c.address, f"r{i}", i, 2, "--steps", "1000000", "--wait-for", "2", "--hidden", "64",
+                     agent_args=credentials).start()
+        for i in range(2)
+    ]
+    try:
+        first = agents[1].read_until(lambda line: "admitted" in line)
+        agents[0].read_until(lambda line: line.get("step", 0) >= 5)
+        os.kill(first["pid"], signal.SIGKILL)
+        again = agents[1].read_until(lambda line: "admitted" in line and line["pid"] != first["pid"], timeout=60)
+        assert again["catch_up"] and again["catch_up"]["source"] == "r0"
+        agents[1].read_until(lambda line: "step" in line and line["t"] > again["t"], timeout=60)
+    finally:
+        for a in agents:
+            a.stop()
+        c.stop()
