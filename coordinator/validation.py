@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from coordinator.errors import InvalidRequest
 from coordinator.names import MAX_ADDRESS_LEN, MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
+from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 MAX_WORLD_SIZE = 1 << 20
 MAX_SHORT_TEXT = 128
@@ -107,6 +108,8 @@ def check_leave(req) -> None:
 
 def check_agent_event(req) -> None:
     check_replica_id(req.replica_id)
+    if req.state not in pb.AgentState.values() or req.state == pb.AGENT_STATE_UNSPECIFIED:
+        raise InvalidRequest(f"state: {req.state} is not an agent state")
     _non_negative("node_rank", req.node_rank)
     _non_negative("restart_count", req.restart_count)
     _short("detail", req.detail, MAX_REASON)
