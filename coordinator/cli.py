@@ -124,7 +124,8 @@ async def _serve(config) -> int:
     from coordinator.server import start_coordinator
 
     running = await start_coordinator(config)
-    print(f"fthsdp coordinator listening on {running.address} (jobs: {', '.join(config.job)})", flush=True)
+    metrics = f"; metrics on http://{running.metrics_address}/metrics" if running.metrics_address else ""
+    print(f"fthsdp coordinator listening on {running.address} (jobs: {', '.join(config.job)}){metrics}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

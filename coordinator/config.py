@@ -65,6 +65,9 @@ class CoordinatorConfig:
     tls_ca: str = ""
     """PEM CA bundle: require every client to present a certificate signed by it (mutual TLS). Needs --tls-cert."""
 
+    metrics_port: int = -1
+    """Serve Prometheus metrics at http://HOST:PORT/metrics on the --bind host (read-only; 0 picks a free port, which the start-up line prints). -1: off."""
+
     max_request_bytes: int = 65536
     """Larger requests are refused with INVALID_ARGUMENT."""
 
@@ -100,6 +103,8 @@ class CoordinatorConfig:
                 f"--heartbeat-interval ({self.heartbeat_interval:g}s) must be shorter than "
                 f"--heartbeat-timeout ({self.heartbeat_timeout:g}s)"
             )
+        if not -1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be a port number, 0 (any free port) or -1 (off), got {self.metrics_port}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
         read_token_file(self.token_file)  # readable and well-formed now, not at the first call

@@ -19,6 +19,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.errors import LostOwnership, StoreUnavailable, UnknownJob
 from coordinator.job import JobState
 from coordinator.keys import JobKeys
+from coordinator.metrics import Metrics
 from coordinator.quorum import Decision, Quorum
 from coordinator.store import Store
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -35,6 +36,8 @@ class _Job:
         self.epoch = 0
         self.quorum_pb: pb.Quorum | None = None
         self.lock = asyncio.Lock()  # serialises this job's store writes
+        self.change_since: float | None = None
+        """When a decision first said the membership must change (for the formation latency)."""
         self.changed = asyncio.Event()
         self.logged_reason = ""
 
@@ -59,6 +62,11 @@ class CoordinatorRuntime:
         self.clock = clock
         self.wall = wall
         self.jobs = {name: _Job(name, config) for name in config.job}
+        self.metrics = Metrics()
+        self.metrics.gauges = self._gauges
+        for name in self.jobs:  # every series exists from the start, at 0
+            for counter in (self.metrics.heartbeats, self.metrics.quorum_changes, self.metrics.epochs):
+                counter.inc(0, job=name)
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self._stopped = False
@@ -93,6 +101,7 @@ class CoordinatorRuntime:
             rec = decode(pb.ReplicaRecord, item.value, f"record {key}")
             records[rec.replica_id] = (rec, item.revision)
         job.state.load(quorum, revision, records, self.clock())
+        self.metrics.epochs.inc(job=job.state.name)
         job.quorum_pb = quorum_to_pb(quorum)
         log.info(
             "job %s: epoch %d, quorum %s, %d known replicas (store %s)",
@@ -157,6 +166,7 @@ class CoordinatorRuntime:
         was_ready = job.state.replicas.get(req.replica_id)
         was_ready = was_ready is not None and was_ready.ready_since is not None
         recent = {c.step: c.checksum for c in req.recent_checksums}
+        self.metrics.heartbeats.inc(job=job.state.name)
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
@@ -278,7 +288,11 @@ class CoordinatorRuntime:
                 log.warning("job %s: replica %s's state checksum disagrees at step %d; it must catch up", job.state.name, rid, step)
             decision = job.state.evaluate(self.clock())
             quorum, revision = None, job.state.quorum_revision
-            if decision.changes_quorum:
+            if not decision.changes_quorum:
+                job.change_since = None
+            else:
+                if job.change_since is None:
+                    job.change_since = self.clock()
                 try:
                     quorum, revision = await self._publish(job, decision)
                 except StoreUnavailable as e:
@@ -293,6 +307,9 @@ class CoordinatorRuntime:
             job.state.apply(decision, quorum, revision)
             if quorum is not None:
                 job.quorum_pb = quorum_to_pb(quorum)
+                self.metrics.quorum_changes.inc(job=job.state.name)
+                self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
+                job.change_since = None
                 log.info(
                     "job %s: quorum %d members=%s: %s", job.state.name, quorum.id, list(quorum.member_ids), quorum.reason
                 )
@@ -324,6 +341,23 @@ class CoordinatorRuntime:
             job.quorum_pb = quorum_to_pb(theirs)
             job.notify()
         raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding")
+
+    def _gauges(self):
+        """Gauges read from the job tables at scrape time."""
+        now = self.clock()
+        for job in self.jobs.values():
+            name = job.state.name
+            yield "fthsdp_quorum_id", "The current quorum id, by job.", {"job": name}, job.quorum_pb.id if job.quorum_pb else 0
+            yield "fthsdp_epoch", "The job's takeover epoch (grows when a coordinator takes the job).", {"job": name}, job.epoch
+            counts = dict.fromkeys(pb.ReplicaState.keys()[1:], 0)
+            watches = 0
+            for entry in job.state.replicas.values():
+                counts[pb.ReplicaState.Name(job.state.replica_state(entry, now))] += 1
+                watches += entry.open_watches
+            for state, n in counts.items():
+                label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")
+                yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n
+            yield "fthsdp_watch_streams", "Open Watch streams of replicas, by job.", {"job": name}, watches
 
     def _log_reason(self, job: _Job, reason: str) -> None:
         if reason != job.logged_reason:

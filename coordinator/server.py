@@ -7,6 +7,7 @@ service (so Kubernetes probes and grpc-health-probe work) and server reflection
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import socket
@@ -19,6 +20,7 @@ from coordinator.auth import TokenInterceptor
 from coordinator.credentials import read_token_file
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
+from coordinator.metrics import serve_metrics
 from coordinator.names import split_host_port
 from coordinator.runtime import CoordinatorRuntime
 from coordinator.servicer import CoordinatorServicer, add_to_server
@@ -53,12 +55,17 @@ class RunningCoordinator:
     runtime: CoordinatorRuntime
     store: Store
     health: health.aio.HealthServicer
+    metrics_address: str = ""
+    """HOST:PORT of the Prometheus endpoint, if --metrics-port is on."""
+    metrics_server: asyncio.base_events.Server | None = None
 
     async def stop(self, grace: float | None = 0.5) -> None:
         # Decisions stop first: the Watch streams that the shutdown closes must
         # not read as replicas failing, or a rolling restart of the
         # coordinator would empty the quorum in the store.
         await self.runtime.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         self.store.close()
@@ -116,8 +123,17 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        metrics_server, metrics_address = None, ""
+        if config.metrics_port >= 0:
+            host, _ = split_host_port(config.bind)
+            try:
+                metrics_server = await serve_metrics(runtime.metrics, host.strip("[]"), config.metrics_port)
+            except OSError as e:
+                raise ConfigError(f"cannot serve metrics on port {config.metrics_port}: {e.strerror or e}") from e
+            bound = metrics_server.sockets[0].getsockname()
+            metrics_address = f"{host}:{bound[1]}"
     except BaseException:
         store.close()
         raise
     log.info("coordinator serving jobs %s on %s (advertised as %s)", ",".join(config.job), config.bind, leader)
-    return RunningCoordinator(leader, port, server, runtime, store, health_servicer)
+    return RunningCoordinator(leader, port, server, runtime, store, health_servicer, metrics_address, metrics_server)

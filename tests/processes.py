@@ -117,6 +117,7 @@ class CoordinatorProcess(_Process):
             line = self.next_line(max(0.1, deadline - time.monotonic()))
             if "listening on" in line:
                 self.address = line.split("listening on ")[1].split()[0]
+                self.metrics_url = line.split("metrics on ")[1].split()[0] if "metrics on " in line else ""
                 self.port = int(self.address.rsplit(":", 1)[1])
                 return self
 

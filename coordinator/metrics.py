@@ -1,0 +1,123 @@
+"""Prometheus metrics of the coordinator (``--metrics-port``), in the text
+exposition format, served read-only over HTTP at ``/metrics``.
+
+Counters and histograms are updated by the runtime as things happen; gauges
+(quorum id, replicas by state, open Watch streams) are read from the job
+tables at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from collections.abc import Callable, Iterable
+
+log = logging.getLogger("fthsdp.coordinator")
+
+FORMATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Counter:
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help = name, help_text
+        self.values: dict[tuple, float] = {}
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} counter"
+        for key, value in sorted(self.values.items()):
+            yield f"{self.name}{_labels(dict(key))} {value:g}"
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.buckets = name, help_text, buckets
+        self.series: dict[tuple, tuple[list[int], list[float]]] = {}
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        counts, total = self.series.setdefault(key, ([0] * (len(self.buckets) + 1), [0.0]))
+        counts[bisect.bisect_left(self.buckets, value)] += 1
+        total[0] += value
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} histogram"
+        for key, (counts, total) in sorted(self.series.items()):
+            labels = dict(key)
+            running = 0
+            for bound, count in zip((*self.buckets, float("inf")), counts):
+                running += count
+                le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                yield f"{self.name}_bucket{_labels({**labels, 'le': le})} {running}"
+            yield f"{self.name}_sum{_labels(labels)} {total[0]:g}"
+            yield f"{self.name}_count{_labels(labels)} {running}"
+
+
+class Metrics:
+    """The coordinator's metrics; ``gauges`` yields (name, help, labels, value) at scrape time."""
+
+    def __init__(self) -> None:
+        self.heartbeats = Counter("fthsdp_heartbeats_total", "Heartbeats received, by job.")
+        self.quorum_changes = Counter("fthsdp_quorum_changes_total", "Quorums formed (membership changes stored and pushed), by job.")
+        self.formation = Histogram(
+            "fthsdp_quorum_formation_seconds",
+            "From the first decision that the membership must change to the new quorum stored and pushed "
+            "(store latency and retries during a store outage included), by job.",
+            FORMATION_BUCKETS,
+        )
+        self.epochs = Counter("fthsdp_leader_changes_total", "Times this coordinator took a job over (start, restart or failover), by job.")
+        self.gauges: Callable[[], Iterable[tuple[str, str, dict[str, str], float]]] = lambda: ()
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for metric in (self.heartbeats, self.quorum_changes, self.formation, self.epochs):
+            lines.extend(metric.render())
+        seen: set[str] = set()
+        for name, help_text, labels, value in self.gauges():
+            if name not in seen:
+                seen.add(name)
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            lines.append(f"{name}{_labels(labels)} {value:g}")
+        return "\n".join(lines) + "\n"
+
+
+async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.base_events.Server:
+    """A read-only HTTP endpoint: GET /metrics; anything else 404 or 405."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if method not in ("GET", "HEAD"):
+                status, body = "405 Method Not Allowed", b"only GET\n"
+            elif path.split("?", 1)[0] != "/metrics":
+                status, body = "404 Not Found", b"see /metrics\n"
+            else:
+                status, body = "200 OK", metrics.render().encode()
+            head = (f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+            writer.write(head + (body if method != "HEAD" else b""))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
