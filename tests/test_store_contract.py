@@ -258,3 +258,67 @@ def test_open_bad_url_message_exactly() -> None:
 def test_open_etcd_bad_timeout() -> None:
     with pytest.raises(ConfigError, match="timeout"):
         open_store("etcd://127.0.0.1:2379", timeout=0)
+
+
+# ----- leases ----------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "etcd"])
+def leased(request: pytest.FixtureRequest):
+    """(store, clock): a fake clock to move for memory; None for etcd, whose
+    leases run on real time (the tests then wait on the condition)."""
+    if request.param == "memory":
+        clock = FakeClock()
+        s: Store = MemoryStore(clock=clock)
+    else:
+        clock, s = None, open_store(request.getfixturevalue("etcd_url"))
+    try:
+        yield s, clock
+    finally:
+        s.close()
+
+
+def test_a_revoked_lease_takes_its_keys_with_it(leased, key_prefix: str) -> None:
+    store, _ = leased
+    lease = store.grant_lease(30)
+    kept = store.compare_and_set(key_prefix + "plain", b"p", 0).current
+    held = store.compare_and_set(key_prefix + "held", b"h", 0, lease=lease).current
+    store.revoke_lease(lease)
+    assert store.get(key_prefix + "held") is None
+    assert store.get(key_prefix + "plain") == kept
+    assert not store.refresh_lease(lease)
+    again = store.compare_and_set(key_prefix + "held", b"h2", 0).current  # absent: created anew
+    assert again.revision > held.revision
+    store.revoke_lease(lease)  # ended: nothing happens
+
+
+def test_an_expired_lease_deletes_its_keys_and_cannot_be_refreshed(leased, key_prefix: str) -> None:
+    from tests.waiting import wait_until
+
+    store, clock = leased
+    lease = store.grant_lease(1)
+    store.compare_and_set(key_prefix + "leader", b"me", 0, lease=lease)
+    if clock is not None:
+        clock.now += 0.5
+        assert store.refresh_lease(lease)
+        clock.now += 0.9  # 1.4 s after the grant, 0.9 s after the refresh: still alive
+        assert store.get(key_prefix + "leader") is not None
+        clock.now += 0.2
+    else:
+        assert store.refresh_lease(lease)
+    wait_until(lambda: store.get(key_prefix + "leader") is None, 15, message="the key of the expired lease deleted")
+    assert not store.refresh_lease(lease)
+
+
+def test_unknown_leases(leased, key_prefix: str) -> None:
+    store, _ = leased
+    assert not store.refresh_lease(987654321)
+    store.revoke_lease(987654321)

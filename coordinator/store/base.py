@@ -30,6 +30,15 @@ Compare-and-swap
     carries what is in the store now, so the caller can re-decide without a
     second read.
 
+Leases
+    A lease has a time to live; a key written with it (``compare_and_set(...,
+    lease=L)``) is deleted when the lease expires or is revoked, each delete a
+    write with its own revision. ``refresh_lease`` restarts the time to live
+    while the lease lives. This is what a leader election stands on: the
+    leader's key disappears by itself when the leader stops refreshing it.
+    etcd rounds a lease's time to live up to whole seconds and applies its own
+    minimum; lease ids are ``> 0`` and opaque.
+
 Errors
     A backend that cannot be reached raises
     :class:`~coordinator.errors.StoreUnavailable` (chained from the client
@@ -100,14 +109,28 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def compare_and_set(self, key: str, value: bytes, expected_revision: int) -> CasResult:
+    def compare_and_set(self, key: str, value: bytes, expected_revision: int, lease: int = 0) -> CasResult:
         """Write ``value`` only if the key's current revision is ``expected_revision``.
 
         ``expected_revision == 0`` means "only if the key does not exist"
         (create); otherwise the key must exist with exactly that revision
         (update). On success ``current`` holds the new value and its new
-        revision, which is greater than every revision issued before.
+        revision, which is greater than every revision issued before. With
+        ``lease``, the key is deleted when that lease ends.
         """
+
+    @abc.abstractmethod
+    def grant_lease(self, ttl: float) -> int:
+        """A new lease that lives ``ttl`` seconds (at least) unless refreshed."""
+
+    @abc.abstractmethod
+    def refresh_lease(self, lease: int) -> bool:
+        """Restart the lease's time to live; False if it already ended (its
+        keys are gone) or never existed."""
+
+    @abc.abstractmethod
+    def revoke_lease(self, lease: int) -> None:
+        """End the lease now, deleting its keys; an ended or unknown lease is left alone."""
 
     @abc.abstractmethod
     def compare_and_delete(self, key: str, expected_revision: int) -> CasResult:

@@ -3,6 +3,7 @@ or be shared by a standby coordinator."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, TypeVar
 
@@ -131,7 +132,7 @@ class EtcdStore(Store):
                 ) from e
         return out
 
-    def compare_and_set(self, key: str, value: bytes, expected_revision: int) -> CasResult:
+    def compare_and_set(self, key: str, value: bytes, expected_revision: int, lease: int = 0) -> CasResult:
         key_b = validate_key(key)
         validate_write(value, expected_revision)
         value_b = bytes(value)  # pyetcd only passes real bytes through unencoded
@@ -142,7 +143,7 @@ class EtcdStore(Store):
         succeeded, responses = self._call(
             lambda: self._client.transaction(
                 compare=[t.mod(key_b) == expected_revision],
-                success=[t.put(key_b, value_b), t.get(key_b)],
+                success=[t.put(key_b, value_b, lease=lease or None), t.get(key_b)],
                 failure=[t.get(key_b)],
             ),
             idempotent=False,
@@ -168,6 +169,24 @@ class EtcdStore(Store):
         kvs = responses[-1]
         current = Versioned(value=kvs[0][0], revision=kvs[0][1].mod_revision) if kvs else None
         return CasResult(succeeded=False, current=current)
+
+    def grant_lease(self, ttl: float) -> int:
+        if not ttl > 0:
+            raise ValueError(f"a lease's time to live must be positive, got {ttl}")
+        # etcd counts whole seconds (and raises short ones to its minimum).
+        granted = self._call(lambda: self._client.lease(max(1, math.ceil(ttl))), idempotent=False)
+        return int(granted.id)
+
+    def refresh_lease(self, lease: int) -> bool:
+        answers = self._call(lambda: list(self._client.refresh_lease(lease)), idempotent=True)
+        return bool(answers) and answers[0].TTL > 0  # an ended lease answers with TTL 0
+
+    def revoke_lease(self, lease: int) -> None:
+        try:
+            self._call(lambda: self._client.revoke_lease(lease), idempotent=True)
+        except StoreError as e:
+            if "lease not found" not in str(e):
+                raise
 
     def check(self) -> None:
         # A linearizable read goes through the raft leader, so this also fails
