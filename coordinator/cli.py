@@ -130,7 +130,15 @@ async def _serve(config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    stopping, lost = asyncio.create_task(stop.wait()), asyncio.create_task(running.lost.wait())
+    await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
+    if lost.done():
+        print("fthsdp: error: this coordinator lost its leadership (lease expired); exiting so that it "
+              "restarts as a follower", file=sys.stderr, flush=True)
+        await running.stop(grace=1.0)
+        return 1
+    stopping.cancel()
+    lost.cancel()
     logging.getLogger("fthsdp.coordinator").info("shutting down")
     await running.stop(grace=1.0)
     return 0

@@ -129,7 +129,16 @@ class CoordinatorClient:
         return self.addresses[self._current]
 
     def status(self, job: str = "") -> pb.StatusResponse:
-        return self.call("Status", pb.StatusRequest(job=job))
+        """The job's status from the leader: a follower's answer names it, and is
+        returned as it is only when the leader cannot be reached."""
+        request = pb.StatusRequest(job=job)
+        response = self.call("Status", request)
+        if response.follower and response.leader and response.leader != self.current_address():
+            try:
+                return self.stub(response.leader).Status(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError:
+                pass
+        return response
 
     def drain(self, job: str, replica_id: str) -> None:
         self.call("Drain", pb.DrainRequest(job=job, replica_id=replica_id))

@@ -50,6 +50,9 @@ class CoordinatorConfig:
     disconnect_is_failure: bool = True
     """Treat a replica whose Watch stream closes as failed at once (a killed process is detected in milliseconds instead of after the heartbeat timeout)."""
 
+    leader_ttl: float = dataclasses.field(default=3.0, metadata=DURATION)
+    """Lease on the leader's key in the store: several coordinators on one etcd elect one leader, and when it dies another takes over within about 4/3 of this."""
+
     tick_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
     """How often the quorum decision is re-evaluated when nothing else triggers it."""
 
@@ -93,7 +96,7 @@ class CoordinatorConfig:
             raise ConfigError(f"--store-prefix must start with '/' and not end with '/', got {self.store_prefix!r}")
         if self.min_replicas < 1:
             raise ConfigError(f"--min-replicas must be at least 1, got {self.min_replicas}")
-        for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval"):
+        for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval", "leader_ttl"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.join_timeout < 0:

@@ -46,6 +46,10 @@ class LostOwnership(StoreError):
     """A compare-and-swap on the job's state failed: another coordinator wrote it."""
 
 
+class NotLeader(FthsdpError):
+    """This coordinator follows another; the client should move on to the leader."""
+
+
 class CoordinatorUnavailable(FthsdpError):
     """No coordinator in the address list answered."""
 

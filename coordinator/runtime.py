@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
-from coordinator.errors import LostOwnership, StoreUnavailable, UnknownJob
+from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, UnknownJob
 from coordinator.job import JobState
 from coordinator.keys import JobKeys
 from coordinator.metrics import Metrics
@@ -70,6 +70,10 @@ class CoordinatorRuntime:
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self._stopped = False
+        self.leading = False
+        """Whether this coordinator leads (``start()`` ran): only then does it serve replicas."""
+        self.leader_hint = ""
+        """The leader's address while this coordinator follows."""
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -77,10 +81,12 @@ class CoordinatorRuntime:
         """Load every job from the store and start the decision loop."""
         for job in self.jobs.values():
             await self._load(job)
+        self.leading = True
         self._ticker = asyncio.create_task(self._tick_loop(), name="fthsdp-quorum-tick")
 
     async def stop(self) -> None:
         self._stopped = True
+        self.leading = False
         if self._ticker is not None:
             self._ticker.cancel()
             try:
@@ -124,6 +130,8 @@ class CoordinatorRuntime:
     # ----- lookups -------------------------------------------------------------------
 
     def job(self, name: str) -> _Job:
+        if not self.leading:
+            raise NotLeader(f"this coordinator follows {self.leader_hint or 'the leader'}; ask the leader")
         if not name and len(self.jobs) == 1:
             return next(iter(self.jobs.values()))
         job = self.jobs.get(name)
@@ -221,6 +229,20 @@ class CoordinatorRuntime:
         job.notify()
 
     # ----- status and admin ----------------------------------------------------------
+
+    async def follower_status(self, req: pb.StatusRequest) -> pb.StatusResponse:
+        """A follower's answer: who leads, and the quorum as stored."""
+        name = req.job or (next(iter(self.jobs)) if len(self.jobs) == 1 else "")
+        if name not in self.jobs:
+            raise UnknownJob(f"unknown job {name!r}; this coordinator serves: {', '.join(sorted(self.jobs))}")
+        response = pb.StatusResponse(
+            job=name, leader=self.leader_hint, follower=True, jobs=sorted(self.jobs),
+            reason=f"this coordinator follows {self.leader_hint or 'nobody yet'}",
+        )
+        stored = await self._store(self.store.get, JobKeys(self.config.store_prefix, name).quorum)
+        if stored is not None:
+            response.quorum.CopyFrom(decode(pb.Quorum, stored.value, f"quorum of job {name}"))
+        return response
 
     def status(self, req: pb.StatusRequest) -> pb.StatusResponse:
         job = self.job(req.job)

@@ -20,6 +20,7 @@ from coordinator.auth import TokenInterceptor
 from coordinator.credentials import read_token_file
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
+from coordinator.leadership import Leadership
 from coordinator.metrics import serve_metrics
 from coordinator.names import split_host_port
 from coordinator.runtime import CoordinatorRuntime
@@ -58,12 +59,20 @@ class RunningCoordinator:
     metrics_address: str = ""
     """HOST:PORT of the Prometheus endpoint, if --metrics-port is on."""
     metrics_server: asyncio.base_events.Server | None = None
+    leadership: Leadership | None = None
+    lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set when this coordinator led and lost its lease: the process should exit."""
+    _leading_task: asyncio.Task | None = None
 
     async def stop(self, grace: float | None = 0.5) -> None:
         # Decisions stop first: the Watch streams that the shutdown closes must
         # not read as replicas failing, or a rolling restart of the
         # coordinator would empty the quorum in the store.
+        if self._leading_task is not None:
+            self._leading_task.cancel()
         await self.runtime.stop()
+        if self.leadership is not None:
+            await asyncio.to_thread(self.leadership.resign)  # a follower takes over at once
         if self.metrics_server is not None:
             self.metrics_server.close()
         await self.health.enter_graceful_shutdown()
@@ -112,7 +121,10 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
             raise ConfigError(f"cannot listen on {config.bind}: the address is in use or not local")
         leader = advertised_address(config, port)
         runtime = CoordinatorRuntime(config, store, leader)
-        await runtime.start()
+        leadership = Leadership(store, f"{config.store_prefix}/leader", leader, config.leader_ttl)
+        if await leadership.try_once():
+            await runtime.start()
+        runtime.leader_hint = leadership.leader
         add_to_server(CoordinatorServicer(runtime, config.max_request_bytes), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -121,8 +133,10 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
             server,
         )
         await server.start()
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        # Alive either way (""); the service itself only while leading, so that
+        # a Kubernetes Service routes to the leader.
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(SERVICE_NAME, _serving(runtime.leading))
         metrics_server, metrics_address = None, ""
         if config.metrics_port >= 0:
             host, _ = split_host_port(config.bind)
@@ -136,4 +150,29 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
         store.close()
         raise
     log.info("coordinator serving jobs %s on %s (advertised as %s)", ",".join(config.job), config.bind, leader)
-    return RunningCoordinator(leader, port, server, runtime, store, health_servicer, metrics_address, metrics_server)
+    running = RunningCoordinator(
+        leader, port, server, runtime, store, health_servicer, metrics_address, metrics_server, leadership
+    )
+    running._leading_task = asyncio.create_task(_lead(running), name="fthsdp-leadership")
+    return running
+
+
+def _serving(leading: bool):
+    return health_pb2.HealthCheckResponse.SERVING if leading else health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _lead(running: RunningCoordinator) -> None:
+    """Follow until elected, then lead until the lease is lost."""
+    leadership, runtime = running.leadership, running.runtime
+    while not leadership.leading:
+        await asyncio.sleep(leadership.ttl / 3)
+        if not await leadership.try_once():
+            runtime.leader_hint = leadership.leader
+            continue
+        await runtime.start()
+        runtime.leader_hint = leadership.leader
+        await running.health.set(SERVICE_NAME, _serving(True))
+    await leadership.hold()
+    await runtime.stop()
+    await running.health.set(SERVICE_NAME, _serving(False))
+    running.lost.set()

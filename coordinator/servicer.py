@@ -18,6 +18,7 @@ from coordinator.errors import (
     InvalidRequest,
     LostOwnership,
     NotFound,
+    NotLeader,
     StaleSession,
     StoreUnavailable,
 )
@@ -33,6 +34,7 @@ STATUS_OF = (
     (StaleSession, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (LostOwnership, grpc.StatusCode.ABORTED),
+    (NotLeader, grpc.StatusCode.UNAVAILABLE),  # clients move on to the next coordinator
 )
 
 
@@ -160,6 +162,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_edge
     async def Status(self, request, context):
         validation.check_job_field(request.job, allow_empty=True)
+        if not self.runtime.leading:
+            return await self.runtime.follower_status(request)
         return self.runtime.status(request)
 
     @_edge

@@ -266,7 +266,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +274,7 @@ class StatusResponse(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -281,7 +282,8 @@ class StatusResponse(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     reason: str
     jobs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+    follower: bool
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")
