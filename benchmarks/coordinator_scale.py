@@ -1,0 +1,208 @@
+"""The coordinator under many replicas: heartbeat latency, coordinator CPU,
+how fast a failure reaches every survivor, and quorum formation.
+
+    python benchmarks/coordinator_scale.py [--replicas 100,1000] [--clients 4] [--seconds 10]
+
+One coordinator process (embedded store). ``--clients`` processes simulate
+the replicas with gRPC asyncio clients, as the real ones talk to it: each
+replica registers, keeps a Watch stream open and heartbeats at 1 Hz (random
+phase), timing every heartbeat. After all of them are members, the table
+records heartbeat latency p50/p99 and the coordinator's CPU (user + system
+from /proc, as a share of one core) over ``--seconds``; then one replica's
+stream closes (an explicit failure) and the time until every survivor's
+Watch delivered the quorum without it is taken from the survivors' own
+clocks (CLOCK_MONOTONIC, shared by the processes). Quorum formation is the
+coordinator's own histogram (``fthsdp_quorum_formation_seconds``): from its
+decision that the membership must change to the quorum stored and pushed.
+The clients share the machine's cores with the coordinator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+# ----- a client process: many replicas ---------------------------------------------------
+
+
+async def replica(stub, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+    reply = await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
+    session = reply.session_id
+    stream = stub.Watch(pb.WatchRequest(job="default", replica_id=rid, session_id=session))
+
+    async def watch() -> None:
+        try:
+            async for event in stream:
+                members = [m.replica_id for m in event.quorum.members]
+                out["events"].append((rid, time.monotonic(), event.quorum.id, len(members), rid in members))
+        except Exception:  # noqa: BLE001 - cancelled at the end, or closed as the victim
+            pass
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(random.random())  # spread the heartbeats over the second
+    while not stop.is_set():
+        if victim and go_silent.is_set():
+            out["victim_closed"] = time.monotonic()
+            stream.cancel()
+            return
+        start = time.monotonic()
+        try:
+            await stub.Heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session), timeout=10)
+            out["latencies"].append((start, time.monotonic() - start))
+        except Exception as e:  # noqa: BLE001
+            out["errors"] += 1
+            out["last_error"] = str(e)[:200]
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
+    watcher.cancel()
+
+
+async def client_main(address: str, first: int, count: int, victim: int) -> None:
+    import grpc
+
+    from protos.fthsdp.v1 import coordinator_pb2 as pb
+    from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+
+    channel = grpc.aio.insecure_channel(address)
+    stub = pb_grpc.CoordinatorStub(channel)
+    out = {"latencies": [], "events": [], "errors": 0}
+    stop, go_silent = asyncio.Event(), asyncio.Event()
+    tasks = [
+        asyncio.create_task(replica(stub, pb, f"r{i}", out, stop, i == victim, go_silent)) for i in range(first, first + count)
+    ]
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    print(json.dumps({"ready": True}), flush=True)
+    while line := (await reader.readline()).decode().strip():  # commands from the parent
+        if line == "silence":
+            go_silent.set()
+        elif line == "stop":
+            break
+    stop.set()
+    print(json.dumps(out), flush=True)
+    for t in tasks:
+        t.cancel()
+    os._exit(0)
+
+
+# ----- the parent ------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
+
+
+def run(n: int, clients: int, seconds: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0", "--min-replicas", "1",
+         "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s", "--join-timeout", "0s", "--log-level", "warning"],
+        stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    line = coordinator.stdout.readline()
+    address = line.split("listening on ")[1].split()[0]
+    metrics = line.split("metrics on ")[1].split()[0]
+    per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
+    procs = []
+    first = 0
+    for k, count in enumerate(per):
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
+        first += count
+    try:
+        for p in procs:
+            assert json.loads(p.stdout.readline())["ready"]
+        # Everyone a member (the coordinator's healthy count reaches n), or as
+        # many as made it by the deadline: reported, not hidden.
+        started = time.monotonic()
+        deadline = started + 60 + n / 20
+        healthy = 'fthsdp_replicas{job="default",state="healthy"}'
+        while (members := scrape(metrics).get(healthy, 0)) < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+        formed = time.monotonic() - started
+        time.sleep(2)  # let the spread-out heartbeats settle into their 1 Hz rhythm
+        t0, c0 = time.monotonic(), cpu_seconds(coordinator.pid)
+        time.sleep(seconds)
+        t1, c1 = time.monotonic(), cpu_seconds(coordinator.pid)
+        procs[-1].stdin.write("silence\n")
+        procs[-1].stdin.flush()
+        time.sleep(3)
+        m = scrape(metrics)
+        for p in procs:
+            p.stdin.write("stop\n")
+            p.stdin.flush()
+        results = [json.loads(p.stdout.readline()) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        coordinator.kill()
+        coordinator.wait()
+    latencies = sorted(lat for r in results for start, lat in r["latencies"] if t0 <= start <= t1)
+    closed = next(r["victim_closed"] for r in results if "victim_closed" in r)
+    # The survivors' first event of a quorum without the victim.
+    told: dict[str, float] = {}
+    for r in results:
+        for rid, t, qid, size, member in r["events"]:
+            if t >= closed and size == n - 1 and member and rid not in told:
+                told[rid] = t
+    return {
+        "n": n,
+        "p50": latencies[len(latencies) // 2] if latencies else float("nan"),
+        "p99": latencies[int(len(latencies) * 0.99)] if latencies else float("nan"),
+        "heartbeats_per_s": len(latencies) / (t1 - t0),
+        "cpu": (c1 - c0) / (t1 - t0),
+        "told_all": (max(told.values()) - closed) if len(told) == n - 1 else float("nan"),
+        "told_count": len(told),
+        "formation_mean": m['fthsdp_quorum_formation_seconds_sum{job="default"}'] / m['fthsdp_quorum_formation_seconds_count{job="default"}'],
+        "formations": m['fthsdp_quorum_formation_seconds_count{job="default"}'],
+        "errors": sum(r["errors"] for r in results),
+        "last_error": next((r["last_error"] for r in results if r.get("last_error")), ""),
+        "members": members,
+        "join_time": formed,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", default="100,1000")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.client:
+        address, first, count, victim = args.client
+        asyncio.run(client_main(address, int(first), int(count), int(victim)))
+        return
+    print("\n| replicas | members reached (time) | heartbeats/s | heartbeat p50 | heartbeat p99 | coordinator CPU (cores) |"
+          " stream closed → every survivor told | quorum formation (mean) | heartbeat errors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in (int(x) for x in args.replicas.split(",")):
+        r = run(n, args.clients, args.seconds)
+        told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
+        print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['heartbeats_per_s']:.0f} | {r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | "
+              f"{told} | {r['formation_mean'] * 1e3:.1f} ms over {r['formations']:.0f} | {r['errors']} |", flush=True)
+        if r["last_error"]:
+            print(f"  (last heartbeat error at {n}: {r['last_error']})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
