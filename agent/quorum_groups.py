@@ -1,0 +1,308 @@
+"""Keeping a replica's cross-replica group in step with the coordinator's quorum.
+
+gloo cannot shrink, so every quorum has a group of its own. This module
+knows which group the next collective runs in: the current one, or the
+newest quorum's (built, or already built in the background for a quorum
+that only grows the current one, switched to at the step boundary the
+members agreed on; see agent/ftar.py). And it waits for collectives and
+builds together with the coordinator's push: a newer quorum that drops a
+member abandons the wait at once (gloo's ``abort()`` would not unblock it);
+one that only grows the group is waited out for a patience.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from agent.ftar_decisions import is_growth
+from coordinator.errors import FthsdpError
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("fthsdp.agent.ftar")
+
+
+class Evicted(FthsdpError):
+    """The coordinator's newest quorum no longer includes this replica (it was
+    presumed dead, drained or restarted): its state must be caught up again."""
+
+
+class FtarTimeout(FthsdpError):
+    """No collective finished and no newer quorum came within the timeout."""
+
+
+class QuorumTracker:
+    """The newest quorum this replica knows, fed by coordinator push events."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.cond = threading.Condition()
+        self.quorum: pb.Quorum | None = None
+
+    def update(self, event: pb.WatchEvent) -> None:
+        with self.cond:
+            if self.quorum is None or event.quorum.id > self.quorum.id:
+                self.quorum = event.quorum
+            self.cond.notify_all()
+
+    def newest_id(self) -> int:
+        return self.quorum.id if self.quorum is not None else 0
+
+    def wait_for_membership(self, timeout: float, min_members: int = 1) -> pb.Quorum:
+        """Block until a quorum of at least ``min_members`` includes this replica."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.includes_me(self.quorum) or len(self.quorum.members) < min_members:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FtarTimeout(f"replica {self.replica_id} was not admitted into a quorum within {timeout:g}s")
+                self.cond.wait(left)
+            return self.quorum
+
+    def includes_me(self, quorum: pb.Quorum | None) -> bool:
+        return quorum is not None and any(m.replica_id == self.replica_id for m in quorum.members)
+
+
+@dataclasses.dataclass
+class _Group:
+    quorum_id: int
+    rank: int
+    size: int
+    pg: dist.ProcessGroup
+    members: frozenset[str] = frozenset()
+
+
+class _Prebuild:
+    """A group built on a helper thread while training goes on in the old one."""
+
+    def __init__(self, quorum_id: int, build: Callable[[], _Group]) -> None:
+        self.quorum_id = quorum_id
+        self.group: _Group | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.group = build()
+            except BaseException as e:  # noqa: BLE001 - reported through ready()
+                self.error = e
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name=f"fthsdp-ftar-prebuild-q{quorum_id}", daemon=True).start()
+
+    def ready(self) -> bool:
+        return self.done.is_set() and self.group is not None
+
+
+DONE, NEWER = "done", "newer"
+"""What a wait ends with: the collective (or build) finished, or a newer quorum came."""
+
+PATIENCE_MIN = 2.0
+PATIENCE_STEPS = 3
+"""How long a collective (or a group's build) waits for a quorum's
+members once a quorum that grows it is known: PATIENCE_STEPS of the longest
+recent step, at least PATIENCE_MIN seconds. Members normally switch at an
+agreed boundary long before; past it they abandon the group for the newest
+quorum, which ends the rare case of a member that never saw the old quorum
+(its push came too close to the next one's)."""
+
+
+class QuorumGroups:
+    """The group of the quorum this replica trains in, and the waits on it."""
+
+    def __init__(self, tracker: QuorumTracker, job: str, shard_rank: int = 0, timeout: float = 60.0) -> None:
+        self.tracker = tracker
+        self.job = job
+        self.shard_rank = shard_rank
+        self.timeout = timeout
+        self._group: _Group | None = None
+        self._in_step_with = 0
+        """The group whose members are known to be at the same step."""
+        # Abandoned groups are kept alive: destroying one whose collective is
+        # still blocked could block the destructor on this thread.
+        self._abandoned: list[tuple[float, _Group]] = []
+        self._prebuilt: dict[int, _Prebuild] = {}
+        """Groups of growth quorums, built in the background (by quorum id)."""
+        self._switch_to = 0
+        """The growth quorum every member agreed to switch to at this step."""
+        self._called: float | None = None
+        self._intervals: list[float] = []
+
+    def _note_step(self, now: float) -> None:
+        """One step began now: the recent step times set the patience."""
+        if self._called is not None:
+            self._intervals = (self._intervals + [now - self._called])[-8:]
+        self._called = now
+
+    def growth_ready(self) -> int:
+        """The id of the newest quorum if it only adds replicas to the group
+        this one trains in and its group is built here, else 0: the switch
+        this rank proposes. Starts building that group if nobody has."""
+        group, quorum = self._group, self.tracker.quorum
+        if group is None or quorum is None or quorum.id == group.quorum_id:
+            return 0  # every step but a membership change's: no member list to compare
+        if self._in_step_with != group.quorum_id or not is_growth(group.members, quorum):
+            return 0
+        return quorum.id if self._prebuild(quorum).ready() else 0
+
+    def _prebuild(self, quorum: pb.Quorum) -> _Prebuild:
+        pre = self._prebuilt.get(quorum.id)
+        if pre is None:
+            pre = self._prebuilt[quorum.id] = _Prebuild(quorum.id, lambda: self._build(quorum))
+        return pre
+
+    # ----- groups --------------------------------------------------------------------
+
+    def _current_group(self, deadline: float) -> _Group:
+        """The group to run the next collective in: the current one while a
+        quorum that only grows it waits for the agreed switch, else the
+        newest quorum's (built if needed; the old one is abandoned)."""
+        while True:
+            with self.tracker.cond:
+                quorum = self.tracker.quorum
+            if quorum is None or not self.tracker.includes_me(quorum):
+                raise Evicted(f"the newest quorum ({quorum.id if quorum else 'none'}) does not include this replica")
+            group, switch_to, self._switch_to = self._group, self._switch_to, 0
+            if group is not None and group.quorum_id == quorum.id:
+                return group
+            if group is not None and is_growth(group.members, quorum):
+                target = self._prebuilt.get(switch_to)
+                if target is None or not target.ready():
+                    self._prebuild(quorum)
+                    return group  # go on here until every member agrees to switch
+                self._adopt(target.group)
+                log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id, group.quorum_id)
+                return target.group
+            if group is not None:
+                self._retire(group)
+            pre = self._prebuild(quorum)  # one build per quorum, whoever started it
+            ids = frozenset(m.replica_id for m in quorum.members)
+            if self._wait(pre.done.wait, quorum.id, ids, deadline) == DONE:
+                if pre.error is not None:
+                    self._prebuilt.pop(quorum.id, None)
+                    self._await_newer(quorum.id, deadline, pre.error)
+                    continue
+                self._adopt(pre.group)
+                log.info("quorum %d: group of %d built", quorum.id, pre.group.size)
+                return pre.group
+
+    def _adopt(self, group: _Group) -> None:
+        if self._group is not None and self._group is not group:
+            self._retire(self._group)
+        self._group = group
+        self._in_step_with = 0  # the first collective in a new group is an agree
+        self._prebuilt = {q: p for q, p in self._prebuilt.items() if q > group.quorum_id}
+
+    def _retire(self, group: _Group) -> None:
+        now = time.monotonic()
+        # Past twice the timeout their collectives have ended: let them go.
+        self._abandoned = [(t, g) for t, g in self._abandoned if now - t < 2 * self.timeout]
+        self._abandoned.append((now, group))
+        if self._group is group:
+            self._group = None
+        self._in_step_with = 0
+
+    def _build(self, quorum: pb.Quorum) -> _Group:
+        ids = [m.replica_id for m in quorum.members]
+        rank = ids.index(self.tracker.replica_id)
+        host, port = quorum.members[0].address.rsplit(":", 1)
+        timeout = datetime.timedelta(seconds=self.timeout)
+        store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+        prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
+        pg = dist.ProcessGroupGloo(prefix, rank, len(ids), timeout)
+        return _Group(quorum.id, rank, len(ids), pg, frozenset(ids))
+
+    # ----- waiting -------------------------------------------------------------------
+
+    def _patience(self) -> float:
+        longest = max(self._intervals, default=0.0)
+        return min(self.timeout / 2, max(PATIENCE_MIN, PATIENCE_STEPS * longest))
+
+    def _leave_for(self, members: frozenset[str], quorum_id: int, since: list[float]) -> bool:
+        """Whether a collective among ``members`` (of ``quorum_id``) is left
+        for the newest quorum: at once for one that drops a member; for one
+        that only grows the group, after the patience (``since`` holds when
+        it was first seen, and its id)."""
+        newest = self.tracker.quorum
+        if newest is None or newest.id <= quorum_id:
+            return False
+        if not since or since[1] != newest.id:
+            if not is_growth(members, newest):
+                return True
+            self._prebuild(newest)
+            since[:] = [since[0] if since else time.monotonic(), newest.id]
+        if time.monotonic() - since[0] > self._patience():
+            log.warning("quorum %d: no agreed switch to quorum %d in %.1fs; leaving for it", quorum_id, newest.id, self._patience())
+            return True
+        return False
+
+    def _wait_work(self, work, group: _Group, deadline: float) -> str:
+        """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
+        thread, and a newer quorum is seen within a millisecond. A newer
+        quorum abandons it, except one that only grows the group: the members
+        switch at an agreed step boundary instead (see ``_leave_for``)."""
+        pause = 20e-6
+        since: list[float] = []
+        while not work.is_completed():
+            if self._leave_for(group.members, group.quorum_id, since):
+                return NEWER
+            if time.monotonic() > deadline:
+                raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        try:
+            work.wait()
+        except RuntimeError as e:
+            # The collective failed (a peer's connection dropped): the
+            # coordinator will push the quorum without that peer.
+            return self._await_newer(group.quorum_id, deadline, e)
+        return DONE
+
+    def _await_newer(self, quorum_id: int, deadline: float, cause: BaseException) -> str:
+        log.warning("collective in quorum %d failed (%s); waiting for a newer quorum", quorum_id, cause)
+        with self.tracker.cond:
+            while self.tracker.newest_id() <= quorum_id:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FtarTimeout(f"a collective in quorum {quorum_id} failed ({cause}) and no newer quorum came")
+                self.tracker.cond.wait(left)
+        return NEWER
+
+    def _wait(self, blocking: Callable[[], object], quorum_id: int, members: frozenset[str], deadline: float) -> str:
+        """Run ``blocking`` (a call with no handle to poll, like building the
+        group of ``quorum_id``) on a helper thread; return DONE when it
+        finishes, NEWER when a newer quorum makes this one's wait pointless
+        (see ``_leave_for``)."""
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                blocking()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                errors.append(e)
+            finally:
+                done.set()
+                with self.tracker.cond:
+                    self.tracker.cond.notify_all()
+
+        threading.Thread(target=run, name="fthsdp-ftar-build", daemon=True).start()
+        since: list[float] = []
+        with self.tracker.cond:
+            while not done.is_set():
+                if self._leave_for(members, quorum_id, since):
+                    return NEWER
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FtarTimeout(f"building the group of quorum {quorum_id} did not finish and no newer quorum came")
+                self.tracker.cond.wait(min(left, 0.1) if since else left)
+        if errors:
+            return self._await_newer(quorum_id, deadline, errors[0])
+        return DONE
