@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
@@ -25,6 +26,9 @@ from coordinator.store import Store
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
+
+HISTORY_LENGTH = 200
+"""Quorum changes kept per job for the status page (the store keeps only the current one)."""
 
 
 class _Job:
@@ -40,6 +44,12 @@ class _Job:
         """When a decision first said the membership must change (for the formation latency)."""
         self.changed = asyncio.Event()
         self.logged_reason = ""
+        self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
+        """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
+
+    def remember(self, quorum: Quorum) -> None:
+        self.history.append({"id": quorum.id, "members": list(quorum.member_ids), "reason": quorum.reason,
+                             "time": quorum.created_unix_ms / 1000})
 
     def notify(self) -> None:
         """Wake every watcher: swap in a fresh event, then set the old one."""
@@ -109,6 +119,8 @@ class CoordinatorRuntime:
         job.state.load(quorum, revision, records, self.clock())
         self.metrics.epochs.inc(job=job.state.name)
         job.quorum_pb = quorum_to_pb(quorum)
+        if quorum is not None:
+            job.remember(quorum)
         log.info(
             "job %s: epoch %d, quorum %s, %d known replicas (store %s)",
             job.state.name,
@@ -332,8 +344,11 @@ class CoordinatorRuntime:
                 self.metrics.quorum_changes.inc(job=job.state.name)
                 self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
                 job.change_since = None
+                job.remember(quorum)
                 log.info(
-                    "job %s: quorum %d members=%s: %s", job.state.name, quorum.id, list(quorum.member_ids), quorum.reason
+                    "job %s: quorum %d members=%s: %s", job.state.name, quorum.id, list(quorum.member_ids), quorum.reason,
+                    extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
+                           "reason": quorum.reason, "event": "quorum_change"},
                 )
                 job.logged_reason = decision.reason
             self._log_reason(job, decision.reason)
