@@ -43,6 +43,10 @@ etcd: install
 	@command -v openssl >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; } || \
 		echo "warning: no openssl: the TLS tests cannot make their certificates"
+	@# chromium renders the status page in tests/test_web.py (headless).
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "warning: no chromium: the status page's browser test cannot run"
 
 protos: install
 	$(PY) -m protos.generate

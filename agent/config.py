@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from coordinator.credentials import TlsFiles, read_token_file
 from coordinator.errors import ConfigError
+from coordinator.log_format import check_log_format
 from coordinator.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
 from coordinator.settings import DURATION, load_toml, resolve
 
@@ -115,6 +116,9 @@ class AgentConfig:
     log_level: str = "info"
     """debug, info, warning or error."""
 
+    log_format: str = "text"
+    """text or json (one JSON object per line: time, level, logger, message and the event's fields) for the agent's own log; the ranks' output passes through unchanged."""
+
     @property
     def tls(self) -> TlsFiles:
         return TlsFiles(self.tls_ca, self.tls_cert, self.tls_key)
@@ -168,6 +172,7 @@ class AgentConfig:
             raise ConfigError(f"--monitor-interval must be positive, got {self.monitor_interval}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
+        check_log_format(self.log_format)
 
     @property
     def coordinators(self) -> list[str]:

@@ -22,6 +22,7 @@ import threading
 import time
 
 from agent.membership import Membership
+from coordinator.credentials import read_token_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--step-period", type=float, default=0.0, help="seconds per simulated step; 0: never step")
     parser.add_argument("--catch-up-time", type=float, default=0.5, help="seconds a simulated catch-up takes")
+    parser.add_argument("--token-file", default="", help="file holding the coordinator's bearer token")
+    parser.add_argument("--checksum", default="", help="state checksum to report at every step it trains "
+                        "(give one replica another value to simulate a diverged state); empty: none")
     args = parser.parse_args(argv)
 
-    m = Membership(args.coordinator.split(","), args.job, args.replica_id, args.address, args.world_size, args.step)
+    m = Membership(args.coordinator.split(","), args.job, args.replica_id, args.address, args.world_size, args.step,
+                   token=read_token_file(args.token_file))
     printing = threading.Lock()
     changed = threading.Event()
 
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             break  # drained: the quorum no longer includes us
         if member and args.step_period > 0:
             m.step += 1
+            if args.checksum:  # the last few steps, as a real replica reports them
+                m.recent_checksums = {s: args.checksum for s in range(max(1, m.step - 7), m.step + 1)}
+                m.state_checksum, m.checksum_step = args.checksum, m.step
         elif event is not None and event.catch_up.source_replica_id and not m.ready:
             catch_up_started = catch_up_started or time.monotonic()
             if time.monotonic() - catch_up_started >= args.catch_up_time:

@@ -37,6 +37,7 @@ from agent import standby
 from agent.config import MAX_BACKOFF, AgentConfig
 from agent.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
 from coordinator.credentials import read_token_file
+from coordinator.log_format import configure_logging
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent")
@@ -406,7 +407,9 @@ class Supervisor:
         self.state = state
         self.history.append((state, detail))
         cfg = self.config
-        log.info("replica %s node %d: %s -> %s (%s)", cfg.replica_id, cfg.node_rank, previous, state.name, detail)
+        log.info("replica %s node %d: %s -> %s (%s)", cfg.replica_id, cfg.node_rank, previous, state.name, detail,
+                 extra={"event": "agent_state", "replica": cfg.replica_id, "node_rank": cfg.node_rank,
+                        "previous": previous, "state": state.name, "detail": detail})
         assert self._report is not None
         try:
             self._report(
@@ -428,5 +431,5 @@ def main(args, env: Mapping[str, str]) -> int:
     from agent.config import config_from_args
 
     config, command = config_from_args(args, env)
-    logging.getLogger().setLevel(config.log_level.upper())
+    configure_logging(config.log_level, config.log_format)
     return Supervisor(config, command, env=env).run()

@@ -115,8 +115,10 @@ def coordinator_config(args: argparse.Namespace, env: Mapping[str, str]):
 
 
 def _run_coordinator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from coordinator.log_format import configure_logging
+
     config = coordinator_config(args, env)
-    logging.getLogger().setLevel(config.log_level.upper())
+    configure_logging(config.log_level, config.log_format)
     return asyncio.run(_serve(config))
 
 
@@ -124,7 +126,8 @@ async def _serve(config) -> int:
     from coordinator.server import start_coordinator
 
     running = await start_coordinator(config)
-    metrics = f"; metrics on http://{running.metrics_address}/metrics" if running.metrics_address else ""
+    http = running.metrics_address
+    metrics = f"; status page on http://{http}/ and metrics on http://{http}/metrics" if http else ""
     print(f"fthsdp coordinator listening on {running.address} (jobs: {', '.join(config.job)}){metrics}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -202,7 +205,9 @@ def _run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from coordinator.log_format import TEXT_FORMAT
+
+    logging.basicConfig(level=logging.INFO, format=TEXT_FORMAT)
     parser = build_parser()
     args = parser.parse_args(argv)
     env = os.environ if env is None else env

@@ -6,6 +6,7 @@ import dataclasses
 
 from coordinator.credentials import TlsFiles, read_token_file
 from coordinator.errors import ConfigError
+from coordinator.log_format import check_log_format
 from coordinator.names import MAX_JOB_LEN, name_problem, split_host_port
 from coordinator.quorum import Rules
 from coordinator.settings import DURATION, LIST
@@ -69,13 +70,16 @@ class CoordinatorConfig:
     """PEM CA bundle: require every client to present a certificate signed by it (mutual TLS). Needs --tls-cert."""
 
     metrics_port: int = -1
-    """Serve Prometheus metrics at http://HOST:PORT/metrics on the --bind host (read-only; 0 picks a free port, which the start-up line prints). -1: off."""
+    """Serve HTTP on the --bind host: the status page at http://HOST:PORT/, its JSON at /api/status and Prometheus metrics at /metrics, all read-only and open; the one admin action (POST /api/replicas/ID/drain) needs the --token-file token and is off without one. 0 picks a free port, which the start-up line prints; -1: off."""
 
     max_request_bytes: int = 65536
     """Larger requests are refused with INVALID_ARGUMENT."""
 
     log_level: str = "info"
     """debug, info, warning or error."""
+
+    log_format: str = "text"
+    """text (one human-readable line per event) or json (one JSON object per line: time, level, logger, message and the event's fields, e.g. quorum_id, members and reason of a quorum change)."""
 
     def __post_init__(self) -> None:
         try:
@@ -116,6 +120,7 @@ class CoordinatorConfig:
             raise ConfigError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key: the server side of TLS")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
+        check_log_format(self.log_format)
 
     @property
     def tls(self) -> TlsFiles:

@@ -1,5 +1,5 @@
 """Prometheus metrics of the coordinator (``--metrics-port``), in the text
-exposition format, served read-only over HTTP at ``/metrics``.
+exposition format, served read-only over HTTP at ``/metrics`` (coordinator/web.py).
 
 Counters and histograms are updated by the runtime as things happen; gauges
 (quorum id, replicas by state, open Watch streams) are read from the job
@@ -8,12 +8,8 @@ tables at scrape time, so they are never stale.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import logging
 from collections.abc import Callable, Iterable
-
-log = logging.getLogger("fthsdp.coordinator")
 
 FORMATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -96,28 +92,3 @@ class Metrics:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
             lines.append(f"{name}{_labels(labels)} {value:g}")
         return "\n".join(lines) + "\n"
-
-
-async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.base_events.Server:
-    """A read-only HTTP endpoint: GET /metrics; anything else 404 or 405."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            if method not in ("GET", "HEAD"):
-                status, body = "405 Method Not Allowed", b"only GET\n"
-            elif path.split("?", 1)[0] != "/metrics":
-                status, body = "404 Not Found", b"see /metrics\n"
-            else:
-                status, body = "200 OK", metrics.render().encode()
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-            writer.write(head + (body if method != "HEAD" else b""))
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port)

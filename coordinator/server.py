@@ -21,11 +21,12 @@ from coordinator.credentials import read_token_file
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
 from coordinator.leadership import Leadership
-from coordinator.metrics import serve_metrics
+from coordinator.http_server import serve_http
 from coordinator.names import split_host_port
 from coordinator.runtime import CoordinatorRuntime
 from coordinator.servicer import CoordinatorServicer, add_to_server
 from coordinator.store import Store, open_store
+from coordinator.web import WebApp
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -57,7 +58,7 @@ class RunningCoordinator:
     store: Store
     health: health.aio.HealthServicer
     metrics_address: str = ""
-    """HOST:PORT of the Prometheus endpoint, if --metrics-port is on."""
+    """HOST:PORT of the HTTP server (metrics, status page, JSON API), if --metrics-port is on."""
     metrics_server: asyncio.base_events.Server | None = None
     leadership: Leadership | None = None
     lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -141,9 +142,10 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
         if config.metrics_port >= 0:
             host, _ = split_host_port(config.bind)
             try:
-                metrics_server = await serve_metrics(runtime.metrics, host.strip("[]"), config.metrics_port)
+                web = WebApp(runtime, config, token)
+                metrics_server = await serve_http(web.handle, host.strip("[]"), config.metrics_port)
             except OSError as e:
-                raise ConfigError(f"cannot serve metrics on port {config.metrics_port}: {e.strerror or e}") from e
+                raise ConfigError(f"cannot serve HTTP (metrics, status page) on port {config.metrics_port}: {e.strerror or e}") from e
             bound = metrics_server.sockets[0].getsockname()
             metrics_address = f"{host}:{bound[1]}"
     except BaseException:

@@ -1,0 +1,193 @@
+"""The status page's HTML: one self-contained document (inline CSS and JS, no
+external assets, since the machines it runs on often have no internet) that
+fetches /api/status every second and renders it with DOM calls (textContent
+only, so a replica id or a reason can never inject markup)."""
+
+PAGE = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>fthsdp coordinator</title>
+<style>
+  :root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --muted: #57606a; --line: #d0d7de; }
+  body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1f2328; background: #f6f8fa; }
+  header { background: #24292f; color: #fff; padding: 10px 20px; display: flex; gap: 16px; align-items: baseline; flex-wrap: wrap; }
+  header h1 { font-size: 18px; margin: 0; }
+  header .sub { color: #d0d7de; }
+  main { padding: 16px 20px; max-width: 1400px; }
+  .banner { padding: 8px 12px; border-radius: 6px; margin-bottom: 12px; }
+  .banner.follower { background: #fff8c5; border: 1px solid #d4a72c; }
+  .banner.error { background: #ffebe9; border: 1px solid var(--bad); }
+  .cards { display: flex; gap: 12px; flex-wrap: wrap; margin-bottom: 12px; }
+  .card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; min-width: 120px; }
+  .card .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+  .card .value { font-size: 20px; font-weight: 600; }
+  .card.mismatch { border-color: var(--bad); background: #ffebe9; }
+  .card.mismatch .value { color: var(--bad); }
+  .card.agree .value { color: var(--ok); }
+  section { background: #fff; border: 1px solid var(--line); border-radius: 6px; margin-bottom: 14px; }
+  section h2 { font-size: 15px; margin: 0; padding: 8px 12px; border-bottom: 1px solid var(--line); }
+  table { border-collapse: collapse; width: 100%; }
+  th, td { text-align: left; padding: 5px 12px; border-bottom: 1px solid #eaeef2; vertical-align: top; }
+  th { color: var(--muted); font-weight: 600; font-size: 12px; }
+  td.num { font-variant-numeric: tabular-nums; }
+  tr.mismatch td { background: #ffebe9; }
+  .state { padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; background: var(--muted); }
+  .state.healthy { background: var(--ok); } .state.failed { background: var(--bad); }
+  .state.catching-up, .state.joining { background: var(--warn); } .state.draining { background: #8250df; }
+  .bar { display: inline-block; width: 90px; height: 8px; background: #eaeef2; border-radius: 4px; vertical-align: middle; margin-right: 6px; }
+  .bar > span { display: block; height: 100%; background: var(--warn); border-radius: 4px; }
+  .muted { color: var(--muted); }
+  .bad { color: var(--bad); font-weight: 600; }
+  .admin { padding: 8px 12px; display: flex; gap: 8px; align-items: center; flex-wrap: wrap; }
+  button { font: inherit; padding: 2px 10px; cursor: pointer; }
+  code { font-size: 12px; }
+</style>
+</head>
+<body>
+<header><h1>fthsdp coordinator</h1><span class="sub" id="where"></span><span class="sub" id="updated"></span></header>
+<main>
+  <div id="banner"></div>
+  <div class="cards" id="cards"></div>
+  <div class="muted" id="decision" style="margin-bottom:12px"></div>
+  <section><h2 id="replicas-title">Replicas</h2>
+    <table><thead><tr><th>replica</th><th>state</th><th>member</th><th>step</th><th>heartbeat</th><th>agent</th>
+      <th>catch-up</th><th>checksum</th><th>address</th><th></th></tr></thead>
+    <tbody id="replicas"></tbody></table>
+  </section>
+  <section><h2>Quorum history</h2>
+    <table><thead><tr><th>quorum</th><th>time</th><th>size</th><th>joined</th><th>left</th><th>reason</th></tr></thead>
+    <tbody id="history"></tbody></table>
+  </section>
+  <section><h2>Admin</h2>
+    <div class="admin" id="admin"><span id="admin-why" class="muted"></span>
+      <label id="token-box" hidden>token <input id="token" type="password" size="28" autocomplete="off"></label>
+      <span id="admin-result"></span></div>
+  </section>
+</main>
+<script>
+"use strict";
+const REFRESH_MS = 1000, REPLICAS_SHOWN = 500;
+const params = new URLSearchParams(location.search);
+let latest = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v; else if (k === "text") node.textContent = v; else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+function replace(id, ...children) { document.getElementById(id).replaceChildren(...children); }
+function mib(bytes) { return (bytes / 1048576).toFixed(bytes < 10485760 ? 1 : 0) + " MiB"; }
+function ago(seconds) { return seconds == null ? "-" : seconds < 60 ? seconds.toFixed(1) + " s ago" : Math.round(seconds / 60) + " min ago"; }
+function clock(unix) { return unix ? new Date(unix * 1000).toLocaleTimeString() : "-"; }
+
+function card(label, value, cls) {
+  return el("div", {class: "card " + (cls || "")}, el("div", {class: "label", text: label}), el("div", {class: "value", text: value}));
+}
+
+function render(s) {
+  latest = s;
+  const jobs = s.jobs.length > 1 ? " (jobs: " + s.jobs.join(", ") + ")" : "";
+  document.getElementById("where").textContent = "job " + s.job + jobs + " · leader " + (s.leader || "none") +
+    (s.epoch ? " (epoch " + s.epoch + ")" : "");
+  if (s.follower) {
+    const banner = el("div", {class: "banner follower"}, "This coordinator follows " + (s.leader || "nobody yet") + ". ");
+    if (s.leader_page) banner.append(el("a", {href: s.leader_page + location.search, text: "Open the leader's status page"}));
+    replace("banner", banner);
+  } else {
+    replace("banner");
+  }
+  const q = s.quorum, members = new Set(q.members), cs = s.checksums;
+  const counts = Object.entries(s.counts || {}).map(([k, v]) => v + " " + k).join(", ") || "none";
+  const verdict = cs.verdict === "mismatch" ? "MISMATCH" : cs.verdict === "agree" ? "agree" : "not compared yet";
+  replace("cards",
+    card("quorum", q.id ? "#" + q.id : "-"),
+    card("members", q.members.length),
+    card("quorum step", q.id ? q.step : "-"),
+    card("replicas", counts),
+    el("div", {class: "card " + cs.verdict, id: "checksums", "data-verdict": cs.verdict},
+      el("div", {class: "label", text: "checksums" + (cs.compared_step != null ? " @ step " + cs.compared_step : "")}),
+      el("div", {class: "value", text: verdict})));
+  document.getElementById("decision").textContent = s.reason ? "decision: " + s.reason : "";
+  document.getElementById("replicas-title").textContent = "Replicas" +
+    (s.total_replicas > s.replicas.length ? " (showing " + s.replicas.length + " of " + s.total_replicas + ", trouble first)" : "");
+
+  const rows = s.replicas.map(r => {
+    const mismatch = cs.mismatched[r.id];
+    let catchUp = "-";
+    if (r.catch_up_source) {
+      catchUp = el("span");
+      if (r.catch_up_total_bytes) {
+        const pct = Math.floor(100 * r.catch_up_bytes / r.catch_up_total_bytes);
+        catchUp.append(el("span", {class: "bar"}, el("span", {style: "width:" + pct + "%"})),
+          pct + "% of " + mib(r.catch_up_total_bytes) + " ");
+      }
+      catchUp.append("from " + r.catch_up_source);
+    }
+    const checksum = r.state_checksum ? r.state_checksum.slice(0, 12) + " @" + r.checksum_step : "-";
+    const action = s.admin.enabled && !s.follower && r.state !== "draining" && r.state !== "failed"
+      ? el("button", {"data-drain": r.id, text: "drain"}) : "";
+    const agent = r.agent_state ? r.agent_state + (r.restart_count ? " (" + r.restart_count + " restarts)" : "") : "-";
+    return el("tr", {"data-replica": r.id, "data-state": r.state, class: mismatch ? "mismatch" : ""},
+      el("td", {}, el("code", {text: r.id}), r.cordoned ? el("span", {class: "muted", text: " cordoned"}) : ""),
+      el("td", {}, el("span", {class: "state " + r.state, text: r.state})),
+      el("td", {text: members.has(r.id) ? "yes" : "no"}),
+      el("td", {class: "num", text: r.step}),
+      el("td", {class: "num", text: ago(r.heartbeat_age_s)}),
+      el("td", {text: agent}),
+      el("td", {}, catchUp),
+      el("td", {}, el("code", {text: checksum}),
+        mismatch ? el("div", {class: "bad", text: "MISMATCH at step " + mismatch}) : ""),
+      el("td", {}, el("code", {text: r.address})),
+      el("td", {}, action));
+  });
+  replace("replicas", ...(rows.length ? rows : [el("tr", {}, el("td", {colspan: 10, class: "muted",
+    text: s.follower ? "the leader serves the replicas" : "no replicas registered"}))]));
+
+  replace("history", ...s.history.map(h => el("tr", {"data-quorum": h.id},
+    el("td", {text: "#" + h.id}), el("td", {text: clock(h.time)}), el("td", {class: "num", text: h.size}),
+    el("td", {text: h.joined.join(", ") || "-"}), el("td", {text: h.left.join(", ") || "-"}),
+    el("td", {text: h.reason}))));
+
+  document.getElementById("admin-why").textContent = s.admin.why;
+  document.getElementById("token-box").hidden = !s.admin.enabled;
+  document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+}
+
+async function refresh() {
+  try {
+    const query = new URLSearchParams({limit: REPLICAS_SHOWN});
+    if (params.get("job")) query.set("job", params.get("job"));
+    const response = await fetch("/api/status?" + query, {cache: "no-store"});
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    render(body);
+  } catch (e) {
+    replace("banner", el("div", {class: "banner error", text: "cannot read the coordinator's status: " + e.message +
+      (latest ? " (showing the last answer)" : "")}));
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+document.getElementById("token").value = sessionStorage.getItem("fthsdp-token") || "";
+document.getElementById("replicas").addEventListener("click", async (event) => {
+  const id = event.target.getAttribute && event.target.getAttribute("data-drain");
+  if (!id || !confirm("Drain replica " + id + "? It leaves the quorum at its next step boundary.")) return;
+  const token = document.getElementById("token").value.trim();
+  sessionStorage.setItem("fthsdp-token", token);
+  const job = params.get("job") ? "?job=" + encodeURIComponent(params.get("job")) : "";
+  const response = await fetch("/api/replicas/" + encodeURIComponent(id) + "/drain" + job,
+    {method: "POST", headers: token ? {Authorization: "Bearer " + token} : {}});
+  const body = await response.json().catch(() => ({}));
+  document.getElementById("admin-result").textContent = response.ok ? body.message : "refused: " + (body.error || response.status);
+});
+refresh();
+</script>
+</body>
+</html>
+"""

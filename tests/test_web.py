@@ -1,0 +1,305 @@
+"""The coordinator's status page and JSON API (--metrics-port), against a real
+coordinator with simulated-replica processes; the page itself rendered by a
+headless Chromium (Debian's `chromium`, installed by `make etcd`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from coordinator.web import checksum_summary, history_view
+from tests.processes import CoordinatorProcess, ReplicaProcess
+from tests.waiting import wait_until
+
+TOKEN = "web-test-token-0123456789"
+FAST = ("--metrics-port", "0", "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s")
+
+
+# ----- HTTP helpers ------------------------------------------------------------------
+
+def http(url: str, method: str = "GET", token: str | None = None, auth: str | None = None) -> tuple[int, dict, bytes]:
+    """(status, headers, body); errors are answers too."""
+    headers = {"Authorization": auth or f"Bearer {token}"} if (token or auth) else {}
+    request = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def status(base: str, job: str = "") -> dict:
+    code, _, body = http(base + "api/status" + (f"?job={job}" if job else ""))
+    assert code == 200, body
+    return json.loads(body)
+
+
+def drain(base: str, replica: str, **auth) -> tuple[int, dict]:
+    code, _, body = http(f"{base}api/replicas/{replica}/drain", "POST", **auth)
+    return code, json.loads(body)
+
+
+def page_url(c: CoordinatorProcess) -> str:
+    url = c.metrics_url.removesuffix("metrics")
+    assert url.endswith("/"), c.metrics_url
+    return url
+
+
+def members(s: dict) -> list[str]:
+    return sorted(s["quorum"]["members"])
+
+
+def states(s: dict) -> dict[str, str]:
+    return {r["id"]: r["state"] for r in s["replicas"]}
+
+
+def steps(s: dict) -> dict[str, int]:
+    return {r["id"]: r["step"] for r in s["replicas"]}
+
+
+def settled(base: str, ids: list[str]) -> dict:
+    """The status once ``ids`` are the quorum and all healthy."""
+    wait_until(lambda: members(status(base)) == ids and set(states(status(base)).values()) == {"healthy"}, 30,
+               message=f"quorum {ids}, all healthy")
+    return status(base)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> str:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def processes():
+    """Stops whatever a test started, also when it fails."""
+    started: list = []
+    yield lambda p: started.append(p) or p
+    for p in reversed(started):
+        p.stop()
+
+
+# ----- the JSON API and the admin action -------------------------------------------------
+
+def test_status_api_follows_replicas_and_the_quorum(tmp_path, processes):
+    c = processes(CoordinatorProcess(tmp_path, *FAST).start())
+    base = page_url(c)
+    replicas = [processes(ReplicaProcess(tmp_path, c.address, f"r{i}", "--step-period", "0.05").start()) for i in range(3)]
+    s = settled(base, ["r0", "r1", "r2"])
+    assert s["leading"] and not s["follower"] and s["leader"] == c.address
+    assert sorted(states(s)) == ["r0", "r1", "r2"] and s["counts"] == {"healthy": 3} and s["total_replicas"] == 3
+    assert all(0 <= r["heartbeat_age_s"] < 1.0 for r in s["replicas"])
+    assert s["history"][0]["id"] == s["quorum"]["id"] and s["history"][0]["reason"]
+    assert s["checksums"]["verdict"] == "unknown"  # these replicas report no checksums
+    assert s["admin"]["enabled"] is False
+    step = steps(s)["r0"]
+    wait_until(lambda: steps(status(base))["r0"] > step, 10, message="r0's step advancing")
+
+    before = s["quorum"]["id"]
+    replicas[2].kill()
+    wait_until(lambda: members(status(base)) == ["r0", "r1"], 20, message="r2 out of the quorum")
+    s = status(base)
+    newest = s["history"][0]
+    assert newest["id"] == s["quorum"]["id"] > before
+    assert (newest["left"], newest["joined"], newest["size"]) == (["r2"], [], 2)
+    assert "r2" in newest["reason"]
+    assert [h["id"] for h in s["history"]] == sorted((h["id"] for h in s["history"]), reverse=True)
+
+    # Without --token-file the admin action is off, and refusing it changes nothing.
+    code, body = drain(base, "r0")
+    assert code == 403 and "--token-file" in body["error"]
+    assert "r0" in members(status(base)) and states(status(base))["r0"] == "healthy"
+
+
+def test_the_http_surface_is_read_only_but_for_drain(tmp_path, processes):
+    c = processes(CoordinatorProcess(tmp_path, "--metrics-port", "0").start())
+    base = page_url(c)
+    code, headers, body = http(base)
+    assert code == 200 and headers["Content-Type"].startswith("text/html") and b"/api/status" in body
+    assert http(base + "metrics")[0] == 200
+    assert http(base + "api/status", "POST")[0] == 405
+    assert http(base, "POST")[0] == 405
+    assert http(base + "api/replicas/r0/drain")[0] == 405  # a GET never acts
+    assert http(base + "admin")[0] == 404
+    code, _, body = http(base + "api/status?job=nope")
+    assert code == 400 and "unknown job" in json.loads(body)["error"]
+    assert http(base + "api/status?limit=x")[0] == 400
+
+
+def test_drain_needs_the_token(tmp_path, processes, token_file):
+    c = processes(CoordinatorProcess(tmp_path, *FAST, "--token-file", token_file).start())
+    base = page_url(c)
+    replicas = {
+        f"r{i}": processes(ReplicaProcess(tmp_path, c.address, f"r{i}", "--step-period", "0.05",
+                                          "--token-file", token_file).start())
+        for i in range(3)
+    }
+    s = settled(base, ["r0", "r1", "r2"])  # reading stays open without the token
+    assert s["admin"]["enabled"] is True
+
+    for auth in ({}, {"token": "wrong"}, {"auth": f"Basic {TOKEN}"}, {"auth": TOKEN}):
+        code, body = drain(base, "r1", **auth)
+        assert code == 401, (auth, body)
+    code, body = drain(base, "nobody", token=TOKEN)
+    assert code == 404 and "nobody" in body["error"]
+
+    code, body = drain(base, "r0", token=TOKEN)
+    assert code == 200 and body["drain"] is True
+    wait_until(lambda: "r0" not in members(status(base)), 20, message="r0 drained out of the quorum")
+    assert replicas["r0"].proc.wait(timeout=20) == 0  # the replica saw the drain and left
+    newest = status(base)["history"][0]
+    assert newest["left"] == ["r0"] and "r0" in newest["reason"]
+    # The refused requests changed nothing: r1 kept its place.
+    s = status(base)
+    assert members(s) == ["r1", "r2"] and states(s)["r1"] == "healthy"
+    assert not any(r["cordoned"] for r in s["replicas"])
+
+
+def test_a_follower_points_to_the_leader(tmp_path, processes, token_file, etcd_url):
+    args = ("--store", etcd_url, "--store-prefix", f"/fthsdp-test/{uuid.uuid4().hex[:12]}", "--leader-ttl", "2s",
+            "--token-file", token_file, *FAST)
+    first = processes(CoordinatorProcess(tmp_path / "c0", *args))
+    (tmp_path / "c0").mkdir()
+    (tmp_path / "c1").mkdir()
+    first.start()
+    wait_until(lambda: status(page_url(first))["leading"], 20, message="the first coordinator to lead")
+    second = processes(CoordinatorProcess(tmp_path / "c1", *args).start())
+    processes(ReplicaProcess(tmp_path, f"{first.address},{second.address}", "r0", "--token-file", token_file).start())
+    wait_until(lambda: members(status(page_url(first))) == ["r0"], 20, message="r0 in the leader's quorum")
+
+    leader, follower = status(page_url(first)), status(page_url(second))
+    assert follower["follower"] is True and follower["leading"] is False
+    assert follower["leader"] == first.address
+    assert follower["quorum"]["id"] == leader["quorum"]["id"] and members(follower) == ["r0"]  # as stored
+    assert follower["replicas"] == [] and follower["history"] == []
+    code, body = drain(page_url(second), "r0", token=TOKEN)
+    assert code == 503 and first.address in body["error"]
+    assert members(status(page_url(first))) == ["r0"]
+
+
+# ----- the page in a browser -----------------------------------------------------------
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    message = "no chromium on PATH: `make etcd` installs Debian's chromium (apt-get install chromium)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    # A first start unpacks and initialises a profile: slow on a loaded machine.
+    argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, f"chromium failed ({result.returncode}):\n{result.stderr[-3000:]}"
+    return result
+
+
+class _Rows(HTMLParser):
+    """Replica rows, the checksums card and the history rows of a dumped DOM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replicas: dict[str, dict[str, str]] = {}
+        self.checksums = ""
+        self.quorums: list[str] = []
+        self.drain_buttons: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and "data-replica" in a:
+            self.replicas[a["data-replica"]] = a
+        if a.get("id") == "checksums":
+            self.checksums = a.get("data-verdict", "")
+        if tag == "tr" and "data-quorum" in a:
+            self.quorums.append(a["data-quorum"])
+        if tag == "button" and "data-drain" in a:
+            self.drain_buttons.append(a["data-drain"])
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_the_page_renders_replicas_quorum_and_a_checksum_mismatch(tmp_path, processes, token_file):
+    binary = chromium()
+    c = processes(CoordinatorProcess(tmp_path, *FAST, "--token-file", token_file).start())
+    base = page_url(c)
+    for i, checksum in enumerate(("aaaa1111", "aaaa1111", "bbbb2222")):  # r2's state differs
+        processes(ReplicaProcess(tmp_path, c.address, f"r{i}", "--step-period", "0.05", "--checksum", checksum,
+                                 "--token-file", token_file).start())
+    wait_until(lambda: status(base)["checksums"]["mismatched"].get("r2") and members(status(base)) == ["r0", "r1"],
+               30, message="r2 flagged for its checksum and out of the quorum")
+    before = status(base)
+
+    dom = run_chromium(binary, tmp_path / "profile", "--dump-dom", base).stdout
+    after = status(base)
+    rows = _Rows()
+    rows.feed(dom)
+    assert sorted(rows.replicas) == ["r0", "r1", "r2"], dom[-2000:]
+    for rid, attrs in rows.replicas.items():
+        assert attrs["data-state"] in {states(before)[rid], states(after)[rid]}, (rid, attrs)
+    assert rows.replicas["r0"]["data-state"] == "healthy"
+    assert "mismatch" in rows.replicas["r2"].get("class", "") and "mismatch" not in rows.replicas["r0"].get("class", "")
+    assert rows.checksums == "mismatch"
+    assert rows.quorums and rows.quorums[0] in {str(before["history"][0]["id"]), str(after["history"][0]["id"])}
+    assert {"r0", "r1"} <= set(rows.drain_buttons)  # admin is on: the coordinator has a token
+    assert f"#{after['quorum']['id']}" in dom and "MISMATCH at step" in dom
+
+    shot = tmp_path / "status-page.png"
+    run_chromium(binary, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,900", base)
+    assert shot.exists() and png_size(shot) == (1280, 900)
+    assert shot.stat().st_size > 20_000, "an almost empty screenshot: the page did not render"
+    if os.environ.get("FTHSDP_SCREENSHOT_DIR"):
+        target = Path(os.environ["FTHSDP_SCREENSHOT_DIR"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, target / shot.name)
+
+
+# ----- pure parts ----------------------------------------------------------------------
+
+def _replica(rid: str, checksum: str | None = None, step: int | None = None, flagged: int | None = None) -> dict:
+    return {"id": rid, "state_checksum": checksum, "checksum_step": step, "checksum_mismatch_step": flagged}
+
+
+def test_checksum_summary():
+    assert checksum_summary([])["verdict"] == "unknown"
+    assert checksum_summary([_replica("a", "x", 5), _replica("b", "x", 6)])["verdict"] == "unknown"  # no common step
+    agree = checksum_summary([_replica("a", "x", 5), _replica("b", "x", 5), _replica("c", "y", 4)])
+    assert (agree["verdict"], agree["compared_step"], agree["mismatched"]) == ("agree", 5, {})
+    differ = checksum_summary([_replica("a", "x", 5), _replica("b", "x", 5), _replica("c", "y", 5)])
+    assert (differ["verdict"], differ["mismatched"]) == ("mismatch", {"c": 5})
+    flagged = checksum_summary([_replica("a", "x", 9), _replica("b", "x", 9, flagged=3)])
+    assert (flagged["verdict"], flagged["mismatched"]) == ("mismatch", {"b": 3})
+
+
+def test_history_view_is_newest_first_with_joins_and_leaves():
+    history = [
+        {"id": 7, "members": ["a", "b"], "reason": "loaded", "time": 1.0},
+        {"id": 8, "members": ["a", "b", "c"], "reason": "admitting c", "time": 2.0},
+        {"id": 9, "members": ["a", "c"], "reason": "b lost", "time": 3.0},
+    ]
+    view = history_view(history)
+    assert [h["id"] for h in view] == [9, 8, 7]
+    assert (view[0]["joined"], view[0]["left"], view[0]["size"]) == ([], ["b"], 2)
+    assert (view[1]["joined"], view[1]["left"]) == (["c"], [])
+    assert (view[2]["joined"], view[2]["left"]) == ([], [])  # the quorum before 7 is unknown
+    assert history_view([{"id": 1, "members": ["a"], "reason": "first", "time": 0.0}])[0]["joined"] == ["a"]
+    assert len(history_view(history, limit=2)) == 2
