@@ -43,6 +43,10 @@ etcd: install
 	@command -v openssl >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; } || \
 		echo "warning: no openssl: the TLS tests cannot make their certificates"
+	@# systemd-analyze checks the systemd units in deploy/ (tests/test_deploy.py).
+	@command -v systemd-analyze >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; } || \
+		echo "warning: no systemd-analyze: the deploy tests cannot verify the systemd units"
 	@# chromium renders the status page in tests/test_web.py (headless).
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \

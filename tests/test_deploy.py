@@ -1,28 +1,512 @@
-"""Deployment files use only real flags and settings."""
+"""The deployment files in deploy/ parse, pass their tools' checks, and use
+only real flags and settings: every `fthsdp` command line in them is parsed
+by the real argument parser and its settings are built (a wrong flag, value
+or variable fails here, not on the operator's cluster)."""
 
 from __future__ import annotations
 
-import configparser
+import os
+import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-from coordinator.cli import build_parser, coordinator_config
+import pytest
+import yaml
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+from coordinator.cli import build_parser
+from coordinator.errors import ConfigError
+from deploy_files import (
+    DEPLOY,
+    Command,
+    expand_exec,
+    expand_kubernetes,
+    known_variables,
+    kubernetes_documents,
+    pod_templates,
+    read_env_file,
+    read_unit,
+    split_fthsdp,
+    yaml_documents,
+)
+
+ROOT = DEPLOY.parent
+SYSTEMD = DEPLOY / "systemd"
+KUBERNETES = DEPLOY / "kubernetes"
+DOCKER = DEPLOY / "docker"
+UNITS = sorted(SYSTEMD.glob("*.service"))
+KUBERNETES_VERSIONS = ("1.30.0", "latest")
+"""The oldest Kubernetes the manifests need (the pod-index label, gRPC
+probes) and the newest schema kubernetes-validate bundles."""
 
 
-def test_systemd_unit_command_and_env_file_parse():
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.read(DEPLOY / "systemd" / "fthsdp-coordinator.service")
-    argv = shlex.split(unit["Service"]["ExecStart"])
-    assert argv[0].endswith("/fthsdp")
-    args = build_parser().parse_args(argv[1:])  # exits on an unknown flag
-    env = {}
-    for line in (DEPLOY / "coordinator.env").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key] = value
-    config = coordinator_config(args, env)  # raises on an unknown or bad value
-    assert config.store == "etcd://127.0.0.1:2379" and config.heartbeat_timeout == 5.0
-    known = {f"FTHSDP_{name.upper()}" for name in vars(config)}
-    assert set(env) <= known, set(env) - known
+def need_tool(path: str | None, what: str) -> str:
+    """The tool's path; fail under CI (CI=true), where `make test` installs
+    it, and skip only on a developer's machine."""
+    if path:
+        return path
+    message = f"{what} is not installed (`make etcd` installs it)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+# ----- systemd ----------------------------------------------------------------------------
+
+
+def unit_environment(unit: dict, instance: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in unit["Service"].get("EnvironmentFile", []):
+        optional = item.startswith("-")
+        name = Path(item.lstrip("-").replace("%i", instance)).name
+        path = SYSTEMD / name
+        if optional and not path.exists():
+            continue
+        assert path.exists(), f"EnvironmentFile {item}: deploy/systemd/{name} is missing"
+        env.update(read_env_file(path))
+    return env
+
+
+def unit_command(path: Path, instance: str = "replica-1") -> Command | None:
+    unit = read_unit(path)
+    env = unit_environment(unit, instance)
+    (exec_start,) = unit["Service"]["ExecStart"]
+    words = expand_exec(exec_start, instance, f"/run/credentials/{path.name}", env)
+    used = set(re.findall(r"%d/([\w.-]+)", exec_start))
+    loaded = {item.split(":", 1)[0] for item in unit["Service"].get("LoadCredential", [])}
+    assert used <= loaded, f"{path.name}: ExecStart reads credentials {used - loaded} that no LoadCredential= provides"
+    argv = split_fthsdp(words)
+    return None if argv is None else Command(path.name, argv, env)
+
+
+@pytest.mark.parametrize("unit_path", UNITS, ids=lambda p: p.name)
+def test_systemd_unit_passes_systemd_analyze_verify(unit_path, tmp_path):
+    tool = need_tool(shutil.which("systemd-analyze"), "systemd-analyze (Debian package systemd)")
+    unit = read_unit(unit_path)
+    (exec_start,) = unit["Service"]["ExecStart"]
+    program = exec_start.split()[0]
+    assert program.startswith("/"), f"{unit_path.name}: ExecStart needs an absolute program path"
+    # verify checks that the program exists: stand one in for the installed one.
+    stand_in = tmp_path / "bin" / Path(program).name
+    stand_in.parent.mkdir()
+    stand_in.write_text("#!/bin/sh\n")
+    stand_in.chmod(0o755)
+    names = [unit_path.name]
+    if unit_path.name.endswith("@.service"):
+        names.append(unit_path.name.replace("@.", "@replica-0."))
+    for name in names:
+        (tmp_path / name).write_text(unit_path.read_text().replace(program, str(stand_in)))
+        result = subprocess.run(
+            [tool, "verify", "--man=no", str(tmp_path / name)], capture_output=True, text=True, timeout=60
+        )
+        # verify exits 0 on unknown keys and bad values, but says so.
+        ours = [line for line in (result.stdout + result.stderr).splitlines() if name in line or str(tmp_path) in line]
+        assert result.returncode == 0 and not ours, f"{name}:\n{result.stdout}{result.stderr}"
+
+
+def test_systemd_units_run_real_commands_with_real_settings(tmp_path):
+    coordinator = unit_command(SYSTEMD / "fthsdp-coordinator.service")
+    _, config, _ = coordinator.build(tmp_path)
+    assert config.store.startswith("etcd://") and config.store.count(",") == 2, "three etcd members"
+    assert config.token_file and config.tls_cert and config.tls_key
+    assert config.heartbeat_interval < config.heartbeat_timeout
+
+    agent = unit_command(SYSTEMD / "fthsdp-agent@.service", instance="replica-3")
+    _, config, rank_command = agent.build(tmp_path)
+    assert (config.replica_id, config.replica_rank) == ("replica-3", 3), "the instance name is the replica id"
+    assert config.token_file and config.tls_ca
+    assert len(config.coordinators) >= 2, "agents know every coordinator"
+    assert rank_command[1].endswith("examples/gpt/train.py") and "--steps" in rank_command
+
+    unit = read_unit(SYSTEMD / "fthsdp-agent@.service")["Service"]
+    assert unit["KillMode"] == ["mixed"] and unit["KillSignal"] == ["SIGTERM"]
+    (timeout,) = unit["TimeoutStopSec"]
+    assert float(timeout) > config.stop_timeout, "systemd must give the drain longer than the ranks' stop timeout"
+    # A replica rank the job does not have is refused: the check above has teeth.
+    with pytest.raises(ConfigError, match="num-replicas"):
+        unit_command(SYSTEMD / "fthsdp-agent@.service", instance="replica-4").build(tmp_path)
+
+
+# ----- Kubernetes -------------------------------------------------------------------------
+
+
+def config_maps() -> dict[str, dict[str, str]]:
+    return {doc["metadata"]["name"]: doc.get("data", {}) for _, doc in kubernetes_documents() if doc["kind"] == "ConfigMap"}
+
+
+SAMPLE_FIELDS = {
+    "status.podIP": "10.1.2.3",
+    "metadata.name": "pod-0",
+    "metadata.namespace": "fthsdp",
+    "metadata.labels['apps.kubernetes.io/pod-index']": "0",
+}
+
+
+def container_environment(container: dict, maps: dict[str, dict[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        assert name in maps, f"ConfigMap {name} is not in deploy/kubernetes"
+        env.update(maps[name])
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = expand_kubernetes([str(item["value"])], env)[0]
+        else:
+            env[item["name"]] = SAMPLE_FIELDS[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def kubernetes_commands(documents=None) -> list[tuple[dict, dict, Command]]:
+    """(pod spec, container, command) of every container that runs fthsdp."""
+    maps = config_maps()
+    out = []
+    for path, doc in documents or kubernetes_documents():
+        for pod in pod_templates(doc):
+            for container in pod["containers"]:
+                env = container_environment(container, maps)
+                words = expand_kubernetes(container.get("command", []) + container.get("args", []), env)
+                argv = split_fthsdp(words)
+                if argv is not None:
+                    out.append((pod, container, Command(f"{path.name} {doc['metadata']['name']}", argv, env)))
+    return out
+
+
+def validate_kubernetes(doc: dict) -> None:
+    import kubernetes_validate
+
+    for version in KUBERNETES_VERSIONS:
+        version = kubernetes_validate.latest_version() if version == "latest" else version
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    "path,doc", list(kubernetes_documents()), ids=lambda x: x.name if isinstance(x, Path) else x["kind"]
+)
+def test_kubernetes_manifest_validates_against_the_schema(path, doc):
+    validate_kubernetes(doc)  # strict: an unknown or misplaced field fails too
+
+
+def test_kubernetes_schema_check_catches_a_misplaced_field():
+    import kubernetes_validate
+
+    (deployment,) = [doc for _, doc in kubernetes_documents() if doc["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["readinessprobe"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinessprobe"):
+        validate_kubernetes(deployment)
+
+
+def test_kubernetes_commands_and_settings_are_real(tmp_path):
+    commands = kubernetes_commands()
+    kinds = {}
+    for pod, container, command in commands:
+        args, config, rank_command = command.build(tmp_path)
+        kinds.setdefault(args.command, []).append((pod, container, config))
+        for path in [config.token_file, config.tls_ca, config.tls_cert, config.tls_key]:
+            if path:  # credentials are files of a mounted Secret
+                path = path.removeprefix(str(tmp_path))  # as the manifest names it
+                mounts = [m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")]
+                volumes = {v["name"]: v for v in pod["volumes"]}
+                assert mounts and "secret" in volumes[mounts[0]["name"]], f"{command.where}: {path} is not from a Secret"
+    assert set(kinds) == {"coordinator", "agent"}
+    ((_, coordinator, coordinator_config),) = kinds["coordinator"]
+    etcd = [doc for _, doc in kubernetes_documents() if doc["kind"] == "StatefulSet" and doc["metadata"]["name"] == "fthsdp-etcd"]
+    members = [f"fthsdp-etcd-{i}.fthsdp-etcd:2379" for i in range(etcd[0]["spec"]["replicas"])]
+    assert coordinator_config.store == "etcd://" + ",".join(members), "the coordinator uses every etcd member"
+    assert coordinator_config.token_file
+    for _, _, config in kinds["agent"]:
+        assert config.token_file and config.replica_id == "replica-0"
+        assert config.coordinators == ["fthsdp-coordinator:29510"], "agents reach the leader through the Service"
+
+
+def test_coordinator_deployment_is_highly_available_and_probed_on_grpc_health(tmp_path):
+    from coordinator.server import SERVICE_NAME
+
+    docs = [doc for _, doc in kubernetes_documents()]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "fthsdp-coordinator"]
+    assert deployment["spec"]["replicas"] >= 2
+    (pod, container, command) = kubernetes_commands([(KUBERNETES / "coordinator.yaml", deployment)])[0]
+    _, config, _ = command.build(tmp_path)
+    port = int(config.bind.rsplit(":", 1)[1])
+    # Ready only while leading: followers report the Coordinator service
+    # NOT_SERVING, so the Service below routes to the leader alone; alive
+    # while the process serves at all ("" is SERVING in every coordinator).
+    assert container["readinessProbe"]["grpc"] == {"port": port, "service": SERVICE_NAME}
+    assert container["livenessProbe"]["grpc"].get("service", "") == "" and container["livenessProbe"]["grpc"]["port"] == port
+    assert config.advertise == "10.1.2.3:29510", "each coordinator advertises its own pod address"
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "fthsdp-coordinator"]
+    assert service["spec"]["selector"].items() <= pod_labels(deployment).items()
+    assert {p["port"] for p in service["spec"]["ports"]} == {port}
+    assert all(c["resources"]["requests"] for p in (pod,) for c in p["containers"])
+
+
+def pod_labels(doc: dict) -> dict:
+    return doc["spec"]["template"]["metadata"]["labels"]
+
+
+def test_replica_group_file_makes_every_group_of_the_job(tmp_path):
+    """The documented `sed s/replica-0/replica-G/g` gives group G, for every G
+    the job has, and the job's size is enforced."""
+    text = (KUBERNETES / "replica-group.yaml").read_text()
+    assert "sed \"s/replica-0/replica-$g/g\" replica-group.yaml" in text
+    num_replicas = int(config_maps()["fthsdp-agent"]["FTHSDP_NUM_REPLICAS"])
+    for group in range(num_replicas + 1):
+        docs = [(Path(f"replica-{group}.yaml"), d) for d in yaml.safe_load_all(text.replace("replica-0", f"replica-{group}"))]
+        for _, doc in docs:
+            validate_kubernetes(doc)
+        (pod, container, command), = kubernetes_commands(docs)
+        if group == num_replicas:
+            with pytest.raises(ConfigError, match="num-replicas"):
+                command.build(tmp_path)
+            continue
+        _, config, _ = command.build(tmp_path)
+        assert (config.replica_id, config.replica_rank, config.node_rank) == (f"replica-{group}", group, 0)
+        (statefulset,) = [d for _, d in docs]
+        assert statefulset["spec"]["replicas"] == config.nnodes, "one pod per node of the group"
+        grace = pod["terminationGracePeriodSeconds"]
+        assert grace > config.stop_timeout, "Kubernetes must give the drain longer than the ranks' stop timeout"
+
+
+# ----- compose and the Dockerfile ----------------------------------------------------------
+
+
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def test_every_yaml_file_parses():
+    paths = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+    assert len(paths) >= 5
+    for path in paths:
+        assert yaml_documents(path), f"{path} is empty"
+
+
+def test_compose_runs_etcd_two_coordinators_and_three_agents_with_real_commands(tmp_path):
+    services = compose()["services"]
+    assert "etcd" in services
+    built = {"coordinator": {}, "agent": {}, "status": {}}
+    for name, service in services.items():
+        argv = split_fthsdp(["fthsdp", *service["command"]]) if service.get("image", "").startswith("fthsdp") else None
+        if argv is None:
+            continue
+        env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+        args, config, rank_command = Command(f"compose {name}", argv, env).build(tmp_path)
+        built[args.command][name] = (service, config, rank_command)
+    assert len(built["coordinator"]) == 2 and len(built["agent"]) == 3
+    advertised = sorted(config.advertise for _, config, _ in built["coordinator"].values())
+    assert advertised == sorted(f"{name}:29510" for name in built["coordinator"])
+    for name, (service, config, _) in built["coordinator"].items():
+        assert config.store == "etcd://etcd:2379" and "etcd" in service["depends_on"]
+    ranks = set()
+    for name, (service, config, rank_command) in built["agent"].items():
+        assert sorted(config.coordinators) == advertised, f"{name} must know every coordinator"
+        assert service["environment"]["FTHSDP_ADVERTISE_HOST"] == name, "peers reach its catch-up server by name"
+        assert rank_command[:2] == ["python", "/opt/fthsdp/examples/gpt/train.py"]
+        check_example_flags(rank_command[2:])
+        assert int(service["stop_grace_period"].rstrip("s")) > config.stop_timeout
+        ranks.add(config.replica_rank)
+    assert ranks == set(range(3))
+    assert "token" in (DOCKER / ".gitignore").read_text(), "the compose token file must never be committed"
+
+
+def check_example_flags(words: list[str]) -> None:
+    """Flags given to examples/gpt/train.py are ones its parser defines."""
+    defined = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "examples/gpt/train.py").read_text()))
+    used = {w.split("=")[0] for w in words if w.startswith("--")}
+    assert used <= defined, f"examples/gpt/train.py has no {used - defined}"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", (DOCKER / "Dockerfile").read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_pins_cpu_torch_and_no_pip_run_can_pull_another(tmp_path):
+    instructions = dockerfile_instructions()
+    args = dict(rest.split("=", 1) for kw, rest in instructions if kw == "ARG" and "=" in rest)
+    assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu", "the default build is the CPU one"
+    constrained = False
+    pip_runs = 0
+    for keyword, rest in instructions:
+        if keyword == "ENV" and "PIP_CONSTRAINT=" in rest:
+            constrained = True
+        if keyword != "RUN" or "pip install" not in rest:
+            continue
+        pip_runs += 1
+        for command in re.split(r"&&|;", rest):
+            if "pip install" not in command:
+                continue
+            if "torch" in command:
+                assert '"torch==2.13.0"' in command and '--index-url "${TORCH_INDEX}"' in command, command
+            else:
+                # Any later install could resolve torch from PyPI (a CUDA build) unless pinned.
+                assert constrained, f"`{command.strip()}` runs before PIP_CONSTRAINT pins torch"
+    assert pip_runs >= 2
+    (constraint_line,) = [rest for kw, rest in instructions if kw == "RUN" and "pip-constraints" in rest]
+    assert 'echo "torch==2.13.0" > /etc/pip-constraints.txt' in constraint_line
+
+    entrypoint = [rest for kw, rest in instructions if kw == "ENTRYPOINT"]
+    cmd = [rest for kw, rest in instructions if kw == "CMD"]
+    argv = split_fthsdp(yaml.safe_load(entrypoint[-1]) + yaml.safe_load(cmd[-1]))
+    _, config, _ = Command("Dockerfile CMD", argv, {}).build(tmp_path)
+    assert config.bind == "0.0.0.0:29510"
+    users = [rest for kw, rest in instructions if kw == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the image runs unprivileged"
+    copied = {rest.split()[0] for kw, rest in instructions if kw == "COPY"}
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text()
+    for source in copied - {"pyproject.toml", "README.md"}:
+        assert f"!{source}" in ignore, f"{source} is copied but excluded from the build context"
+    assert "/opt/fthsdp" in dict(instructions)["WORKDIR"], "the manifests run /opt/fthsdp/examples/gpt/train.py"
+
+
+# ----- settings named anywhere -------------------------------------------------------------
+
+
+def all_environments() -> list[tuple[str, dict[str, str]]]:
+    out = [(path.name, read_env_file(path)) for path in sorted(SYSTEMD.glob("*.env"))]
+    out += [(f"ConfigMap {name}", data) for name, data in config_maps().items()]
+    out += [(f"{cmd.where} env", cmd.env) for _, _, cmd in kubernetes_commands()]
+    for name, service in compose()["services"].items():
+        out.append((f"compose {name}", {k: str(v) for k, v in (service.get("environment") or {}).items()}))
+    return out
+
+
+def test_every_fthsdp_variable_is_a_real_setting():
+    known = known_variables()
+    assert {"FTHSDP_STORE", "FTHSDP_REPLICA_ID", "FTHSDP_FTAR_TIMEOUT", "FTHSDP_ADVERTISE_HOST"} <= set(known)
+    seen = set()
+    for where, env in all_environments():
+        names = {k for k in env if k.startswith("FTHSDP_")}
+        assert names <= set(known), f"{where}: {sorted(names - set(known))} are not settings of fthsdp"
+        seen |= names
+    assert len(seen) > 15
+
+
+def etcd_flags() -> set[str]:
+    from coordinator.local_etcd import EtcdNotFound, find_etcd_binary
+
+    try:
+        binary = find_etcd_binary()
+    except EtcdNotFound:
+        binary = None
+    binary = need_tool(binary, "etcd")
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+    return set(re.findall(r"^\s+(--[a-z0-9-]+)", help_text.stdout + help_text.stderr, re.M))
+
+
+def test_etcd_settings_are_real_etcd_flags():
+    flags = etcd_flags()
+    assert "--initial-cluster" in flags
+    settings: list[tuple[str, str]] = [("etcd.env", k) for k in read_env_file(SYSTEMD / "etcd.env")]
+    for _, doc in kubernetes_documents():
+        for pod in pod_templates(doc):
+            for container in pod["containers"]:
+                settings += [(doc["metadata"]["name"], e["name"]) for e in container.get("env", [])]
+    etcd_service = compose()["services"]["etcd"]
+    settings += [("compose etcd", "ETCD_" + w[2:].split("=")[0].upper().replace("-", "_")) for w in etcd_service["command"][1:]]
+    checked = 0
+    for where, name in settings:
+        if name.startswith("ETCD_"):
+            flag = "--" + name[5:].lower().replace("_", "-")
+            assert flag in flags, f"{where}: {name} is not an etcd flag ({flag})"
+            checked += 1
+    assert checked > 20
+
+
+# ----- credentials and the README ----------------------------------------------------------
+
+
+def readme_tls_probe() -> list[str]:
+    """The exec probe deploy/README.md gives for a coordinator serving TLS."""
+    text = (DEPLOY / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "grpc_health" in b]
+    return shlex.split(block.replace("\\\n", ""))
+
+
+def test_make_certs_script_and_tls_probe_work_with_a_real_coordinator(tmp_path):
+    from coordinator.client import CoordinatorClient
+    from coordinator.credentials import TlsFiles, read_token_file
+    from processes import CoordinatorProcess
+
+    openssl = need_tool(shutil.which("openssl"), "openssl")
+    out = tmp_path / "creds"
+    result = subprocess.run(
+        ["sh", str(DEPLOY / "make-certs.sh"), str(out), "localhost", "127.0.0.1"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    token = read_token_file(str(out / "token"))
+    assert len(token) == 64
+    assert oct((out / "ca.key").stat().st_mode & 0o777) == "0o600", "keys are private"
+    for name, purpose in (("coordinator", "sslserver"), ("client", "sslclient")):
+        check = subprocess.run([openssl, "verify", "-purpose", purpose, "-CAfile", str(out / "ca.crt"), str(out / f"{name}.crt")],
+                               capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stdout + check.stderr
+    coordinator = CoordinatorProcess(
+        tmp_path, "--tls-cert", str(out / "coordinator.crt"), "--tls-key", str(out / "coordinator.key"),
+        "--token-file", str(out / "token"),
+    ).start()
+    try:
+        with CoordinatorClient([f"127.0.0.1:{coordinator.port}"], token=token, tls=TlsFiles(str(out / "ca.crt"))) as client:
+            assert client.status("default").job == "default"  # TLS and the token accepted
+        probe = readme_tls_probe()
+        assert probe[:2] == ["python", "-c"]
+        code = probe[2].replace("localhost:29510", f"localhost:{coordinator.port}").replace("/etc/fthsdp/tls/ca.crt", str(out / "ca.crt"))
+        assert code != probe[2]
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, f"the README's TLS probe fails on a leading coordinator: {run.stderr}"
+        wrong = code.replace("fthsdp.v1.Coordinator", "fthsdp.v1.NoSuchService")
+        assert subprocess.run([sys.executable, "-c", wrong], capture_output=True, timeout=60).returncode != 0
+    finally:
+        coordinator.stop()
+    usage = subprocess.run(["sh", str(DEPLOY / "make-certs.sh"), str(tmp_path / "x")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def readme_commands() -> list[tuple[int, str]]:
+    """Every line of deploy/README.md that names an fthsdp subcommand, with its number."""
+    lines = (DEPLOY / "README.md").read_text().splitlines()
+    return [(n, line) for n, line in enumerate(lines, 1) if re.search(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b", line)]
+
+
+def subcommand_flags() -> dict[str, set[str]]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    return {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
+
+
+def test_readme_names_only_real_flags_and_settings():
+    flags = subcommand_flags()
+    checked = 0
+    for number, line in readme_commands():
+        for match in re.finditer(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b(.*?)(?:`|$| -- )", line):
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", match.group(2)):
+                assert flag in flags[match.group(1)], f"deploy/README.md:{number}: fthsdp {match.group(1)} has no {flag}"
+                checked += 1
+    assert checked >= 10
+    every = flags["coordinator"] | flags["agent"]
+    rows = [line for line in (DEPLOY / "README.md").read_text().splitlines() if line.startswith("| `--")]
+    assert len(rows) >= 8, "the timeouts table"
+    for row in rows:
+        for flag in re.findall(r"--[a-z][a-z0-9-]*", row.split("|")[1]):
+            assert flag in every, f"deploy/README.md: the table names {flag}, which fthsdp does not have"
+    known = set(known_variables())
+    text = (DEPLOY / "README.md").read_text()
+    named = set(re.findall(r"\bFTHSDP_[A-Z_]*[A-Z]\b", text))
+    assert named <= known, f"deploy/README.md names {sorted(named - known)}, which are not settings"
+    for path in re.findall(r"\]\((?!https?:)([^)#]+)", text):
+        assert (DEPLOY / path).exists(), f"deploy/README.md links to {path}, which does not exist"
+
+
+def test_readme_flag_check_catches_a_made_up_flag():
+    flags = subcommand_flags()
+    assert "--leader-ttl" in flags["coordinator"] and "--leader-ttl" not in flags["agent"]
+    assert "--standby" in flags["agent"] and "--no-such-flag" not in flags["agent"]
+
