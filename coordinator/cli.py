@@ -69,6 +69,29 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", default=None, metavar="PEM", help="key of --tls-cert [env FTHSDP_TLS_KEY]")
 
 
+def _add_demo_parser(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run a local demo: a coordinator, replicas of the example model, a failure and its recovery",
+        description="Train the example GPT with several replicas on this machine (a coordinator and one "
+        "fthsdp agent per replica), fail one at a chosen step, watch it restart and catch up; then a summary, "
+        "summary.json and demo.png in --out.",
+    )
+    p.add_argument("--replicas", type=int, default=3, help="replica groups, one agent and rank each (default 3)")
+    p.add_argument("--steps", type=int, default=100, help="steps every replica trains (default 100)")
+    p.add_argument("--fail-step", type=int, default=30, help="fail once the failing replica committed this step (default 30)")
+    p.add_argument("--fail-replica", type=int, default=-1, metavar="INDEX", help="which replica fails (default: the last)")
+    p.add_argument("--fail-mode", choices=("kill", "hang"), default="kill",
+                   help="kill: SIGKILL its training process; hang: SIGSTOP it (found by the heartbeat timeout), "
+                   "then SIGKILL it (default kill)")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
+    p.add_argument("--out", default="", metavar="DIR",
+                   help="folder for demo.png, summary.json and the logs (default: a new ./fthsdp-demo-DATE-TIME/)")
+    p.add_argument("--store", default="memory",
+                   help="memory (embedded), etcd (start a private etcd) or etcd://HOST:PORT (default memory)")
+    p.set_defaults(run=_run_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fthsdp", description="Fault-tolerant HSDP training for PyTorch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -91,14 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("replica_id", metavar="REPLICA")
         p.set_defaults(run=_run_admin, admin=name)
 
-    p = sub.add_parser(
-        "demo",
-        help="run a local demo: a coordinator, replicas, a failure and its recovery",
-        description="Run a self-contained local demo.",
-    )
-    p.add_argument("--replicas", type=int, default=3, help="number of replicas (default 3)")
-    p.add_argument("--store", default="memory", help="'memory' or etcd://HOST:PORT (default memory)")
-    p.set_defaults(run=_run_demo)
+    _add_demo_parser(sub)
     return parser
 
 
@@ -196,9 +212,13 @@ def _run_agent(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from coordinator.demo import run_demo
+    from coordinator.demo.config import DemoConfig
+    from coordinator.demo.scenario import run_demo
 
-    return run_demo(replicas=args.replicas, store=args.store)
+    config = DemoConfig(replicas=args.replicas, steps=args.steps, fail_step=args.fail_step,
+                        fail_replica=args.fail_replica, fail_mode=args.fail_mode, live=not args.no_live,
+                        out=args.out, store=args.store)
+    return run_demo(config)
 
 
 # ----- entry point ---------------------------------------------------------------------
