@@ -218,3 +218,45 @@ def pod_templates(doc: dict) -> list[dict]:
 def expand_kubernetes(words: list[str], env: Mapping[str, str]) -> list[str]:
     """$(VAR) references in a container's command and args, as the kubelet expands them."""
     return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), w) for w in words]
+
+
+def config_maps() -> dict[str, dict[str, str]]:
+    return {doc["metadata"]["name"]: doc.get("data", {}) for _, doc in kubernetes_documents() if doc["kind"] == "ConfigMap"}
+
+
+SAMPLE_FIELDS = {  # what the downward API gives a first pod
+    "status.podIP": "10.1.2.3",
+    "metadata.name": "pod-0",
+    "metadata.namespace": "fthsdp",
+    "metadata.labels['apps.kubernetes.io/pod-index']": "0",
+}
+
+
+def container_environment(container: dict, maps: dict[str, dict[str, str]], fields: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it; ``fields`` stands in for the downward API."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        assert name in maps, f"ConfigMap {name} is not in deploy/kubernetes"
+        env.update(maps[name])
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = expand_kubernetes([str(item["value"])], env)[0]
+        else:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def kubernetes_commands(documents=None, fields: Mapping[str, str] = SAMPLE_FIELDS) -> list[tuple[dict, dict, Command]]:
+    """(pod spec, container, command) of every container that runs fthsdp."""
+    maps = config_maps()
+    out = []
+    for path, doc in documents or kubernetes_documents():
+        for pod in pod_templates(doc):
+            for container in pod["containers"]:
+                env = container_environment(container, maps, fields)
+                words = expand_kubernetes(container.get("command", []) + container.get("args", []), env)
+                argv = split_fthsdp(words)
+                if argv is not None:
+                    out.append((pod, container, Command(f"{path.name} {doc['metadata']['name']}", argv, env)))
+    return out

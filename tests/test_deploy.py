@@ -22,8 +22,10 @@ from deploy_files import (
     DEPLOY,
     Command,
     expand_exec,
-    expand_kubernetes,
     known_variables,
+    SAMPLE_FIELDS,
+    config_maps,
+    kubernetes_commands,
     kubernetes_documents,
     pod_templates,
     read_env_file,
@@ -132,47 +134,6 @@ def test_systemd_units_run_real_commands_with_real_settings(tmp_path):
 # ----- Kubernetes -------------------------------------------------------------------------
 
 
-def config_maps() -> dict[str, dict[str, str]]:
-    return {doc["metadata"]["name"]: doc.get("data", {}) for _, doc in kubernetes_documents() if doc["kind"] == "ConfigMap"}
-
-
-SAMPLE_FIELDS = {
-    "status.podIP": "10.1.2.3",
-    "metadata.name": "pod-0",
-    "metadata.namespace": "fthsdp",
-    "metadata.labels['apps.kubernetes.io/pod-index']": "0",
-}
-
-
-def container_environment(container: dict, maps: dict[str, dict[str, str]]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        name = source["configMapRef"]["name"]
-        assert name in maps, f"ConfigMap {name} is not in deploy/kubernetes"
-        env.update(maps[name])
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = expand_kubernetes([str(item["value"])], env)[0]
-        else:
-            env[item["name"]] = SAMPLE_FIELDS[item["valueFrom"]["fieldRef"]["fieldPath"]]
-    return env
-
-
-def kubernetes_commands(documents=None) -> list[tuple[dict, dict, Command]]:
-    """(pod spec, container, command) of every container that runs fthsdp."""
-    maps = config_maps()
-    out = []
-    for path, doc in documents or kubernetes_documents():
-        for pod in pod_templates(doc):
-            for container in pod["containers"]:
-                env = container_environment(container, maps)
-                words = expand_kubernetes(container.get("command", []) + container.get("args", []), env)
-                argv = split_fthsdp(words)
-                if argv is not None:
-                    out.append((pod, container, Command(f"{path.name} {doc['metadata']['name']}", argv, env)))
-    return out
-
-
 def validate_kubernetes(doc: dict) -> None:
     import kubernetes_validate
 
@@ -267,6 +228,24 @@ def test_replica_group_file_makes_every_group_of_the_job(tmp_path):
         assert statefulset["spec"]["replicas"] == config.nnodes, "one pod per node of the group"
         grace = pod["terminationGracePeriodSeconds"]
         assert grace > config.stop_timeout, "Kubernetes must give the drain longer than the ranks' stop timeout"
+
+
+def test_readme_multi_node_group_is_a_valid_replica_group(tmp_path):
+    """The README's arguments for a group spanning two nodes, added to
+    replica-group.yaml, give node ranks 0 and 1 of one group."""
+    (extra,) = re.findall(r"`(--nnodes 2 [^`]+)`", (DEPLOY / "README.md").read_text())
+    (doc,) = yaml_documents(KUBERNETES / "replica-group.yaml")
+    doc["spec"]["replicas"] = 2
+    args = doc["spec"]["template"]["spec"]["containers"][0]["args"]
+    cut = args.index("--")
+    args[cut:cut] = extra.split()
+    validate_kubernetes(doc)
+    for node in (0, 1):
+        fields = {**SAMPLE_FIELDS, "metadata.labels['apps.kubernetes.io/pod-index']": str(node)}
+        ((_, _, command),) = kubernetes_commands([(KUBERNETES / "replica-group.yaml", doc)], fields)
+        _, config, _ = command.build(tmp_path)
+        assert (config.nnodes, config.node_rank, config.master_port, config.standby) == (2, node, 29500, False)
+        assert config.master_addr == f"{doc['metadata']['name']}-0.{doc['spec']['serviceName']}", "pod 0's DNS name"
 
 
 # ----- compose and the Dockerfile ----------------------------------------------------------
