@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import urllib.error
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.web import checksum_summary, history_view
+from coordinator.config import CoordinatorConfig
+from coordinator.web import WebApp, checksum_summary, history_view
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.waiting import wait_until
 
@@ -135,6 +137,24 @@ def test_the_http_surface_is_read_only_but_for_drain(tmp_path, processes):
     code, _, body = http(base + "api/status?job=nope")
     assert code == 400 and "unknown job" in json.loads(body)["error"]
     assert http(base + "api/status?limit=x")[0] == 400
+
+
+def raw(address: str, request: bytes) -> str:
+    """The status line the server answers ``request`` with."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        return conn.makefile("rb").readline().decode().strip()
+
+
+def test_malformed_requests_get_a_clear_status(tmp_path, processes):
+    c = processes(CoordinatorProcess(tmp_path, "--metrics-port", "0").start())
+    address = c.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    assert raw(address, b"hello\r\n\r\n") == "HTTP/1.1 400 Bad Request"
+    assert raw(address, b"GET / HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n").startswith("HTTP/1.1 431")
+    big = b"POST /api/replicas/r0/drain HTTP/1.1\r\nContent-Length: 10000000\r\n\r\n"
+    assert raw(address, big).startswith("HTTP/1.1 413")
+    assert raw(address, b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n") == "HTTP/1.1 200 OK"  # still serving
 
 
 def test_drain_needs_the_token(tmp_path, processes, token_file):
@@ -303,3 +323,16 @@ def test_history_view_is_newest_first_with_joins_and_leaves():
     assert (view[2]["joined"], view[2]["left"]) == ([], [])  # the quorum before 7 is unknown
     assert history_view([{"id": 1, "members": ["a"], "reason": "first", "time": 0.0}])[0]["joined"] == ["a"]
     assert len(history_view(history, limit=2)) == 2
+    cache: dict = {}
+    assert history_view(history, cache=cache) == view and len(cache) == 3
+    assert history_view(history, limit=1, cache=cache) == view[:1] and len(cache) == 1  # only what is shown
+
+
+def test_leader_page_assumes_the_same_port():
+    def page(port: int, leader: str):
+        return WebApp(None, CoordinatorConfig(metrics_port=port), "")._leader_page(leader)
+
+    assert page(9100, "10.0.0.7:29510") == "http://10.0.0.7:9100/"
+    assert page(9100, "[fd00::7]:29510") == "http://[fd00::7]:9100/"
+    assert page(0, "10.0.0.7:29510") is None  # each coordinator picked its own port
+    assert page(9100, "") is None
