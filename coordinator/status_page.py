@@ -91,9 +91,12 @@ function card(label, value, cls) {
 
 function render(s) {
   latest = s;
-  const jobs = s.jobs.length > 1 ? " (jobs: " + s.jobs.join(", ") + ")" : "";
-  document.getElementById("where").textContent = "job " + s.job + jobs + " · leader " + (s.leader || "none") +
-    (s.epoch ? " (epoch " + s.epoch + ")" : "");
+  const where = document.getElementById("where");
+  where.replaceChildren("job " + s.job + " · leader " + (s.leader || "none") + (s.epoch ? " (epoch " + s.epoch + ")" : ""));
+  if (s.jobs.length > 1) {  // one coordinator can serve several jobs: a link to each
+    where.append(" · jobs:");
+    for (const job of s.jobs) where.append(" ", el("a", {href: "?job=" + encodeURIComponent(job), "data-job": job, text: job, style: "color:#fff"}));
+  }
   if (s.follower) {
     const banner = el("div", {class: "banner follower"}, "This coordinator follows " + (s.leader || "nobody yet") + ". ");
     if (s.leader_page) banner.append(el("a", {href: s.leader_page + location.search, text: "Open the leader's status page"}));

@@ -117,6 +117,9 @@ def test_status_api_follows_replicas_and_the_quorum(tmp_path, processes):
     assert (newest["left"], newest["joined"], newest["size"]) == (["r2"], [], 2)
     assert "r2" in newest["reason"]
     assert [h["id"] for h in s["history"]] == sorted((h["id"] for h in s["history"]), reverse=True)
+    code, _, body = http(base + "api/status?limit=1")  # those not healthy first
+    assert code == 200 and [r["id"] for r in json.loads(body)["replicas"]] == ["r2"]
+    assert json.loads(body)["total_replicas"] == 3
 
     # Without --token-file the admin action is off, and refusing it changes nothing.
     code, body = drain(base, "r0")
@@ -125,8 +128,9 @@ def test_status_api_follows_replicas_and_the_quorum(tmp_path, processes):
 
 
 def test_the_http_surface_is_read_only_but_for_drain(tmp_path, processes):
-    c = processes(CoordinatorProcess(tmp_path, "--metrics-port", "0").start())
+    c = processes(CoordinatorProcess(tmp_path, "--metrics-port", "0", "--job", "a,b").start())
     base = page_url(c)
+    assert (status(base)["job"], status(base, "b")["job"], status(base)["jobs"]) == ("a", "b", ["a", "b"])
     code, headers, body = http(base)
     assert code == 200 and headers["Content-Type"].startswith("text/html") and b"/api/status" in body
     assert http(base + "metrics")[0] == 200
