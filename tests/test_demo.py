@@ -1,0 +1,171 @@
+"""`fthsdp demo`: real runs of the demo (coordinator, agents, the example model),
+its clean-up on Ctrl-C, its settings, and the summary's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.demo.children import marked_pids
+from coordinator.demo.record import Failure, Recorder, RankStart, StepLine
+from coordinator.demo.summary import summarize
+from waiting import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_MARK = "DEMO_TEST_MARK"
+"""Set for the demo by the test and inherited by everything it starts, so the
+test can find every one of its processes, whoever their parent is now."""
+
+
+def _demo(tmp_path: Path, mark: str, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")}
+    env[TEST_MARK] = mark
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "demo", "--no-live", "--out", str(tmp_path / "out"), *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert data[-8:-4] == b"IEND", "PNG truncated"
+    return width, height
+
+
+def _run_to_end(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[dict, str]:
+    mark = uuid.uuid4().hex
+    proc = _demo(tmp_path, mark, *args)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    wait_until(lambda: not marked_pids(mark, TEST_MARK), 10, message="processes of the demo still running")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    width, height = _png_size(tmp_path / "out" / "demo.png")
+    assert width >= 800 and height >= 600
+    assert (tmp_path / "out" / "demo.png").stat().st_size > 30_000  # two plots, not an empty canvas
+    return summary, output
+
+
+@pytest.mark.timeout(300)
+def test_demo_kill_restart_catch_up(tmp_path):
+    summary, output = _run_to_end(tmp_path, "--replicas", "3", "--steps", "40", "--fail-step", "10")
+    assert summary["ok"] and summary["error"] is None
+    assert summary["all_reached_final_step"] and summary["final_steps"] == {"r0": 40, "r1": 40, "r2": 40}
+    f = summary["failure"]
+    assert f["replica"] == "r2" and f["mode"] == "kill" and f["step"] >= 10
+    # A SIGKILLed process's Watch stream closes: detected well before the 2 s heartbeat timeout.
+    assert f["detected"] and 0 <= f["time_to_detect_s"] < 1.5, f
+    assert "stream closed" in f["detect_reason"] or "failed" in f["detect_reason"], f["detect_reason"]
+    assert f["restarted"] and f["restart_count"] >= 1
+    assert f["caught_up"] and f["catch_up_source"] in ("r0", "r1")
+    assert f["catch_up_bytes"] > 1_000_000  # the 3.2M-parameter model and its optimizer state
+    assert f["time_to_detect_s"] < f["time_to_rejoin_quorum_s"] <= f["time_to_recover_s"]
+    assert f["survivor_steps_skipped"] == 0
+    assert 0 < summary["steps_lost"] < 3 * 40 and summary["replica_steps_trained"] == 120 - summary["steps_lost"]
+    assert 0.3 < summary["effective_training_time"] < 1.0
+    assert [q["members"] for q in summary["quorum_history"]].count(["r0", "r1"]) >= 1
+    for key in ("time_to_detect_s", "time_to_recover_s", "catch_up_bytes", "steps_lost", "effective_training_time"):
+        assert key in summary["definitions"] or key in f
+    assert "time to recover" in output and "effective training time" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_demo_hang_on_etcd_is_found_by_the_heartbeat_timeout(tmp_path):
+    summary, output = _run_to_end(tmp_path, "--store", "etcd", "--fail-mode", "hang", "--fail-replica", "0",
+                                  "--steps", "50", "--fail-step", "10")
+    assert "started a private etcd" in output
+    f = summary["failure"]
+    assert f["replica"] == "r0" and f["mode"] == "hang"
+    assert "heartbeat timeout" in f["detect_reason"], f["detect_reason"]
+    assert 0.5 < f["time_to_detect_s"] < 4.0  # the demo's --heartbeat-timeout is 2 s
+    assert f["restarted"] and f["caught_up"] and f["catch_up_bytes"] > 0
+    assert summary["all_reached_final_step"]
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_leaves_no_process_behind(tmp_path):
+    mark = uuid.uuid4().hex
+    proc = _demo(tmp_path, mark, "--steps", "400", "--fail-step", "300")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        # Training: every replica admitted and stepping, so agents, ranks and standbys are all up.
+        wait_until(lambda: any(" step   10 " in line for line in lines), 150, message="the demo training")
+        running = marked_pids(mark, TEST_MARK)
+        assert len(running) >= 1 + 1 + 3 + 3, running  # the demo, coordinator, 3 agents, 3 ranks
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        reader.join(timeout=10)
+        wait_until(lambda: not marked_pids(mark, TEST_MARK), 10,
+                   message=f"processes left after Ctrl-C: {marked_pids(mark, TEST_MARK)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in marked_pids(mark, TEST_MARK):
+            os.kill(pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert "interrupted" in text and "Traceback" not in text
+    assert "had to SIGKILL" not in text  # the agents drained their ranks; nothing needed the sweep
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "30"], "--steps 30 leaves too little after --fail-step 30"),
+    (["--replicas", "1"], "at least 2 replicas"),
+    (["--fail-replica", "3"], "--fail-replica must be in [0, 3)"),
+    (["--fail-step", "0"], "--fail-step must be at least 1"),
+    (["--store", "zookeeper"], "--store: expected memory, etcd or etcd://HOST:PORT"),
+])
+def test_bad_settings_are_one_line(args, message, capsys, tmp_path):
+    assert main(["demo", "--out", str(tmp_path / "x"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()  # nothing started, nothing written
+
+
+def _recorder_with(lines: dict[str, list[tuple[int, float, int]]], starts: dict[str, list[tuple[float, int]]]) -> Recorder:
+    rec = Recorder(sorted(lines))
+    for replica, entries in starts.items():
+        for t, step in entries:
+            rec.starts[replica].append(RankStart(replica, 1, step, 1, t, None))
+    for replica, entries in lines.items():
+        for step, t, contributors in entries:
+            rec.steps[replica].append(StepLine(replica, step, 1.0, 1, contributors, t))
+        rec.done[replica] = entries[-1][0]
+    return rec
+
+
+def test_summary_counts_lost_steps_and_effective_time():
+    """Two replicas, 6 steps of 1 s; b is out for steps 3-4 and comes back for step 5
+    (caught up at t=4.5): 2 replica-steps lost; b trained 3.5 of the 6 seconds."""
+    a = [(s, float(s), 2 if s not in (3, 4) else 1) for s in range(1, 7)]
+    b = [(1, 1.0, 2), (2, 2.0, 2), (5, 5.0, 2), (6, 6.0, 2)]
+    rec = _recorder_with({"a": a, "b": b}, {"a": [(0.0, 0)], "b": [(0.0, 0), (4.5, 4)]})
+    failure = Failure("b", "kill", pid=1, step=2, t=2.1, wall=0.0, quorum_before=1)
+    s = summarize(rec, failure, replicas=2, steps=6)
+    assert s["steps_lost"] == 2 and s["replica_steps_trained"] == 10
+    # a: 6 s of training; b: steps 1, 2 (2 s) and step 5 from its start at 4.5 (0.5 s) and 6 (1 s).
+    assert s["effective_training_time"] == pytest.approx((6 + 3.5) / (2 * 6), abs=1e-3)
+    assert s["all_reached_final_step"]
+    assert s["failure"]["restarted"] and s["failure"]["survivor_steps_skipped"] == 0
+    assert s["failure"]["detected"] is False  # no status was recorded: nothing is claimed
+    assert s["failure"]["time_to_recover_s"] is None and not s["failure"]["caught_up"]
