@@ -1,0 +1,306 @@
+"""The discrete-event simulation: failures in time, stalls, and the quorum.
+
+Two engines. ``simulate_synchronous``: every failure restarts the whole job
+(one stall, plus the work since the last checkpoint if checkpoints are
+modelled apart). ``ReplicatedSim``: replicas fail alone; every membership
+change is decided by the shipped ``coordinator.quorum.decide`` from what the
+coordinator would see (a crash reported by the agent, a Watch stream closed,
+heartbeats that stop), and the share of replicas training is the size of the
+quorum it returns.
+
+Accounting, the same in both (see calibration.py for why): failures form a
+Poisson process in wall-clock time at ``rate x GPUs``, also while the job is
+stalled or a replica is out; each costs its own stall, added to the end of a
+stall in progress. Effective training time = replica-seconds spent training
+in the quorum, outside stalls / (replicas x wall-clock time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+
+from benchmarks.goodput.inputs import RecoveryCosts
+from coordinator.config import CoordinatorConfig
+from coordinator.job import ReplicaEntry
+from coordinator.quorum import Quorum, ReplicaView, Rules, decide
+
+SECONDS_PER_HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class QuorumChange:
+    """One quorum that ``decide`` formed during a run."""
+
+    time_s: float
+    quorum_id: int
+    members: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What one simulated job did."""
+
+    horizon_s: float
+    failures: int
+    effective: float
+    """Share of replica-time spent training (the published 'effective training time')."""
+    stall_per_failure_s: float
+    """Whole-job stall charged per failure (restarts, survivors' stalls, joins)."""
+    replica_out_s: float | None = None
+    """Mean time from a replica's failure to its admission back; None: synchronous."""
+    quorum_changes: tuple[QuorumChange, ...] = ()
+    decisions: int = 0
+    """Calls to ``decide``."""
+    catch_up_assignments: int = 0
+    """Registrations that ``decide`` gave a catch-up source."""
+
+    @property
+    def failures_per_day(self) -> float:
+        return self.failures * DAY / self.horizon_s
+
+
+def simulate_synchronous(
+    gpus: int,
+    rate_per_gpu_hour: float,
+    horizon_s: float,
+    rng: random.Random,
+    restart_s: float,
+    checkpoint_interval_s: float = 0.0,
+) -> RunResult:
+    """Every failure stalls the whole job for ``restart_s`` plus the training
+    done since the last checkpoint (every ``checkpoint_interval_s`` of training;
+    0: the restart figure already includes it). A failure during a restart is
+    found when the job resumes and costs a restart of its own."""
+    if restart_s < 0 or checkpoint_interval_s < 0 or horizon_s <= 0:
+        raise ValueError("restart, checkpoint interval and horizon must not be negative")
+    rate = rate_per_gpu_hour * gpus / SECONDS_PER_HOUR
+    t = busy_until = progress = charged = 0.0
+    failures = 0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= horizon_s:
+            break
+        failures += 1
+        lost = 0.0
+        if t > busy_until:
+            progress += t - busy_until
+            if checkpoint_interval_s > 0:
+                lost = progress % checkpoint_interval_s
+                progress -= lost
+            busy_until = t
+        busy_until += restart_s
+        charged += restart_s + lost
+    progress += max(0.0, horizon_s - busy_until)
+    return RunResult(horizon_s, failures, progress / horizon_s, charged / failures if failures else 0.0)
+
+
+@dataclasses.dataclass
+class _Replica(ReplicaEntry):
+    """The coordinator's record of a replica (its ``view()`` is what ``decide``
+    sees), plus what only the simulator knows."""
+
+    member: bool = False
+    token: int = 0
+    """Bumped whenever the replica's pending events become stale."""
+    hung_since: float | None = None
+    """A silent failure: heartbeats stopped then."""
+    down_since: float | None = None
+    """When the failure that took it out happened (for the time out)."""
+
+
+class ReplicatedSim:
+    """One job of ``replicas`` replicas of ``replica_gpus`` GPUs each."""
+
+    def __init__(
+        self,
+        replicas: int,
+        replica_gpus: int,
+        rate_per_gpu_hour: float,
+        costs: RecoveryCosts,
+        rng: random.Random,
+        step_s: float = 6.0,
+    ):
+        if replicas < 2:
+            raise ValueError("a replicated job needs at least 2 replicas")
+        self.costs = costs
+        self.rng = rng
+        self.step_s = step_s
+        self.replica_gpus = replica_gpus
+        # A default coordinator's rules, at the heartbeat timeout the costs assume.
+        self.rules: Rules = dataclasses.replace(CoordinatorConfig().rules, heartbeat_timeout=costs.heartbeat_timeout_s)
+        self.rate = rate_per_gpu_hour * replicas * replica_gpus / SECONDS_PER_HOUR
+        width = len(str(replicas - 1))
+        self.replicas = [_Replica(f"r{i:0{width}d}", world_size=replica_gpus) for i in range(replicas)]
+        self.by_id = {r.replica_id: r for r in self.replicas}
+        self.quorum: Quorum | None = None
+        self.catch_up: dict[str, str] = {}
+        self.changes: list[QuorumChange] = []
+        self.events: list[tuple[float, int, str, str, int]] = []
+        self.seq = 0
+        self.t = self.productive = self.charged = 0.0
+        self.stall_start = self.stall_end = 0.0
+        self.failures = self.decisions = self.assignments = 0
+        self.out_times: list[float] = []
+
+    # ----- the coordinator's view and decision -----------------------------------
+
+    def _view(self, r: _Replica, now: float, head: int) -> ReplicaView:
+        """What the coordinator would know at ``now``: live replicas heartbeat
+        every second, members report the head step (they train in lockstep)."""
+        if r.member or (r.ready_since is not None and not r.catching_up):
+            r.step = head
+        r.last_heartbeat = r.hung_since if r.hung_since is not None else now
+        return r.view()
+
+    def _decide(self, now: float):
+        head = int(now / self.step_s)
+        views = {r.replica_id: self._view(r, now, head) for r in self.replicas}
+        d = decide(self.quorum, views, now, self.rules, self.catch_up)
+        self.decisions += 1
+        if d.changes_quorum:
+            before = set(self.quorum.member_ids) if self.quorum else set()
+            self.quorum = Quorum((self.quorum.id if self.quorum else 0) + 1, d.members, step=head, reason=d.reason)
+            after = set(self.quorum.member_ids)
+            self.changes.append(QuorumChange(now, self.quorum.id, len(after), d.reason))
+            for rid in before - after:
+                self.by_id[rid].member = False
+            for rid in after - before:
+                r = self.by_id[rid]
+                r.member, r.restarted, r.ready_since, r.catching_up = True, False, None, False
+                if r.down_since is not None:
+                    self.out_times.append(now - r.down_since)
+                    r.down_since = None
+            if before and after - before:
+                self._stall(now, self.costs.admission_stall_s)
+        sources = {rid: s.replica_id for rid, s in d.catch_up.items()}
+        moved = [rid for rid, s in sources.items() if rid in self.catch_up and self.catch_up[rid] != s]
+        self.catch_up = sources
+        for rid in moved:  # its source left: the transfer starts over from the new one
+            r = self.by_id[rid]
+            if r.catching_up:
+                r.token += 1
+                self._stall(now, self.costs.serve_stall_s)
+                self._push(now + self.costs.catch_up_s, "ready", rid, r.token)
+        return d
+
+    # ----- time, stalls and events ---------------------------------------------------
+
+    def _push(self, when: float, kind: str, rid: str = "", token: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, rid, token))
+
+    def _stall(self, now: float, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self.charged += seconds
+        if now >= self.stall_end:
+            self.stall_start, self.stall_end = now, now + seconds
+        else:
+            self.stall_end += seconds
+
+    def _advance(self, t: float) -> None:
+        if t <= self.t:
+            return
+        stalled = max(0.0, min(t, self.stall_end) - max(self.t, self.stall_start))
+        members = len(self.quorum.members) if self.quorum else 0
+        self.productive += (t - self.t - stalled) * members / len(self.replicas)
+        self.t = t
+
+    def _on_failure(self, now: float) -> None:
+        self.failures += 1
+        r = self.rng.choice(self.replicas)
+        if r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None:
+            r.down_since = now
+            r.token += 1
+            if self.rng.random() < self.costs.hang_fraction:
+                # Silent: the survivors block in the all-reduce until the heartbeat timeout.
+                self._stall(now, self.costs.hang_stall_s)
+                r.hung_since = now
+                self._push(now + self.costs.heartbeat_timeout_s, "detect", r.replica_id, r.token)
+            else:
+                self._stall(now, self.costs.crash_stall_s)
+                # A crashed rank is reported by its agent; a lost node closes its stream.
+                if self.rng.random() < 0.5:
+                    r.failed_at = now
+                else:
+                    r.disconnected_at = now
+                self._decide(now)
+        elif not r.member:
+            # A failure during its recovery: it starts over.
+            r.token += 1
+            r.failed_at, r.catching_up, r.ready_since = now, False, None
+        else:
+            return  # already failed, not yet seen: nothing more is lost
+        self._push(now + self.costs.restart_s, "register", r.replica_id, r.token)
+
+    def _on_register(self, now: float, r: _Replica) -> None:
+        r.restarted = r.member  # a member that registers anew lost its state
+        r.failed_at = r.disconnected_at = r.hung_since = None
+        r.registered_at = now
+        r.step = int(now / self.step_s)
+        if self.costs.catch_up_s <= 0:  # it registers up to date
+            self._on_ready(now, r)
+            return
+        r.ready_since, r.catching_up = None, True
+        d = self._decide(now)
+        if r.replica_id in d.catch_up:
+            self.assignments += 1
+        self._stall(now, self.costs.serve_stall_s)
+        self._push(now + self.costs.catch_up_s, "ready", r.replica_id, r.token)
+
+    def _on_ready(self, now: float, r: _Replica) -> None:
+        r.ready_since, r.catching_up = now, False
+        self._decide_and_wait(now)
+
+    def _decide_and_wait(self, now: float) -> None:
+        """Decide; if ready joiners are left waiting (for arrivals to settle, or
+        for others still catching up), decide again when the wait can end."""
+        self._decide(now)
+        waiting = [r.ready_since for r in self.replicas if not r.member and r.ready_since is not None
+                   and r.failed_at is None]
+        if not waiting:
+            return
+        settle = getattr(self.rules, "join_settle", 0.0)
+        wakes = [t for t in (max(waiting) + settle, min(waiting) + self.rules.join_timeout) if t > now]
+        if wakes:
+            self._push(min(wakes) + 1e-6, "tick")
+
+    def run(self, horizon_s: float) -> RunResult:
+        for r in self.replicas:  # the first quorum: every replica up to date at step 0
+            r.ready_since = 0.0
+        self._decide_and_wait(0.0)
+        self._push(self.rng.expovariate(self.rate), "fail")
+        while self.events and self.events[0][0] < horizon_s:
+            when, _, kind, rid, token = heapq.heappop(self.events)
+            self._advance(when)
+            if kind == "fail":
+                self._on_failure(when)
+                self._push(when + self.rng.expovariate(self.rate), "fail")
+                continue
+            if kind == "tick":
+                self._decide_and_wait(when)
+                continue
+            r = self.by_id[rid]
+            if token != r.token:
+                continue  # stale: the replica failed again or its transfer restarted
+            if kind == "detect":
+                self._decide(when)
+            elif kind == "register":
+                self._on_register(when, r)
+            elif kind == "ready":
+                self._on_ready(when, r)
+        self._advance(horizon_s)
+        return RunResult(
+            horizon_s,
+            self.failures,
+            self.productive / horizon_s,
+            self.charged / self.failures if self.failures else 0.0,
+            sum(self.out_times) / len(self.out_times) if self.out_times else 0.0,
+            tuple(self.changes),
+            self.decisions,
+            self.assignments,
+        )

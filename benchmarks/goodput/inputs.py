@@ -1,0 +1,263 @@
+"""What each mode's recovery costs, and where every figure comes from.
+
+``Measured`` holds fthsdp's own figures from benchmarks/README.md (2-core CPU
+machine, gloo, small models); ``Workload`` the at-scale assumptions they are
+scaled with (a 405B-parameter model, 128-GPU replicas, 400 Gb/s per GPU);
+``recovery_costs`` turns them into the per-event costs the simulator charges
+(``RecoveryCosts``), for the published FT-HSDP figure and for fthsdp, in a
+measured and a pessimistic variant. ``input_rows`` is the printed table of
+inputs, each with its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from benchmarks.goodput import calibration as cal
+
+GB = 1e9
+MIN = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """fthsdp's measured figures (benchmarks/README.md, session 3)."""
+
+    crash_stall_s: float = 0.01
+    """Survivors' stall when a replica's training process is SIGKILLed (failover.py,
+    'rank killed'; 'node lost' measured -0.06 s, i.e. none)."""
+    hang_stall_s: float = 0.68
+    """Survivors' stall when a node hangs silently, at ``hang_timeout_s`` (failover.py, 'node hung')."""
+    hang_timeout_s: float = 1.0
+    """The heartbeat timeout ``hang_stall_s`` was measured with."""
+    fanout_100_s: float = 0.009
+    """Stream closed -> every survivor told, 100 replicas (coordinator_scale.py)."""
+    fanout_1000_s: float = 0.264
+    """The same at 1,000 replicas (coordinator_scale.py)."""
+    catchup_efficiency: float = 0.91
+    """Catch-up transfer throughput / raw socket on the same bytes (catchup.py)."""
+    steps_replayed: int = 1
+    """Steps a joiner replays from the log before it joins (catchup.py)."""
+    admission_step_ratio: float = 1.35
+    """Longest members' admission step / steady step, worst of the rejoin runs (catchup.py)."""
+    catchup_step_ratio: float = 1.31
+    """Members' mean step during a 1 GB catch-up / steady, worst run (catchup.py; CPU-bound on 2 cores)."""
+    catchup_steps: int = 8
+    """Members' steps that such a catch-up spans (catchup.py)."""
+    longest_step_ratio: float = 1.72
+    """Longest members' step during any catch-up / steady (catchup.py)."""
+    step_vs_ddp: float = 1.023
+    """fthsdp's step / torch DDP's, examples/gpt on 2 replicas (step_time.py)."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"Measured.{f.name} must not be negative")
+        if not 0 < self.fanout_100_s < self.fanout_1000_s:
+            raise ValueError("Measured: the fan-out must grow from 100 to 1,000 replicas")
+
+    def fanout_s(self, replicas: int) -> float:
+        """Failure -> every survivor told, on the power law through the two measured points."""
+        exponent = math.log(self.fanout_1000_s / self.fanout_100_s) / math.log(10)
+        return self.fanout_100_s * (replicas / 100) ** exponent
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The job the measured figures are scaled to (assumptions, not measurements)."""
+
+    params: float = 405e9
+    """Model parameters (Llama 3 405B)."""
+    snapshot_bytes_per_param: float = 12.0
+    """Bytes a joiner fetches per parameter: fp32 weights and two AdamW moments (the
+    example's 3.2M parameters make a 37 MiB snapshot, the same ratio)."""
+    grad_bytes_per_param: float = 2.0
+    """Bytes of one step's gradient per parameter (bf16), all-reduced across replicas."""
+    replica_gpus: int = 128
+    """GPUs in one replica (16 hosts of 8): each holds 1/128 of the model's state."""
+    nic_gbps: float = 400.0
+    """Network bandwidth per GPU, Gb/s (one 400G NIC per H100/H200)."""
+    step_s: float = 6.0
+    """Training step: Llama 3 405B's 16M-token step on 16,384 GPUs at ~400 TFLOP/s each."""
+    heartbeat_timeout_s: float = 5.0
+    """fthsdp's default heartbeat timeout: how long a silent failure takes to see."""
+    hang_fraction: float = 0.5
+    """Share of failures that are silent hangs (seen only by the heartbeat timeout);
+    the rest crash or lose the node and are seen in milliseconds. Assumed."""
+    replacement_s: float = 10 * MIN
+    """Failure -> the replica's replacement process registers (a healthy host found,
+    the process started): not measured; taken as the synchronous restart's 10 min."""
+    comm_rebuild_s: float = 0.0
+    """Extra time to rebuild the survivors' cross-replica communicator on a shrink
+    beyond what the CPU measurement includes (not measured on a GPU)."""
+    serve_gbps: float | None = None
+    """Bandwidth a source has for serving a snapshot, Gb/s; None: ``nic_gbps``."""
+    catchup_slowdown_steps: float = 0.0
+    """Extra member steps' worth of time lost while a source serves a joiner, beyond
+    the transfer itself (the CPU measurement's 1.31x over 8 steps = 2.5)."""
+    admission_step_ratio: float | None = None
+    """Members' admission step / steady; None: the measured worst (1.35)."""
+
+    def __post_init__(self):
+        for name in ("params", "snapshot_bytes_per_param", "grad_bytes_per_param", "nic_gbps", "step_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Workload.{name} must be positive")
+        if self.replica_gpus < 1:
+            raise ValueError("Workload.replica_gpus must be at least 1")
+        if not 0 <= self.hang_fraction <= 1:
+            raise ValueError("Workload.hang_fraction must be within [0, 1]")
+        for name in ("heartbeat_timeout_s", "replacement_s", "comm_rebuild_s", "catchup_slowdown_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Workload.{name} must not be negative")
+        if self.serve_gbps is not None and not self.serve_gbps > 0:
+            raise ValueError("Workload.serve_gbps must be positive")
+
+    @property
+    def snapshot_per_gpu(self) -> float:
+        return self.params * self.snapshot_bytes_per_param / self.replica_gpus
+
+    @property
+    def grad_per_gpu(self) -> float:
+        return self.params * self.grad_bytes_per_param / self.replica_gpus
+
+    @property
+    def nic_bytes_s(self) -> float:
+        return self.nic_gbps * GB / 8
+
+
+PESSIMISTIC = Workload(
+    hang_fraction=1.0,
+    comm_rebuild_s=30.0,
+    serve_gbps=100.0,
+    catchup_slowdown_steps=(Measured().catchup_step_ratio - 1) * Measured().catchup_steps,
+    admission_step_ratio=Measured().longest_step_ratio,
+)
+"""Every unmeasured cost at a bad value: all failures silent, 30 s to rebuild a
+communicator, snapshots served at 100 Gb/s, members slowed during a catch-up as
+on the 2-core CPU machine, admission steps as long as the longest measured."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryCosts:
+    """What one failure costs a replicated job, event by event (seconds)."""
+
+    crash_stall_s: float
+    """Whole-job stall when a member crashes or loses its node (seen at once)."""
+    hang_stall_s: float
+    """Whole-job stall when a member hangs silently (seen at the heartbeat timeout)."""
+    hang_fraction: float
+    """Share of failures that hang rather than crash."""
+    restart_s: float
+    """Failure -> the failed replica's replacement registers with the coordinator."""
+    catch_up_s: float
+    """Registration -> ready to join (snapshot, replay); 0: it registers up to date."""
+    serve_stall_s: float
+    """Whole-job stall while a source serves a joiner."""
+    admission_stall_s: float
+    """Whole-job stall when joiners are admitted."""
+    heartbeat_timeout_s: float
+    """The coordinator's heartbeat timeout (the quorum rules')."""
+    steady_factor: float = 1.0
+    """Step time / a synchronous job's step without failures (1: no steady cost)."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"RecoveryCosts.{f.name} must not be negative")
+        if not 0 <= self.hang_fraction <= 1:
+            raise ValueError("RecoveryCosts.hang_fraction must be within [0, 1]")
+        if self.steady_factor < 1:
+            raise ValueError("RecoveryCosts.steady_factor must be at least 1")
+
+    @property
+    def mean_failure_stall_s(self) -> float:
+        return (1 - self.hang_fraction) * self.crash_stall_s + self.hang_fraction * self.hang_stall_s
+
+
+def published_costs() -> RecoveryCosts:
+    """FT-HSDP as published: a 3-minute stall of the whole job per failure, and
+    (our inference) the failed replica back after the synchronous restart's
+    10 minutes, registering up to date."""
+    stall = cal.PUBLISHED_FTHSDP_STALL_MIN * MIN
+    return RecoveryCosts(
+        crash_stall_s=stall,
+        hang_stall_s=stall,
+        hang_fraction=0.0,
+        restart_s=cal.PUBLISHED_FTHSDP_OUT_MIN * MIN,
+        catch_up_s=0.0,
+        serve_stall_s=0.0,
+        admission_stall_s=0.0,
+        heartbeat_timeout_s=Workload().heartbeat_timeout_s,
+    )
+
+
+def allreduce_s(w: Workload, replicas: int) -> float:
+    """One ring all-reduce of a GPU's gradient shard across the replicas."""
+    return 2 * (replicas - 1) / max(replicas, 1) * w.grad_per_gpu / w.nic_bytes_s
+
+
+def transfer_s(w: Workload, m: Measured) -> float:
+    """A joiner GPU fetching its snapshot shard from its source GPU."""
+    serve = (w.serve_gbps or w.nic_gbps) * GB / 8
+    return w.snapshot_per_gpu / (serve * m.catchup_efficiency)
+
+
+def fthsdp_costs(replicas: int, w: Workload = Workload(), m: Measured = Measured()) -> RecoveryCosts:
+    """fthsdp's costs at ``replicas`` replicas: the measured stalls plus what
+    grows with scale (fan-out to every survivor, redoing the interrupted step's
+    all-reduce among them, moving a 405B model's state at the NIC's rate)."""
+    redo = allreduce_s(w, replicas)
+    shrink = m.fanout_s(replicas) + redo + w.comm_rebuild_s
+    hang = m.hang_stall_s + (w.heartbeat_timeout_s - m.hang_timeout_s)
+    transfer = transfer_s(w, m)
+    log_per_step = w.grad_per_gpu / w.nic_bytes_s
+    ratio = w.admission_step_ratio if w.admission_step_ratio is not None else m.admission_step_ratio
+    return RecoveryCosts(
+        crash_stall_s=m.crash_stall_s + shrink,
+        hang_stall_s=max(0.0, hang) + shrink,
+        hang_fraction=w.hang_fraction,
+        restart_s=w.replacement_s,
+        # The snapshot, then each replayed step costs a step (waiting for the boundary).
+        catch_up_s=transfer + m.steps_replayed * w.step_s,
+        # Conservatively the source's all-reduce waits for the whole transfer.
+        serve_stall_s=transfer + m.steps_replayed * log_per_step + w.catchup_slowdown_steps * w.step_s,
+        admission_stall_s=max(0.0, ratio - 1) * w.step_s,
+        heartbeat_timeout_s=w.heartbeat_timeout_s,
+        # The cross-replica all-reduce runs after the backward, not overlapped with it.
+        steady_factor=1 + redo / w.step_s,
+    )
+
+
+def input_rows(replicas: int, w: Workload = Workload(), m: Measured = Measured()) -> list[tuple[str, str, str]]:
+    """(input, value, source) for the printed table, fthsdp at ``replicas``."""
+    c = fthsdp_costs(replicas, w, m)
+    tb = w.params * w.snapshot_bytes_per_param / 1e12
+    return [
+        ("synchronous stall per failure", f"{cal.PUBLISHED_SYNC_STALL_MIN:g} min",
+         "arXiv 2602.00277 (detection, rescheduling, init, checkpoint load, lost work)"),
+        ("FT-HSDP stall per failure", f"{cal.PUBLISHED_FTHSDP_STALL_MIN:g} min", "arXiv 2602.00277"),
+        ("FT-HSDP replica out / replicas", f"{cal.PUBLISHED_FTHSDP_OUT_MIN:g} min / {cal.PUBLISHED_FTHSDP_REPLICAS}",
+         "inferred (calibration.py): fits 80%"),
+        ("crash: survivors' stall", f"{m.crash_stall_s:.2f} s", "failover.py, rank killed"),
+        ("hang: survivors' stall", f"{m.hang_stall_s:.2f} s at {m.hang_timeout_s:g} s timeout -> "
+         f"{c.hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s at {w.heartbeat_timeout_s:g} s",
+         "failover.py, node hung; + (timeout - 1 s)"),
+        ("share of failures that hang", f"{w.hang_fraction:.0%}", "assumed"),
+        (f"failure -> all survivors told, {replicas} replicas", f"{m.fanout_s(replicas) * 1000:.0f} ms",
+         f"coordinator_scale.py: {m.fanout_100_s * 1000:.0f} ms @100, {m.fanout_1000_s * 1000:.0f} ms @1,000; power law"),
+        ("FTAR retry: redo the step's all-reduce", f"{allreduce_s(w, replicas):.2f} s",
+         f"{w.grad_per_gpu / GB:.1f} GB bf16 grad shard per GPU, ring, {w.nic_gbps:g} Gb/s"),
+        ("communicator rebuild on a shrink (extra)", f"{w.comm_rebuild_s:g} s", "not measured on GPU"),
+        ("snapshot per joiner GPU", f"{w.snapshot_per_gpu / GB:.1f} GB",
+         f"{w.params / 1e9:g}B params x {w.snapshot_bytes_per_param:g} B = {tb:.2f} TB / {w.replica_gpus} GPUs"),
+        ("catch-up transfer", f"{transfer_s(w, m):.2f} s",
+         f"at {(w.serve_gbps or w.nic_gbps):g} Gb/s x {m.catchup_efficiency:.2f} (catchup.py ratio to raw socket)"),
+        ("steps replayed / step time", f"{m.steps_replayed} / {w.step_s:g} s", "catchup.py / assumed (Llama 3 405B)"),
+        ("failure -> replacement registers", f"{w.replacement_s / MIN:g} min", "assumed (not measured)"),
+        ("members' stall while serving a joiner", f"{c.serve_stall_s:.2f} s", "the transfer + log, as if not overlapped"),
+        ("members' admission step", f"{c.admission_stall_s:.2f} s extra",
+         f"catchup.py: worst admission step {m.admission_step_ratio:g}x steady"),
+        ("steady cost: un-overlapped all-reduce", f"+{(c.steady_factor - 1):.1%} step time",
+         f"estimate; measured fthsdp/DDP {m.step_vs_ddp:g} on CPU (step_time.py)"),
+    ]
