@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from agent.heartbeat_sender import HeartbeatSender
+from coordinator import quorum_delta
 from coordinator.client import CoordinatorClient
 from coordinator.credentials import TlsFiles
 from coordinator.errors import CoordinatorUnavailable, RequestRejected
@@ -41,6 +43,7 @@ class Membership:
         tls: TlsFiles | None = None,
     ) -> None:
         self.client = CoordinatorClient(coordinators, timeout=timeout, token=token, tls=tls)
+        self._beats = HeartbeatSender(self.client)
         self.job = job
         self.replica_id = replica_id
         self.address = address
@@ -87,7 +90,7 @@ class Membership:
         while True:
             request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank)
             try:
-                self.client.call("Heartbeat", request)
+                self._beats.send(request)
             except (RequestRejected, CoordinatorUnavailable) as e:
                 # Rank 0 may not have registered (again) yet: keep pinging.
                 log.debug("rank %d ping: %s", self.shard_rank, e)
@@ -149,6 +152,7 @@ class Membership:
             stream.cancel()
         for t in self._threads:
             t.join(timeout=5)
+        self._beats.close()
         self.client.close()
 
     # ----- reading ---------------------------------------------------------------------
@@ -188,7 +192,10 @@ class Membership:
 
     def _heartbeat_loop(self) -> None:
         while True:
-            self._beat_now.wait(self._interval)
+            # The coordinator may stretch the interval (many replicas): the
+            # latest Watch event says what it is now.
+            event = self.latest
+            self._beat_now.wait(event.heartbeat_interval_s if event is not None and event.heartbeat_interval_s else self._interval)
             if self._stop.is_set():
                 return
             self._beat_now.clear()
@@ -207,7 +214,7 @@ class Membership:
                 catching_up=self.catching_up,
             )
             try:
-                self.client.call("Heartbeat", request)
+                self._beats.send(request)
             except RequestRejected as e:
                 if e.code in _REREGISTER:
                     self._reregister(str(e), request.session_id)
@@ -239,10 +246,18 @@ class Membership:
                 request = pb.WatchRequest(job=self.job)
             else:
                 request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=self._session)
+            held = None  # the full quorum this stream last described
             try:
                 self._stream = self.client.stub(address).Watch(request, metadata=self.client.metadata)
                 for event in self._stream:
+                    held = quorum_delta.resolve(held, event)
+                    if event.HasField("delta"):
+                        event.quorum.CopyFrom(held)
+                        event.ClearField("delta")
                     self._deliver(event)
+            except quorum_delta.StaleDelta as e:
+                log.warning("watch: %s; reopening the stream", e)
+                self._stream.cancel()
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return

@@ -1,20 +1,26 @@
 """The coordinator under many replicas: heartbeat latency, coordinator CPU,
 how fast a failure reaches every survivor, and quorum formation.
 
-    python benchmarks/coordinator_scale.py [--replicas 100,1000] [--clients 4] [--seconds 10]
+    python benchmarks/coordinator_scale.py [--replicas 100,1000,10000] [--clients 4] [--seconds 10] [--budget 5000]
 
-One coordinator process (embedded store). ``--clients`` processes simulate
-the replicas with gRPC asyncio clients, as the real ones talk to it: each
-replica registers, keeps a Watch stream open and heartbeats at 1 Hz (random
-phase), timing every heartbeat. After all of them are members, the table
-records heartbeat latency p50/p99 and the coordinator's CPU (user + system
-from /proc, as a share of one core) over ``--seconds``; then one replica's
-stream closes (an explicit failure) and the time until every survivor's
-Watch delivered the quorum without it is taken from the survivors' own
-clocks (CLOCK_MONOTONIC, shared by the processes). Quorum formation is the
-coordinator's own histogram (``fthsdp_quorum_formation_seconds``): from its
-decision that the membership must change to the quorum stored and pushed.
-The clients share the machine's cores with the coordinator.
+One coordinator process (embedded store, default settings but for the
+heartbeat flags below). ``--clients`` processes simulate the replicas with
+gRPC asyncio clients, talking to it as the agents do: each replica
+registers, keeps a Watch stream open (full member list on the first event,
+deltas after) and heartbeats on a HeartbeatStream at the interval the
+coordinator asks for (1 s, stretched past ``--budget`` heartbeats/s; 0 keeps
+1 Hz whatever the count), random phase. A tenth of the heartbeats ask for an
+answer: their round trip is the latency. After all replicas are members, the
+table records heartbeat latency p50/p99, heartbeats sent per second and the
+coordinator's CPU (user + system from /proc, as a share of one core) over
+``--seconds``; then one replica's streams close (an explicit failure) and the
+time until every survivor's Watch delivered the quorum without it is taken
+from the survivors' own clocks (CLOCK_MONOTONIC, shared by the processes).
+Quorum formation is the coordinator's own histogram
+(``fthsdp_quorum_formation_seconds``): from its decision that the membership
+must change to the quorum stored and pushed, with the number of quorums it
+took for everyone to become a member. The clients share the machine's cores
+with the coordinator.
 """
 
 from __future__ import annotations
@@ -36,36 +42,58 @@ sys.path.insert(0, str(ROOT))
 
 # ----- a client process: many replicas ---------------------------------------------------
 
+ACK_SHARE = 0.1
+"""Share of heartbeats that ask for an answer: their round trip is the latency."""
+REPLICAS_PER_CONNECTION = 100
+
 
 async def replica(stub, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
     reply = await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
     session = reply.session_id
+    pace = {"interval": reply.heartbeat_interval_s or 1.0}
     stream = stub.Watch(pb.WatchRequest(job="default", replica_id=rid, session_id=session))
 
     async def watch() -> None:
+        # Membership from full events and deltas alike (a simulated replica
+        # keeps only its own flag and the count, not 10,000-member lists).
+        member = False
         try:
             async for event in stream:
-                members = [m.replica_id for m in event.quorum.members]
-                out["events"].append((rid, time.monotonic(), event.quorum.id, len(members), rid in members))
+                if event.HasField("delta"):
+                    member = (member and rid not in event.delta.removed) or any(m.replica_id == rid for m in event.delta.added)
+                else:
+                    member = any(m.replica_id == rid for m in event.quorum.members)
+                if event.heartbeat_interval_s:
+                    pace["interval"] = event.heartbeat_interval_s
+                out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count, member))
         except Exception:  # noqa: BLE001 - cancelled at the end, or closed as the victim
             pass
 
     watcher = asyncio.create_task(watch())
-    await asyncio.sleep(random.random())  # spread the heartbeats over the second
+    beats = stub.HeartbeatStream()
+    await asyncio.sleep(random.random() * pace["interval"])  # spread the heartbeats over the interval
     while not stop.is_set():
         if victim and go_silent.is_set():
             out["victim_closed"] = time.monotonic()
             stream.cancel()
+            beats.cancel()
             return
         start = time.monotonic()
+        ack = random.random() < ACK_SHARE  # a sample asks for an answer, to time the round trip
         try:
-            await stub.Heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session), timeout=10)
-            out["latencies"].append((start, time.monotonic() - start))
+            await beats.write(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, ack=ack))
+            if ack:
+                await asyncio.wait_for(beats.read(), timeout=10)
+                out["latencies"].append((start, time.monotonic() - start))
+            out["sent"].append(start)
         except Exception as e:  # noqa: BLE001
             out["errors"] += 1
             out["last_error"] = str(e)[:200]
-        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
+            beats.cancel()
+            beats = stub.HeartbeatStream()
+        await asyncio.sleep(max(0.0, pace["interval"] - (time.monotonic() - start)))
     watcher.cancel()
+    beats.cancel()
 
 
 async def client_main(address: str, first: int, count: int, victim: int) -> None:
@@ -74,12 +102,18 @@ async def client_main(address: str, first: int, count: int, victim: int) -> None
     from protos.fthsdp.v1 import coordinator_pb2 as pb
     from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
 
-    channel = grpc.aio.insecure_channel(address)
-    stub = pb_grpc.CoordinatorStub(channel)
-    out = {"latencies": [], "events": [], "errors": 0}
+    # Real replicas each have a connection of their own; here a connection
+    # carries REPLICAS_PER_CONNECTION of them (one HTTP/2 connection holds a
+    # bounded number of concurrent streams).
+    stubs = [
+        pb_grpc.CoordinatorStub(grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]))
+        for _ in range(max(1, -(-count // REPLICAS_PER_CONNECTION)))
+    ]
+    out = {"latencies": [], "events": [], "errors": 0, "sent": []}
     stop, go_silent = asyncio.Event(), asyncio.Event()
     tasks = [
-        asyncio.create_task(replica(stub, pb, f"r{i}", out, stop, i == victim, go_silent)) for i in range(first, first + count)
+        asyncio.create_task(replica(stubs[k // REPLICAS_PER_CONNECTION], pb, f"r{i}", out, stop, i == victim, go_silent))
+        for k, i in enumerate(range(first, first + count))
     ]
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -111,11 +145,12 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
 
 
-def run(n: int, clients: int, seconds: float) -> dict:
+def run(n: int, clients: int, seconds: float, budget: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0", "--min-replicas", "1",
-         "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s", "--join-timeout", "0s", "--log-level", "warning"],
+         "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s", "--heartbeat-budget", str(budget),
+         "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     line = coordinator.stdout.readline()
     address = line.split("listening on ")[1].split()[0]
@@ -145,7 +180,7 @@ def run(n: int, clients: int, seconds: float) -> dict:
         t1, c1 = time.monotonic(), cpu_seconds(coordinator.pid)
         procs[-1].stdin.write("silence\n")
         procs[-1].stdin.flush()
-        time.sleep(3)
+        time.sleep(5)
         m = scrape(metrics)
         for p in procs:
             p.stdin.write("stop\n")
@@ -168,7 +203,8 @@ def run(n: int, clients: int, seconds: float) -> dict:
         "n": n,
         "p50": latencies[len(latencies) // 2] if latencies else float("nan"),
         "p99": latencies[int(len(latencies) * 0.99)] if latencies else float("nan"),
-        "heartbeats_per_s": len(latencies) / (t1 - t0),
+        "heartbeats_per_s": sum(t0 <= t <= t1 for r in results for t in r["sent"]) / (t1 - t0),
+        "acked": len(latencies),
         "cpu": (c1 - c0) / (t1 - t0),
         "told_all": (max(told.values()) - closed) if len(told) == n - 1 else float("nan"),
         "told_count": len(told),
@@ -186,6 +222,8 @@ def main() -> None:
     p.add_argument("--replicas", default="100,1000")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--budget", type=float, default=5000.0,
+                   help="the coordinator's --heartbeat-budget (heartbeats/s; 0: every replica at 1 Hz whatever the count)")
     p.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
@@ -196,7 +234,7 @@ def main() -> None:
           " stream closed → every survivor told | quorum formation (mean) | heartbeat errors |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.replicas.split(",")):
-        r = run(n, args.clients, args.seconds)
+        r = run(n, args.clients, args.seconds, args.budget)
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
         print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['heartbeats_per_s']:.0f} | {r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | "
               f"{told} | {r['formation_mean'] * 1e3:.1f} ms over {r['formations']:.0f} | {r['errors']} |", flush=True)

@@ -29,6 +29,7 @@ def quorum_to_pb(q: Quorum | None) -> pb.Quorum | None:
         created_unix_ms=q.created_unix_ms,
         reason=q.reason,
         epoch=q.epoch,
+        member_count=len(q.members),
     )
 
 

@@ -45,8 +45,14 @@ class CoordinatorConfig:
     heartbeat_timeout: float = dataclasses.field(default=5.0, metadata=DURATION)
     """A replica silent this long is dropped from the next quorum."""
 
+    heartbeat_budget: float = 5000.0
+    """Most heartbeats per second to ask for, every replica and rank together: with more senders than this times --heartbeat-interval, the interval (and --heartbeat-timeout in proportion) stretches to fit. A crash is noticed as fast either way (the Watch stream closes, the agent reports); a hang takes longer. 0: no limit."""
+
     join_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
     """How long a ready joiner waits for other catching-up replicas so that they join together, and how long the split-brain guard waits before shrinking to a minority."""
+
+    join_settle: float = dataclasses.field(default=0.2, metadata=DURATION)
+    """Admit joiners once none has become ready for this long, so that replicas arriving in a burst (a job starting) join in a few membership changes rather than one each; capped by --join-timeout. 0 admits at once."""
 
     disconnect_is_failure: bool = True
     """Treat a replica whose Watch stream closes as failed at once (a killed process is detected in milliseconds instead of after the heartbeat timeout)."""
@@ -103,8 +109,9 @@ class CoordinatorConfig:
         for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval", "leader_ttl"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.join_timeout < 0:
-            raise ConfigError(f"--join-timeout must not be negative, got {self.join_timeout}")
+        for name in ("join_timeout", "join_settle"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
         if self.heartbeat_interval >= self.heartbeat_timeout:
             raise ConfigError(
                 f"--heartbeat-interval ({self.heartbeat_interval:g}s) must be shorter than "
@@ -112,6 +119,8 @@ class CoordinatorConfig:
             )
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"--metrics-port must be a port number, 0 (any free port) or -1 (off), got {self.metrics_port}")
+        if self.heartbeat_budget < 0:
+            raise ConfigError(f"--heartbeat-budget must not be negative (0: no limit), got {self.heartbeat_budget:g}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
         read_token_file(self.token_file)  # readable and well-formed now, not at the first call
@@ -132,5 +141,6 @@ class CoordinatorConfig:
             min_replicas=self.min_replicas,
             heartbeat_timeout=self.heartbeat_timeout,
             join_timeout=self.join_timeout,
+            join_settle=self.join_settle,
             disconnect_is_failure=self.disconnect_is_failure,
         )

@@ -53,9 +53,12 @@ class ReplicaEntry:
     """Snapshot bytes received and expected, while the replica catches up."""
     catching_up: bool = False
 
+    def view_heartbeat(self) -> float:
+        """The replica is as alive as its most silent rank."""
+        return min(self.last_heartbeat, *self.rank_heartbeats.values()) if self.rank_heartbeats else self.last_heartbeat
+
     def view(self) -> ReplicaView:
-        # The replica is as alive as its most silent rank.
-        last = min(self.last_heartbeat, *self.rank_heartbeats.values()) if self.rank_heartbeats else self.last_heartbeat
+        last = self.view_heartbeat()
         return ReplicaView(
             replica_id=self.replica_id,
             address=self.address,
@@ -97,6 +100,12 @@ class JobState:
         self.catch_up: dict[str, CatchUpSource] = {}
         self.agents: dict[str, tuple[int, int, str]] = {}
         self.reason = "no decision yet"
+        self._members: dict[str, object] = {}
+        """The current quorum's members by replica id."""
+        self.dirty = True
+        """Something the decision reads changed since it last found the
+        quorum settled. While not dirty, only time (a heartbeat timeout)
+        can change the decision: see ``needs_decision``."""
 
     # ----- loading after a (re)start -------------------------------------------------
 
@@ -110,8 +119,8 @@ class JobState:
         """Seed the table from the store. Known replicas are presumed alive for
         one heartbeat timeout so that a coordinator restart drops nobody who
         reconnects in time."""
-        self.quorum, self.quorum_revision = quorum, quorum_revision
-        steps = {m.replica_id: m for m in quorum.members} if quorum else {}
+        self.set_quorum(quorum, quorum_revision)
+        steps = dict(self._members)
         for rid, (rec, rev) in records.items():
             self.replicas[rid] = ReplicaEntry(
                 replica_id=rid,
@@ -169,8 +178,9 @@ class JobState:
         trains in a quorum that admitted it; otherwise it restarted and lost its
         state, and the next decision replaces it with a joiner.
         """
+        self.dirty = True
         entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
-        member = self._member(replica_id)
+        member = self._members.get(replica_id)
         entry.address, entry.world_size, entry.step = address, world_size, step
         entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
         entry.catching_up = False
@@ -206,6 +216,8 @@ class JobState:
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now)
         entry = self._session(replica_id, session_id)
+        if replica_id not in self._members or ready != (entry.ready_since is not None):
+            self.dirty = True  # a joiner's progress and readiness feed the decision; members' steps do not
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
         entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
         if ready and entry.ready_since is None:
@@ -244,12 +256,14 @@ class JobState:
         entry.open_watches = max(0, entry.open_watches - 1)
         if entry.open_watches == 0 and entry.failed_at is None:
             entry.disconnected_at = now
+            self.dirty = True
 
     def leave(self, replica_id: str, session_id: str, failed: bool, now: float) -> bool:
         """End a session. Returns True if the replica is gone for good (its
         record should be deleted); a failed replica stays listed as failed."""
         entry = self._session(replica_id, session_id)
         entry.session_id = None
+        self.dirty = True
         if failed:
             entry.failed_at = now
             return False
@@ -265,6 +279,7 @@ class JobState:
         entry = self.replicas.get(replica_id)
         if state in _AGENT_FAILURES and entry is not None and entry.session_id is not None:
             entry.failed_at, entry.session_id = now, None
+            self.dirty = True
             return True
         return False
 
@@ -287,6 +302,7 @@ class JobState:
         if entry is not None:
             entry.cordoned, entry.drain_requested = rec.cordoned, rec.drain_requested
             entry.record_revision = revision
+            self.dirty = True
 
     # ----- decisions -----------------------------------------------------------------
 
@@ -307,17 +323,30 @@ class JobState:
             if entry.diverged_at is None:
                 entry.diverged_at = step
                 flagged[rid] = step
+                self.dirty = True
         return flagged
+
+    def needs_decision(self, now: float) -> bool:
+        """Whether deciding now could change anything: something changed since
+        the quorum was last found settled, or a heartbeat timeout ran out. At
+        10,000 replicas a decision costs tens of milliseconds; this check a
+        scan of floats."""
+        if self.dirty:
+            return True
+        timeout = self.rules.heartbeat_timeout
+        return any(now >= e.view_heartbeat() + timeout for e in self.replicas.values() if e.session_id is not None)
 
     def evaluate(self, now: float) -> Decision:
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
-        return decide(self.quorum, views, now, self.rules, current_sources)
+        decision = decide(self.quorum, views, now, self.rules, current_sources)
+        self.dirty = not decision.settled
+        return decision
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:
         """Adopt a decision once its quorum (if any) is safely in the store."""
         if quorum is not None:
-            self.quorum, self.quorum_revision = quorum, revision
+            self.set_quorum(quorum, revision)
             for m in quorum.members:
                 entry = self.replicas.get(m.replica_id)
                 if entry is not None and m.joined_quorum_id == quorum.id:
@@ -332,7 +361,7 @@ class JobState:
             return pb.REPLICA_STATE_FAILED
         if entry.drain_requested:
             return pb.REPLICA_STATE_DRAINING
-        if self._member(entry.replica_id) is not None and not entry.restarted:
+        if entry.replica_id in self._members and not entry.restarted:
             return pb.REPLICA_STATE_HEALTHY
         if entry.replica_id in self.catch_up and entry.ready_since is None:
             return pb.REPLICA_STATE_CATCHING_UP
@@ -366,10 +395,16 @@ class JobState:
             )
         return out
 
-    def watch_event(self, replica_id: str, quorum_pb: pb.Quorum | None, leader: str) -> pb.WatchEvent:
+    def watch_event(
+        self, replica_id: str, quorum_pb: pb.Quorum | None, leader: str, delta: pb.QuorumDelta | None = None
+    ) -> pb.WatchEvent:
+        """What one watcher is told: ``quorum_pb`` (without members when a
+        ``delta`` goes with it), plus its own catch-up source and drain flag."""
         event = pb.WatchEvent(leader=leader, reason=self.reason)
         if quorum_pb is not None:
             event.quorum.CopyFrom(quorum_pb)
+        if delta is not None:
+            event.delta.CopyFrom(delta)
         entry = self.replicas.get(replica_id) if replica_id else None
         if entry is not None:
             event.drain_requested = entry.drain_requested
@@ -387,13 +422,11 @@ class JobState:
 
     # ----- helpers -------------------------------------------------------------------
 
-    def _member(self, replica_id: str):
-        if self.quorum is None:
-            return None
-        for m in self.quorum.members:
-            if m.replica_id == replica_id:
-                return m
-        return None
+    def set_quorum(self, quorum: Quorum | None, revision: int) -> None:
+        """Adopt ``quorum`` (stored at ``revision``) as the current one."""
+        self.quorum, self.quorum_revision = quorum, revision
+        self._members = {m.replica_id: m for m in quorum.members} if quorum else {}
+        self.dirty = True
 
     def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:
         entry = self.replicas.get(replica_id)

@@ -31,10 +31,13 @@ The rules, in order:
    out of a minority of the live replicas (torchft's rule).
 5. ``min_replicas``. No quorum with fewer members.
 6. Grow in batches. A replica joins once it is up to date (its step is the
-   head step) or says it is ready (its catch-up reached the head). If other
-   replicas are still catching up, the coordinator waits up to ``join_timeout``
-   from the first ready joiner so that several joiners cost one membership
-   change; when nobody else is pending it admits at once.
+   head step) or says it is ready (its catch-up reached the head). Joiners are
+   admitted once no new one has become ready for ``join_settle`` (arrivals
+   come in bursts: a thousand replicas starting together then cost a few
+   membership changes, not one each), and, if other replicas are still
+   catching up, the coordinator waits up to ``join_timeout`` from the first
+   ready joiner so that they join together too. ``join_timeout`` also caps
+   the wait for a burst to settle.
 7. Catch-up sources. Every live replica that is behind the head step gets a
    named source among the members (all up to date: they train in lockstep,
    whatever step their last heartbeat reported), sticky while that source
@@ -55,6 +58,7 @@ class Rules:
     heartbeat_timeout: float = 5.0
     join_timeout: float = 10.0
     disconnect_is_failure: bool = True
+    join_settle: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +129,9 @@ class Decision:
     reason: str
     head_step: int
     catch_up: Mapping[str, CatchUpSource]
+    settled: bool = False
+    """The fast path: every member healthy, nobody pending; until something
+    changes or a heartbeat times out, deciding again gives the same answer."""
 
     @property
     def changes_quorum(self) -> bool:
@@ -165,25 +172,31 @@ def decide(
 
     # A member that registered again as a new incarnation lost its state: it
     # leaves the quorum and comes back as a joiner.
+    # Lists keep a stable order for the reasons; sets answer "in" (10,000 replicas).
     continuing = sorted(i for i in prev_ids if i in alive and not (alive[i].restarted or alive[i].diverged))
+    continuing_set = set(continuing)
     staying = [i for i in continuing if not alive[i].drain_requested]
     head_pool = continuing or list(alive)
     head = max((alive[i].step for i in head_pool), default=0)
 
-    outsiders = sorted(i for i in alive if i not in continuing and not alive[i].drain_requested)
+    outsiders = sorted(i for i in alive if i not in continuing_set and not alive[i].drain_requested)
     eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged]
     ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= head and not alive[i].catching_up)]
-    pending = [i for i in eligible if i not in ready]
+    ready_set = set(ready)
+    pending = [i for i in eligible if i not in ready_set]
 
     def new_members(ids: Sequence[str], next_id: int) -> tuple[Member, ...]:
         out = []
         for i in sorted(ids):
-            r = alive[i]
-            joined = prev_members[i].joined_quorum_id if i in continuing else next_id
-            out.append(Member(i, r.address, r.world_size, r.step, joined))
+            if i in continuing_set:
+                # Unchanged, so that a member list can travel as a delta.
+                out.append(prev_members[i])
+            else:
+                r = alive[i]
+                out.append(Member(i, r.address, r.world_size, r.step, next_id))
         return tuple(out)
 
-    def result(ids: Sequence[str] | None, reason: str) -> Decision:
+    def result(ids: Sequence[str] | None, reason: str, settled: bool = False) -> Decision:
         next_id = (prev.id if prev else 0) + 1
         members = new_members(ids, next_id) if ids is not None else None
         # The sources are the members (of the new quorum, or those that stay):
@@ -200,12 +213,12 @@ def decide(
         behind = [i for i in eligible if (alive[i].step < head or alive[i].catching_up) and i not in admitted]
         catch_up = _assign_sources(behind, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending)
-        return Decision(members, f"{reason} {detail}".strip(), head, catch_up)
+        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled)
 
     if prev is not None:
         leaving = sorted(prev_ids - set(staying))
         if not leaving and not ready:
-            return result(None, f"quorum {prev.id} unchanged: all {len(prev_ids)} members healthy.")
+            return result(None, f"quorum {prev.id} unchanged: all {len(prev_ids)} members healthy.", settled=not pending)
         if leaving:
             why = {}
             silent = []
@@ -230,8 +243,8 @@ def decide(
                     None,
                     f"no quorum: {len(candidates)} healthy replicas, need min_replicas {rules.min_replicas}.",
                 )
-            lost_text = ", ".join(f"{i} ({why[i]})" for i in leaving)
-            admitted = f"; admitting {', '.join(ready)}" if ready else ""
+            lost_text = names([f"{i} ({why[i]})" for i in leaving])
+            admitted = f"; admitting {names(ready)}" if ready else ""
             return result(candidates, f"members leaving: {lost_text}{admitted}.")
         # Only growth from here on.
         candidates = staying + ready
@@ -252,10 +265,16 @@ def decide(
 
 
 def _grow_or_wait(result, candidates, ready, pending, alive, now, rules) -> Decision:
-    joiners = ", ".join(ready)
+    joiners = names(ready)
+    first_ready = min(_ready_since(alive[i]) for i in ready)
+    last_ready = max(_ready_since(alive[i]) for i in ready)
+    if now - last_ready < rules.join_settle and now - first_ready < rules.join_timeout:
+        return result(
+            None,
+            f"waiting for arrivals to settle (join_settle {rules.join_settle:g}s) before admitting {joiners}.",
+        )
     if not pending:
         return result(candidates, f"admitting {joiners}: no other replica pending.")
-    first_ready = min(_ready_since(alive[i]) for i in ready)
     if now - first_ready >= rules.join_timeout:
         return result(
             candidates,
@@ -267,6 +286,13 @@ def _grow_or_wait(result, candidates, ready, pending, alive, now, rules) -> Deci
         f"waiting up to join_timeout {rules.join_timeout:g}s for {len(pending)} catching-up "
         f"replicas before admitting {joiners}.",
     )
+
+
+def names(items: Sequence[str], shown: int = 8) -> str:
+    """A list for a reason string, cut short: reasons travel to every replica."""
+    if len(items) <= shown:
+        return ", ".join(items)
+    return f"{', '.join(items[:shown])} and {len(items) - shown} more"
 
 
 def _ready_since(r: ReplicaView) -> float:

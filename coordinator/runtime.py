@@ -10,14 +10,17 @@ replica is durable, so ids never go backwards after a restart.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
+from coordinator import quorum_delta
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, UnknownJob
+from coordinator.heartbeat_pace import HeartbeatPacer
 from coordinator.job import JobState
 from coordinator.keys import JobKeys
 from coordinator.metrics import Metrics
@@ -36,9 +39,14 @@ class _Job:
 
     def __init__(self, name: str, config: CoordinatorConfig) -> None:
         self.state = JobState(name, config.rules)
+        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
         self.keys = JobKeys(config.store_prefix, name)
         self.epoch = 0
         self.quorum_pb: pb.Quorum | None = None
+        self.quorum_header: pb.Quorum | None = None
+        """``quorum_pb`` without its members: what a delta event carries."""
+        self.delta: pb.QuorumDelta | None = None
+        """How ``quorum_pb``'s members differ from the quorum before it."""
         self.lock = asyncio.Lock()  # serialises this job's store writes
         self.change_since: float | None = None
         """When a decision first said the membership must change (for the formation latency)."""
@@ -50,6 +58,13 @@ class _Job:
     def remember(self, quorum: Quorum) -> None:
         self.history.append({"id": quorum.id, "members": list(quorum.member_ids), "reason": quorum.reason,
                              "time": quorum.created_unix_ms / 1000})
+
+    def set_quorum(self, quorum_pb: pb.Quorum | None) -> None:
+        previous = self.quorum_pb
+        self.quorum_pb = quorum_pb
+        self.quorum_header = quorum_delta.without_members(quorum_pb) if quorum_pb is not None else None
+        changed = quorum_pb is not None and previous is not None and previous.id != quorum_pb.id
+        self.delta = quorum_delta.diff(previous, quorum_pb) if changed else None
 
     def notify(self) -> None:
         """Wake every watcher: swap in a fresh event, then set the old one."""
@@ -118,7 +133,7 @@ class CoordinatorRuntime:
             records[rec.replica_id] = (rec, item.revision)
         job.state.load(quorum, revision, records, self.clock())
         self.metrics.epochs.inc(job=job.state.name)
-        job.quorum_pb = quorum_to_pb(quorum)
+        job.set_quorum(quorum_to_pb(quorum))
         if quorum is not None:
             job.remember(quorum)
         log.info(
@@ -173,8 +188,8 @@ class CoordinatorRuntime:
         self.wake()
         response = pb.RegisterResponse(
             session_id=session,
-            heartbeat_interval_s=self.config.heartbeat_interval,
-            heartbeat_timeout_s=self.config.heartbeat_timeout,
+            heartbeat_interval_s=job.pacer.current.interval,
+            heartbeat_timeout_s=job.pacer.current.timeout,
             leader=self.leader,
         )
         if job.quorum_pb is not None:
@@ -199,15 +214,26 @@ class CoordinatorRuntime:
         job = self.job(req.job)
         if req.replica_id:
             job.state.watch_opened(req.replica_id, req.session_id)
-        last = None
+        last, sent_quorum = None, 0
         try:
             while True:
                 changed = job.changed
-                event = job.state.watch_event(req.replica_id, job.quorum_pb, self.leader)
-                event.heartbeat_interval_s = self.config.heartbeat_interval
+                # After the first event, the member list travels as a delta
+                # from the quorum this stream was last sent (empty if that
+                # is still the current one).
+                current = job.quorum_pb.id if job.quorum_pb is not None else 0
+                if sent_quorum and sent_quorum == current:
+                    delta = pb.QuorumDelta(base_id=current)
+                    event = job.state.watch_event(req.replica_id, job.quorum_header, self.leader, delta)
+                elif job.delta is not None and job.delta.base_id == sent_quorum:
+                    event = job.state.watch_event(req.replica_id, job.quorum_header, self.leader, job.delta)
+                else:
+                    event = job.state.watch_event(req.replica_id, job.quorum_pb, self.leader)
+                event.heartbeat_interval_s = job.pacer.current.interval
                 if event != last:
                     yield event
                     last = event
+                    sent_quorum = event.quorum.id
                 await changed.wait()
         finally:
             if req.replica_id:
@@ -320,6 +346,9 @@ class CoordinatorRuntime:
                 return
             for rid, step in job.state.check_checksums().items():
                 log.warning("job %s: replica %s's state checksum disagrees at step %d; it must catch up", job.state.name, rid, step)
+            self._pace(job)
+            if not job.state.needs_decision(self.clock()):
+                return
             decision = job.state.evaluate(self.clock())
             quorum, revision = None, job.state.quorum_revision
             if not decision.changes_quorum:
@@ -337,10 +366,10 @@ class CoordinatorRuntime:
                 except LostOwnership as e:
                     log.error("job %s: %s", job.state.name, e)
                     return
-            before = (job.state.catch_up, job.state.reason)
+            before = job.state.catch_up
             job.state.apply(decision, quorum, revision)
             if quorum is not None:
-                job.quorum_pb = quorum_to_pb(quorum)
+                job.set_quorum(quorum_to_pb(quorum))
                 self.metrics.quorum_changes.inc(job=job.state.name)
                 self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
                 job.change_since = None
@@ -352,8 +381,23 @@ class CoordinatorRuntime:
                 )
                 job.logged_reason = decision.reason
             self._log_reason(job, decision.reason)
-            if quorum is not None or before != (job.state.catch_up, job.state.reason):
+            # A new reason alone wakes nobody: at 10,000 watchers every push
+            # counts; each event carries the latest reason anyway.
+            if quorum is not None or before != job.state.catch_up:
                 job.notify()
+
+    def _pace(self, job: _Job) -> None:
+        """Stretch the heartbeat interval (and timeout) to the budget; watchers
+        are told a new interval at once."""
+        before = job.pacer.current
+        senders = sum(e.world_size for e in job.state.replicas.values() if e.session_id is not None)
+        pace = job.pacer.update(senders, self.clock())
+        if pace.timeout != job.state.rules.heartbeat_timeout:
+            job.state.rules = dataclasses.replace(job.state.rules, heartbeat_timeout=pace.timeout)
+        if pace.interval != before.interval:
+            log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
+                     job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)
+            job.notify()
 
     async def _publish(self, job: _Job, decision: Decision) -> tuple[Quorum, int]:
         prev = job.state.quorum
@@ -361,7 +405,8 @@ class CoordinatorRuntime:
         quorum = Quorum(
             id=(prev.id if prev else 0) + 1,
             members=members,
-            step=max((m.step for m in members), default=0),
+            # Members that stay keep the step they were admitted at.
+            step=max([decision.head_step, *(m.step for m in members)]),
             created_unix_ms=int(self.wall() * 1000),
             reason=decision.reason,
             epoch=job.epoch,
@@ -374,8 +419,8 @@ class CoordinatorRuntime:
         # above it, and decide again on the next tick.
         if result.current is not None:
             theirs = quorum_from_pb(decode(pb.Quorum, result.current.value, "quorum"))
-            job.state.quorum, job.state.quorum_revision = theirs, result.current.revision
-            job.quorum_pb = quorum_to_pb(theirs)
+            job.state.set_quorum(theirs, result.current.revision)
+            job.set_quorum(quorum_to_pb(theirs))
             job.notify()
         raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding")
 

@@ -125,6 +125,20 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         validation.check_heartbeat(request)
         return self.runtime.heartbeat(request)
 
+    async def HeartbeatStream(self, request_iterator, context):
+        # Each message as the unary Heartbeat; a bad one ends the stream with
+        # its status (the client re-registers or reports, then reopens).
+        try:
+            async for request in request_iterator:
+                _check_request(request, self.max_request_bytes)
+                validation.check_job_field(request.job, allow_empty=True)
+                validation.check_heartbeat(request)
+                response = self.runtime.heartbeat(request)
+                if request.ack:
+                    yield response
+        except FthsdpError as e:
+            await context.abort(status_code_for(e), str(e))
+
     async def Watch(self, request, context):
         # A server stream cannot use the unary wrapper; same mapping inline.
         try:

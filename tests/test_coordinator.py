@@ -170,6 +170,30 @@ def test_observer_watch_without_replica_id(coordinator, replicas):
         stream.cancel()
 
 
+def test_watch_pushes_changes_as_deltas(coordinator, replicas):
+    """After the first event, a stream gets only what changed: the members
+    added and removed, which rebuild the coordinator's own list."""
+    from coordinator import quorum_delta
+
+    c = coordinator()
+    (r0,) = replicas(c.address, "r0")
+    r0.wait_members(["r0"])
+    with grpc.insecure_channel(c.address) as channel:
+        stream = pb_grpc.CoordinatorStub(channel).Watch(pb.WatchRequest(), timeout=30)
+        held = quorum_delta.resolve(None, next(stream))
+        assert [m.replica_id for m in held.members] == ["r0"] and held.member_count == 1
+        replicas(c.address, "r1")
+        for event in stream:
+            held = quorum_delta.resolve(held, event)
+            if len(held.members) == 2:
+                break
+        assert event.HasField("delta") and not event.quorum.members
+        assert [m.replica_id for m in event.delta.added] == ["r1"] and not event.delta.removed
+        with CoordinatorClient([c.address]) as client:
+            assert held == client.status("").quorum
+        stream.cancel()
+
+
 def test_grpcurl_lists_and_calls_the_service(coordinator, replicas):
     """A generic client with no stubs (grpcurl, from the test extras) works
     through reflection."""

@@ -117,3 +117,26 @@ def test_a_silent_rank_makes_the_whole_replica_silent():
     assert job.replica_state(job.replicas["a"], 6.7) != pb.REPLICA_STATE_FAILED
     with pytest.raises(Exception, match="outside replica"):
         job.heartbeat("a", "", 0, False, "", 0, now=5.8, shard_rank=2)
+
+
+def test_a_settled_quorum_is_decided_again_only_when_something_changes():
+    """At 10,000 replicas a decision costs tens of milliseconds, so the
+    coordinator skips it while nothing it reads changed and no heartbeat ran out."""
+    job = JobState("j", RULES)
+    sessions = {rid: job.register(rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
+    formed(job, 0.1)
+    assert job.needs_decision(0.2)  # a new quorum is always looked at again
+    assert job.evaluate(0.2).settled and not job.needs_decision(0.3)
+    job.heartbeat("a", sessions["a"], 7, False, "", 0, now=1.0)  # a member's progress: nothing to decide
+    assert not job.needs_decision(1.0)
+    assert job.needs_decision(5.0)  # b's heartbeat timeout ran out (last heard at 0.0)
+    job.heartbeat("b", sessions["b"], 7, False, "", 0, now=1.0)
+    assert not job.needs_decision(5.0)
+    job.register("c", "c:1", 1, 7, 0, now=2.0)  # a newcomer, up to date
+    assert job.needs_decision(2.0)
+    decision = job.evaluate(2.0)
+    assert decision.members is not None and not decision.settled
+    formed(job, 2.1)
+    job.evaluate(2.2)
+    job.watch_closed("b", sessions["b"], now=2.5)  # only counts with no stream open
+    assert job.needs_decision(2.5)

@@ -193,6 +193,53 @@ CASES = [
         "a (restarted), b (restarted); admitting a",
         catch_up={"b": "a"},
     ),
+    Case(
+        "a burst of arrivals settles before the first quorum",
+        None,
+        table(alive("a", 0, registered_at=NOW - 2), alive("b", 0, registered_at=NOW - 0.05)),
+        None,
+        "waiting for arrivals to settle (join_settle 0.2s) before admitting a, b",
+        rules=dataclasses.replace(RULES, join_settle=0.2),
+    ),
+    Case(
+        "arrivals settled: all admitted in one change",
+        None,
+        table(alive("a", 0, registered_at=NOW - 2), alive("b", 0, registered_at=NOW - 0.2)),
+        ("a", "b"),
+        "admitting a, b",
+        rules=dataclasses.replace(RULES, join_settle=0.2),
+    ),
+    Case(
+        "a steady trickle of arrivals is admitted after join_timeout all the same",
+        None,
+        table(alive("a", 0, registered_at=NOW - 10), alive("b", 0, registered_at=NOW - 0.01)),
+        ("a", "b"),
+        "admitting a, b",
+        rules=dataclasses.replace(RULES, join_settle=0.2),
+    ),
+    Case(
+        "a ready joiner waits for the settle time",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("x", 100, ready_since=NOW - 0.1)),
+        None,
+        "waiting for arrivals to settle",
+        rules=dataclasses.replace(RULES, join_settle=0.2),
+    ),
+    Case(
+        "a shrink does not wait for the settle time, and takes the ready joiner along",
+        quorum("a", "b"),
+        table(alive("a"), silent("b"), alive("x", 100, ready_since=NOW - 0.1)),
+        ("a", "x"),
+        "b (heartbeat timeout); admitting x",
+        rules=dataclasses.replace(RULES, join_settle=0.2),
+    ),
+    Case(
+        "long lists in a reason are cut short",
+        None,
+        table(*(alive(f"r{i:02d}", 0) for i in range(20))),
+        tuple(f"r{i:02d}" for i in range(20)),
+        "admitting r00, r01, r02, r03, r04, r05, r06, r07 and 12 more: no other replica pending.",
+    ),
 ]
 
 
@@ -227,6 +274,17 @@ def test_members_sorted_and_carry_their_step() -> None:
     decision = decide(None, replicas, NOW, RULES)
     assert [m.replica_id for m in decision.members] == ["a", "b", "c"]
     assert all(m.joined_quorum_id == 1 for m in decision.members)
+
+
+def test_members_that_stay_keep_their_entry() -> None:
+    """A member's entry does not change while it stays, so that a member list
+    can travel as a delta (coordinator/quorum_delta.py)."""
+    prev = quorum("a", "b", qid=7)
+    replicas = table(alive("a", 140), alive("b", 140), alive("d", 140, ready_since=NOW - 1))
+    decision = decide(prev, replicas, NOW, RULES)
+    kept = {m.replica_id: m for m in prev.members}
+    assert [m for m in decision.members if m.replica_id in kept] == [kept["a"], kept["b"]]
+    assert [m.step for m in decision.members if m.replica_id == "d"] == [140]
 
 
 @pytest.mark.parametrize(

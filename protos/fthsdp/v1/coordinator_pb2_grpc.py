@@ -45,6 +45,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/fthsdp.v1.Coordinator/HeartbeatStream',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/fthsdp.v1.Coordinator/Watch',
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.WatchRequest.SerializeToString,
@@ -89,6 +94,16 @@ class CoordinatorServicer:
 
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HeartbeatStream(self, request_iterator, context):
+        """The same heartbeats on one long-lived stream: about a third of the
+        coordinator's CPU per heartbeat of the unary call (benchmarks/README.md).
+        Answers only heartbeats with `ack` set; quorum changes and drain requests
+        come on Watch.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,6 +159,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
             ),
@@ -231,6 +251,33 @@ class Coordinator:
             request,
             target,
             '/fthsdp.v1.Coordinator/Heartbeat',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.Coordinator/HeartbeatStream',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
             options,
