@@ -215,6 +215,7 @@ def test_command_line_prints_the_tables_and_writes_the_plot(tmp_path, capsys):
         (["--modes", "async"], "--modes takes"),
         (["--failures", "0"], "must be positive"),
         (["--hang-fraction", "2"], "hang_fraction"),
+        (["--heartbeat-timeout", "0"], "heartbeat_timeout_s"),
     ],
 )
 def test_command_line_rejects_bad_input_with_a_message(args, message, capsys):

@@ -100,14 +100,15 @@ class Workload:
     """Members' admission step / steady; None: the measured worst (1.35)."""
 
     def __post_init__(self):
-        for name in ("params", "snapshot_bytes_per_param", "grad_bytes_per_param", "nic_gbps", "step_s"):
+        for name in ("params", "snapshot_bytes_per_param", "grad_bytes_per_param", "nic_gbps", "step_s",
+                     "heartbeat_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Workload.{name} must be positive")
         if self.replica_gpus < 1:
             raise ValueError("Workload.replica_gpus must be at least 1")
         if not 0 <= self.hang_fraction <= 1:
             raise ValueError("Workload.hang_fraction must be within [0, 1]")
-        for name in ("heartbeat_timeout_s", "replacement_s", "comm_rebuild_s", "catchup_slowdown_steps"):
+        for name in ("replacement_s", "comm_rebuild_s", "catchup_slowdown_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Workload.{name} must not be negative")
         if self.serve_gbps is not None and not self.serve_gbps > 0:

@@ -15,6 +15,8 @@ def pct(x: float) -> str:
 
 
 def duration(seconds: float) -> str:
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
     if seconds >= 90:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
