@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import http.client
 import logging
+import ssl
 import struct
 import zlib
 from collections.abc import Callable
@@ -53,14 +54,22 @@ def _read_exact(response: http.client.HTTPResponse, view: memoryview) -> None:
 
 
 class SourceClient:
-    def __init__(self, address: str, token: str = "", timeout: float = 30.0, attempts: int = 3) -> None:
+    def __init__(
+        self, address: str, token: str = "", timeout: float = 30.0, attempts: int = 3, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """``tls``: talk HTTPS with this context (agent/catchup_tls.py); None: plain HTTP."""
         host, _, port = address.rpartition(":")
+        self._tls = tls
         self.address = address
         self._host, self._port = host.strip("[]"), int(port)
         self._timeout = timeout
         self._attempts = attempts
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
+
+    @property
+    def transport(self) -> str:
+        return "https" if self._tls is not None else "http"
 
     def close(self) -> None:
         if self._conn is not None:
@@ -74,7 +83,12 @@ class SourceClient:
         stale keep-alive connection, then raises SourceUnavailable."""
         for retry in range(2):
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout or self._timeout)
+                if self._tls is not None:
+                    self._conn = http.client.HTTPSConnection(
+                        self._host, self._port, timeout=timeout or self._timeout, context=self._tls
+                    )
+                else:
+                    self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout or self._timeout)
             elif timeout is not None:
                 self._conn.timeout = timeout
                 if self._conn.sock is not None:

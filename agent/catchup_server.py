@@ -34,6 +34,7 @@ import http.server
 import logging
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -200,9 +201,13 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, source: CatchUpSource, token: str, max_rate: float) -> None:
+    def __init__(self, address, source: CatchUpSource, token: str, max_rate: float, tls=None) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
+        if tls is not None:
+            # The handshake runs on the connection's own thread, at its first
+            # read, so a slow or hostile peer cannot hold up accept().
+            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.source = source
         self.token = token
         self.max_rate = max_rate
@@ -215,8 +220,17 @@ class _Server(http.server.ThreadingHTTPServer):
 class CatchUpServer:
     """Serve ``source`` on ``host``: port 0 picks a free port; ``address`` has it."""
 
-    def __init__(self, source: CatchUpSource, host: str = "127.0.0.1", port: int = 0, token: str = "", max_rate: float = 0.0):
-        self._server = _Server((host, port), source, token, max_rate)
+    def __init__(
+        self,
+        source: CatchUpSource,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str = "",
+        max_rate: float = 0.0,
+        tls: ssl.SSLContext | None = None,
+    ):
+        """``tls``: serve HTTPS with this context (agent/catchup_tls.py); None: plain HTTP."""
+        self._server = _Server((host, port), source, token, max_rate, tls)
         bound_host, bound_port = self._server.server_address[:2]
         shown = host if host not in ("", "0.0.0.0", "::") else bound_host
         self.address = f"[{shown}]:{bound_port}" if ":" in shown else f"{shown}:{bound_port}"

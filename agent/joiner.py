@@ -76,6 +76,8 @@ class CatchUpReport:
     replayed_steps: int = 0
     attempts: int = 0
     """Catch-ups started (more than one after a source failed or a refusal)."""
+    transport: str = ""
+    """http, or https when the replicas have certificates (agent/catchup_tls.py)."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -169,12 +171,14 @@ class Joiner:
         m, group = self.m, self.group
         if len(addresses) != group.size:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
-        self.client = SourceClient(addresses[group.rank], m.config.token, timeout=m.config.timeout)
+        self.client = m.source_client(addresses[group.rank])
         self.source, self.source_address = source, addresses[group.rank]
         m.membership.set_catching_up(True)  # not to be admitted on its step alone, until ready
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
-        self.report = report = CatchUpReport(source=source, began=began, attempts=attempts + 1)
+        self.report = report = CatchUpReport(
+            source=source, began=began, attempts=attempts + 1, transport=self.client.transport
+        )
 
         # 1. The snapshot, at one step for every rank.
         step, error = -1, ""
@@ -273,7 +277,7 @@ class Joiner:
     def gap_client(self) -> SourceClient | None:
         """A connection to the last source, for the last gap inside FTAR."""
         if self.client is None and self.source_address:
-            self.client = SourceClient(self.source_address, self.m.config.token, timeout=self.m.config.timeout)
+            self.client = self.m.source_client(self.source_address)
         return self.client
 
     def finish(self) -> None:

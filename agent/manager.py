@@ -46,6 +46,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+from agent import catchup_tls
 from agent.catchup_client import CatchUpError, SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
@@ -59,6 +60,7 @@ from agent.replica_group import ReplicaGroup
 from agent.snapshot import capture_state, load_state
 from agent.standby import wait_for_activation
 from agent.state_codec import local as _local
+from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
 
@@ -111,6 +113,8 @@ class Manager:
         else:
             self.address = ""
         self.tracker = QuorumTracker(config.replica_id)
+        self._source_tls = None  # the catch-up client's TLS context, made on first use
+        self._catch_up_tls = config.tls if config.catch_up_tls else TlsFiles()
         self.membership = Membership(
             config.coordinator, config.job, config.replica_id, self.address or "unused:0", config.shard_count, 0,
             token=config.token, tls=config.tls,
@@ -152,6 +156,13 @@ class Manager:
 
     # ----- lifecycle -----------------------------------------------------------------
 
+    def source_client(self, address: str) -> SourceClient:
+        """A connection to a catch-up source, with this job's token (and TLS
+        when this replica has a certificate: agent/catchup_tls.py)."""
+        if self._source_tls is None and catchup_tls.uses_tls(self._catch_up_tls):
+            self._source_tls = catchup_tls.client_context(self._catch_up_tls)
+        return SourceClient(address, self.config.token, timeout=self.config.timeout, tls=self._source_tls)
+
     def start(self, wait_for_replicas: int = 1, admission_timeout: float = 120.0) -> None:
         """Register, and return once this replica can train: for a fresh job,
         once a quorum of ``wait_for_replicas`` members includes it (a fresh
@@ -169,7 +180,8 @@ class Manager:
             signal.signal(signal.SIGTERM, lambda *_: self._drain.set())
         cfg = self.config
         self.group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))
-        self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate).start()
+        tls = catchup_tls.server_context(self._catch_up_tls)
+        self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate, tls=tls).start()
         self.membership.catch_up_addresses = self.group.all_gather_strings(self._server.address)
         if self.leader:
             self.membership.start()
@@ -445,7 +457,7 @@ class Manager:
         if self._follower is not None or joiner is None or not joiner.source_address:
             return
         stop = threading.Event()
-        client = SourceClient(joiner.source_address, self.config.token, timeout=self.config.timeout)
+        client = self.source_client(joiner.source_address)
 
         def follow() -> None:
             try:

@@ -56,6 +56,13 @@ class ManagerConfig:
     tls: TlsFiles = TlsFiles()
     """TLS to the coordinator (FTHSDP_TLS_CA, _CERT, _KEY, set by `fthsdp agent`); off when empty."""
 
+    catch_up_tls: bool = True
+    """Serve and fetch catch-up over TLS when this replica has a certificate
+    and key (FTHSDP_TLS_CERT/_KEY: mutual TLS to the coordinator), with the
+    same files (agent/catchup_tls.py). Python's TLS costs the bulk transfer
+    about two thirds of its throughput (benchmarks/README.md); off keeps plain
+    HTTP guarded by the token, for networks the job trusts."""
+
     catch_up_max_rate: float = 0.0
     """Bytes per second a catch-up server sends of a snapshot to one joiner
     (0: no limit), so that a catch-up does not crowd out the training
@@ -104,6 +111,7 @@ class ManagerConfig:
                 shard_count=int(env.get("WORLD_SIZE", "1") or 1),
                 token=read_token_file(get("TOKEN_FILE", ""), "FTHSDP_TOKEN_FILE"),
                 tls=TlsFiles(get("TLS_CA", ""), get("TLS_CERT", ""), get("TLS_KEY", "")),
+                catch_up_tls=_flag(get("CATCH_UP_TLS", "1"), "FTHSDP_CATCH_UP_TLS"),
                 catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
@@ -112,3 +120,12 @@ class ManagerConfig:
             raise ConfigError(f"bad FTHSDP_* setting: {e}") from e
         values.update(overrides)
         return cls(**values)
+
+
+def _flag(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {value!r}")

@@ -2,7 +2,7 @@
 catches up, and the time from a replica's restart to its first committed
 step; torchft 0.2.0's heal side by side.
 
-    python benchmarks/catchup.py [--mib 512] [--skip-large] [--skip-torchft]
+    python benchmarks/catchup.py [--mib 512] [--tls] [--skip-large] [--skip-torchft]
 
 1. Transfer. A source process holds a state of --mib MiB (16 float32 tensors)
    behind fthsdp's catch-up server; this process asks for a snapshot, then
@@ -34,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,9 +48,12 @@ from jsonproc import Proc  # noqa: E402
 # ----- 1. transfer ---------------------------------------------------------------------
 
 
-def serve_http(mib: int) -> None:
-    """Role: a source holding ``mib`` MiB, taking snapshots when asked."""
+def serve_http(mib: int, certs: Path | None = None) -> None:
+    """Role: a source holding ``mib`` MiB, taking snapshots when asked;
+    over mutual TLS with the node certificate in ``certs``, if given."""
     import torch
+
+    from agent import catchup_tls
 
     from agent.catchup_server import CatchUpServer
     from agent.catchup_source import CatchUpSource
@@ -57,7 +61,7 @@ def serve_http(mib: int) -> None:
 
     state = {"model": {f"w{i}": torch.rand(mib * 2**20 // 4 // 16) for i in range(16)}}
     source = CatchUpSource("bench", 0, 0, GradientLog())
-    server = CatchUpServer(source).start()
+    server = CatchUpServer(source, tls=catchup_tls.server_context(node_tls(certs)) if certs else None).start()
     print(json.dumps({"address": server.address}), flush=True)
     step = 0
     while True:  # the "training thread": a step boundary every millisecond
@@ -95,10 +99,17 @@ def fetch_raw(address: str, buf) -> float:
     return time.perf_counter() - began
 
 
-def fetch_http(address: str, buf=None) -> tuple[float, int]:
+def node_tls(certs: Path):
+    from coordinator.credentials import TlsFiles
+
+    return TlsFiles(str(certs / "ca.pem"), str(certs / "node.pem"), str(certs / "node.key"))
+
+
+def fetch_http(address: str, buf=None, certs: Path | None = None) -> tuple[float, int]:
+    from agent import catchup_tls
     from agent.catchup_client import SourceClient
 
-    client = SourceClient(address)
+    client = SourceClient(address, tls=catchup_tls.client_context(node_tls(certs)) if certs else None)
     manifest = client.request_snapshot()
     began = time.perf_counter()
     client.fetch(manifest, out=buf)
@@ -108,17 +119,27 @@ def fetch_http(address: str, buf=None) -> tuple[float, int]:
     return took, manifest.total_bytes
 
 
-def transfer(mib: int, trials: int) -> None:
+def transfer(mib: int, trials: int, tls: bool) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     me = [sys.executable, str(Path(__file__).resolve())]
     http = Proc([*me, "--role", "http-source", "--mib", str(mib)], env)
     raw = Proc([*me, "--role", "raw-source", "--mib", str(mib)], env)
+    certs = https = None
+    if tls:  # the test suite's certificates (openssl), in a temporary folder
+        from tests.tls_certs import make_certificates
+
+        certs = make_certificates(Path(tempfile.mkdtemp(prefix="fthsdp-bench-certs-")))
+        https = Proc([*me, "--role", "http-source", "--mib", str(mib), "--certs", str(certs)], env)
     import torch
 
+    times_https = []
     try:
         http_address = http.until(lambda x: "address" in x)["address"]
         raw_address = raw.until(lambda x: "address" in x)["address"]
         _, nbytes = fetch_http(http_address)  # warm-up: the source's first copy allocates its buffer
+        if https is not None:
+            https_address = https.until(lambda x: "address" in x)["address"]
+            fetch_http(https_address, certs=certs)
         # One destination buffer, faulted in before timing: this compares the
         # transports, not the kernel's page faults (which cost both the same).
         buf = torch.ones(nbytes, dtype=torch.uint8)
@@ -126,9 +147,13 @@ def transfer(mib: int, trials: int) -> None:
         for _ in range(trials):  # interleaved, so machine noise hits both
             times_http.append(fetch_http(http_address, buf)[0])
             times_raw.append(fetch_raw(raw_address, buf))
+            if https is not None:
+                times_https.append(fetch_http(https_address, buf, certs)[0])
     finally:
         http.stop()
         raw.stop()
+        if https is not None:
+            https.stop()
     gbps = lambda t: nbytes / t / 1e9  # noqa: E731
     h, r = statistics.median(times_http), statistics.median(times_raw)
     print(f"\n### Transfer of {nbytes / 2**20:.0f} MiB on loopback ({trials} trials, medians)\n")
@@ -138,6 +163,11 @@ def transfer(mib: int, trials: int) -> None:
     print(f"| fthsdp catch-up (HTTP, 8 MiB chunks, CRC-32 checked) | {gbps(h):.2f} | "
           f"{', '.join(f'{gbps(t):.2f}' for t in times_http)} |")
     print(f"| ratio fthsdp / raw | {r / h:.2f} | |")
+    if times_https:
+        t = statistics.median(times_https)
+        print(f"| fthsdp catch-up over mutual TLS (HTTPS, same chunks) | {gbps(t):.2f} | "
+              f"{', '.join(f'{gbps(x):.2f}' for x in times_https)} |")
+        print(f"| ratio TLS / raw | {r / t:.2f} | |")
 
 
 # ----- 2. rejoin -----------------------------------------------------------------------
@@ -354,6 +384,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=("http-source", "raw-source"), help=argparse.SUPPRESS)
     p.add_argument("--mib", type=int, default=512)
+    p.add_argument("--tls", action="store_true", help="also time the transfer over mutual TLS (needs openssl)")
+    p.add_argument("--certs", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--skip-large", action="store_true", help="leave out the 1 GB state")
     p.add_argument("--skip-torchft", action="store_true")
@@ -367,11 +399,11 @@ def main() -> None:
         args.logs.mkdir(parents=True, exist_ok=True)
         LOGS = args.logs
     if args.role == "http-source":
-        return serve_http(args.mib)
+        return serve_http(args.mib, args.certs)
     if args.role == "raw-source":
         return serve_raw(args.mib)
     if not args.skip_transfer:
-        transfer(args.mib, args.trials)
+        transfer(args.mib, args.trials, args.tls)
     configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)[1:] if args.only_large else list(CONFIGS)
     rejoin_table(configs, args.repeat)
     if not args.skip_torchft:

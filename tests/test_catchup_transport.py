@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import http.client
 import socket
+import ssl
 import threading
 
 import pytest
 import torch
 
+from agent import catchup_tls
 from agent.catchup_client import LogGone, SourceClient, SourceUnavailable, Unauthorized
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource, SnapshotUnavailable
@@ -17,6 +19,7 @@ from agent.checksum import state_checksum
 from agent.grad_log import GradientLog
 from agent.snapshot import capture_state, load_state, state_from_bytes
 from agent.state_codec import StateCodecError, flatten, unflatten
+from coordinator.credentials import TlsFiles
 from tests.waiting import wait_until
 
 # ----- the codec -------------------------------------------------------------------------
@@ -100,7 +103,7 @@ class Source:
     """A CatchUpSource over a real server, with a 'training thread' that
     takes a requested snapshot at its next step boundary."""
 
-    def __init__(self, token: str = "", chunk: int = 4096) -> None:
+    def __init__(self, token: str = "", chunk: int = 4096, tls=None) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
@@ -109,7 +112,7 @@ class Source:
         self.log = GradientLog()
         self.log.append(0, torch.arange(6.0), 2, 5, '[{"lr": 0.01}]', "cafe0001")
         self.source = CatchUpSource("r0", 0, 42, self.log, chunk_bytes=chunk)
-        self.server = CatchUpServer(self.source, token=token).start()
+        self.server = CatchUpServer(self.source, token=token, tls=tls).start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._train, daemon=True)
         self._thread.start()
@@ -266,3 +269,56 @@ def test_status_table_shows_catch_up_progress():
         catch_up_bytes=12 << 20, catch_up_total_bytes=48 << 20, heartbeat_age_s=0.1)])
     row = next(line for line in status_table(status).splitlines() if line.startswith("r2"))
     assert "catching-up" in row and "from r0, 12/48 MiB (25%)" in row
+
+
+# ----- TLS, from the control plane's files ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    from tests.tls_certs import make_certificates
+
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+def _files(certs, name: str | None) -> TlsFiles:
+    if name is None:
+        return TlsFiles(str(certs / "ca.pem"))
+    return TlsFiles(str(certs / "ca.pem"), str(certs / f"{name}.pem"), str(certs / f"{name}.key"))
+
+
+def test_snapshot_over_mutual_tls(source, certs):
+    src = source(token="t", tls=catchup_tls.server_context(_files(certs, "node")))
+    client = SourceClient(src.server.address, token="t", tls=catchup_tls.client_context(_files(certs, "node")))
+    assert client.transport == "https"
+    manifest = client.request_snapshot()
+    assert len(client.fetch(manifest)) == manifest.total_bytes
+
+
+@pytest.mark.parametrize(
+    "joiner, source_cert",
+    [
+        ("plain", "node"),  # plain HTTP to a TLS source
+        ("stranger", "node"),  # a certificate from another CA
+        ("expired", "node"),
+        ("node", "client"),  # the source's certificate does not name its address
+    ],
+)
+def test_tls_source_refuses_joiners_without_valid_credentials(source, certs, joiner, source_cert):
+    src = source(token="t", tls=catchup_tls.server_context(_files(certs, source_cert)))
+    if joiner == "plain":
+        client = SourceClient(src.server.address, token="t", attempts=1)
+    elif joiner == "stranger":
+        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        context.load_cert_chain(str(certs / "stranger.pem"), str(certs / "stranger.key"))
+        client = SourceClient(src.server.address, token="t", tls=context)
+    else:
+        client = SourceClient(src.server.address, token="t", tls=catchup_tls.client_context(_files(certs, joiner)))
+    with pytest.raises(SourceUnavailable):
+        client.request_snapshot(wait=1)
+    assert not src.source.wanted and src.source.held == []
+
+
+def test_no_certificate_of_its_own_means_plain_http_with_the_token(certs):
+    assert catchup_tls.server_context(_files(certs, None)) is None
+    assert catchup_tls.client_context(_files(certs, None)) is None

@@ -96,7 +96,7 @@ def test_agent_and_ranks_train_and_catch_up_over_mutual_tls_with_the_token(tmp_p
                            "--tls-ca", str(certs / "ca.pem"), "--token-file", str(token),
                            "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s").start()
     credentials = ("--token-file", str(token), "--tls-ca", str(certs / "ca.pem"),
-                   "--tls-cert", str(certs / "client.pem"), "--tls-key", str(certs / "client.key"))
+                   "--tls-cert", str(certs / "node.pem"), "--tls-key", str(certs / "node.key"))
     agents = [
         AgentProcess(tmp_path, c.address, f"r{i}", i, 2, "--steps", "1000000", "--wait-for", "2", "--hidden", "64",
                      agent_args=credentials).start()
@@ -108,6 +108,7 @@ def test_agent_and_ranks_train_and_catch_up_over_mutual_tls_with_the_token(tmp_p
         os.kill(first["pid"], signal.SIGKILL)
         again = agents[1].read_until(lambda line: "admitted" in line and line["pid"] != first["pid"], timeout=60)
         assert again["catch_up"] and again["catch_up"]["source"] == "r0"
+        assert again["catch_up"]["transport"] == "https"  # the catch-up took the same credentials
         agents[1].read_until(lambda line: "step" in line and line["t"] > again["t"], timeout=60)
     finally:
         for a in agents:

@@ -33,7 +33,8 @@ def _sign(name: str, ca: str, days: int, cwd: Path, ext: str = "") -> None:
 
 def make_certificates(folder: Path) -> Path:
     """Writes ca.pem, server.{pem,key}, client.{pem,key}, expired.{pem,key},
-    stranger.{pem,key} (signed by other-ca) into ``folder``."""
+    stranger.{pem,key} (signed by other-ca) and node.{pem,key} (a client
+    certificate that also names 127.0.0.1) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     _ca("ca", folder)
     _ca("other-ca", folder)
@@ -42,4 +43,8 @@ def make_certificates(folder: Path) -> Path:
     for name, ca, days in (("client", "ca", 2), ("expired", "ca", -1), ("stranger", "other-ca", 2)):
         _key_and_csr(name, f"/CN={name}", folder)
         _sign(name, ca, days, folder)
+    # A node's certificate: its replicas present it to the coordinator and
+    # serve catch-up with it, so it names the host they advertise.
+    _key_and_csr("node", "/CN=node", folder)
+    _sign("node", "ca", 2, folder, "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     return folder
