@@ -7,14 +7,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 import coordinator.quorum
-from benchmarks import goodput_sim
-from benchmarks.goodput import calibration as cal
-from benchmarks.goodput import engine, inputs, report
-from benchmarks.goodput.modes import run_cell
+
+# benchmarks/ is not an installed package: import it from the checkout, as
+# `python benchmarks/goodput_sim.py` does, whichever way pytest was started.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import goodput_sim  # noqa: E402
+from benchmarks.goodput import calibration as cal  # noqa: E402
+from benchmarks.goodput import engine, inputs, report  # noqa: E402
+from benchmarks.goodput.modes import run_cell  # noqa: E402
 
 K = cal.KOKOLIS
 

@@ -264,7 +264,7 @@ class ReplicatedSim:
                    and r.failed_at is None]
         if not waiting:
             return
-        settle = getattr(self.rules, "join_settle", 0.0)
+        settle = self.rules.join_settle
         wakes = [t for t in (max(waiting) + settle, min(waiting) + self.rules.join_timeout) if t > now]
         if wakes:
             self._push(min(wakes) + 1e-6, "tick")
