@@ -67,6 +67,7 @@ class LiveView:
         self.steps = steps
         self.victim = victim
         self._live = None
+        self._agent_states: dict[str, str] = {}
 
     def __enter__(self) -> "LiveView":
         from rich.live import Live
@@ -101,7 +102,9 @@ class LiveView:
             line = snap["last_steps"][replica]
             state = "member" if replica in members else (view.state if view else "-")
             style = {"member": "green", "catching-up": "yellow", "failed": "red"}.get(state, "")
-            agent = view.agent_state if view and view.agent_state else "-"
+            if view and view.agent_state:
+                self._agent_states[replica] = view.agent_state  # a replica that left is listed no more
+            agent = self._agent_states.get(replica, "-")
             if view and view.restart_count:
                 agent += f" ({view.restart_count} restart{'s' if view.restart_count > 1 else ''})"
             note = ""
@@ -113,7 +116,9 @@ class LiveView:
                 note = f"finished at step {snap['done'][replica]}"
             table.add_row(
                 replica + (" *" if replica == self.victim else ""), agent, Text(state, style=style),
-                f"{line.step}/{self.steps}" if line else "-", f"{line.loss:.4f}" if line else "-",
+                # The coordinator's step runs ahead of the last printed one while a replica catches up.
+                f"{max(line.step if line else 0, view.step if view else 0)}/{self.steps}",
+                f"{line.loss:.4f}" if line else "-",
                 str(line.quorum) if line else "-", note,
             )
         events = Text()

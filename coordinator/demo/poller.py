@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from coordinator.demo.record import Recorder, StatusSample
+from coordinator.demo.record import Recorder, StatusSample, short_reason
 from coordinator.errors import FthsdpError
 
 POLL_INTERVAL = 0.05
@@ -19,7 +19,7 @@ def changes(before: StatusSample | None, now: StatusSample) -> list[str]:
     """What changed between two samples, in words."""
     out = []
     if now.quorum_id and (before is None or before.quorum_id != now.quorum_id):
-        out.append(f"quorum {now.quorum_id}: {', '.join(now.members) or 'none'} ({now.quorum_reason})")
+        out.append(f"quorum {now.quorum_id}: {', '.join(now.members) or 'none'} ({short_reason(now.quorum_reason)})")
     for replica, view in now.replicas.items():
         old = before.replicas.get(replica) if before else None
         if view.agent_state and (old is None or old.agent_state != view.agent_state):

@@ -93,6 +93,11 @@ class StatusSample:
         )
 
 
+def short_reason(reason: str) -> str:
+    """A quorum's reason without the counts the coordinator appends ("... [3 alive; ...]")."""
+    return reason.split(" [")[0].rstrip(".")
+
+
 def json_object(text: str) -> dict | None:
     """The JSON object a rank printed on this line, if it is one (the agent
     has one rank here, so lines never interleave; other output is ignored)."""

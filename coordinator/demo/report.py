@@ -85,8 +85,12 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
     for replica in rec.replica_ids:
         steps, losses = _with_gaps(rec.steps[replica])
         ax_loss.plot(steps, losses, ".-", markersize=3, linewidth=1, label=replica, alpha=0.85)
+    f = summary.get("failure") or {}
     if failure:
         ax_loss.axvline(failure.step, color=COLOURS["failed"], linestyle="--", linewidth=1, label=f"{failure.replica} fails")
+    if failure and f.get("first_step_trained_again"):
+        ax_loss.axvspan(failure.step, f["first_step_trained_again"] - 1, color=COLOURS["failed"], alpha=0.12,
+                        label=f"steps without {failure.replica}")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("training loss")
     ax_loss.grid(alpha=0.3)
@@ -108,7 +112,6 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
                          fontsize=8, ha="left")
             previous, shown = sample.quorum_id, shown + 1
     marks = []
-    f = summary.get("failure") or {}
     if failure:
         marks.append((failure.t, "failure", COLOURS["failed"], "--"))
         if f.get("time_to_detect_s") is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 
-from coordinator.demo.record import Failure, Recorder, StatusSample
+from coordinator.demo.record import Failure, Recorder, StatusSample, short_reason
 
 DEFINITIONS = {
     "effective_training_time": "replica-seconds spent training steps that were committed / "
@@ -148,7 +148,7 @@ def summary_text(s: dict, out_dir: str) -> str:
         how = "killed (SIGKILL)" if f["mode"] == "kill" else "hung (SIGSTOP, later SIGKILLed)"
         if f["detected"]:
             lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator formed quorum "
-                         f"{f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later ({f['detect_reason']})")
+                         f"{f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later ({short_reason(f['detect_reason'])})")
         else:
             lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator never dropped it")
         if f["restarted"]:
