@@ -102,7 +102,9 @@ def test_demo_hang_on_etcd_is_found_by_the_heartbeat_timeout(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_leaves_no_process_behind(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_leaves_no_process_behind(tmp_path, sig):
     mark = uuid.uuid4().hex
     proc = _demo(tmp_path, mark, "--steps", "400", "--fail-step", "300")
     lines: list[str] = []
@@ -113,19 +115,30 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
         wait_until(lambda: any(" step   10 " in line for line in lines), 150, message="the demo training")
         running = marked_pids(mark, TEST_MARK)
         assert len(running) >= 1 + 1 + 3 + 3, running  # the demo, coordinator, 3 agents, 3 ranks
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         assert proc.wait(timeout=60) == 130
         reader.join(timeout=10)
         wait_until(lambda: not marked_pids(mark, TEST_MARK), 10,
-                   message=f"processes left after Ctrl-C: {marked_pids(mark, TEST_MARK)}")
+                   message=f"processes left after {sig.name}: {marked_pids(mark, TEST_MARK)}")
     finally:
         if proc.poll() is None:
             proc.kill()
         for pid in marked_pids(mark, TEST_MARK):
             os.kill(pid, signal.SIGKILL)
     text = "".join(lines)
-    assert "interrupted" in text and "Traceback" not in text
+    assert f"interrupted ({sig.name})" in text and "Traceback" not in text
     assert "had to SIGKILL" not in text  # the agents drained their ranks; nothing needed the sweep
+
+
+def test_an_unreachable_store_is_one_error_and_nothing_left(tmp_path):
+    mark = uuid.uuid4().hex
+    proc = _demo(tmp_path, mark, "--store", "etcd://127.0.0.1:1")
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output
+    assert "fthsdp demo: error: the coordinator exited" in output and "unreachable" in output
+    assert "Traceback" not in output
+    assert not marked_pids(mark, TEST_MARK)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["ok"] is False
 
 
 @pytest.mark.parametrize("args, message", [

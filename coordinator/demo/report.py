@@ -94,7 +94,8 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("training loss")
     ax_loss.grid(alpha=0.3)
-    ax_loss.legend(loc="upper right")
+    if any(rec.steps.values()):
+        ax_loss.legend(loc="upper right")
 
     t0 = rec.started
     samples = rec.samples
@@ -128,7 +129,9 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
     ax_time.set_title("membership (coordinator status; q = quorum id)", fontsize=10)
     handles = [Patch(color=COLOURS[s], label=LABELS[s]) for s in COLOURS if s in used]
     handles += [plt.Line2D([], [], color=c, linestyle=st, label=label) for _, label, c, st in marks]
-    ax_time.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(6, len(handles)), fontsize=8)
+    if handles:  # none when the demo failed before the coordinator answered
+        ax_time.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(6, len(handles)),
+                       fontsize=8)
 
     if f.get("time_to_recover_s") is not None:
         fig.text(0.01, 0.01, f"detect {f['time_to_detect_s'] * 1000:.0f} ms, recover {f['time_to_recover_s']:.1f} s, "

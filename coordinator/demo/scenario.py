@@ -154,7 +154,8 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
     summary["error"] = str(error) if error else None
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_report(out_dir / "demo.png", rec, failure, summary)
-    say(summary_text(summary, str(out_dir)))
+    if any(rec.steps.values()):  # a demo that failed before training has nothing to sum up
+        say(summary_text(summary, str(out_dir)))
     if error is not None:
         raise DemoFailed(f"{error}; see the logs in {logdir}")
     return 0
