@@ -119,7 +119,7 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
     failure = None
     error: DemoFailed | None = None
     with _interruptible() as shield:
-        etcd = poller = None
+        etcd = scenario = None
         try:
             store = config.store
             if store == "etcd":
@@ -130,7 +130,7 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
             with view:
                 scenario = _Scenario(config, children, rec, store)
                 try:
-                    poller = scenario.start()
+                    scenario.start()
                     failure = scenario.play()
                 except DemoFailed as e:
                     error = e
@@ -141,8 +141,8 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
             raise
         finally:
             shield()
-            if poller is not None:
-                poller.stop()
+            if scenario is not None:
+                scenario.close()
             killed = children.stop_all()
             if killed:
                 say(f"(had to SIGKILL {len(killed)} leftover process(es): {' '.join(map(str, killed))})")
@@ -178,9 +178,17 @@ class _Scenario:
         self.children = children
         self.rec = rec
         self.store = store
-        self.agents = {}
+        self.agents: dict = {}
         self.coordinator = None
+        self.client = None
+        self.poller: StatusPoller | None = None
         self.failure: Failure | None = None
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+        if self.client is not None:
+            self.client.close()
 
     def _check(self) -> None:
         """Ends a wait early when a process the scenario needs has died."""
@@ -194,7 +202,7 @@ class _Scenario:
     def _wait(self, predicate, timeout: float, what: str):
         return self.rec.wait_for(predicate, timeout, what, check=self._check)
 
-    def start(self) -> StatusPoller:
+    def start(self) -> None:
         from coordinator.client import CoordinatorClient
 
         cfg, rec = self.config, self.rec
@@ -205,7 +213,7 @@ class _Scenario:
         address = self._wait(lambda: rec.coordinator_address, 60, "the coordinator's start")
         rec.event(f"coordinator serving on {address} (store: {self.store})")
         self.client = CoordinatorClient([address], timeout=2.0)
-        poller = StatusPoller(self.client, rec).start()
+        self.poller = StatusPoller(self.client, rec).start()
         for replica in cfg.replica_ids:
             self.agents[replica] = self.children.start(replica, Children.python(
                 "coordinator.cli", "agent", "--coordinator", address, "--replica-id", replica,
@@ -213,7 +221,6 @@ class _Scenario:
                 "--", sys.executable, str(TRAIN_SCRIPT), "--steps", str(cfg.steps), "--log-every", "1",
             ), on_line=lambda text, t, r=replica: rec.rank_line(r, text, t), stops_first=True)
         rec.event(f"started {cfg.replicas} agents, each training examples/gpt/train.py")
-        return poller
 
     def play(self) -> Failure:
         cfg, rec = self.config, self.rec
