@@ -6,7 +6,10 @@
 Reads top to bottom like nanoGPT's train.py: config, data, model, optimizer,
 then the loop, where fthsdp adds three calls. ``--fail-at-step`` makes this
 replica die (SIGKILL), hang (SIGSTOP) or exit with an error at that step, once
-(not after its agent restarted it).
+(not after its agent restarted it). ``--samples N`` trains until the job as a
+whole has trained on N samples (fewer per step while a replica is out) rather
+than for ``--steps``; ``--eval-every K`` prints the loss on held-out data every
+K steps and at the end.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu
 p.add_argument("--log-every", type=int, default=10)
 p.add_argument("--fail-at-step", type=int, default=-1)
 p.add_argument("--fail-how", choices=("kill", "hang", "exit"), default="kill")
+p.add_argument("--samples", type=int, default=0, help="also stop once the job trained on this many samples (0: no limit)")
+p.add_argument("--eval-every", type=int, default=0, help="validation loss every this many steps and at the end (0: never)")
+p.add_argument("--eval-batches", type=int, default=20, help="held-out batches of --batch-size per validation loss")
 args = p.parse_args()
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 first_start = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
@@ -51,6 +57,29 @@ model = GPT(GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size, n_
                       n_embd=args.n_embd)).to(args.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 n_params = sum(p.numel() for p in model.parameters())
+# Samples the whole job trained on, counted where a replica that catches up
+# receives it with the state: the optimizer's param group travels in the
+# snapshot, and its numeric entries are replayed with every logged step.
+optimizer.param_groups[0]["samples"] = 0
+
+
+def samples_trained() -> int:
+    return optimizer.param_groups[0]["samples"]  # not a cached group: loading a snapshot replaces the groups
+
+
+@torch.no_grad()
+def val_loss() -> float:
+    """The mean loss on fixed held-out batches: the same data in every run, whatever --seed."""
+    model.eval()
+    losses = [model(x.to(args.device), y.to(args.device))[1].item()
+              for x, y in (data.batch(i, 0, args.batch_size, seed=0, split="val") for i in range(args.eval_batches))]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def report_val_loss() -> None:
+    print(json.dumps({"step": ft.step, "samples": samples_trained(), "val_loss": round(val_loss(), 5)}), flush=True)
+
 
 # ----- the loop ---------------------------------------------------------------------------
 ft = Manager.from_env(model, optimizer)
@@ -59,7 +88,7 @@ print(json.dumps({"replica": ft.replica_id, "params": n_params, "quorum": ft.quo
                   "pid": os.getpid(), "t": time.monotonic(),
                   "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
 started = time.monotonic()
-while ft.step < args.steps and not ft.stopped:
+while ft.step < args.steps and samples_trained() < (args.samples or float("inf")) and not ft.stopped:
     if ft.step == args.fail_at_step and first_start:
         print(json.dumps({"failing": args.fail_how, "step": ft.step}), flush=True)
         if args.fail_how == "kill":
@@ -72,15 +101,22 @@ while ft.step < args.steps and not ft.stopped:
     _, loss = model(x.to(args.device), y.to(args.device))
     loss.backward()
     result = ft.allreduce_gradients()  # the average over the quorum, redone among survivors on a failure
+    if result is None:  # drained: the quorum went on without this replica
+        break
+    optimizer.param_groups[0]["samples"] += result.contributors * args.batch_size  # before commit(), which logs it
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     ft.commit()  # the step boundary
     if ft.step % args.log_every == 0:
         print(json.dumps({
             "step": ft.step, "loss": round(loss.item(), 4), "quorum": result.quorum_id,
-            "replicas": result.contributors, "checksum": ft.checksum,
+            "replicas": result.contributors, "samples": samples_trained(), "checksum": ft.checksum,
             "elapsed_s": round(time.monotonic() - started, 2), "t": time.monotonic(),
         }), flush=True)
-print(json.dumps({"done": ft.step, "drained": ft.stopped}), flush=True)
+    if args.eval_every and ft.step % args.eval_every == 0:
+        report_val_loss()
+if args.eval_every and ft.step % args.eval_every != 0 and not ft.stopped:  # the end, unless just evaluated
+    report_val_loss()
+print(json.dumps({"done": ft.step, "drained": ft.stopped, "samples": samples_trained()}), flush=True)
 ft.close()  # leave the job: the other replicas go on without this one
 os._exit(0)  # abandoned collectives (if any) would otherwise hold the exit until their timeout

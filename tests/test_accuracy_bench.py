@@ -1,0 +1,89 @@
+"""The accuracy benchmark (benchmarks/accuracy.py): its argument errors, how
+it reads the ranks' lines, and (slow) a real job in which a killed replica
+catches up and ends with the job's sample count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# benchmarks/ is not an installed package: import it from the checkout, as the script does.
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.accuracy import AccuracyConfig  # noqa: E402
+from benchmarks.accuracy_job import JobFailed, JobSpec, Outage, _result, run_job  # noqa: E402
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--samples", "100"], "--samples 100 is too few"),
+    (["--spread-seed", "0"], "--spread-seed another seed"),
+    (["--eval-every", "0"], "--eval-every must be at least 1"),
+    (["--samples", "many"], "invalid int value"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_bad_arguments_are_one_line(args, says):
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), *args], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and says in p.stderr and "Traceback" not in p.stderr
+
+
+def test_schedules_follow_the_failure_free_steps():
+    config = AccuracyConfig(samples=2400, spread_seed=-1)  # 100 steps of 3 x 8
+    no_failure, kills, long_out = config.jobs()
+    assert config.reference_steps == 100 and not no_failure.outages
+    assert [(o.replica, o.step, o.out_steps) for o in kills.outages] == [(2, 25, 0), (1, 50, 0), (0, 75, 0)]
+    assert [(o.replica, o.step, o.out_steps) for o in long_out.outages] == [(1, 25, 33)]
+    assert len(AccuracyConfig(samples=2400, spread_seed=3).jobs()) == 4
+
+
+def _step(step, loss, replicas, samples):
+    return {"step": step, "loss": loss, "replicas": replicas, "samples": samples}
+
+
+SPEC = JobSpec("t", 0, samples=64, replicas=2, batch_size=8)
+
+
+def test_result_counts_samples_from_the_contributors():
+    lines = {
+        "r0": [_step(1, 3.0, 2, 16), _step(2, 2.0, 1, 24), {"step": 2, "samples": 24, "val_loss": 2.5},
+               _step(3, 1.0, 2, 40), _step(4, 1.0, 2, 56), _step(5, 1.0, 2, 72), {"done": 5, "samples": 72}],
+        "r1": [_step(1, 5.0, 2, 16), {"failing": "kill", "step": 1}, _step(3, 3.0, 2, 40),
+               {"step": 5, "samples": 72, "val_loss": 2.0}, {"done": 5, "samples": 72}],
+    }
+    r = _result(SPEC, lines, ["r0", "r1"], 1.0)
+    assert (r.steps, r.samples, r.samples_from_steps, r.failures, r.replica_steps_out) == (5, 72, 72, 1, 1)
+    assert r.contributors == [2, 1, 2, 2, 2]
+    assert r.train[:3] == [(16, 4.0), (24, 2.0), (40, 2.0)]
+    assert r.val == [(24, 2.5), (72, 2.0)] and r.final_val == 2.0 and r.val_disagreements == 0
+
+
+@pytest.mark.parametrize("lines, says", [
+    ({"r0": [_step(1, 1.0, 2, 16), _step(3, 1.0, 2, 48), {"done": 3, "samples": 48}],
+      "r1": [{"done": 3, "samples": 48}]}, "committed steps [2]"),
+    ({"r0": [_step(1, 1.0, 2, 16), {"done": 1, "samples": 16}], "r1": [{"done": 1, "samples": 8}]},
+     "different sample counts"),
+    ({"r0": [_step(1, 1.0, 2, 16), {"done": 1, "samples": 16}],
+      "r1": [_step(1, 1.0, 1, 16), {"done": 1, "samples": 16}]}, "disagree on step 1"),
+])
+def test_result_refuses_inconsistent_lines(lines, says):
+    with pytest.raises(JobFailed, match=says.replace("[", r"\[").replace("]", r"\]")):
+        _result(SPEC, lines, ["r0", "r1"], 1.0)
+
+
+@pytest.mark.slow
+def test_a_killed_replica_ends_with_the_jobs_sample_count(tmp_path):
+    """train.py --samples: the count reaches a replica that catches up (in the
+    snapshot, then with the replayed steps), so every replica stops at the
+    same step; the count equals the committed steps' contributors x batch."""
+    spec = JobSpec("kill", 0, samples=2 * 8 * 40, replicas=2, eval_every=20, outages=(Outage(1, 6),))
+    r = run_job(spec, tmp_path, timeout=300)
+    assert r.failures == 1 and r.replica_steps_out > 0
+    assert r.samples == r.samples_from_steps >= spec.samples
+    assert r.steps > 40  # the steps with one replica took fewer samples
+    assert r.val_disagreements == 0 and r.val[-1][0] == r.samples
