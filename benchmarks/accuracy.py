@@ -142,13 +142,19 @@ def parse_args(argv: list[str] | None) -> tuple[AccuracyConfig, argparse.Namespa
     return config, a
 
 
-def table(results: list[JobResult]) -> str:
-    base = results[0].final_val
-    rows = ["| run | steps | samples | failures | replica-steps out | final validation loss | ratio to no failure |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+def table(results: list[JobResult], reference_steps: int) -> str:
+    """The final validation losses (same samples) and, for comparison, those
+    at the failure-free run's last step (same steps, fewer samples)."""
+    base = results[0]
+    rows = ["| run | steps | samples | failures | replica-steps out | final validation loss | ratio to no failure "
+            f"| validation loss at step {reference_steps} | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
+        at = r.val_by_step.get(reference_steps)
+        same_steps = (f"{at:.4f} | {at / base.val_by_step[reference_steps]:.4f}"
+                      if at is not None and reference_steps in base.val_by_step else "- | -")
         rows.append(f"| {r.name} | {r.steps} | {r.samples:,} | {r.failures} | {r.replica_steps_out} | "
-                    f"{r.final_val:.4f} | {r.final_val / base:.4f} |")
+                    f"{r.final_val:.4f} | {r.final_val / base.final_val:.4f} | {same_steps} |")
     return "\n".join(rows)
 
 
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("accuracy.py: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
-    print("\n" + table(results) + "\n")
+    print("\n" + table(results, config.reference_steps) + "\n")
     for line in verdict(results) + checks(results):
         print(line)
     if a.png:

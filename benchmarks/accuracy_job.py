@@ -59,14 +59,19 @@ class JobSpec:
     """What one run trains."""
 
     name: str
+    """How the table and the plot call the run."""
     seed: int
     """The example's --seed: initial weights and the order of the training data."""
     samples: int
     """Train until the job as a whole has trained on this many samples."""
     replicas: int = 3
+    """Replica groups, one ``fthsdp agent`` with one rank each."""
     batch_size: int = 8
+    """Samples per replica per step (the example's --batch-size)."""
     eval_every: int = 25
+    """Validation loss every this many steps and at the end (the example's --eval-every)."""
     outages: tuple[Outage, ...] = ()
+    """The failures, at most one per replica."""
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.replicas < 2 or self.batch_size < 1 or self.eval_every < 1:
@@ -96,6 +101,8 @@ class JobResult:
     """(samples after the step, mean loss of the replicas' batches) per committed step."""
     val: list[tuple[int, float]]
     """(samples, validation loss) at every evaluation."""
+    val_by_step: dict[int, float]
+    """Validation loss by step, at every evaluation."""
     val_disagreements: int
     """Evaluations where the replicas' validation losses differed (0 expected: equal states)."""
     wall_s: float
@@ -206,8 +213,13 @@ def _result(spec: JobSpec, by_replica: dict[str, list[dict]], ids: list[str], wa
     steps: dict[int, list[dict]] = defaultdict(list)
     evals: dict[int, list[dict]] = defaultdict(list)
     for r in ids:
+        joined = False
         for o in by_replica[r]:
-            if "loss" in o:
+            if "start_step" in o:
+                joined = o.get("catch_up") is not None
+            elif "loss" in o:
+                o = {**o, "stale": True} if joined else o  # a joiner's first step: a forward pass on a stale state
+                joined = False
                 steps[o["step"]].append(o)
             elif "val_loss" in o:
                 evals[o["step"]].append(o)
@@ -224,8 +236,11 @@ def _result(spec: JobSpec, by_replica: dict[str, list[dict]], ids: list[str], wa
         per_step.append(n)
         counted += n * spec.batch_size
         out += spec.replicas - n
-        train.append((counted, sum(o["loss"] for o in steps[s]) / len(steps[s])))
+        losses = [o["loss"] for o in steps[s] if "stale" not in o] or [o["loss"] for o in steps[s]]
+        train.append((counted, sum(losses) / len(losses)))
     val = [(evals[s][0]["samples"], evals[s][0]["val_loss"]) for s in sorted(evals)]
+    val_by_step = {s: evals[s][0]["val_loss"] for s in sorted(evals)}
     disagreements = sum(len({o["val_loss"] for o in evals[s]}) > 1 for s in evals)
     failures = sum(1 for r in ids for o in by_replica[r] if "failing" in o)
-    return JobResult(spec.name, last, finals[ids[0]], counted, failures, out, per_step, train, val, disagreements, wall_s)
+    return JobResult(spec.name, last, finals[ids[0]], counted, failures, out, per_step, train, val, val_by_step,
+                     disagreements, wall_s)

@@ -36,8 +36,8 @@ def plot(results: list[JobResult], path: str, title: str) -> None:
     for r, color, style in zip(results, colors, styles):
         x = [s for s, _ in r.train]
         curves.plot(x, _moving_average([loss for _, loss in r.train], SMOOTH_STEPS), style, color=color, lw=1.2,
-                    alpha=0.8, label=f"{r.name}: training (mean of {SMOOTH_STEPS} steps)")
-        curves.plot(*zip(*r.val), "o", color=color, ms=4, label=f"{r.name}: validation")
+                    alpha=0.8, label=r.name)
+        curves.plot(*zip(*r.val), "o", color=color, ms=4)
         late = [(s, v) for s, v in r.val if s >= half]
         zoom.plot(*zip(*late), "o" + style, color=color, ms=5, lw=1, label=r.name)
         offset = 0.05 * (len(members.lines) - len(results) / 2)  # overlapping lines stay apart
@@ -46,11 +46,11 @@ def plot(results: list[JobResult], path: str, title: str) -> None:
     base = results[0].final_val
     zoom.axhspan(base * 0.99, base * 1.01, color="tab:green", alpha=0.15, label="failure-free final ± 1%")
     curves.set(xlabel="samples trained on (all replicas)", ylabel="loss (nats per character)", yscale="log",
-               title="training and validation loss")
+               title=f"lines: training loss (mean of {SMOOTH_STEPS} steps); dots: validation loss")
     zoom.set(xlabel="samples trained on", ylabel="validation loss", title="validation loss, second half")
     members.set(xlabel="samples trained on", ylabel="replicas", title="replicas contributing a gradient per step",
                 yticks=[1, 2, 3], ylim=(0.5, 3.5))
-    curves.legend(fontsize=7)
+    curves.legend(fontsize=8)
     zoom.legend(fontsize=8)
     members.legend(fontsize=8, loc="lower right", ncol=len(results))
     for ax in (curves, zoom, members):

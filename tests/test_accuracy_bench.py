@@ -53,13 +53,14 @@ def test_result_counts_samples_from_the_contributors():
     lines = {
         "r0": [_step(1, 3.0, 2, 16), _step(2, 2.0, 1, 24), {"step": 2, "samples": 24, "val_loss": 2.5},
                _step(3, 1.0, 2, 40), _step(4, 1.0, 2, 56), _step(5, 1.0, 2, 72), {"done": 5, "samples": 72}],
-        "r1": [_step(1, 5.0, 2, 16), {"failing": "kill", "step": 1}, _step(3, 3.0, 2, 40),
+        "r1": [{"start_step": 0, "catch_up": None}, _step(1, 5.0, 2, 16), {"failing": "kill", "step": 1},
+               {"start_step": 2, "catch_up": {"source": "r0"}}, _step(3, 3.0, 2, 40),  # stale: not in the mean
                {"step": 5, "samples": 72, "val_loss": 2.0}, {"done": 5, "samples": 72}],
     }
     r = _result(SPEC, lines, ["r0", "r1"], 1.0)
     assert (r.steps, r.samples, r.samples_from_steps, r.failures, r.replica_steps_out) == (5, 72, 72, 1, 1)
     assert r.contributors == [2, 1, 2, 2, 2]
-    assert r.train[:3] == [(16, 4.0), (24, 2.0), (40, 2.0)]
+    assert r.train[:4] == [(16, 4.0), (24, 2.0), (40, 1.0), (56, 1.0)]
     assert r.val == [(24, 2.5), (72, 2.0)] and r.final_val == 2.0 and r.val_disagreements == 0
 
 

@@ -71,8 +71,10 @@ def samples_trained() -> int:
 def val_loss() -> float:
     """The mean loss on fixed held-out batches: the same data in every run, whatever --seed."""
     model.eval()
-    losses = [model(x.to(args.device), y.to(args.device))[1].item()
-              for x, y in (data.batch(i, 0, args.batch_size, seed=0, split="val") for i in range(args.eval_batches))]
+    losses = []
+    for i in range(args.eval_batches):
+        x, y = data.batch(i, 0, args.batch_size, seed=0, split="val")
+        losses.append(model(x.to(args.device), y.to(args.device))[1].item())
     model.train()
     return sum(losses) / len(losses)
 
