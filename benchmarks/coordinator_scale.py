@@ -47,8 +47,21 @@ ACK_SHARE = 0.1
 REPLICAS_PER_CONNECTION = 100
 
 
-async def replica(stub, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
-    reply = await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
+async def replica(grpc, stub, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+    # Like an agent (coordinator/client.py): a shed call (CANCELLED) or an
+    # unreachable coordinator is retried; anything else is an error.
+    while True:
+        try:
+            reply = await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
+            break
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+                out["register_retries"] += 1
+                await asyncio.sleep(0.2 + random.random())
+                continue
+            out["errors"] += 1
+            out["last_error"] = f"register: {str(e)[:300]}"
+            return
     session = reply.session_id
     pace = {"interval": reply.heartbeat_interval_s or 1.0}
     stream = stub.Watch(pb.WatchRequest(job="default", replica_id=rid, session_id=session))
@@ -109,10 +122,10 @@ async def client_main(address: str, first: int, count: int, victim: int) -> None
         pb_grpc.CoordinatorStub(grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]))
         for _ in range(max(1, -(-count // REPLICAS_PER_CONNECTION)))
     ]
-    out = {"latencies": [], "events": [], "errors": 0, "sent": []}
+    out = {"latencies": [], "events": [], "errors": 0, "sent": [], "register_retries": 0}
     stop, go_silent = asyncio.Event(), asyncio.Event()
     tasks = [
-        asyncio.create_task(replica(stubs[k // REPLICAS_PER_CONNECTION], pb, f"r{i}", out, stop, i == victim, go_silent))
+        asyncio.create_task(replica(grpc, stubs[k // REPLICAS_PER_CONNECTION], pb, f"r{i}", out, stop, i == victim, go_silent))
         for k, i in enumerate(range(first, first + count))
     ]
     loop = asyncio.get_running_loop()
@@ -192,7 +205,7 @@ def run(n: int, clients: int, seconds: float, budget: float) -> dict:
         coordinator.kill()
         coordinator.wait()
     latencies = sorted(lat for r in results for start, lat in r["latencies"] if t0 <= start <= t1)
-    closed = next(r["victim_closed"] for r in results if "victim_closed" in r)
+    closed = next((r["victim_closed"] for r in results if "victim_closed" in r), float("inf"))
     # The survivors' first event of a quorum without the victim.
     told: dict[str, float] = {}
     for r in results:
@@ -211,9 +224,11 @@ def run(n: int, clients: int, seconds: float, budget: float) -> dict:
         "formation_mean": m['fthsdp_quorum_formation_seconds_sum{job="default"}'] / m['fthsdp_quorum_formation_seconds_count{job="default"}'],
         "formations": m['fthsdp_quorum_formation_seconds_count{job="default"}'],
         "errors": sum(r["errors"] for r in results),
+        "register_retries": sum(r["register_retries"] for r in results),
         "last_error": next((r["last_error"] for r in results if r.get("last_error")), ""),
         "members": members,
         "join_time": formed,
+        "interval": m['fthsdp_heartbeat_interval_seconds{job="default"}'],
     }
 
 
@@ -230,14 +245,16 @@ def main() -> None:
         address, first, count, victim = args.client
         asyncio.run(client_main(address, int(first), int(count), int(victim)))
         return
-    print("\n| replicas | members reached (time) | heartbeats/s | heartbeat p50 | heartbeat p99 | coordinator CPU (cores) |"
-          " stream closed → every survivor told | quorum formation (mean) | heartbeat errors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| replicas | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
+          " coordinator CPU (cores) | stream closed → every survivor told | quorums formed (mean formation) |"
+          " registrations retried | errors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.replicas.split(",")):
         r = run(n, args.clients, args.seconds, args.budget)
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
-        print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['heartbeats_per_s']:.0f} | {r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | "
-              f"{told} | {r['formation_mean'] * 1e3:.1f} ms over {r['formations']:.0f} | {r['errors']} |", flush=True)
+        print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
+              f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {told} | "
+              f"{r['formations']:.0f} ({r['formation_mean'] * 1e3:.1f} ms) | {r['register_retries']} | {r['errors']} |", flush=True)
         if r["last_error"]:
             print(f"  (last heartbeat error at {n}: {r['last_error']})", flush=True)
 

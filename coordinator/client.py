@@ -45,7 +45,9 @@ CHANNEL_OPTIONS = (
     ("grpc.http2.max_pings_without_data", 0),
 )
 
-_MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# CANCELLED from a server means it shed the call (gRPC core drops calls that
+# waited too long for an overloaded application): as transient as the others.
+_MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 def parse_addresses(text: str | Sequence[str], what: str = "--coordinator") -> list[str]:

@@ -102,6 +102,7 @@ class JobState:
         self.reason = "no decision yet"
         self._members: dict[str, object] = {}
         """The current quorum's members by replica id."""
+        self._decided_at = float("-inf")
         self.dirty = True
         """Something the decision reads changed since it last found the
         quorum settled. While not dirty, only time (a heartbeat timeout)
@@ -333,14 +334,17 @@ class JobState:
         scan of floats."""
         if self.dirty:
             return True
-        timeout = self.rules.heartbeat_timeout
-        return any(now >= e.view_heartbeat() + timeout for e in self.replicas.values() if e.session_id is not None)
+        # A heartbeat timeout that ran out since the last decision (those that
+        # ran out before it were part of it). Replicas loaded from the store
+        # after a restart count too: they have no session yet, but a timeout.
+        timeout, since = self.rules.heartbeat_timeout, self._decided_at
+        return any(since < e.view_heartbeat() + timeout <= now for e in self.replicas.values())
 
     def evaluate(self, now: float) -> Decision:
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
         decision = decide(self.quorum, views, now, self.rules, current_sources)
-        self.dirty = not decision.settled
+        self.dirty, self._decided_at = not decision.settled, now
         return decision
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:
@@ -395,16 +399,10 @@ class JobState:
             )
         return out
 
-    def watch_event(
-        self, replica_id: str, quorum_pb: pb.Quorum | None, leader: str, delta: pb.QuorumDelta | None = None
-    ) -> pb.WatchEvent:
-        """What one watcher is told: ``quorum_pb`` (without members when a
-        ``delta`` goes with it), plus its own catch-up source and drain flag."""
+    def watch_event(self, replica_id: str, leader: str) -> pb.WatchEvent:
+        """What is particular to one watcher (its catch-up source and drain
+        flag) and the latest reason; the quorum is added by the runtime."""
         event = pb.WatchEvent(leader=leader, reason=self.reason)
-        if quorum_pb is not None:
-            event.quorum.CopyFrom(quorum_pb)
-        if delta is not None:
-            event.delta.CopyFrom(delta)
         entry = self.replicas.get(replica_id) if replica_id else None
         if entry is not None:
             event.drain_requested = entry.drain_requested
@@ -421,6 +419,9 @@ class JobState:
         return event
 
     # ----- helpers -------------------------------------------------------------------
+
+    def is_member(self, replica_id: str) -> bool:
+        return replica_id in self._members
 
     def set_quorum(self, quorum: Quorum | None, revision: int) -> None:
         """Adopt ``quorum`` (stored at ``revision``) as the current one."""

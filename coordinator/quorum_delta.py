@@ -9,6 +9,10 @@ members, plus the members added and removed (``WatchEvent.delta``). A
 member's entry never changes while it stays (coordinator/quorum.py), so the
 receiver rebuilds the exact list; ``member_count`` lets it check.
 
+A replica that is not a member gets the quorum without members at all (it
+needs its catch-up source and whether it is in, not the list), and the whole
+list when it is admitted.
+
 Pure functions over the protobuf messages, used by the coordinator
 (``diff``, ``without_members``) and by every client of Watch (``resolve``).
 """

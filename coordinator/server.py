@@ -44,6 +44,11 @@ SERVER_OPTIONS = (
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    # gRPC core cancels calls that arrive while more than a few thousand wait
+    # for the application (measured: 3,000 Registers at once lost 20% as
+    # CANCELLED). A job starting is exactly that burst; let it queue.
+    ("grpc.server.max_pending_requests", 1 << 17),
+    ("grpc.server.max_pending_requests_hard_limit", 1 << 17),
 )
 
 

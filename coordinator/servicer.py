@@ -69,6 +69,16 @@ def _lenient(deserialize, method: str):
     return parse
 
 
+def _bytes_or(serialize):
+    """Pass bytes through (Watch serializes its events itself, sharing the
+    member list's bytes among watchers); serialize messages as usual."""
+
+    def serializer(message) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return serializer
+
+
 class _HandlerCapture:
     """Collects what the generated ``add_CoordinatorServicer_to_server`` registers."""
 
@@ -84,7 +94,10 @@ def add_to_server(servicer: "CoordinatorServicer", server) -> None:
     capture = _HandlerCapture()
     pb_grpc.add_CoordinatorServicer_to_server(servicer, capture)
     handlers = {
-        name: handler._replace(request_deserializer=_lenient(handler.request_deserializer, name))
+        name: handler._replace(
+            request_deserializer=_lenient(handler.request_deserializer, name),
+            response_serializer=_bytes_or(handler.response_serializer),
+        )
         for name, handler in capture.handlers.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))

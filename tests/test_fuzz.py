@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from coordinator.client import CoordinatorClient
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 from tests.processes import CoordinatorProcess
+from tests.waiting import wait_until
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
 DELIBERATE = {
@@ -101,10 +102,15 @@ def state(client: CoordinatorClient) -> tuple:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
-    c = CoordinatorProcess(tmp, "--heartbeat-interval", "1s", "--heartbeat-timeout", "60s").start()
+    # Accepted calls (a registration) change the quorum at the next decision;
+    # decided at once, so that no such change lands inside a later check.
+    c = CoordinatorProcess(tmp, "--heartbeat-interval", "1s", "--heartbeat-timeout", "60s",
+                           "--join-settle", "0", "--tick-interval", "1ms").start()
     channel = grpc.insecure_channel(c.address)
     with CoordinatorClient([c.address]) as client:
         client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
+        # Settled before fuzzing: a quorum forming mid-check would read as a change.
+        wait_until(lambda: client.status().quorum.member_count == 1, 20, message="r0's quorum")
         yield c, channel, client
     channel.close()
     c.stop()

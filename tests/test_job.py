@@ -140,3 +140,21 @@ def test_a_settled_quorum_is_decided_again_only_when_something_changes():
     job.evaluate(2.2)
     job.watch_closed("b", sessions["b"], now=2.5)  # only counts with no stream open
     assert job.needs_decision(2.5)
+
+
+def test_replicas_loaded_after_a_restart_time_out_without_a_session():
+    """A coordinator that restarted presumes the stored replicas alive for one
+    heartbeat timeout; one that never comes back must still be dropped."""
+    from coordinator.quorum import Member, Quorum
+
+    job = JobState("j", RULES)
+    quorum = Quorum(4, (Member("a", "a:1", 1, 10, 1), Member("b", "b:1", 1, 10, 1)))
+    job.load(quorum, 4, {}, now=100.0)
+    assert job.evaluate(100.1).settled
+    session = job.register("a", "a:1", 1, 10, 4, now=101.0)
+    job.evaluate(101.1)
+    job.heartbeat("a", session, 11, False, "", 0, now=104.0)
+    assert not job.needs_decision(104.9)
+    assert job.needs_decision(105.0)  # b, loaded at 100 and never heard from, timed out
+    decision = job.evaluate(105.0)
+    assert [m.replica_id for m in decision.members] == ["a"] and "b (heartbeat timeout)" in decision.reason
