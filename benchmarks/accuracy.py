@@ -2,11 +2,12 @@
 with and without failures reaches the same validation loss.
 
     python benchmarks/accuracy.py [--samples 6000] [--seed 0] [--spread-seed 1]
-        [--eval-every 25] [--png benchmarks/accuracy.png] [--logs DIR]
+        [--eval-every 25] [--constant-lr] [--png benchmarks/accuracy.png] [--logs DIR]
 
 Every run is a real job on this machine: a coordinator and 3 ``fthsdp agent``
 processes, each training examples/gpt/train.py (3.2M parameters, batch 8 per
-replica, AdamW at a constant 1e-3) with ``--samples N --seed S``:
+replica, AdamW at 1e-3 decayed to 1e-4 over the samples, or constant with
+--constant-lr) with ``--samples N --seed S --decay-lr``:
 
 1. no failure;
 2. three kills: the training rank of r2, r1 and r0 is SIGKILLed at 1/4, 1/2
@@ -74,6 +75,9 @@ class AccuracyConfig:
     batch_size: int = 8
     """Samples per replica per step."""
 
+    decay_lr: bool = True
+    """Decay the learning rate over the samples (the example's --decay-lr); False: constant."""
+
     timeout: float = 900.0
     """Seconds one run may take before the benchmark gives up on it."""
 
@@ -102,7 +106,7 @@ class AccuracyConfig:
     def jobs(self) -> list[JobSpec]:
         s = self.reference_steps
         common = dict(samples=self.samples, replicas=self.replicas, batch_size=self.batch_size,
-                      eval_every=self.eval_every)
+                      eval_every=self.eval_every, decay_lr=self.decay_lr)
         jobs = [
             JobSpec("no failure", self.seed, **common),
             JobSpec("3 kills (r2, r1, r0)", self.seed, outages=(
@@ -128,13 +132,16 @@ def parse_args(argv: list[str] | None) -> tuple[AccuracyConfig, argparse.Namespa
                    help="seed of a second failure-free run, the yardstick; -1: none (default 1)")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between validation losses")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per replica per step (default 8)")
+    p.add_argument("--constant-lr", action="store_true",
+                   help="train at a constant learning rate (default: cosine decay over the samples)")
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds one run may take (default 900)")
     p.add_argument("--png", default=str(DEFAULT_PNG), help="where to write the plot ('' for none)")
     p.add_argument("--logs", default="", help="folder for the processes' logs (default: a new temporary one)")
     a = p.parse_args(argv)
     try:
         config = AccuracyConfig(samples=a.samples, seed=a.seed, spread_seed=a.spread_seed, eval_every=a.eval_every,
-                                batch_size=a.batch_size, timeout=a.timeout)
+                                batch_size=a.batch_size, decay_lr=not a.constant_lr,
+                                timeout=a.timeout)
     except ValueError as e:
         p.error(str(e))
     if a.logs and Path(a.logs).exists() and not Path(a.logs).is_dir():
@@ -185,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(a.logs) if a.logs else Path(tempfile.mkdtemp(prefix="fthsdp-accuracy-"))
     jobs = config.jobs()
     print(f"# No loss of accuracy: examples/gpt, {config.replicas} replicas x batch {config.batch_size}, "
-          f"{config.samples:,} samples per run ({config.reference_steps} steps without failures), seed {config.seed}; "
+          f"{config.samples:,} samples per run ({config.reference_steps} steps without failures), seed {config.seed}, "
+          f"{'constant learning rate' if not config.decay_lr else 'learning rate decayed over the samples'}; "
           f"logs in {logs}/\n", flush=True)
     results = []
     try:
@@ -207,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.png:
         from benchmarks.accuracy_plot import plot
 
+        lr = "decayed" if config.decay_lr else "constant"
         plot(results, a.png, f"examples/gpt, {config.replicas} replicas, {config.samples:,} samples per run, "
-                             f"seed {config.seed}")
+                             f"seed {config.seed}, {lr} learning rate")
         print(f"plot: {a.png}")
     return 1 if checks(results) else 0
 

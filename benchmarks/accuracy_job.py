@@ -70,6 +70,8 @@ class JobSpec:
     """Samples per replica per step (the example's --batch-size)."""
     eval_every: int = 25
     """Validation loss every this many steps and at the end (the example's --eval-every)."""
+    decay_lr: bool = True
+    """The example's --decay-lr (cosine decay over the samples); False: a constant learning rate."""
     outages: tuple[Outage, ...] = ()
     """The failures, at most one per replica."""
 
@@ -164,7 +166,7 @@ def run_job(spec: JobSpec, logdir: Path, timeout: float) -> JobResult:
     def start_agent(replica: str, name: str, fail_at: int | None, max_restarts: int) -> None:
         train = [sys.executable, str(TRAIN_SCRIPT), "--steps", "1000000000", "--samples", str(spec.samples),
                  "--batch-size", str(spec.batch_size), "--seed", str(spec.seed), "--log-every", "1",
-                 "--eval-every", str(spec.eval_every)]
+                 "--eval-every", str(spec.eval_every)] + (["--decay-lr"] if spec.decay_lr else [])
         if fail_at is not None:
             train += ["--fail-at-step", str(fail_at)]
         agents[name] = children.start(name, Children.python(

@@ -8,14 +8,16 @@ then the loop, where fthsdp adds three calls. ``--fail-at-step`` makes this
 replica die (SIGKILL), hang (SIGSTOP) or exit with an error at that step, once
 (not after its agent restarted it). ``--samples N`` trains until the job as a
 whole has trained on N samples (fewer per step while a replica is out) rather
-than for ``--steps``; ``--eval-every K`` prints the loss on held-out data every
-K steps and at the end.
+than for ``--steps``; ``--decay-lr`` decays the learning rate over the run
+(by samples with ``--samples``); ``--eval-every K`` prints the loss on
+held-out data every K steps and at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -38,6 +40,7 @@ p.add_argument("--block-size", type=int, default=128)
 p.add_argument("--n-layer", type=int, default=4)
 p.add_argument("--n-embd", type=int, default=256)
 p.add_argument("--lr", type=float, default=1e-3)
+p.add_argument("--decay-lr", action="store_true", help="cosine decay of --lr to a tenth over --samples (or --steps)")
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 p.add_argument("--log-every", type=int, default=10)
@@ -57,14 +60,31 @@ model = GPT(GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size, n_
                       n_embd=args.n_embd)).to(args.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 n_params = sum(p.numel() for p in model.parameters())
-# Samples the whole job trained on, counted where a replica that catches up
-# receives it with the state: the optimizer's param group travels in the
-# snapshot, and its numeric entries are replayed with every logged step.
-optimizer.param_groups[0]["samples"] = 0
+# Samples the whole job trained on, and the step they count through, kept
+# where a replica that catches up receives them with the state: the
+# optimizer's param group travels in the snapshot, and its numeric entries
+# are replayed with every logged step.
+optimizer.param_groups[0].update(samples=0, samples_step=-1)
 
 
 def samples_trained() -> int:
     return optimizer.param_groups[0]["samples"]  # not a cached group: loading a snapshot replaces the groups
+
+
+def count_samples(result) -> None:
+    """Add the step's samples once: a joiner may receive a count that already includes it."""
+    group = optimizer.param_groups[0]
+    if group["samples_step"] < result.step:
+        group.update(samples=group["samples"] + result.contributors * args.batch_size, samples_step=result.step)
+
+
+def get_lr() -> float:
+    """--lr, or with --decay-lr its cosine decay to a tenth over the run: by
+    samples with --samples (a step while a replica is out trains on fewer)."""
+    if not args.decay_lr:
+        return args.lr
+    progress = min(1.0, samples_trained() / args.samples if args.samples else ft.step / args.steps)
+    return args.lr / 10 + 0.5 * (1.0 + math.cos(math.pi * progress)) * (args.lr - args.lr / 10)
 
 
 @torch.no_grad()
@@ -99,13 +119,15 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
             os.kill(os.getpid(), signal.SIGSTOP)
         else:
             sys.exit(3)
+    for group in optimizer.param_groups:
+        group["lr"] = get_lr()  # before allreduce_gradients(): a joiner replays the lr each step used
     x, y = data.batch(ft.step, ft.replica_rank, args.batch_size, args.seed)
     _, loss = model(x.to(args.device), y.to(args.device))
     loss.backward()
     result = ft.allreduce_gradients()  # the average over the quorum, redone among survivors on a failure
     if result is None:  # drained: the quorum went on without this replica
         break
-    optimizer.param_groups[0]["samples"] += result.contributors * args.batch_size  # before commit(), which logs it
+    count_samples(result)  # before commit(), which logs it with the step
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     ft.commit()  # the step boundary
