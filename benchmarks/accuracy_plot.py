@@ -30,8 +30,8 @@ def plot(results: list[JobResult], path: str, title: str) -> None:
     fig = plt.figure(figsize=(12, 7.5))
     grid = fig.add_gridspec(2, 2, height_ratios=(3, 1), hspace=0.3, wspace=0.22)
     curves, zoom, members = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
-    colors = ["black", "tab:red", "tab:blue", "tab:gray"]
-    styles = ["-", "-", "-", ":"]
+    colors = ["black", "tab:red", "tab:blue", "tab:gray", "tab:purple"]
+    styles = ["-", "-", "-", ":", "--"]
     half = results[0].samples / 2
     for r, color, style in zip(results, colors, styles):
         x = [s for s, _ in r.train]
@@ -52,7 +52,7 @@ def plot(results: list[JobResult], path: str, title: str) -> None:
                 yticks=[1, 2, 3], ylim=(0.5, 3.5))
     curves.legend(fontsize=8)
     zoom.legend(fontsize=8)
-    members.legend(fontsize=8, loc="lower right", ncol=len(results))
+    members.legend(fontsize=7, loc="lower right", ncol=len(results))
     for ax in (curves, zoom, members):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
