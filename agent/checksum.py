@@ -51,3 +51,23 @@ def structure_hash(model: torch.nn.Module) -> int:
         shard = tuple(p.to_local().shape) if hasattr(p, "to_local") else ()
         h.update(f"{name}:{tuple(p.shape)}:{shard}:{p.dtype};".encode())
     return int.from_bytes(h.digest(), "big") >> 2
+
+
+CHECKSUM_STRIDES = (1, 10, 100, 1000, 10000)
+
+
+class StridedHistory:
+    """The latest checksum at each stride of 1, 10, 100... checksum periods,
+    sent with every heartbeat: replicas whose heartbeats sample different
+    steps still report some steps in common for the coordinator to compare."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._latest: dict[int, tuple[int, str]] = {}
+
+    def record(self, step: int, checksum: str) -> dict[int, str]:
+        """Note ``checksum`` at ``step``; returns {step: checksum} to report."""
+        for level in CHECKSUM_STRIDES:
+            if step % (self.every * level) == 0:
+                self._latest[level] = (step, checksum)
+        return dict(self._latest.values())

@@ -50,7 +50,7 @@ from agent import catchup_tls
 from agent.catchup_client import CatchUpError, SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
-from agent.checksum import state_checksum, structure_hash
+from agent.checksum import StridedHistory, state_checksum, structure_hash
 from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
@@ -69,7 +69,6 @@ __all__ = ["ApiMisuse", "Manager", "ManagerConfig"]
 log = logging.getLogger("fthsdp.agent.manager")
 
 
-CHECKSUM_STRIDES = (1, 10, 100, 1000, 10000)
 EVICTION_GRACE = 2.0
 """Seconds an evicted rank of a multi-rank group waits (for a drain to finish) before exiting."""
 EXIT_EVICTED = 75
@@ -90,7 +89,7 @@ class Manager:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self.structure = structure_hash(model)
         self._reduced = False
-        self._history: dict[int, tuple[int, str]] = {}
+        self._history = StridedHistory(config.checksum_every)
         self._drain = threading.Event()
         self.group: ReplicaGroup | None = None
         self.log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
@@ -332,7 +331,7 @@ class Manager:
         checksum = self.group_checksum() if periodic or self._checksum_wanted else ""
         if periodic:
             m.state_checksum, m.checksum_step = checksum, self.step
-            m.recent_checksums = self._strided_history(checksum)
+            m.recent_checksums = self._history.record(self.step, checksum)
         self._checksum_wanted = False
         last = self.last
         self.log.append(self.step - 1, last.total, last.contributors, last.quorum_id, self._hyperparams(), checksum)
@@ -495,15 +494,6 @@ class Manager:
             return own
         parts = self.group.all_gather_int(int(own, 16))
         return f"{zlib.crc32(b''.join(x.to_bytes(4, 'big') for x in parts)):08x}"
-
-    def _strided_history(self, checksum: str) -> dict[int, str]:
-        """The latest checksum at each stride of 1, 10, 100... checksum periods:
-        replicas whose heartbeats sample different steps still share some."""
-        every = self.config.checksum_every
-        for level in CHECKSUM_STRIDES:
-            if self.step % (every * level) == 0:
-                self._history[level] = (self.step, checksum)
-        return dict(self._history.values())
 
     @property
     def checksum(self) -> str:
