@@ -18,9 +18,10 @@ changed) and hosts the rendezvous store its quorum groups use when it is the
 first member. A SIGTERM, or ``fthsdp drain``, makes the replica leave at the
 next step boundary; ``stopped`` then turns true and the script should exit 0.
 
-Data semantics: replica ``r`` trains on batch ``(step, r)`` of a deterministic
-stream. While a replica is out, its batches are not trained on (the global
-batch shrinks); no other replica skips or repeats data because of it.
+Data: either each replica trains on batch ``(step, replica_rank)`` (the global
+batch shrinks while a replica is out), or the script keeps the global batch
+constant and splits each step's batch by ``participation()`` (the survivors
+take a missing replica's share; agent/participation.py).
 
 Catch-up: a replica that starts behind the quorum (restarted by its agent, or
 new) gets its state from a healthy peer inside ``start()`` (agent/joiner.py),
@@ -37,7 +38,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import zlib
@@ -56,6 +56,7 @@ from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
 from agent.membership import Membership
+from agent.participation import Participation, QuorumRecord, exit_when_evicted
 from agent.replica_group import ReplicaGroup
 from agent.snapshot import capture_state, load_state
 from agent.standby import wait_for_activation
@@ -64,14 +65,9 @@ from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
 
-__all__ = ["ApiMisuse", "Manager", "ManagerConfig"]
+__all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation"]
 
 log = logging.getLogger("fthsdp.agent.manager")
-
-
-EVICTION_GRACE = 2.0
-"""Seconds an evicted rank of a multi-rank group waits (for a drain to finish) before exiting."""
-EXIT_EVICTED = 75
 
 
 class ApiMisuse(FthsdpError):
@@ -119,6 +115,8 @@ class Manager:
             token=config.token, tls=config.tls,
         )
         self.membership.add_listener(self.tracker.update)
+        self._quorums = QuorumRecord(config.replica_id)
+        self.membership.add_listener(self._quorums.record)
         self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
         self.ftar.on_behind = self._close_gap
         self.ftar.on_join = self._join_members
@@ -152,6 +150,15 @@ class Manager:
     def quorum_id(self) -> int:
         """The newest quorum this replica knows of (0 before the first)."""
         return self.tracker.newest_id()
+
+    def participation(self) -> Participation:
+        """This replica's ``index`` among the ``count`` replicas whose gradients
+        the next ``allreduce_gradients()`` is expected to average, the same on
+        every member (agent/participation.py). A failure during the step may
+        leave fewer (``StepResult.contributors``); a joiner's first step has none of its."""
+        if self.group is None:
+            raise ApiMisuse("participation() before start(): the replica is in no quorum yet")
+        return self._quorums.participation(self.membership.training_quorum_id, self._following)
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -204,32 +211,8 @@ class Manager:
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id, self.step)
         if self.config.shard_count > 1:
-            threading.Thread(target=self._eviction_watchdog, name="fthsdp-eviction-watchdog", daemon=True).start()
-
-    def _eviction_watchdog(self) -> None:
-        """Exit at once when the coordinator takes this replica group out.
-
-        Another rank of the group may have died, on this node or another,
-        leaving this one blocked in an FSDP collective that gloo would only
-        time out much later. Out of the quorum this incarnation's state is
-        lost anyway: exiting lets every node's agent restart the whole group.
-        A drain (a planned exit at a step boundary) is given a grace period.
-        """
-        with self.tracker.cond:
-            while not self.stopped:
-                quorum = self.tracker.quorum
-                if quorum is not None and not self.tracker.includes_me(quorum) and not self._drain.is_set():
-                    self.tracker.cond.wait(EVICTION_GRACE)
-                    quorum = self.tracker.quorum
-                    if not self.stopped and not self._drain.is_set() and not self.tracker.includes_me(quorum):
-                        print(
-                            f"fthsdp: replica {self.config.replica_id} was taken out of quorum {quorum.id}; "
-                            f"rank {self.config.shard_rank} exits so that its agent restarts the group",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        os._exit(EXIT_EVICTED)
-                self.tracker.cond.wait(1.0)
+            watchdog = (self.tracker, self.config.shard_rank, lambda: self.stopped, self._drain)
+            threading.Thread(target=exit_when_evicted, args=watchdog, name="fthsdp-eviction-watchdog", daemon=True).start()
 
     def close(self, reason: str = "finished") -> None:
         """Leave the job (the others go on without this replica) and stop."""

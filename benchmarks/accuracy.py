@@ -1,13 +1,17 @@
 """No loss of accuracy: the example trained to the same number of samples
 with and without failures reaches the same validation loss.
 
-    python benchmarks/accuracy.py [--samples 6000] [--seed 0] [--spread-seed 1]
-        [--eval-every 25] [--constant-lr] [--png benchmarks/accuracy.png] [--logs DIR]
+    python benchmarks/accuracy.py [--samples 6000] [--global-batch 24] [--seed 0] [--spread-seed 1]
+        [--eval-every 25] [--constant-lr] [--two-replica-control] [--png benchmarks/accuracy.png] [--logs DIR]
 
 Every run is a real job on this machine: a coordinator and 3 ``fthsdp agent``
-processes, each training examples/gpt/train.py (3.2M parameters, batch 8 per
-replica, AdamW at 1e-3 decayed to 1e-4 over the samples, or constant with
---constant-lr) with ``--samples N --seed S --decay-lr``:
+processes, each training examples/gpt/train.py (3.2M parameters, AdamW at
+1e-3 decayed to 1e-4 over the samples, or constant with --constant-lr) with
+``--samples N --global-batch 24 --seed S --decay-lr``: every step trains on
+the same 24 samples whatever the quorum, split equally among the replicas
+training it (8 each of 3, 12 each of 2 while a replica is out).
+``--global-batch 0`` is the old mode: --batch-size (8) per replica, so a
+step averages 16 samples instead of 24 while a replica is out.
 
 1. no failure;
 2. three kills: the training rank of r2, r1 and r0 is SIGKILLed at 1/4, 1/2
@@ -19,15 +23,18 @@ replica, AdamW at 1e-3 decayed to 1e-4 over the samples, or constant with
    it catches up and rejoins;
 4. (the yardstick, unless --spread-seed -1) no failure with another seed:
    other initial weights and another data order, for the seed-to-seed spread;
-5. (with --two-replica-control) no failure with 2 replicas: the same samples
-   in steps of 16, what a failure run does while a replica is out.
+5. (with --two-replica-control) no failure with 2 replicas: the same
+   batches of 24 split in 2 (with --global-batch 0, steps of 16: what a
+   failure run does while a replica is out).
 
 Same number of samples: every run trains until the samples the job trained on
-(each committed step adds batch size x the replicas whose gradient it
-averaged) reach --samples; while a replica is out a step adds 16 instead of
-24, so the failure runs take more steps. The ranks count it themselves (the
-count travels with the state to a replica that catches up); it is checked
-here against the committed steps' logged contributors. The validation loss
+(each committed step adds the replicas whose gradient it averaged x their
+share) reach --samples. With a global batch that is 24 a step, except in a
+step where a replica fails (its share is lost: 16), so a failure run takes a
+step more per failure; per replica, 16 a step while a replica is out. The
+ranks count it themselves (the count travels with the state to a replica
+that catches up); it is checked here against the committed steps' logged
+contributors and shares, which every replica must agree on. The validation loss
 is the mean over the same held-out batches (the corpus' last 10%, never
 trained on) in every run, evaluated by every replica (their states are equal,
 so are their losses: checked).
@@ -40,7 +47,6 @@ import dataclasses
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,13 +81,16 @@ class AccuracyConfig:
     """Replica groups of one rank each."""
 
     batch_size: int = 8
-    """Samples per replica per step."""
+    """Samples per validation batch, and per replica per step when ``global_batch`` is 0."""
+
+    global_batch: int = 24
+    """Samples per step, split equally among the replicas training it; 0: ``batch_size`` per replica."""
 
     decay_lr: bool = True
     """Decay the learning rate over the samples (the example's --decay-lr); False: constant."""
 
     two_replica_control: bool = False
-    """Add a failure-free run of 2 replicas (a smaller batch, more steps for the same samples)."""
+    """Add a failure-free run of 2 replicas (the same global batch in 2 shares; per replica, smaller steps)."""
 
     timeout: float = 900.0
     """Seconds one run may take before the benchmark gives up on it."""
@@ -91,7 +100,11 @@ class AccuracyConfig:
             raise ValueError(f"--replicas: the failure schedules are written for 3 replicas, got {self.replicas}")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
-        need = 4 * STEPS_AFTER_LAST_KILL * self.replicas * self.batch_size
+        whole = math.lcm(*range(1, self.replicas + 1))
+        if self.global_batch < 0 or self.global_batch % whole:
+            raise ValueError(f"--global-batch must be 0 or a multiple of {whole}, so that it splits evenly among any "
+                             f"number of the {self.replicas} replicas, got {self.global_batch}")
+        need = 4 * STEPS_AFTER_LAST_KILL * self.step_samples
         if self.samples < need:
             raise ValueError(f"--samples {self.samples} is too few: the last kill (at 3/4 of the run) needs "
                              f"{STEPS_AFTER_LAST_KILL} steps after it to recover; give --samples {need} or more")
@@ -104,14 +117,19 @@ class AccuracyConfig:
             raise ValueError(f"--timeout must be positive, got {self.timeout}")
 
     @property
+    def step_samples(self) -> int:
+        """Samples per step of the failure-free run."""
+        return self.global_batch or self.replicas * self.batch_size
+
+    @property
     def reference_steps(self) -> int:
         """Steps of the failure-free run: every replica contributes every step."""
-        return math.ceil(self.samples / (self.replicas * self.batch_size))
+        return math.ceil(self.samples / self.step_samples)
 
     def jobs(self) -> list[JobSpec]:
         s = self.reference_steps
         common = dict(samples=self.samples, replicas=self.replicas, batch_size=self.batch_size,
-                      eval_every=self.eval_every, decay_lr=self.decay_lr)
+                      global_batch=self.global_batch, eval_every=self.eval_every, decay_lr=self.decay_lr)
         jobs = [
             JobSpec("no failure", self.seed, **common),
             JobSpec("3 kills (r2, r1, r0)", self.seed, outages=(
@@ -138,7 +156,11 @@ def parse_args(argv: list[str] | None) -> tuple[AccuracyConfig, argparse.Namespa
     p.add_argument("--spread-seed", type=int, default=d.spread_seed,
                    help="seed of a second failure-free run, the yardstick; -1: none (default 1)")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between validation losses")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per replica per step (default 8)")
+    p.add_argument("--global-batch", type=int, default=d.global_batch,
+                   help=f"samples per step, split among the replicas training it (default {d.global_batch}); "
+                        "0: --batch-size per replica")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="samples per validation batch, and per replica per step with --global-batch 0 (default 8)")
     p.add_argument("--constant-lr", action="store_true",
                    help="train at a constant learning rate (default: cosine decay over the samples)")
     p.add_argument("--two-replica-control", action="store_true",
@@ -149,7 +171,7 @@ def parse_args(argv: list[str] | None) -> tuple[AccuracyConfig, argparse.Namespa
     a = p.parse_args(argv)
     try:
         config = AccuracyConfig(samples=a.samples, seed=a.seed, spread_seed=a.spread_seed, eval_every=a.eval_every,
-                                batch_size=a.batch_size, decay_lr=not a.constant_lr,
+                                batch_size=a.batch_size, global_batch=a.global_batch, decay_lr=not a.constant_lr,
                                 two_replica_control=a.two_replica_control, timeout=a.timeout)
     except ValueError as e:
         p.error(str(e))
@@ -162,14 +184,16 @@ def table(results: list[JobResult], reference_steps: int) -> str:
     """The final validation losses (same samples) and, for comparison, those
     at the failure-free run's last step (same steps, fewer samples)."""
     base = results[0]
-    rows = ["| run | steps | samples | failures | replica-steps out | final validation loss | ratio to no failure "
-            f"| validation loss at step {reference_steps} | ratio |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    full = max(base.step_samples)
+    rows = ["| run | steps | samples | failures | replica-steps out | steps short of the batch "
+            f"| final validation loss | ratio to no failure | validation loss at step {reference_steps} | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         at = r.val_by_step.get(reference_steps)
         same_steps = (f"{at:.4f} | {at / base.val_by_step[reference_steps]:.4f}"
                       if at is not None and reference_steps in base.val_by_step else "- | -")
-        rows.append(f"| {r.name} | {r.steps} | {r.samples:,} | {r.failures} | {r.replica_steps_out} | "
+        short = sum(n < full for n in r.step_samples)
+        rows.append(f"| {r.name} | {r.steps} | {r.samples:,} | {r.failures} | {r.replica_steps_out} | {short} | "
                     f"{r.final_val:.4f} | {r.final_val / base.final_val:.4f} | {same_steps} |")
     return "\n".join(rows)
 
@@ -201,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     config, a = parse_args(argv)
     logs = Path(a.logs) if a.logs else Path(tempfile.mkdtemp(prefix="fthsdp-accuracy-"))
     jobs = config.jobs()
-    print(f"# No loss of accuracy: examples/gpt, {config.replicas} replicas x batch {config.batch_size}, "
+    batch = (f"a global batch of {config.global_batch}" if config.global_batch else
+             f"batch {config.batch_size} per replica")
+    print(f"# No loss of accuracy: examples/gpt, {config.replicas} replicas, {batch}, "
           f"{config.samples:,} samples per run ({config.reference_steps} steps without failures), seed {config.seed}, "
           f"{'constant learning rate' if not config.decay_lr else 'learning rate decayed over the samples'}; "
           f"logs in {logs}/\n", flush=True)
@@ -226,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.accuracy_plot import plot
 
         lr = "decayed" if config.decay_lr else "constant"
-        plot(results, a.png, f"examples/gpt, {config.replicas} replicas, {config.samples:,} samples per run, "
+        plot(results, a.png, f"examples/gpt, {config.replicas} replicas, {batch}, {config.samples:,} samples per run, "
                              f"seed {config.seed}, {lr} learning rate")
         print(f"plot: {a.png}")
     return 1 if checks(results) else 0

@@ -67,7 +67,9 @@ class JobSpec:
     replicas: int = 3
     """Replica groups, one ``fthsdp agent`` with one rank each."""
     batch_size: int = 8
-    """Samples per replica per step (the example's --batch-size)."""
+    """Samples per replica per step without ``global_batch``, and per validation batch (the example's --batch-size)."""
+    global_batch: int = 0
+    """Samples per step, split among the replicas training it (the example's --global-batch); 0: ``batch_size`` each."""
     eval_every: int = 25
     """Validation loss every this many steps and at the end (the example's --eval-every)."""
     decay_lr: bool = True
@@ -78,6 +80,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if self.samples < 1 or self.replicas < 2 or self.batch_size < 1 or self.eval_every < 1:
             raise ValueError(f"a job needs samples >= 1, replicas >= 2, batch_size >= 1, eval_every >= 1: {self}")
+        if self.global_batch and self.global_batch < self.replicas:
+            raise ValueError(f"a global batch of {self.global_batch} leaves some of {self.replicas} replicas no sample")
         victims = [o.replica for o in self.outages]
         if len(set(victims)) != len(victims) or not all(v < self.replicas for v in victims):
             raise ValueError(f"each outage needs a replica of its own among the {self.replicas}: {victims}")
@@ -93,12 +97,15 @@ class JobResult:
     samples: int
     """Samples trained on, as the ranks counted them (train.py's counter)."""
     samples_from_steps: int
-    """The same, summed here over the committed steps' contributors x batch size."""
+    """The same, summed here over the committed steps' contributors x samples per replica."""
     failures: int
     replica_steps_out: int
-    """Replica-steps without a gradient from that replica (its batches skipped)."""
+    """Replica-steps without a gradient from that replica (its share of a global
+    batch taken by the others, or its own batch skipped)."""
     contributors: list[int]
     """Replicas whose gradient each committed step averaged."""
+    step_samples: list[int]
+    """Samples each committed step averaged (contributors x samples per replica)."""
     train: list[tuple[int, float]]
     """(samples after the step, mean loss of the replicas' batches) per committed step."""
     val: list[tuple[int, float]]
@@ -165,8 +172,9 @@ def run_job(spec: JobSpec, logdir: Path, timeout: float) -> JobResult:
 
     def start_agent(replica: str, name: str, fail_at: int | None, max_restarts: int) -> None:
         train = [sys.executable, str(TRAIN_SCRIPT), "--steps", "1000000000", "--samples", str(spec.samples),
-                 "--batch-size", str(spec.batch_size), "--seed", str(spec.seed), "--log-every", "1",
-                 "--eval-every", str(spec.eval_every)] + (["--decay-lr"] if spec.decay_lr else [])
+                 "--batch-size", str(spec.batch_size), "--global-batch", str(spec.global_batch), "--seed",
+                 str(spec.seed), "--log-every", "1", "--eval-every", str(spec.eval_every)]
+        train += ["--decay-lr"] if spec.decay_lr else []
         if fail_at is not None:
             train += ["--fail-at-step", str(fail_at)]
         agents[name] = children.start(name, Children.python(
@@ -229,14 +237,17 @@ def _result(spec: JobSpec, by_replica: dict[str, list[dict]], ids: list[str], wa
     missing = sorted(set(range(1, last + 1)) - set(steps))
     if missing:
         raise JobFailed(f"no replica reported committed steps {missing[:10]}")
-    train, counted, out, per_step = [], 0, 0, []
+    train, counted, out, per_step, step_samples = [], 0, 0, [], []
     for s in range(1, last + 1):
         contributors = {o["replicas"] for o in steps[s]}
-        if len(contributors) != 1:
-            raise JobFailed(f"the replicas disagree on step {s}'s contributors: {contributors}")
+        # Every member computes its share of a global batch alone: they must agree.
+        shares = {o.get("batch", spec.batch_size) for o in steps[s]}
+        if len(contributors) != 1 or len(shares) != 1:
+            raise JobFailed(f"the replicas disagree on step {s}'s contributors {contributors} or shares {shares}")
         n = contributors.pop()
         per_step.append(n)
-        counted += n * spec.batch_size
+        step_samples.append(n * shares.pop())
+        counted += step_samples[-1]
         out += spec.replicas - n
         losses = [o["loss"] for o in steps[s] if "stale" not in o] or [o["loss"] for o in steps[s]]
         train.append((counted, sum(losses) / len(losses)))
@@ -244,5 +255,5 @@ def _result(spec: JobSpec, by_replica: dict[str, list[dict]], ids: list[str], wa
     val_by_step = {s: evals[s][0]["val_loss"] for s in sorted(evals)}
     disagreements = sum(len({o["val_loss"] for o in evals[s]}) > 1 for s in evals)
     failures = sum(1 for r in ids for o in by_replica[r] if "failing" in o)
-    return JobResult(spec.name, last, finals[ids[0]], counted, failures, out, per_step, train, val, val_by_step,
-                     disagreements, wall_s)
+    return JobResult(spec.name, last, finals[ids[0]], counted, failures, out, per_step, step_samples, train, val,
+                     val_by_step, disagreements, wall_s)

@@ -4,12 +4,16 @@
         -- python examples/gpt/train.py --steps 300
 
 Reads top to bottom like nanoGPT's train.py: config, data, model, optimizer,
-then the loop, where fthsdp adds three calls. ``--fail-at-step`` makes this
-replica die (SIGKILL), hang (SIGSTOP) or exit with an error at that step, once
-(not after its agent restarted it). ``--samples N`` trains until the job as a
-whole has trained on N samples (fewer per step while a replica is out) rather
-than for ``--steps``; ``--decay-lr`` decays the learning rate over the run
-(by samples with ``--samples``); ``--eval-every K`` prints the loss on
+then the loop, where fthsdp adds three calls. Each replica trains on
+``--batch-size`` samples per step (the step's batch shrinks while a replica
+is out), or, with ``--global-batch G``, every step trains on the same G
+samples whatever the quorum: the replicas training the step split them
+(``ft.participation()``), so the survivors take a missing replica's share.
+``--fail-at-step`` makes this replica die (SIGKILL), hang (SIGSTOP) or exit
+with an error at that step, once (not after its agent restarted it).
+``--samples N`` trains until the job as a whole has trained on N samples
+rather than for ``--steps``; ``--decay-lr`` decays the learning rate over the
+run (by samples with ``--samples``); ``--eval-every K`` prints the loss on
 held-out data every K steps and at the end.
 """
 
@@ -35,7 +39,9 @@ from agent.manager import Manager  # noqa: E402
 # ----- config -----------------------------------------------------------------------------
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--steps", type=int, default=300)
-p.add_argument("--batch-size", type=int, default=8)
+p.add_argument("--batch-size", type=int, default=8, help="samples per replica per step (and per validation batch)")
+p.add_argument("--global-batch", type=int, default=0,
+               help="samples per step, split equally among the replicas training it (0: --batch-size per replica)")
 p.add_argument("--block-size", type=int, default=128)
 p.add_argument("--n-layer", type=int, default=4)
 p.add_argument("--n-embd", type=int, default=256)
@@ -50,6 +56,8 @@ p.add_argument("--samples", type=int, default=0, help="also stop once the job tr
 p.add_argument("--eval-every", type=int, default=0, help="validation loss every this many steps and at the end (0: never)")
 p.add_argument("--eval-batches", type=int, default=20, help="held-out batches of --batch-size per validation loss")
 args = p.parse_args()
+if args.global_batch < 0 or args.batch_size < 1:
+    p.error(f"--global-batch must be 0 or more and --batch-size at least 1, got {args.global_batch} and {args.batch_size}")
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 first_start = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
 
@@ -60,11 +68,12 @@ model = GPT(GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size, n_
                       n_embd=args.n_embd)).to(args.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 n_params = sum(p.numel() for p in model.parameters())
-# Samples the whole job trained on, and the step they count through, kept
-# where a replica that catches up receives them with the state: the
-# optimizer's param group travels in the snapshot, and its numeric entries
-# are replayed with every logged step.
-optimizer.param_groups[0].update(samples=0, samples_step=-1)
+# Samples the whole job trained on, the step they count through, and the
+# samples per replica of the step, kept where a replica that catches up
+# receives them with the state: the optimizer's param group travels in the
+# snapshot, and its numeric entries are replayed with every logged step (a
+# joiner's first step thus counts the members' share, not its own).
+optimizer.param_groups[0].update(samples=0, samples_step=-1, replica_batch=args.batch_size)
 
 
 def samples_trained() -> int:
@@ -75,7 +84,24 @@ def count_samples(result) -> None:
     """Add the step's samples once: a joiner may receive a count that already includes it."""
     group = optimizer.param_groups[0]
     if group["samples_step"] < result.step:
-        group.update(samples=group["samples"] + result.contributors * args.batch_size, samples_step=result.step)
+        group.update(samples=group["samples"] + result.contributors * group["replica_batch"], samples_step=result.step)
+
+
+def get_batch():
+    """This replica's batch of the step: batch (step, replica rank) of
+    --batch-size, or with --global-batch its share of the step's G samples.
+    The shares are equal (the remainder of G over the replicas is left out
+    of the step): the all-reduce averages the replicas' mean gradients, which
+    is then the mean over the step's samples."""
+    if not args.global_batch:
+        return (*data.batch(ft.step, ft.replica_rank, args.batch_size, args.seed), args.batch_size)
+    place = ft.participation()
+    share = args.global_batch // place.count
+    if share == 0:
+        sys.exit(f"train.py: --global-batch {args.global_batch} leaves no sample for each of {place.count} replicas")
+    x, y = data.batch(ft.step, 0, args.global_batch, args.seed)  # the same G samples whoever trains the step
+    mine = slice(place.index * share, (place.index + 1) * share)
+    return x[mine], y[mine], share
 
 
 def get_lr() -> float:
@@ -121,7 +147,7 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
             sys.exit(3)
     for group in optimizer.param_groups:
         group["lr"] = get_lr()  # before allreduce_gradients(): a joiner replays the lr each step used
-    x, y = data.batch(ft.step, ft.replica_rank, args.batch_size, args.seed)
+    x, y, optimizer.param_groups[0]["replica_batch"] = get_batch()  # before allreduce_gradients(), as the lr
     _, loss = model(x.to(args.device), y.to(args.device))
     loss.backward()
     result = ft.allreduce_gradients()  # the average over the quorum, redone among survivors on a failure
@@ -134,7 +160,8 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
     if ft.step % args.log_every == 0:
         print(json.dumps({
             "step": ft.step, "loss": round(loss.item(), 4), "quorum": result.quorum_id,
-            "replicas": result.contributors, "samples": samples_trained(), "checksum": ft.checksum,
+            "replicas": result.contributors, "batch": optimizer.param_groups[0]["replica_batch"],
+            "samples": samples_trained(), "checksum": ft.checksum,
             "elapsed_s": round(time.monotonic() - started, 2), "t": time.monotonic(),
         }), flush=True)
     if args.eval_every and ft.step % args.eval_every == 0:

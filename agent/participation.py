@@ -1,0 +1,119 @@
+"""A replica's place in the quorum: in the next step's all-reduce (how many
+replicas' gradients it is expected to average, and this replica's index
+among them), and, for a rank of a multi-rank group, its exit once a quorum
+leaves the group out (``exit_when_evicted``).
+
+A training script that keeps its global batch constant splits it by these
+(replica ``index`` takes the ``index``-th of ``count`` equal shares), so
+every member must compute the same pair for a step without talking to the
+others. The newest quorum pushed by the coordinator is not such a value:
+members see a push at slightly different times, and a joiner's quorum is
+only switched to at a step boundary the members agree on (its first step
+contributes no gradient). The quorum the *last step was committed in* is:
+every member of a step commits it in the same quorum, and a member that
+took the step's sum from another after a failure records the other's
+quorum. So the basis of step ``s`` is the quorum of step ``s - 1`` (for the
+first step, the quorum that admitted the replica), and its member order is
+the one the coordinator pushed, the same on every member.
+
+What it cannot know is a failure during the step: a member lost meanwhile
+leaves ``count`` above the number of gradients the step finally averages
+(``StepResult.contributors``), and its share of the batch is not trained on
+in that step. The next step's basis no longer includes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+from agent.quorum_groups import QuorumTracker
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+KEEP_QUORUMS = 64
+"""Member lists kept, newest first: the basis is always one of the last few quorums."""
+EVICTION_GRACE = 2.0
+"""Seconds an evicted rank of a multi-rank group waits (for a drain to finish) before exiting."""
+EXIT_EVICTED = 75
+
+
+@dataclasses.dataclass(frozen=True)
+class Participation:
+    """This replica's place in the next ``allreduce_gradients()``."""
+
+    index: int
+    """This replica's position among the ``count`` replicas (0-based, the same order on every member)."""
+    count: int
+    """Replicas whose gradients the next all-reduce is expected to average."""
+    contributes: bool = True
+    """False for a joiner's first step: its gradient is not used (it joins the
+    members' step without one), and ``index``/``count`` are only an estimate
+    of its place once admitted."""
+
+
+class QuorumRecord:
+    """The member lists of the recent quorums this replica was pushed (a
+    membership listener: it runs on the watch thread)."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self._lock = threading.Lock()
+        self._members: dict[int, tuple[str, ...]] = {}
+        self._newest: tuple[int, int] = (0, 0)
+        """(id, member count) of the newest quorum, members listed or not."""
+
+    def record(self, event: pb.WatchEvent) -> None:
+        q = event.quorum
+        with self._lock:
+            if q.members:
+                self._members[q.id] = tuple(m.replica_id for m in q.members)
+                for old in sorted(self._members)[:-KEEP_QUORUMS]:
+                    del self._members[old]
+            if q.id >= self._newest[0]:
+                self._newest = (q.id, q.member_count or len(q.members))
+
+    def participation(self, basis: int, joining: bool) -> Participation:
+        """The place of this replica in quorum ``basis`` (see the module
+        docstring); for a joiner not yet in one (``joining``), its place at
+        the end of the newest quorum, or of the newest that includes it."""
+        with self._lock:
+            ids = self._members.get(basis, ())
+            if not joining and self.replica_id in ids:
+                return Participation(ids.index(self.replica_id), len(ids))
+            mine = [q for q, m in self._members.items() if self.replica_id in m]
+            if mine:
+                ids = self._members[max(mine)]
+                return Participation(ids.index(self.replica_id), len(ids), contributes=not joining)
+            count = self._newest[1] + 1
+            return Participation(count - 1, count, contributes=False)
+
+
+def exit_when_evicted(tracker: QuorumTracker, shard_rank: int, stopped: Callable[[], bool],
+                      draining: threading.Event) -> None:
+    """Exit at once when the coordinator takes this replica group out (a
+    thread of each rank of a multi-rank group, until ``stopped()``).
+
+    Another rank of the group may have died, on this node or another,
+    leaving this one blocked in an FSDP collective that gloo would only
+    time out much later. Out of the quorum this incarnation's state is
+    lost anyway: exiting lets every node's agent restart the whole group.
+    A drain (a planned exit at a step boundary) is given a grace period.
+    """
+    with tracker.cond:
+        while not stopped():
+            quorum = tracker.quorum
+            if quorum is not None and not tracker.includes_me(quorum) and not draining.is_set():
+                tracker.cond.wait(EVICTION_GRACE)
+                quorum = tracker.quorum
+                if not stopped() and not draining.is_set() and not tracker.includes_me(quorum):
+                    print(
+                        f"fthsdp: replica {tracker.replica_id} was taken out of quorum {quorum.id}; "
+                        f"rank {shard_rank} exits so that its agent restarts the group",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    os._exit(EXIT_EVICTED)
+            tracker.cond.wait(1.0)

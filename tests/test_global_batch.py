@@ -1,0 +1,116 @@
+"""A constant global batch while a replica is out: ``Manager.participation()``
+(agent/participation.py) and examples/gpt/train.py ``--global-batch``.
+
+The participation's rules are table-tested on pushed quorums; a real job (a
+coordinator, 3 agents training the example) shows that the survivors of a
+kill take the missing replica's share, so that every step but the one the
+replica died in trains on the whole global batch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.participation import KEEP_QUORUMS, Participation, QuorumRecord
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+from tests.processes import AgentProcess, CoordinatorProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
+
+from benchmarks.accuracy_job import JobSpec, Outage, run_job  # noqa: E402
+
+TRAIN = ROOT / "examples" / "gpt" / "train.py"
+
+
+def push(record: QuorumRecord, quorum_id: int, *members: str, count: int = 0) -> None:
+    """A Watch event as the coordinator pushes it (``count`` alone: a non-member's view, without the list)."""
+    quorum = pb.Quorum(id=quorum_id, member_count=count or len(members),
+                       members=[pb.QuorumMember(replica_id=m) for m in members])
+    record.record(pb.WatchEvent(quorum=quorum))
+
+
+def test_the_basis_is_the_quorum_of_the_last_step_not_the_newest_push():
+    record = QuorumRecord("r1")
+    push(record, 4, "r0", "r1", "r2")
+    assert record.participation(4, joining=False) == Participation(1, 3)
+    push(record, 5, "r1", "r2")  # r0 lost: pushed, but the step in flight was split among 3
+    assert record.participation(4, joining=False) == Participation(1, 3)
+    assert record.participation(5, joining=False) == Participation(0, 2)  # the next step, committed in 5
+    push(record, 6, "r0", "r1", "r2")  # r0 back: it joins at a boundary the members agree on
+    assert record.participation(5, joining=False) == Participation(0, 2)
+    assert record.participation(6, joining=False) == Participation(1, 3)
+
+
+def test_every_member_of_a_quorum_has_its_own_index():
+    members = ("r0", "r1", "r2", "r3")
+    places = []
+    for me in members:
+        record = QuorumRecord(me)
+        push(record, 9, *members)
+        places.append(record.participation(9, joining=False))
+    assert sorted(p.index for p in places) == [0, 1, 2, 3] and {p.count for p in places} == {4}
+
+
+def test_a_joiner_contributes_nothing_and_gets_an_estimate_of_its_place():
+    record = QuorumRecord("r2")
+    push(record, 7, count=2)  # not a member: the quorum without its list
+    assert record.participation(0, joining=True) == Participation(2, 3, contributes=False)
+    push(record, 8, "r0", "r1", "r2")  # admitted: its place in the quorum that includes it
+    assert record.participation(0, joining=True) == Participation(2, 3, contributes=False)
+    assert record.participation(8, joining=False) == Participation(2, 3)
+
+
+def test_only_the_recent_member_lists_are_kept():
+    record = QuorumRecord("r0")
+    for q in range(1, KEEP_QUORUMS + 11):
+        push(record, q, "r0", *(f"x{i}" for i in range(q % 3)))
+    newest = KEEP_QUORUMS + 10
+    assert record.participation(newest, joining=False) == Participation(0, 1 + newest % 3)
+    # A basis trimmed away falls back on the newest quorum that includes this replica.
+    assert record.participation(1, joining=False) == Participation(0, 1 + newest % 3)
+
+
+def test_bad_global_batch_is_one_line():
+    p = subprocess.run([sys.executable, str(TRAIN), "--global-batch", "-1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--global-batch must be 0 or more" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_global_batch_smaller_than_the_replicas_says_so(tmp_path):
+    c = CoordinatorProcess(tmp_path, "--min-replicas", "2").start()
+    agents = [AgentProcess(tmp_path, c.address, f"r{i}", i, 2, agent_args=("--max-restarts", "0")) for i in range(2)]
+    try:
+        for a in agents:
+            rank = a.argv.index("--") + 1  # the rank runs the example, a script, not the test worker
+            a.argv[rank:] = [sys.executable, str(TRAIN), "--steps", "5", "--global-batch", "1", "--n-layer", "1"]
+            a.start()
+        for a in agents:
+            assert a.proc.wait(timeout=90) != 0
+        logs = "".join(a.log_tail() for a in agents)
+        assert "--global-batch 1 leaves no sample for each of 2 replicas" in logs, logs
+        assert "Traceback" not in logs
+    finally:
+        for a in agents:
+            a.stop()
+        c.stop()
+
+
+@pytest.mark.slow
+def test_survivors_take_a_killed_replicas_share(tmp_path):
+    """r1 dies at the start of step 6 and is restarted by its agent. Only
+    that step trains on fewer samples (the 2 survivors' shares of 8); while
+    r1 is out the 2 others take 12 each, and once it is back 8 each again.
+    Every replica computed the same share at every step (checked by
+    run_job), counts the same samples, and evaluates the same state."""
+    spec = JobSpec("kill", 0, samples=24 * 30, replicas=3, eval_every=10, global_batch=24, outages=(Outage(1, 6),))
+    r = run_job(spec, tmp_path, timeout=300)
+    assert r.failures == 1 and r.replica_steps_out > 0
+    short = [i + 1 for i, n in enumerate(r.step_samples) if n != 24]
+    assert short == [7] and r.step_samples[6] == 16, r.step_samples  # committed step 7 is step index 6
+    assert r.contributors[7] == 2 and 3 in r.contributors[8:]  # out, then back
+    assert r.samples == r.samples_from_steps == 24 * 30 + 16  # one step more, for the lost share
+    assert r.val_disagreements == 0 and r.val[-1][0] == r.samples
