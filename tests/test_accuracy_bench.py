@@ -22,6 +22,7 @@ from benchmarks.accuracy_job import JobFailed, JobSpec, Outage, _result, run_job
     (["--samples", "100"], "--samples 100 is too few"),
     (["--spread-seed", "0"], "--spread-seed another seed"),
     (["--eval-every", "0"], "--eval-every must be at least 1"),
+    (["--global-batch", "20"], "--global-batch must be 0 or a multiple of 6"),
     (["--samples", "many"], "invalid int value"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
@@ -40,6 +41,9 @@ def test_schedules_follow_the_failure_free_steps():
     assert [(o.replica, o.step, o.out_steps) for o in kills.outages] == [(2, 25, 0), (1, 50, 0), (0, 75, 0)]
     assert [(o.replica, o.step, o.out_steps) for o in long_out.outages] == [(1, 25, 33)]
     assert len(AccuracyConfig(samples=2400, spread_seed=3).jobs()) == 4
+    assert {j.global_batch for j in config.jobs()} == {24}
+    per_replica = AccuracyConfig(samples=2400, spread_seed=-1, global_batch=0, two_replica_control=True)
+    assert per_replica.reference_steps == 100 and per_replica.jobs()[-1].replicas == 2
 
 
 def _step(step, loss, replicas, samples):
