@@ -44,18 +44,22 @@ sys.path.insert(0, str(ROOT))
 
 ACK_SHARE = 0.1
 """Share of heartbeats that ask for an answer: their round trip is the latency."""
-REPLICAS_PER_CONNECTION = 100
+REPLICAS_PER_CONNECTION = int(os.environ.get("SCALE_PER_CONNECTION", "100"))
 LARGE_EVENT = 4096
 """Watch events larger than this are not parsed by the simulated replicas (see watch())."""
 
 
-async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+REFUSED = ("NOT_FOUND", "FAILED_PRECONDITION")
+"""A heartbeat refused with these names a session the coordinator dropped:
+register again, as the agent does (agent/membership.py)."""
+
+
+async def register(grpc, stub, pb, rid: str, out: dict):
     # Like an agent (coordinator/client.py): a shed call (CANCELLED) or an
     # unreachable coordinator is retried; anything else is an error.
     while True:
         try:
-            reply = await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
-            break
+            return await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
                 out["register_retries"] += 1
@@ -63,38 +67,44 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
                 continue
             out["errors"] += 1
             out["last_error"] = f"register: {str(e)[:300]}"
-            return
+            return None
+
+
+async def watch(stream, pb, rid: str, out: dict, pace: dict) -> None:
+    # Each of 10,000 simulated replicas on two cores cannot parse every
+    # 10,000-member list the way a real replica (on its own host) parses
+    # its one: small events (every failure's, every delta of a few) are
+    # parsed; a large one (a whole list, a big batch admitted) is read
+    # for this replica's own entry only. The coordinator sends the same.
+    mine = b"\x0a" + bytes([len(rid)]) + rid.encode()  # QuorumMember.replica_id == rid, as encoded
+    member = False
+    try:
+        async for data in stream:
+            out["bytes"] += len(data)
+            if len(data) > LARGE_EVENT:
+                member = mine in data
+                out["events"].append((rid, time.monotonic(), -1, -1, member))
+                continue
+            event = pb.WatchEvent.FromString(data)
+            if event.HasField("delta"):
+                member = (member and rid not in event.delta.removed) or any(m.replica_id == rid for m in event.delta.added)
+            else:
+                member = any(m.replica_id == rid for m in event.quorum.members)
+            if event.heartbeat_interval_s:
+                pace["interval"] = event.heartbeat_interval_s
+            out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count, member))
+    except Exception:  # noqa: BLE001 - cancelled at the end, closed as the victim, or reopened
+        pass
+
+
+async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+    reply = await register(grpc, stub, pb, rid, out)
+    if reply is None:
+        return
     session = reply.session_id
     pace = {"interval": reply.heartbeat_interval_s or 1.0}
     stream = raw_watch(pb.WatchRequest(job="default", replica_id=rid, session_id=session))
-    mine = b"\x0a" + bytes([len(rid)]) + rid.encode()  # QuorumMember.replica_id == rid, as encoded
-
-    async def watch() -> None:
-        # Each of 10,000 simulated replicas on two cores cannot parse every
-        # 10,000-member list the way a real replica (on its own host) parses
-        # its one: small events (every failure's, every delta of a few) are
-        # parsed; a large one (a whole list, a big batch admitted) is read
-        # for this replica's own entry only. The coordinator sends the same.
-        member = False
-        try:
-            async for data in stream:
-                out["bytes"] += len(data)
-                if len(data) > LARGE_EVENT:
-                    member = mine in data
-                    out["events"].append((rid, time.monotonic(), -1, -1, member))
-                    continue
-                event = pb.WatchEvent.FromString(data)
-                if event.HasField("delta"):
-                    member = (member and rid not in event.delta.removed) or any(m.replica_id == rid for m in event.delta.added)
-                else:
-                    member = any(m.replica_id == rid for m in event.quorum.members)
-                if event.heartbeat_interval_s:
-                    pace["interval"] = event.heartbeat_interval_s
-                out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count, member))
-        except Exception:  # noqa: BLE001 - cancelled at the end, or closed as the victim
-            pass
-
-    watcher = asyncio.create_task(watch())
+    watcher = asyncio.create_task(watch(stream, pb, rid, out, pace))
     beats = stub.HeartbeatStream()
     await asyncio.sleep(random.random() * pace["interval"])  # spread the heartbeats over the interval
     while not stop.is_set():
@@ -112,9 +122,22 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
                 out["latencies"].append((start, time.monotonic() - start))
             out["sent"].append(start)
         except Exception as e:  # noqa: BLE001
-            out["errors"] += 1
-            out["last_error"] = str(e)[:200]
+            code = e.code() if isinstance(e, grpc.aio.AioRpcError) else await beats.code() if beats.done() else None
             beats.cancel()
+            if code is not None and code.name in REFUSED:
+                # Dropped (it was late): register again and reopen the Watch, as an agent does.
+                out["reregistered"] += 1
+                reply = await register(grpc, stub, pb, rid, out)
+                if reply is None:
+                    return
+                session = reply.session_id
+                stream.cancel()
+                watcher.cancel()
+                stream = raw_watch(pb.WatchRequest(job="default", replica_id=rid, session_id=session))
+                watcher = asyncio.create_task(watch(stream, pb, rid, out, pace))
+            else:
+                out["errors"] += 1
+                out["last_error"] = str(e)[:200]
             beats = stub.HeartbeatStream()
         await asyncio.sleep(max(0.0, pace["interval"] - (time.monotonic() - start)))
     watcher.cancel()
@@ -137,8 +160,12 @@ async def client_main(address: str, first: int, count: int, victim: int) -> None
     stubs = [pb_grpc.CoordinatorStub(c) for c in channels]
     # Watch answers as bytes: parsed by the replica as it sees fit.
     raw = [c.unary_stream("/fthsdp.v1.Coordinator/Watch", request_serializer=pb.WatchRequest.SerializeToString) for c in channels]
-    out = {"latencies": [], "events": [], "errors": 0, "sent": [], "register_retries": 0, "bytes": 0}
+    out = {"latencies": [], "events": [], "errors": 0, "sent": [], "register_retries": 0, "bytes": 0, "reregistered": 0}
     stop, go_silent = asyncio.Event(), asyncio.Event()
+    from coordinator.loop_lag import LagWindow, probe
+
+    lag = LagWindow(1e9)  # this process's worst lag over the whole run: are the simulated replicas late themselves?
+    lag_probe = asyncio.create_task(probe(lag))
     tasks = [
         asyncio.create_task(replica(grpc, stubs[k // REPLICAS_PER_CONNECTION], raw[k // REPLICAS_PER_CONNECTION], pb, f"r{i}", out, stop, i == victim, go_silent))
         for k, i in enumerate(range(first, first + count))
@@ -153,6 +180,8 @@ async def client_main(address: str, first: int, count: int, victim: int) -> None
         elif line == "stop":
             break
     stop.set()
+    lag_probe.cancel()
+    out["loop_lag"] = lag.worst(time.monotonic())
     print(json.dumps(out), flush=True)
     for t in tasks:
         t.cancel()
@@ -173,13 +202,14 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
 
 
-def run(n: int, clients: int, seconds: float, budget: float) -> dict:
+def run(n: int, clients: int, seconds: float, budget: float, log_dir: Path | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = open(log_dir / f"coordinator-{n}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0", "--min-replicas", "1",
          "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s", "--heartbeat-budget", str(budget),
-         "--log-level", "warning"],
-        stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+         "--log-level", "info" if log_dir else "warning"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
     line = coordinator.stdout.readline()
     address = line.split("listening on ")[1].split()[0]
     metrics = line.split("metrics on ")[1].split()[0]
@@ -199,17 +229,21 @@ def run(n: int, clients: int, seconds: float, budget: float) -> dict:
         started = time.monotonic()
         deadline = started + 60 + n / 20
         healthy = 'fthsdp_replicas{job="default",state="healthy"}'
-        while (members := scrape(metrics).get(healthy, 0)) < n and time.monotonic() < deadline:
+        lag = "fthsdp_event_loop_lag_seconds"
+        worst_lag = 0.0
+        while (members := (m := scrape(metrics)).get(healthy, 0)) < n and time.monotonic() < deadline:
+            worst_lag = max(worst_lag, m.get(lag, 0.0))
             time.sleep(0.5)
         formed = time.monotonic() - started
         time.sleep(2)  # let the spread-out heartbeats settle into their 1 Hz rhythm
-        t0, c0 = time.monotonic(), cpu_seconds(coordinator.pid)
+        t0, c0, k0 = time.monotonic(), cpu_seconds(coordinator.pid), sum(cpu_seconds(p.pid) for p in procs)
         time.sleep(seconds)
-        t1, c1 = time.monotonic(), cpu_seconds(coordinator.pid)
+        t1, c1, k1 = time.monotonic(), cpu_seconds(coordinator.pid), sum(cpu_seconds(p.pid) for p in procs)
         procs[-1].stdin.write("silence\n")
         procs[-1].stdin.flush()
         time.sleep(5)
         m = scrape(metrics)
+        worst_lag = max(worst_lag, m.get(lag, 0.0))
         for p in procs:
             p.stdin.write("stop\n")
             p.stdin.flush()
@@ -219,6 +253,8 @@ def run(n: int, clients: int, seconds: float, budget: float) -> dict:
             p.kill()
         coordinator.kill()
         coordinator.wait()
+        if log_dir:
+            log.close()
     latencies = sorted(lat for r in results for start, lat in r["latencies"] if t0 <= start <= t1)
     closed = next((r["victim_closed"] for r in results if "victim_closed" in r), float("inf"))
     # The survivors' first event of a quorum without the victim.
@@ -234,6 +270,10 @@ def run(n: int, clients: int, seconds: float, budget: float) -> dict:
         "heartbeats_per_s": sum(t0 <= t <= t1 for r in results for t in r["sent"]) / (t1 - t0),
         "acked": len(latencies),
         "cpu": (c1 - c0) / (t1 - t0),
+        "client_cpu": (k1 - k0) / (t1 - t0),
+        "coordinator_lag": worst_lag,
+        "client_lag": max(r["loop_lag"] for r in results),
+        "reregistered": sum(r["reregistered"] for r in results),
         "told_all": (max(told.values()) - closed) if len(told) == n - 1 else float("nan"),
         "told_count": len(told),
         "formation_mean": m['fthsdp_quorum_formation_seconds_sum{job="default"}'] / m['fthsdp_quorum_formation_seconds_count{job="default"}'],
@@ -255,6 +295,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--budget", type=float, default=5000.0,
                    help="the coordinator's --heartbeat-budget (heartbeats/s; 0: every replica at 1 Hz whatever the count)")
+    p.add_argument("--coordinator-logs", type=Path, help="write each coordinator's log (level info) to DIR/coordinator-N.log")
     p.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
@@ -262,16 +303,16 @@ def main() -> None:
         asyncio.run(client_main(address, int(first), int(count), int(victim)))
         return
     print("\n| replicas | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
-          " coordinator CPU (cores) | stream closed → every survivor told | quorums formed (mean formation) |"
-          " Watch bytes (whole run) | registrations retried | errors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " coordinator CPU (cores) | clients CPU (cores) | worst loop lag: coordinator / clients | stream closed → every survivor told | quorums formed (mean formation) |"
+          " Watch bytes (whole run) | registrations retried | dropped and registered again | errors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.replicas.split(",")):
-        r = run(n, args.clients, args.seconds, args.budget)
+        r = run(n, args.clients, args.seconds, args.budget, args.coordinator_logs)
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
         print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
-              f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {told} | "
+              f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {r['client_cpu']:.2f} | {r['coordinator_lag']:.2f} / {r['client_lag']:.2f} s | {told} | "
               f"{r['formations']:.0f} ({r['formation_mean'] * 1e3:.1f} ms) | {r['watch_bytes'] / 1e6:.0f} MB | "
-              f"{r['register_retries']} | {r['errors']} |", flush=True)
+              f"{r['register_retries']} | {r['reregistered']} | {r['errors']} |", flush=True)
         if r["last_error"]:
             print(f"  (last heartbeat error at {n}: {r['last_error']})", flush=True)
 

@@ -107,6 +107,10 @@ class JobState:
         """Something the decision reads changed since it last found the
         quorum settled. While not dirty, only time (a heartbeat timeout)
         can change the decision: see ``needs_decision``."""
+        self.checksums_dirty = False
+        """A checksum arrived (or the members changed) since ``check_checksums`` last looked."""
+        self._senders: int | None = None
+        """Heartbeating processes (ranks of registered replicas), recounted after a session change."""
 
     # ----- loading after a (re)start -------------------------------------------------
 
@@ -179,13 +183,14 @@ class JobState:
         trains in a quorum that admitted it; otherwise it restarted and lost its
         state, and the next decision replaces it with a joiner.
         """
-        self.dirty = True
+        self.dirty = self.checksums_dirty = True
         entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
         member = self._members.get(replica_id)
         entry.address, entry.world_size, entry.step = address, world_size, step
         entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
         entry.catching_up = False
         entry.session_id = secrets.token_hex(8)
+        self._senders = None
         entry.registered_at = entry.last_heartbeat = now
         entry.heard_from = True
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = None
@@ -228,8 +233,10 @@ class JobState:
         if state_checksum:
             entry.state_checksum, entry.checksum_step = state_checksum, checksum_step
             entry.checksums[checksum_step] = state_checksum
+            self.checksums_dirty = True
         if recent:
             entry.checksums.update(recent)
+            self.checksums_dirty = True
         while len(entry.checksums) > CHECKSUM_HISTORY:
                 del entry.checksums[min(entry.checksums)]
         return pb.HeartbeatResponse(
@@ -264,7 +271,7 @@ class JobState:
         record should be deleted); a failed replica stays listed as failed."""
         entry = self._session(replica_id, session_id)
         entry.session_id = None
-        self.dirty = True
+        self.dirty, self._senders = True, None
         if failed:
             entry.failed_at = now
             return False
@@ -280,7 +287,7 @@ class JobState:
         entry = self.replicas.get(replica_id)
         if state in _AGENT_FAILURES and entry is not None and entry.session_id is not None:
             entry.failed_at, entry.session_id = now, None
-            self.dirty = True
+            self.dirty, self._senders = True, None
             return True
         return False
 
@@ -310,8 +317,9 @@ class JobState:
     def check_checksums(self) -> dict[str, int]:
         """Flag members whose state disagrees with the others'; returns the
         newly flagged ones with the step of the disagreement."""
-        if self.quorum is None:
-            return {}
+        if self.quorum is None or not self.checksums_dirty:
+            return {}  # at 10,000 replicas, not a scan every tick for nothing new
+        self.checksums_dirty = False
         members = {m.replica_id: m.joined_quorum_id for m in self.quorum.members}
         reports = {
             rid: e.checksums
@@ -420,6 +428,12 @@ class JobState:
 
     # ----- helpers -------------------------------------------------------------------
 
+    def senders(self) -> int:
+        """Processes that heartbeat: every rank of every registered replica."""
+        if self._senders is None:
+            self._senders = sum(e.world_size for e in self.replicas.values() if e.session_id is not None)
+        return self._senders
+
     def is_member(self, replica_id: str) -> bool:
         return replica_id in self._members
 
@@ -427,7 +441,7 @@ class JobState:
         """Adopt ``quorum`` (stored at ``revision``) as the current one."""
         self.quorum, self.quorum_revision = quorum, revision
         self._members = {m.replica_id: m for m in quorum.members} if quorum else {}
-        self.dirty = True
+        self.dirty = self.checksums_dirty = True
 
     def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:
         entry = self.replicas.get(replica_id)

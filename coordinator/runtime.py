@@ -23,8 +23,9 @@ from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, Unkno
 from coordinator.heartbeat_pace import HeartbeatPacer
 from coordinator.job import JobState
 from coordinator.keys import JobKeys
+from coordinator.loop_lag import LagWindow, lag_allowance, probe
 from coordinator.metrics import Metrics
-from coordinator.quorum import Decision, Quorum
+from coordinator.quorum import Decision, Quorum, names
 from coordinator.store import Store
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
@@ -44,6 +45,7 @@ class _Job:
         self.epoch = 0
         self.quorum_pb: pb.Quorum | None = None
         self.full_event = self.header_event = self.same_event = self.delta_event = b""
+        self._events: dict[tuple[str, bytes], bytes] = {}
         self.quorum_header: pb.Quorum | None = None
         """``quorum_pb`` without its members: what a delta event carries."""
         self.delta: pb.QuorumDelta | None = None
@@ -72,6 +74,20 @@ class _Job:
         self.header_event = pb.WatchEvent(quorum=header).SerializeToString() if header is not None else b""
         self.same_event = pb.WatchEvent(quorum=header, delta=pb.QuorumDelta(base_id=header.id)).SerializeToString() if header is not None else b""
         self.delta_event = pb.WatchEvent(quorum=header, delta=self.delta).SerializeToString() if self.delta is not None else b""
+        self._events.clear()
+
+    def event(self, kind: str, own: bytes) -> bytes:
+        """The shared event ``kind`` ("full_event", "header_event", ...) with a
+        watcher's own fields appended, made once for every watcher whose own
+        fields are the same (most of them): at 10,000 watchers, one copy of
+        a 450 KB list rather than one each."""
+        key = (kind, own)
+        event = self._events.get(key)
+        if event is None:
+            if len(self._events) >= 256:  # many joiners, each with its own source: don't hoard
+                self._events.clear()
+            event = self._events[key] = getattr(self, kind) + own
+        return event
 
     def notify(self) -> None:
         """Wake every watcher: swap in a fresh event, then set the old one."""
@@ -101,6 +117,9 @@ class CoordinatorRuntime:
                 counter.inc(0, job=name)
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
+        self.lag = LagWindow(config.heartbeat_timeout)
+        """The event loop's recent worst lag: added to the heartbeat timeout (coordinator/loop_lag.py)."""
+        self._prober: asyncio.Task | None = None
         self._stopped = False
         self.leading = False
         """Whether this coordinator leads (``start()`` ran): only then does it serve replicas."""
@@ -115,16 +134,18 @@ class CoordinatorRuntime:
             await self._load(job)
         self.leading = True
         self._ticker = asyncio.create_task(self._tick_loop(), name="fthsdp-quorum-tick")
+        self._prober = asyncio.create_task(probe(self.lag, self.clock), name="fthsdp-loop-lag")
 
     async def stop(self) -> None:
         self._stopped = True
         self.leading = False
-        if self._ticker is not None:
-            self._ticker.cancel()
-            try:
-                await self._ticker
-            except asyncio.CancelledError:
-                pass
+        for task in (self._ticker, self._prober):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
     async def _load(self, job: _Job) -> None:
         keys = job.keys
@@ -242,20 +263,20 @@ class CoordinatorRuntime:
                 changed = job.changed
                 current = job.quorum_pb.id if job.quorum_pb is not None else 0
                 if req.replica_id and not job.state.is_member(req.replica_id):
-                    shared, sent_quorum = job.header_event, 0
+                    kind, sent_quorum = "header_event", 0
                 elif sent_quorum and sent_quorum == current:
-                    shared = job.same_event
+                    kind = "same_event"
                 elif job.delta is not None and job.delta.base_id == sent_quorum:
-                    shared = job.delta_event
+                    kind = "delta_event"
                 else:
-                    shared = job.full_event
+                    kind = "full_event"
                 own = job.state.watch_event(req.replica_id, self.leader)
                 own.heartbeat_interval_s = job.pacer.current.interval
-                event = shared + own.SerializeToString()
-                if event != last:
+                event = job.event(kind, own.SerializeToString())
+                if event is not last and event != last:
                     yield event
                     last = event
-                    if shared is not job.header_event:
+                    if kind != "header_event":
                         sent_quorum = current
                 await changed.wait()
         finally:
@@ -398,7 +419,7 @@ class CoordinatorRuntime:
                 job.change_since = None
                 job.remember(quorum)
                 log.info(
-                    "job %s: quorum %d members=%s: %s", job.state.name, quorum.id, list(quorum.member_ids), quorum.reason,
+                    "job %s: quorum %d members=[%s]: %s", job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
                     extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
                            "reason": quorum.reason, "event": "quorum_change"},
                 )
@@ -413,10 +434,14 @@ class CoordinatorRuntime:
         """Stretch the heartbeat interval (and timeout) to the budget; watchers
         are told a new interval at once."""
         before = job.pacer.current
-        senders = sum(e.world_size for e in job.state.replicas.values() if e.session_id is not None)
-        pace = job.pacer.update(senders, self.clock())
-        if pace.timeout != job.state.rules.heartbeat_timeout:
-            job.state.rules = dataclasses.replace(job.state.rules, heartbeat_timeout=pace.timeout)
+        senders = job.state.senders()
+        now = self.clock()
+        pace = job.pacer.update(senders, now)
+        # Silence that is the coordinator's own (its loop ran late) is not the replicas'.
+        self.lag.window = max(self.lag.window, pace.timeout)
+        timeout = pace.timeout + lag_allowance(self.lag.worst(now))
+        if timeout != job.state.rules.heartbeat_timeout:
+            job.state.rules = dataclasses.replace(job.state.rules, heartbeat_timeout=timeout)
             job.state.dirty = True  # every replica's deadline moved
         if pace.interval != before.interval:
             log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
@@ -457,6 +482,8 @@ class CoordinatorRuntime:
             yield "fthsdp_epoch", "The job's takeover epoch (grows when a coordinator takes the job).", {"job": name}, job.epoch
             yield ("fthsdp_heartbeat_interval_seconds", "The heartbeat interval replicas are told (stretched past --heartbeat-budget), by job.",
                    {"job": name}, job.pacer.current.interval)
+            yield ("fthsdp_heartbeat_timeout_seconds", "The heartbeat timeout in force: stretched with the interval, plus the event loop's recent lag, by job.",
+                   {"job": name}, job.state.rules.heartbeat_timeout)
             counts = dict.fromkeys(pb.ReplicaState.keys()[1:], 0)
             watches = 0
             for entry in job.state.replicas.values():
@@ -466,6 +493,8 @@ class CoordinatorRuntime:
                 label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")
                 yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n
             yield "fthsdp_watch_streams", "Open Watch streams of replicas, by job.", {"job": name}, watches
+        yield ("fthsdp_event_loop_lag_seconds", "The coordinator's worst event-loop lag over the last heartbeat timeout: how late it runs when overloaded.",
+               {}, self.lag.worst(now))
 
     def _log_reason(self, job: _Job, reason: str) -> None:
         if reason != job.logged_reason:

@@ -1,0 +1,69 @@
+"""The coordinator's event-loop lag: the worst over a window, and what it adds to the heartbeat timeout (pure)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordinator.loop_lag import LagWindow, lag_allowance, probe
+
+
+@pytest.mark.parametrize(
+    "samples, now, expected",
+    [
+        ([], 0.0, 0.0),  # nothing seen: no lag
+        ([(0.0, 0.01), (1.0, 0.02)], 1.0, 0.02),
+        ([(0.0, 1.5), (1.0, 0.02), (2.0, 0.3)], 2.0, 1.5),  # the worst, not the latest
+        ([(0.0, 1.5), (1.0, 0.02), (2.0, 0.3)], 10.5, 0.3),  # the 1.5 s stall left the 10 s window
+        ([(0.0, 1.5), (1.0, 0.02), (2.0, 0.3)], 12.5, 0.0),  # everything left it
+        ([(0.0, -0.001)], 0.0, 0.0),  # woken early (clock granularity): no lag
+    ],
+)
+def test_worst_lag_in_the_window(samples, now, expected):
+    window = LagWindow(10.0)
+    for t, lag in samples:
+        window.record(t, lag)
+    assert window.worst(now) == expected
+
+
+def test_a_smaller_later_lag_survives_the_larger_one_expiring():
+    window = LagWindow(5.0)
+    window.record(0.0, 2.0)
+    window.record(3.0, 1.0)
+    window.record(4.0, 0.5)
+    assert window.worst(4.0) == 2.0
+    assert window.worst(5.5) == 1.0  # the 2.0 at t=0 expired; the 1.0 at t=3 had been kept
+    assert window.worst(8.5) == 0.5
+
+
+@pytest.mark.parametrize(
+    "worst, allowance",
+    [(0.0, 0.0), (0.2, 0.0), (0.25, 0.25), (0.26, 0.5), (1.23, 1.25), (4.0, 4.0)],
+)
+def test_allowance_moves_in_steps(worst, allowance):
+    assert lag_allowance(worst) == allowance
+
+
+def test_a_window_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
+        LagWindow(0)
+
+
+def test_probe_sees_a_blocked_loop():
+    """A callback that holds the loop for 0.3 s shows up as at least that much lag."""
+    window = LagWindow(60.0)
+
+    async def main() -> float:
+        task = asyncio.create_task(probe(window))
+        await asyncio.sleep(0.12)  # the probe is asleep, waiting on the loop
+        busy_until = asyncio.get_running_loop().time() + 0.3
+        while asyncio.get_running_loop().time() < busy_until:
+            pass  # the loop is blocked: nothing else runs
+        deadline = asyncio.get_running_loop().time() + 5
+        while window.worst(asyncio.get_running_loop().time()) < 0.2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return window.worst(asyncio.get_running_loop().time())
+
+    assert asyncio.run(main()) >= 0.2
