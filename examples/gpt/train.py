@@ -106,7 +106,7 @@ def get_batch():
 
 def get_lr() -> float:
     """--lr, or with --decay-lr its cosine decay to a tenth over the run: by
-    samples with --samples (a step while a replica is out trains on fewer)."""
+    samples with --samples (a step may train on fewer: see get_batch and count_samples)."""
     if not args.decay_lr:
         return args.lr
     progress = min(1.0, samples_trained() / args.samples if args.samples else ft.step / args.steps)
