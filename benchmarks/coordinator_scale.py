@@ -2,6 +2,7 @@
 how fast a failure reaches every survivor, and quorum formation.
 
     python benchmarks/coordinator_scale.py [--replicas 100,1000,10000] [--clients 4] [--seconds 10] [--budget 5000]
+        [--per-connection 1] [--coordinator-logs DIR]
 
 One coordinator process (embedded store, default settings but for the
 heartbeat flags below). ``--clients`` processes simulate the replicas with
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +46,6 @@ sys.path.insert(0, str(ROOT))
 
 ACK_SHARE = 0.1
 """Share of heartbeats that ask for an answer: their round trip is the latency."""
-REPLICAS_PER_CONNECTION = int(os.environ.get("SCALE_PER_CONNECTION", "100"))
 LARGE_EVENT = 4096
 """Watch events larger than this are not parsed by the simulated replicas (see watch())."""
 
@@ -97,6 +98,18 @@ async def watch(stream, pb, rid: str, out: dict, pace: dict) -> None:
         pass
 
 
+async def answers(beats, pending: deque, out: dict) -> None:
+    # The answers come in the order of the heartbeats that asked for them;
+    # read apart from sending, as the agent does (it asks for none), so that
+    # a late answer never holds the next heartbeat back.
+    try:
+        async for _ in beats:
+            start = pending.popleft()
+            out["latencies"].append((start, time.monotonic() - start))
+    except Exception:  # noqa: BLE001 - the stream ended: the sender sees why
+        pass
+
+
 async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
     reply = await register(grpc, stub, pb, rid, out)
     if reply is None:
@@ -105,7 +118,8 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
     pace = {"interval": reply.heartbeat_interval_s or 1.0}
     stream = raw_watch(pb.WatchRequest(job="default", replica_id=rid, session_id=session))
     watcher = asyncio.create_task(watch(stream, pb, rid, out, pace))
-    beats = stub.HeartbeatStream()
+    beats, pending = stub.HeartbeatStream(), deque()
+    reader = asyncio.create_task(answers(beats, pending, out))
     await asyncio.sleep(random.random() * pace["interval"])  # spread the heartbeats over the interval
     while not stop.is_set():
         if victim and go_silent.is_set():
@@ -116,14 +130,14 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
         start = time.monotonic()
         ack = random.random() < ACK_SHARE  # a sample asks for an answer, to time the round trip
         try:
-            await beats.write(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, ack=ack))
             if ack:
-                await asyncio.wait_for(beats.read(), timeout=10)
-                out["latencies"].append((start, time.monotonic() - start))
+                pending.append(start)
+            await beats.write(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, ack=ack))
             out["sent"].append(start)
         except Exception as e:  # noqa: BLE001
             code = e.code() if isinstance(e, grpc.aio.AioRpcError) else await beats.code() if beats.done() else None
             beats.cancel()
+            reader.cancel()
             if code is not None and code.name in REFUSED:
                 # Dropped (it was late): register again and reopen the Watch, as an agent does.
                 out["reregistered"] += 1
@@ -137,25 +151,27 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
                 watcher = asyncio.create_task(watch(stream, pb, rid, out, pace))
             else:
                 out["errors"] += 1
-                out["last_error"] = str(e)[:200]
-            beats = stub.HeartbeatStream()
+                out["last_error"] = f"heartbeat: {type(e).__name__} {str(e)[:200]} (stream status {code.name if code else None})"
+            beats, pending = stub.HeartbeatStream(), deque()
+            reader = asyncio.create_task(answers(beats, pending, out))
         await asyncio.sleep(max(0.0, pace["interval"] - (time.monotonic() - start)))
     watcher.cancel()
+    reader.cancel()
     beats.cancel()
 
 
-async def client_main(address: str, first: int, count: int, victim: int) -> None:
+async def client_main(address: str, first: int, count: int, victim: int, per_connection: int) -> None:
     import grpc
 
     from protos.fthsdp.v1 import coordinator_pb2 as pb
     from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
 
-    # Real replicas each have a connection of their own; here a connection
-    # carries REPLICAS_PER_CONNECTION of them (one HTTP/2 connection holds a
-    # bounded number of concurrent streams).
+    # Real replicas each have a connection of their own (per_connection 1);
+    # sharing one between several is cheaper for both sides but couples
+    # them: a big Watch event for one delays the others' answers.
     channels = [
         grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(max(1, -(-count // REPLICAS_PER_CONNECTION)))
+        for _ in range(max(1, -(-count // per_connection)))
     ]
     stubs = [pb_grpc.CoordinatorStub(c) for c in channels]
     # Watch answers as bytes: parsed by the replica as it sees fit.
@@ -167,7 +183,7 @@ async def client_main(address: str, first: int, count: int, victim: int) -> None
     lag = LagWindow(1e9)  # this process's worst lag over the whole run: are the simulated replicas late themselves?
     lag_probe = asyncio.create_task(probe(lag))
     tasks = [
-        asyncio.create_task(replica(grpc, stubs[k // REPLICAS_PER_CONNECTION], raw[k // REPLICAS_PER_CONNECTION], pb, f"r{i}", out, stop, i == victim, go_silent))
+        asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent))
         for k, i in enumerate(range(first, first + count))
     ]
     loop = asyncio.get_running_loop()
@@ -202,7 +218,7 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
 
 
-def run(n: int, clients: int, seconds: float, budget: float, log_dir: Path | None = None) -> dict:
+def run(n: int, clients: int, seconds: float, budget: float, per_connection: int, log_dir: Path | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = open(log_dir / f"coordinator-{n}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     coordinator = subprocess.Popen(
@@ -218,7 +234,7 @@ def run(n: int, clients: int, seconds: float, budget: float, log_dir: Path | Non
     first = 0
     for k, count in enumerate(per):
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1)],
+            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
         first += count
     try:
@@ -296,18 +312,20 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=5000.0,
                    help="the coordinator's --heartbeat-budget (heartbeats/s; 0: every replica at 1 Hz whatever the count)")
     p.add_argument("--coordinator-logs", type=Path, help="write each coordinator's log (level info) to DIR/coordinator-N.log")
-    p.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--per-connection", type=int, default=1,
+                   help="simulated replicas sharing one gRPC connection (1: one each, as real agents)")
+    p.add_argument("--client", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
-        address, first, count, victim = args.client
-        asyncio.run(client_main(address, int(first), int(count), int(victim)))
+        address, first, count, victim, per_connection = args.client
+        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection)))
         return
     print("\n| replicas | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
           " coordinator CPU (cores) | clients CPU (cores) | worst loop lag: coordinator / clients | stream closed → every survivor told | quorums formed (mean formation) |"
           " Watch bytes (whole run) | registrations retried | dropped and registered again | errors |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.replicas.split(",")):
-        r = run(n, args.clients, args.seconds, args.budget, args.coordinator_logs)
+        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs)
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
         print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
               f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {r['client_cpu']:.2f} | {r['coordinator_lag']:.2f} / {r['client_lag']:.2f} s | {told} | "

@@ -428,6 +428,14 @@ class JobState:
 
     # ----- helpers -------------------------------------------------------------------
 
+    def heartbeat_ages(self, now: float) -> list[float]:
+        """Seconds since each connected replica was last heard of (its most silent rank)."""
+        return [
+            now - e.view_heartbeat()
+            for e in self.replicas.values()
+            if e.session_id is not None and e.disconnected_at is None
+        ]
+
     def senders(self) -> int:
         """Processes that heartbeat: every rank of every registered replica."""
         if self._senders is None:

@@ -17,13 +17,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from coordinator import quorum_delta
+from coordinator.broadcast import Broadcast
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, UnknownJob
 from coordinator.heartbeat_pace import HeartbeatPacer
 from coordinator.job import JobState
 from coordinator.keys import JobKeys
-from coordinator.loop_lag import LagWindow, lag_allowance, probe
+from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import Metrics
 from coordinator.quorum import Decision, Quorum, names
 from coordinator.store import Store
@@ -33,6 +34,10 @@ log = logging.getLogger("fthsdp.coordinator")
 
 HISTORY_LENGTH = 200
 """Quorum changes kept per job for the status page (the store keeps only the current one)."""
+
+
+BACKLOG_EVERY = 0.5
+"""Seconds between measurements of the heartbeat backlog."""
 
 
 class _Job:
@@ -51,9 +56,13 @@ class _Job:
         self.delta: pb.QuorumDelta | None = None
         """How ``quorum_pb``'s members differ from the quorum before it."""
         self.lock = asyncio.Lock()  # serialises this job's store writes
+        self.backlog = 0.0
+        """How late the typical replica's heartbeats arrive (coordinator/loop_lag.py), measured every BACKLOG_EVERY."""
+        self.backlog_at = float("-inf")
         self.change_since: float | None = None
         """When a decision first said the membership must change (for the formation latency)."""
-        self.changed = asyncio.Event()
+        self.changes = Broadcast()
+        """Wakes the watchers, a batch per turn of the loop (coordinator/broadcast.py)."""
         self.logged_reason = ""
         self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
         """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
@@ -90,9 +99,8 @@ class _Job:
         return event
 
     def notify(self) -> None:
-        """Wake every watcher: swap in a fresh event, then set the old one."""
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
+        """Wake every watcher."""
+        self.changes.notify()
 
 
 class CoordinatorRuntime:
@@ -260,7 +268,7 @@ class CoordinatorRuntime:
         last, sent_quorum = None, 0  # sent_quorum: the quorum whose member list this stream holds
         try:
             while True:
-                changed = job.changed
+                seen = job.changes.generation
                 current = job.quorum_pb.id if job.quorum_pb is not None else 0
                 if req.replica_id and not job.state.is_member(req.replica_id):
                     kind, sent_quorum = "header_event", 0
@@ -278,7 +286,7 @@ class CoordinatorRuntime:
                     last = event
                     if kind != "header_event":
                         sent_quorum = current
-                await changed.wait()
+                await job.changes.wait(seen)
         finally:
             if req.replica_id:
                 job.state.watch_closed(req.replica_id, req.session_id, self.clock())
@@ -437,9 +445,12 @@ class CoordinatorRuntime:
         senders = job.state.senders()
         now = self.clock()
         pace = job.pacer.update(senders, now)
-        # Silence that is the coordinator's own (its loop ran late) is not the replicas'.
+        # Silence that is the coordinator's own (its loop ran late, or every
+        # replica's heartbeats queue on the way in) is not the replicas'.
         self.lag.window = max(self.lag.window, pace.timeout)
-        timeout = pace.timeout + lag_allowance(self.lag.worst(now))
+        if now - job.backlog_at >= BACKLOG_EVERY:  # a scan of every replica: not every tick
+            job.backlog, job.backlog_at = backlog(job.state.heartbeat_ages(now), pace.interval), now
+        timeout = pace.timeout + lag_allowance(max(self.lag.worst(now), job.backlog))
         if timeout != job.state.rules.heartbeat_timeout:
             job.state.rules = dataclasses.replace(job.state.rules, heartbeat_timeout=timeout)
             job.state.dirty = True  # every replica's deadline moved
@@ -482,6 +493,8 @@ class CoordinatorRuntime:
             yield "fthsdp_epoch", "The job's takeover epoch (grows when a coordinator takes the job).", {"job": name}, job.epoch
             yield ("fthsdp_heartbeat_interval_seconds", "The heartbeat interval replicas are told (stretched past --heartbeat-budget), by job.",
                    {"job": name}, job.pacer.current.interval)
+            yield ("fthsdp_heartbeat_backlog_seconds", "How late the typical replica's heartbeats arrive (the median time since heard of, beyond one interval), by job.",
+                   {"job": name}, job.backlog)
             yield ("fthsdp_heartbeat_timeout_seconds", "The heartbeat timeout in force: stretched with the interval, plus the event loop's recent lag, by job.",
                    {"job": name}, job.state.rules.heartbeat_timeout)
             counts = dict.fromkeys(pb.ReplicaState.keys()[1:], 0)

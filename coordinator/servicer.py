@@ -6,6 +6,7 @@ No membership logic lives here; every method is a few lines over
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -141,16 +142,38 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def HeartbeatStream(self, request_iterator, context):
         # Each message as the unary Heartbeat; a bad one ends the stream with
         # its status (the client re-registers or reports, then reopens).
+        # Heartbeats are recorded as they arrive, apart from the answers: an
+        # answer may wait for the connection (behind a big Watch event on a
+        # busy client), and a handler waiting with it would leave the next
+        # heartbeats unread until the replica timed out.
+        answers: asyncio.Queue = asyncio.Queue()
+
+        async def record() -> None:
+            try:
+                async for request in request_iterator:
+                    _check_request(request, self.max_request_bytes)
+                    validation.check_job_field(request.job, allow_empty=True)
+                    validation.check_heartbeat(request)
+                    response = self.runtime.heartbeat(request)
+                    if request.ack:
+                        answers.put_nowait(response)
+                answers.put_nowait(None)
+            except FthsdpError as e:
+                answers.put_nowait(e)
+            except Exception as e:  # noqa: BLE001 - reported as INTERNAL, logged
+                log.exception("HeartbeatStream failed")
+                answers.put_nowait(e)
+
+        reader = asyncio.create_task(record())
         try:
-            async for request in request_iterator:
-                _check_request(request, self.max_request_bytes)
-                validation.check_job_field(request.job, allow_empty=True)
-                validation.check_heartbeat(request)
-                response = self.runtime.heartbeat(request)
-                if request.ack:
-                    yield response
-        except FthsdpError as e:
-            await context.abort(status_code_for(e), str(e))
+            while (answer := await answers.get()) is not None:
+                if isinstance(answer, FthsdpError):
+                    await context.abort(status_code_for(answer), str(answer))
+                if isinstance(answer, Exception):
+                    await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the coordinator's log")
+                yield answer
+        finally:
+            reader.cancel()
 
     async def Watch(self, request, context):
         # A server stream cannot use the unary wrapper; same mapping inline.

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from coordinator.loop_lag import LagWindow, lag_allowance, probe
+from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 
 
 @pytest.mark.parametrize(
@@ -67,3 +67,19 @@ def test_probe_sees_a_blocked_loop():
         return window.worst(asyncio.get_running_loop().time())
 
     assert asyncio.run(main()) >= 0.2
+
+
+@pytest.mark.parametrize(
+    "ages, interval, expected",
+    [
+        ([0.5] * 20, 1.0, 0.0),  # everyone heard of within the interval: no backlog
+        ([0.2, 0.9] * 10, 1.0, 0.0),
+        ([6.0] * 20, 1.0, 5.0),  # everyone five seconds late: the coordinator's own delay
+        ([0.5] * 19 + [30.0], 1.0, 0.0),  # one replica silent: its silence is its own
+        ([0.5] * 11 + [30.0] * 9, 1.0, 0.0),  # nine of twenty silent: still theirs (the lower median)
+        ([0.5] * 3 + [30.0] * 3, 1.0, 0.0),  # too few replicas to tell
+        ([], 1.0, 0.0),
+    ],
+)
+def test_backlog_is_the_typical_replica_lateness(ages, interval, expected):
+    assert backlog(ages, interval) == expected

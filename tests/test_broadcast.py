@@ -1,0 +1,82 @@
+"""Waking many waiters a batch per turn of the event loop (coordinator/broadcast.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordinator.broadcast import Broadcast
+
+
+def test_every_waiter_wakes_and_others_run_between_batches():
+    """1,000 waiters in batches of 100: all wake, and a task that wants the
+    loop after the notify runs before the last batch is released."""
+
+    async def main():
+        b = Broadcast(batch=100)
+        order: list[str] = []
+
+        async def waiter(i: int) -> None:
+            await b.wait(b.generation)
+            order.append(f"w{i}")
+
+        async def bystander() -> None:
+            order.append("bystander")
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(1000)]
+        await asyncio.sleep(0)  # every waiter is now waiting
+        b.notify()
+        asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(bystander()))
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        return order
+
+    order = asyncio.run(main())
+    woken = [x for x in order if x != "bystander"]
+    assert sorted(woken) == sorted(f"w{i}" for i in range(1000))
+    assert "bystander" in order and order.index("bystander") < len(order) - 100
+
+
+def test_a_change_between_reading_and_waiting_is_not_lost():
+    async def main():
+        b = Broadcast()
+        seen = b.generation
+        b.notify()  # came after the waiter read the state, before it waited
+        await asyncio.wait_for(b.wait(seen), timeout=1)  # returns at once
+        return b.generation
+
+    assert asyncio.run(main()) == 1
+
+
+def test_a_cancelled_waiter_does_not_break_the_others():
+    async def main():
+        b = Broadcast(batch=2)
+        gone = asyncio.create_task(b.wait(0))
+        stays = [asyncio.create_task(b.wait(0)) for _ in range(5)]
+        await asyncio.sleep(0)
+        gone.cancel()
+        b.notify()
+        await asyncio.wait_for(asyncio.gather(*stays), timeout=5)
+        return gone.cancelled()
+
+    assert asyncio.run(main())
+
+
+def test_waiters_after_a_notify_wait_for_the_next():
+    async def main():
+        b = Broadcast()
+        b.notify()
+        late = asyncio.create_task(b.wait(b.generation))
+        for _ in range(10):  # ten turns of the loop: nothing wakes it
+            await asyncio.sleep(0)
+        first = late.done()
+        b.notify()
+        await asyncio.wait_for(late, timeout=1)
+        return first
+
+    assert asyncio.run(main()) is False
+
+
+def test_batch_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        Broadcast(batch=0)
