@@ -56,7 +56,8 @@ from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
 from agent.membership import Membership
-from agent.participation import Participation, QuorumRecord, exit_when_evicted
+from agent.eviction import exit_when_evicted
+from agent.participation import Participation, QuorumRecord
 from agent.replica_group import ReplicaGroup
 from agent.snapshot import capture_state, load_state
 from agent.standby import wait_for_activation

@@ -1,7 +1,5 @@
-"""A replica's place in the quorum: in the next step's all-reduce (how many
-replicas' gradients it is expected to average, and this replica's index
-among them), and, for a rank of a multi-rank group, its exit once a quorum
-leaves the group out (``exit_when_evicted``).
+"""A replica's place in the next step's all-reduce: how many replicas'
+gradients it is expected to average, and this replica's index among them.
 
 A training script that keeps its global batch constant splits it by these
 (replica ``index`` takes the ``index``-th of ``count`` equal shares), so
@@ -25,19 +23,12 @@ in that step. The next step's basis no longer includes it.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import threading
-from collections.abc import Callable
 
-from agent.quorum_groups import QuorumTracker
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 KEEP_QUORUMS = 64
 """Member lists kept, newest first: the basis is always one of the last few quorums."""
-EVICTION_GRACE = 2.0
-"""Seconds an evicted rank of a multi-rank group waits (for a drain to finish) before exiting."""
-EXIT_EVICTED = 75
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,31 +80,3 @@ class QuorumRecord:
                 return Participation(ids.index(self.replica_id), len(ids), contributes=not joining)
             count = self._newest[1] + 1
             return Participation(count - 1, count, contributes=False)
-
-
-def exit_when_evicted(tracker: QuorumTracker, shard_rank: int, stopped: Callable[[], bool],
-                      draining: threading.Event) -> None:
-    """Exit at once when the coordinator takes this replica group out (a
-    thread of each rank of a multi-rank group, until ``stopped()``).
-
-    Another rank of the group may have died, on this node or another,
-    leaving this one blocked in an FSDP collective that gloo would only
-    time out much later. Out of the quorum this incarnation's state is
-    lost anyway: exiting lets every node's agent restart the whole group.
-    A drain (a planned exit at a step boundary) is given a grace period.
-    """
-    with tracker.cond:
-        while not stopped():
-            quorum = tracker.quorum
-            if quorum is not None and not tracker.includes_me(quorum) and not draining.is_set():
-                tracker.cond.wait(EVICTION_GRACE)
-                quorum = tracker.quorum
-                if not stopped() and not draining.is_set() and not tracker.includes_me(quorum):
-                    print(
-                        f"fthsdp: replica {tracker.replica_id} was taken out of quorum {quorum.id}; "
-                        f"rank {shard_rank} exits so that its agent restarts the group",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    os._exit(EXIT_EVICTED)
-            tracker.cond.wait(1.0)

@@ -16,7 +16,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-from coordinator import quorum_delta
 from coordinator.broadcast import Broadcast
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
@@ -28,6 +27,7 @@ from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import Metrics
 from coordinator.quorum import Decision, Quorum, names
 from coordinator.store import Store
+from coordinator.watch_events import HEADER, WatchEvents
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -48,13 +48,8 @@ class _Job:
         self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
         self.keys = JobKeys(config.store_prefix, name)
         self.epoch = 0
-        self.quorum_pb: pb.Quorum | None = None
-        self.full_event = self.header_event = self.same_event = self.delta_event = b""
-        self._events: dict[tuple[str, bytes], bytes] = {}
-        self.quorum_header: pb.Quorum | None = None
-        """``quorum_pb`` without its members: what a delta event carries."""
-        self.delta: pb.QuorumDelta | None = None
-        """How ``quorum_pb``'s members differ from the quorum before it."""
+        self.events = WatchEvents()
+        """The current quorum and what watchers are sent (coordinator/watch_events.py)."""
         self.lock = asyncio.Lock()  # serialises this job's store writes
         self.backlog = 0.0
         """How late the typical replica's heartbeats arrive (coordinator/loop_lag.py), measured every BACKLOG_EVERY."""
@@ -71,32 +66,12 @@ class _Job:
         self.history.append({"id": quorum.id, "members": list(quorum.member_ids), "reason": quorum.reason,
                              "time": quorum.created_unix_ms / 1000})
 
-    def set_quorum(self, quorum_pb: pb.Quorum | None) -> None:
-        previous = self.quorum_pb
-        self.quorum_pb = quorum_pb
-        self.quorum_header = quorum_delta.without_members(quorum_pb) if quorum_pb is not None else None
-        changed = quorum_pb is not None and previous is not None and previous.id != quorum_pb.id
-        self.delta = quorum_delta.diff(previous, quorum_pb) if changed else None
-        # What watchers are sent, serialized once (see CoordinatorRuntime.watch).
-        header = self.quorum_header
-        self.full_event = pb.WatchEvent(quorum=quorum_pb).SerializeToString() if quorum_pb is not None else b""
-        self.header_event = pb.WatchEvent(quorum=header).SerializeToString() if header is not None else b""
-        self.same_event = pb.WatchEvent(quorum=header, delta=pb.QuorumDelta(base_id=header.id)).SerializeToString() if header is not None else b""
-        self.delta_event = pb.WatchEvent(quorum=header, delta=self.delta).SerializeToString() if self.delta is not None else b""
-        self._events.clear()
+    @property
+    def quorum_pb(self) -> pb.Quorum | None:
+        return self.events.quorum
 
-    def event(self, kind: str, own: bytes) -> bytes:
-        """The shared event ``kind`` ("full_event", "header_event", ...) with a
-        watcher's own fields appended, made once for every watcher whose own
-        fields are the same (most of them): at 10,000 watchers, one copy of
-        a 450 KB list rather than one each."""
-        key = (kind, own)
-        event = self._events.get(key)
-        if event is None:
-            if len(self._events) >= 256:  # many joiners, each with its own source: don't hoard
-                self._events.clear()
-            event = self._events[key] = getattr(self, kind) + own
-        return event
+    def set_quorum(self, quorum_pb: pb.Quorum | None) -> None:
+        self.events.update(quorum_pb)
 
     def notify(self) -> None:
         """Wake every watcher."""
@@ -231,8 +206,8 @@ class CoordinatorRuntime:
             heartbeat_timeout_s=job.pacer.current.timeout,
             leader=self.leader,
         )
-        if job.quorum_header is not None:
-            response.quorum.CopyFrom(job.quorum_header)  # the members come on Watch
+        if job.events.header is not None:
+            response.quorum.CopyFrom(job.events.header)  # the members come on Watch
         return response
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
@@ -250,18 +225,9 @@ class CoordinatorRuntime:
         return response
 
     async def watch(self, req: pb.WatchRequest) -> AsyncIterator[bytes]:
-        """The stream of serialized WatchEvents for one watcher.
-
-        The member list goes only to members and observers (the other ranks of
-        a member's group): a replica waiting to join needs its catch-up source
-        and whether it is in, not 10,000 names, and gets the quorum without
-        members until it is admitted. A stream is sent the whole list once,
-        then deltas from the quorum it was last sent (an empty one while that
-        is still the current quorum). Events are serialized here, not by
-        gRPC: the list's bytes (450 KB at 10,000 replicas) are made once per
-        quorum and shared by every watcher, which appends its own few fields
-        (protobuf merges concatenated messages).
-        """
+        """The stream of serialized WatchEvents for one watcher: the member
+        list once, then deltas; none for a replica not (yet) a member
+        (coordinator/watch_events.py)."""
         job = self.job(req.job)
         if req.replica_id:
             job.state.watch_opened(req.replica_id, req.session_id)
@@ -269,23 +235,16 @@ class CoordinatorRuntime:
         try:
             while True:
                 seen = job.changes.generation
-                current = job.quorum_pb.id if job.quorum_pb is not None else 0
-                if req.replica_id and not job.state.is_member(req.replica_id):
-                    kind, sent_quorum = "header_event", 0
-                elif sent_quorum and sent_quorum == current:
-                    kind = "same_event"
-                elif job.delta is not None and job.delta.base_id == sent_quorum:
-                    kind = "delta_event"
-                else:
-                    kind = "full_event"
+                events = job.events
+                current = events.quorum_id
+                kind = events.kind_for(not req.replica_id or job.state.is_member(req.replica_id), sent_quorum)
                 own = job.state.watch_event(req.replica_id, self.leader)
                 own.heartbeat_interval_s = job.pacer.current.interval
-                event = job.event(kind, own.SerializeToString())
+                event = events.event(kind, own.SerializeToString())
                 if event is not last and event != last:
                     yield event
                     last = event
-                    if kind != "header_event":
-                        sent_quorum = current
+                    sent_quorum = 0 if kind == HEADER else current
                 await job.changes.wait(seen)
         finally:
             if req.replica_id:

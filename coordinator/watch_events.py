@@ -1,0 +1,77 @@
+"""What Watch streams are sent, serialized once per quorum.
+
+The member list goes only to members and observers (the other ranks of a
+member's group): a replica waiting to join needs its catch-up source and
+whether it is in, not 10,000 names, and gets the quorum without members
+(``HEADER``) until it is admitted. A stream is sent the whole list once
+(``FULL``), then deltas from the quorum it was last sent (``DELTA``; an empty
+one, ``SAME``, while that is still the current quorum).
+
+Events are serialized here, not by gRPC: the list's bytes (450 KB at 10,000
+replicas) are made once per quorum and shared by every watcher, which
+appends its own few fields (protobuf merges concatenated messages). The
+concatenation itself is made once for all watchers whose own fields are the
+same (most of them), so a change costs one copy of the list, not one each.
+"""
+
+from __future__ import annotations
+
+from coordinator import quorum_delta
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+FULL, HEADER, SAME, DELTA = "full", "header", "same", "delta"
+
+_MEMO_LIMIT = 256
+"""Concatenations kept per quorum; many joiners, each with its own source, should not be hoarded."""
+
+
+class WatchEvents:
+    def __init__(self) -> None:
+        self.quorum: pb.Quorum | None = None
+        self.header: pb.Quorum | None = None
+        """``quorum`` without its members: what a delta event, or a joiner, gets."""
+        self.delta: pb.QuorumDelta | None = None
+        """How ``quorum``'s members differ from the quorum before it."""
+        self._shared: dict[str, bytes] = dict.fromkeys((FULL, HEADER, SAME, DELTA), b"")
+        self._joined: dict[tuple[str, bytes], bytes] = {}
+
+    @property
+    def quorum_id(self) -> int:
+        return self.quorum.id if self.quorum is not None else 0
+
+    def update(self, quorum: pb.Quorum | None) -> None:
+        """Adopt ``quorum`` as the current one and serialize what watchers get."""
+        previous, self.quorum = self.quorum, quorum
+        self.header = quorum_delta.without_members(quorum) if quorum is not None else None
+        changed = quorum is not None and previous is not None and previous.id != quorum.id
+        self.delta = quorum_delta.diff(previous, quorum) if changed else None
+        header = self.header
+        self._shared = {
+            FULL: pb.WatchEvent(quorum=quorum).SerializeToString() if quorum is not None else b"",
+            HEADER: pb.WatchEvent(quorum=header).SerializeToString() if header is not None else b"",
+            SAME: pb.WatchEvent(quorum=header, delta=pb.QuorumDelta(base_id=header.id)).SerializeToString()
+            if header is not None else b"",
+            DELTA: pb.WatchEvent(quorum=header, delta=self.delta).SerializeToString() if self.delta is not None else b"",
+        }
+        self._joined.clear()
+
+    def kind_for(self, sees_members: bool, sent_quorum: int) -> str:
+        """What a stream gets next, given whether it may see the members and
+        the quorum whose list it holds (0: none)."""
+        if not sees_members:
+            return HEADER
+        if sent_quorum and sent_quorum == self.quorum_id:
+            return SAME
+        if self.delta is not None and self.delta.base_id == sent_quorum:
+            return DELTA
+        return FULL
+
+    def event(self, kind: str, own: bytes) -> bytes:
+        """The shared event ``kind`` with a watcher's own fields appended."""
+        key = (kind, own)
+        event = self._joined.get(key)
+        if event is None:
+            if len(self._joined) >= _MEMO_LIMIT:
+                self._joined.clear()
+            event = self._joined[key] = self._shared[kind] + own
+        return event
