@@ -29,12 +29,13 @@ all-reduce carries the proposal."""
 MAX_SLOT_PROPOSAL = 15
 
 
-def is_growth(members: frozenset[str], quorum: pb.Quorum | None) -> bool:
-    """Whether ``quorum`` keeps every one of ``members`` and adds some."""
-    if quorum is None:
+def is_growth(group_quorum_id: int, quorum: pb.Quorum | None) -> bool:
+    """Whether ``quorum`` keeps every member of quorum ``group_quorum_id``
+    (the one a group was built for) and adds some: no quorum since dropped
+    anyone (``last_drop_id``, 0 when unknown: not vouched for)."""
+    if quorum is None or quorum.id <= group_quorum_id:
         return False
-    ids = {m.replica_id for m in quorum.members}
-    return members < ids
+    return 0 < quorum.last_drop_id <= group_quorum_id
 
 
 def slot_switch(quorum_id: int, size: int, total: int, squares: int) -> int:

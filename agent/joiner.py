@@ -145,7 +145,7 @@ class Joiner:
         membership, tracker = self.m.membership, self.m.tracker
 
         def usable(event) -> bool:
-            if tracker.includes_me(event.quorum) and len(event.quorum.members) >= self.min_members:
+            if event.HasField("place") and event.quorum.member_count >= self.min_members:
                 return True
             source = event.catch_up.source_replica_id
             if not source or not event.catch_up.source_catch_up_addresses:
@@ -161,7 +161,7 @@ class Joiner:
                 break
             except TimeoutError:
                 continue
-        if tracker.includes_me(event.quorum) and len(event.quorum.members) >= self.min_members:
+        if event.HasField("place") and event.quorum.member_count >= self.min_members:
             return {"admitted": True}
         cu = event.catch_up
         log.info("catching up from %s (at step %d)", cu.source_replica_id, cu.source_step)
@@ -235,7 +235,7 @@ class Joiner:
             admitted, changed, near = 0, 0, 0
             if group.rank == 0:
                 latest = m.membership.latest  # one event for both: the quorum and the assignment change together
-                admitted = int(latest is not None and m.tracker.includes_me(latest.quorum))
+                admitted = int(latest is not None and latest.HasField("place"))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
                 gaps.append(head - m.step)
                 # Close enough, or not gaining on members that train about as

@@ -41,7 +41,10 @@ class Membership:
         timeout: float = 5.0,
         token: str = "",
         tls: TlsFiles | None = None,
+        member_list: bool = False,
     ) -> None:
+        """``member_list``: also be sent the quorum's member list (tools and
+        tests that show it; a replica trains with its place alone)."""
         self.client = CoordinatorClient(coordinators, timeout=timeout, token=token, tls=tls)
         self._beats = HeartbeatSender(self.client)
         self.job = job
@@ -71,6 +74,7 @@ class Membership:
         self._stream = None
         self._register_lock = threading.Lock()
         self._observer = False
+        self._member_list = member_list
         self._listeners: list[Callable[[pb.WatchEvent], None]] = []
 
     # ----- lifecycle -----------------------------------------------------------------
@@ -170,7 +174,7 @@ class Membership:
 
     def is_member(self, event: pb.WatchEvent | None = None) -> bool:
         event = event or self.latest
-        return event is not None and any(m.replica_id == self.replica_id for m in event.quorum.members)
+        return event is not None and event.HasField("place")
 
     # ----- internals -------------------------------------------------------------------
 
@@ -242,10 +246,11 @@ class Membership:
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
             address = self.client.current_address()
-            if self._observer:
-                request = pb.WatchRequest(job=self.job)
-            else:
-                request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=self._session)
+            # An observer (another rank of the group) names the replica for
+            # its place, without the session: its stream keeps nothing alive.
+            session = "" if self._observer else self._session
+            request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=session,
+                                      member_list=self._member_list)
             held = None  # the full quorum this stream last described
             try:
                 self._stream = self.client.stub(address).Watch(request, metadata=self.client.metadata)

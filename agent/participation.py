@@ -11,8 +11,8 @@ contributes no gradient). The quorum the *last step was committed in* is:
 every member of a step commits it in the same quorum, and a member that
 took the step's sum from another after a failure records the other's
 quorum. So the basis of step ``s`` is the quorum of step ``s - 1`` (for the
-first step, the quorum that admitted the replica), and its member order is
-the one the coordinator pushed, the same on every member.
+first step, the quorum that admitted the replica), and the index is the
+replica's rank in it, which the coordinator pushed with it (``place``).
 
 What it cannot know is a failure during the step: a member lost meanwhile
 leaves ``count`` above the number of gradients the step finally averages
@@ -28,7 +28,7 @@ import threading
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 KEEP_QUORUMS = 64
-"""Member lists kept, newest first: the basis is always one of the last few quorums."""
+"""Places kept, newest first: the basis is always one of the last few quorums."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,37 +46,36 @@ class Participation:
 
 
 class QuorumRecord:
-    """The member lists of the recent quorums this replica was pushed (a
-    membership listener: it runs on the watch thread)."""
+    """This replica's place (rank, member count) in the recent quorums it
+    was pushed as a member of (a membership listener: it runs on the watch
+    thread)."""
 
     def __init__(self, replica_id: str) -> None:
         self.replica_id = replica_id
         self._lock = threading.Lock()
-        self._members: dict[int, tuple[str, ...]] = {}
+        self._places: dict[int, tuple[int, int]] = {}
         self._newest: tuple[int, int] = (0, 0)
-        """(id, member count) of the newest quorum, members listed or not."""
+        """(id, member count) of the newest quorum, a member of it or not."""
 
     def record(self, event: pb.WatchEvent) -> None:
         q = event.quorum
         with self._lock:
-            if q.members:
-                self._members[q.id] = tuple(m.replica_id for m in q.members)
-                for old in sorted(self._members)[:-KEEP_QUORUMS]:
-                    del self._members[old]
+            if event.HasField("place"):
+                self._places[q.id] = (event.place.rank, q.member_count)
+                for old in sorted(self._places)[:-KEEP_QUORUMS]:
+                    del self._places[old]
             if q.id >= self._newest[0]:
-                self._newest = (q.id, q.member_count or len(q.members))
+                self._newest = (q.id, q.member_count)
 
     def participation(self, basis: int, joining: bool) -> Participation:
         """The place of this replica in quorum ``basis`` (see the module
-        docstring); for a joiner not yet in one (``joining``), its place at
-        the end of the newest quorum, or of the newest that includes it."""
+        docstring); for a joiner not yet in one (``joining``), its place in
+        the newest quorum that includes it, or at the end of the newest."""
         with self._lock:
-            ids = self._members.get(basis, ())
-            if not joining and self.replica_id in ids:
-                return Participation(ids.index(self.replica_id), len(ids))
-            mine = [q for q, m in self._members.items() if self.replica_id in m]
-            if mine:
-                ids = self._members[max(mine)]
-                return Participation(ids.index(self.replica_id), len(ids), contributes=not joining)
+            place = self._places.get(basis)
+            if not joining and place is not None:
+                return Participation(*place)
+            if self._places:
+                return Participation(*self._places[max(self._places)], contributes=not joining)
             count = self._newest[1] + 1
             return Participation(count - 1, count, contributes=False)

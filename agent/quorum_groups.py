@@ -37,16 +37,28 @@ class FtarTimeout(FthsdpError):
     """No collective finished and no newer quorum came within the timeout."""
 
 
+KEEP_PLACES = 64
+"""Ranks remembered, by quorum id: a group is built for one of the last few."""
+
+
 class QuorumTracker:
-    """The newest quorum this replica knows, fed by coordinator push events."""
+    """The newest quorum this replica knows, and its rank in the recent ones
+    it is a member of, fed by coordinator push events (which carry no member
+    list: the rank, the member count and the first member's address are what
+    a group needs)."""
 
     def __init__(self, replica_id: str) -> None:
         self.replica_id = replica_id
         self.cond = threading.Condition()
         self.quorum: pb.Quorum | None = None
+        self._ranks: dict[int, int] = {}
 
     def update(self, event: pb.WatchEvent) -> None:
         with self.cond:
+            if event.HasField("place"):
+                self._ranks[event.quorum.id] = event.place.rank
+                for old in sorted(self._ranks)[:-KEEP_PLACES]:
+                    del self._ranks[old]
             if self.quorum is None or event.quorum.id > self.quorum.id:
                 self.quorum = event.quorum
             self.cond.notify_all()
@@ -58,15 +70,19 @@ class QuorumTracker:
         """Block until a quorum of at least ``min_members`` includes this replica."""
         deadline = time.monotonic() + timeout
         with self.cond:
-            while not self.includes_me(self.quorum) or len(self.quorum.members) < min_members:
+            while not self.includes_me(self.quorum) or self.quorum.member_count < min_members:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise FtarTimeout(f"replica {self.replica_id} was not admitted into a quorum within {timeout:g}s")
                 self.cond.wait(left)
             return self.quorum
 
+    def rank_in(self, quorum: pb.Quorum | None) -> int | None:
+        """This replica's rank in ``quorum``; None if it is not a member."""
+        return self._ranks.get(quorum.id) if quorum is not None else None
+
     def includes_me(self, quorum: pb.Quorum | None) -> bool:
-        return quorum is not None and any(m.replica_id == self.replica_id for m in quorum.members)
+        return self.rank_in(quorum) is not None
 
 
 @dataclasses.dataclass
@@ -75,7 +91,6 @@ class _Group:
     rank: int
     size: int
     pg: dist.ProcessGroup
-    members: frozenset[str] = frozenset()
 
 
 class _Prebuild:
@@ -147,8 +162,8 @@ class QuorumGroups:
         this rank proposes. Starts building that group if nobody has."""
         group, quorum = self._group, self.tracker.quorum
         if group is None or quorum is None or quorum.id == group.quorum_id:
-            return 0  # every step but a membership change's: no member list to compare
-        if self._in_step_with != group.quorum_id or not is_growth(group.members, quorum):
+            return 0  # every step but a membership change's
+        if self._in_step_with != group.quorum_id or not is_growth(group.quorum_id, quorum):
             return 0
         return quorum.id if self._prebuild(quorum).ready() else 0
 
@@ -172,7 +187,7 @@ class QuorumGroups:
             group, switch_to, self._switch_to = self._group, self._switch_to, 0
             if group is not None and group.quorum_id == quorum.id:
                 return group
-            if group is not None and is_growth(group.members, quorum):
+            if group is not None and is_growth(group.quorum_id, quorum):
                 target = self._prebuilt.get(switch_to)
                 if target is None or not target.ready():
                     self._prebuild(quorum)
@@ -183,8 +198,7 @@ class QuorumGroups:
             if group is not None:
                 self._retire(group)
             pre = self._prebuild(quorum)  # one build per quorum, whoever started it
-            ids = frozenset(m.replica_id for m in quorum.members)
-            if self._wait(pre.done.wait, quorum.id, ids, deadline) == DONE:
+            if self._wait(pre.done.wait, quorum.id, deadline) == DONE:
                 if pre.error is not None:
                     self._prebuilt.pop(quorum.id, None)
                     self._await_newer(quorum.id, deadline, pre.error)
@@ -210,14 +224,15 @@ class QuorumGroups:
         self._in_step_with = 0
 
     def _build(self, quorum: pb.Quorum) -> _Group:
-        ids = [m.replica_id for m in quorum.members]
-        rank = ids.index(self.tracker.replica_id)
-        host, port = quorum.members[0].address.rsplit(":", 1)
+        rank = self.tracker.rank_in(quorum)
+        if rank is None:
+            raise Evicted(f"quorum {quorum.id} does not include this replica")
+        host, port = quorum.first_member_address.rsplit(":", 1)
         timeout = datetime.timedelta(seconds=self.timeout)
         store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
-        pg = dist.ProcessGroupGloo(prefix, rank, len(ids), timeout)
-        return _Group(quorum.id, rank, len(ids), pg, frozenset(ids))
+        pg = dist.ProcessGroupGloo(prefix, rank, quorum.member_count, timeout)
+        return _Group(quorum.id, rank, quorum.member_count, pg)
 
     # ----- waiting -------------------------------------------------------------------
 
@@ -225,8 +240,8 @@ class QuorumGroups:
         longest = max(self._intervals, default=0.0)
         return min(self.timeout / 2, max(PATIENCE_MIN, PATIENCE_STEPS * longest))
 
-    def _leave_for(self, members: frozenset[str], quorum_id: int, since: list[float]) -> bool:
-        """Whether a collective among ``members`` (of ``quorum_id``) is left
+    def _leave_for(self, quorum_id: int, since: list[float]) -> bool:
+        """Whether a collective in the group of ``quorum_id`` is left
         for the newest quorum: at once for one that drops a member; for one
         that only grows the group, after the patience (``since`` holds when
         it was first seen, and its id)."""
@@ -234,7 +249,7 @@ class QuorumGroups:
         if newest is None or newest.id <= quorum_id:
             return False
         if not since or since[1] != newest.id:
-            if not is_growth(members, newest):
+            if not is_growth(quorum_id, newest):
                 return True
             self._prebuild(newest)
             since[:] = [since[0] if since else time.monotonic(), newest.id]
@@ -251,7 +266,7 @@ class QuorumGroups:
         pause = 20e-6
         since: list[float] = []
         while not work.is_completed():
-            if self._leave_for(group.members, group.quorum_id, since):
+            if self._leave_for(group.quorum_id, since):
                 return NEWER
             if time.monotonic() > deadline:
                 raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
@@ -275,7 +290,7 @@ class QuorumGroups:
                 self.tracker.cond.wait(left)
         return NEWER
 
-    def _wait(self, blocking: Callable[[], object], quorum_id: int, members: frozenset[str], deadline: float) -> str:
+    def _wait(self, blocking: Callable[[], object], quorum_id: int, deadline: float) -> str:
         """Run ``blocking`` (a call with no handle to poll, like building the
         group of ``quorum_id``) on a helper thread; return DONE when it
         finishes, NEWER when a newer quorum makes this one's wait pointless
@@ -297,7 +312,7 @@ class QuorumGroups:
         since: list[float] = []
         with self.tracker.cond:
             while not done.is_set():
-                if self._leave_for(members, quorum_id, since):
+                if self._leave_for(quorum_id, since):
                     return NEWER
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     m = Membership(args.coordinator.split(","), args.job, args.replica_id, args.address, args.world_size, args.step,
-                   token=read_token_file(args.token_file))
+                   token=read_token_file(args.token_file), member_list=True)  # it prints the members
     printing = threading.Lock()
     changed = threading.Event()
 
     def on_event(event) -> None:
         members = [x.replica_id for x in event.quorum.members]
-        if args.replica_id in members:
+        if event.HasField("place"):
             # A real replica switches at its next step boundary; this one at once.
             m.training_quorum_id = event.quorum.id
             m.ready = False
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             "t": time.monotonic(),
             "quorum_id": event.quorum.id,
             "members": members,
+            "rank": event.place.rank if event.HasField("place") else None,
             "catch_up": event.catch_up.source_replica_id,
             "source_step": event.catch_up.source_step,
             "drain": event.drain_requested,

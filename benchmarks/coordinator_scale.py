@@ -7,8 +7,8 @@ how fast a failure reaches every survivor, and quorum formation.
 One coordinator process (embedded store, default settings but for the
 heartbeat flags below). ``--clients`` processes simulate the replicas with
 gRPC asyncio clients, talking to it as the agents do: each replica
-registers, keeps a Watch stream open (full member list on the first event,
-deltas after) and heartbeats on a HeartbeatStream at the interval the
+registers, keeps a Watch stream open (the quorum and its place in it, no
+member list) and heartbeats on a HeartbeatStream at the interval the
 coordinator asks for (1 s, stretched past ``--budget`` heartbeats/s; 0 keeps
 1 Hz whatever the count), random phase. A tenth of the heartbeats ask for an
 answer: their round trip is the latency. After all replicas are members, the
@@ -46,8 +46,6 @@ sys.path.insert(0, str(ROOT))
 
 ACK_SHARE = 0.1
 """Share of heartbeats that ask for an answer: their round trip is the latency."""
-LARGE_EVENT = 4096
-"""Watch events larger than this are not parsed by the simulated replicas (see watch())."""
 
 
 REFUSED = ("NOT_FOUND", "FAILED_PRECONDITION")
@@ -72,28 +70,15 @@ async def register(grpc, stub, pb, rid: str, out: dict):
 
 
 async def watch(stream, pb, rid: str, out: dict, pace: dict) -> None:
-    # Each of 10,000 simulated replicas on two cores cannot parse every
-    # 10,000-member list the way a real replica (on its own host) parses
-    # its one: small events (every failure's, every delta of a few) are
-    # parsed; a large one (a whole list, a big batch admitted) is read
-    # for this replica's own entry only. The coordinator sends the same.
-    mine = b"\x0a" + bytes([len(rid)]) + rid.encode()  # QuorumMember.replica_id == rid, as encoded
-    member = False
+    # As an agent does: every event parsed; a member by its place (the
+    # coordinator sends replicas no member list).
     try:
         async for data in stream:
             out["bytes"] += len(data)
-            if len(data) > LARGE_EVENT:
-                member = mine in data
-                out["events"].append((rid, time.monotonic(), -1, -1, member))
-                continue
             event = pb.WatchEvent.FromString(data)
-            if event.HasField("delta"):
-                member = (member and rid not in event.delta.removed) or any(m.replica_id == rid for m in event.delta.added)
-            else:
-                member = any(m.replica_id == rid for m in event.quorum.members)
             if event.heartbeat_interval_s:
                 pace["interval"] = event.heartbeat_interval_s
-            out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count, member))
+            out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count, event.HasField("place")))
     except Exception:  # noqa: BLE001 - cancelled at the end, closed as the victim, or reopened
         pass
 

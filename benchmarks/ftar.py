@@ -39,8 +39,8 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     raw = dist.ProcessGroupGloo(dist.PrefixStore("raw", store), rank, n, timeout)
     tracker = QuorumTracker(f"r{rank}")
-    members = [pb.QuorumMember(replica_id=f"r{i}", address=f"127.0.0.1:{port}") for i in range(n)]
-    tracker.update(pb.WatchEvent(quorum=pb.Quorum(id=1, members=members)))
+    quorum = pb.Quorum(id=1, member_count=n, first_member_address=f"127.0.0.1:{port}", last_drop_id=1)
+    tracker.update(pb.WatchEvent(quorum=quorum, place=pb.QuorumPlace(rank=rank)))
     ftar = FTAR(tracker, "bench", timeout=120)
     step = 0
     results = []

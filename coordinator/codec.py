@@ -30,6 +30,8 @@ def quorum_to_pb(q: Quorum | None) -> pb.Quorum | None:
         reason=q.reason,
         epoch=q.epoch,
         member_count=len(q.members),
+        first_member_address=q.members[0].address if q.members else "",
+        last_drop_id=q.last_drop_id,
     )
 
 
@@ -43,6 +45,7 @@ def quorum_from_pb(msg: pb.Quorum) -> Quorum:
         created_unix_ms=msg.created_unix_ms,
         reason=msg.reason,
         epoch=msg.epoch,
+        last_drop_id=msg.last_drop_id,
     )
 
 

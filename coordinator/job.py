@@ -102,6 +102,8 @@ class JobState:
         self.reason = "no decision yet"
         self._members: dict[str, object] = {}
         """The current quorum's members by replica id."""
+        self._ranks: dict[str, int] = {}
+        """Each member's position in the current quorum: its rank in the FTAR group."""
         self._decided_at = float("-inf")
         self.dirty = True
         """Something the decision reads changed since it last found the
@@ -408,9 +410,13 @@ class JobState:
         return out
 
     def watch_event(self, replica_id: str, leader: str) -> pb.WatchEvent:
-        """What is particular to one watcher (its catch-up source and drain
-        flag) and the latest reason; the quorum is added by the runtime."""
+        """What is particular to one watcher (its place in the quorum,
+        catch-up source and drain flag) and the latest reason; the quorum is
+        added by the runtime."""
         event = pb.WatchEvent(leader=leader, reason=self.reason)
+        rank = self._ranks.get(replica_id) if replica_id else None
+        if rank is not None:
+            event.place.rank = rank
         entry = self.replicas.get(replica_id) if replica_id else None
         if entry is not None:
             event.drain_requested = entry.drain_requested
@@ -449,6 +455,7 @@ class JobState:
         """Adopt ``quorum`` (stored at ``revision``) as the current one."""
         self.quorum, self.quorum_revision = quorum, revision
         self._members = {m.replica_id: m for m in quorum.members} if quorum else {}
+        self._ranks = {rid: rank for rank, rid in enumerate(self._members)}  # the list's order
         self.dirty = self.checksums_dirty = True
 
     def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:

@@ -82,10 +82,29 @@ class Quorum:
     created_unix_ms: int = 0
     reason: str = ""
     epoch: int = 0
+    last_drop_id: int = 0
+    """The newest quorum up to this one that dropped an incarnation of the
+    quorum before it: every member of a quorum with an id at or above it is
+    a member of this one (0: unknown, as in a quorum stored by an older
+    version; see ``next_last_drop_id``)."""
 
     @property
     def member_ids(self) -> tuple[str, ...]:
         return tuple(m.replica_id for m in self.members)
+
+
+def next_last_drop_id(prev: Quorum | None, new_id: int, members: tuple[Member, ...]) -> int:
+    """``last_drop_id`` of quorum ``new_id`` with ``members``, formed after
+    ``prev``: unchanged while quorums only add replicas, else ``new_id``. A
+    restarted replica is a new incarnation (another ``joined_quorum_id``): its
+    old one was dropped. Without a known predecessor, ``new_id`` (nothing
+    older is vouched for)."""
+    if prev is None or not prev.last_drop_id:
+        return new_id
+    kept = {(m.replica_id, m.joined_quorum_id) for m in members}
+    if all((m.replica_id, m.joined_quorum_id) in kept for m in prev.members):
+        return prev.last_drop_id
+    return new_id
 
 
 @dataclasses.dataclass(frozen=True)

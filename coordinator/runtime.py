@@ -25,7 +25,7 @@ from coordinator.job import JobState
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import Metrics
-from coordinator.quorum import Decision, Quorum, names
+from coordinator.quorum import Decision, Quorum, names, next_last_drop_id
 from coordinator.store import Store
 from coordinator.watch_events import HEADER, WatchEvents
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -225,19 +225,23 @@ class CoordinatorRuntime:
         return response
 
     async def watch(self, req: pb.WatchRequest) -> AsyncIterator[bytes]:
-        """The stream of serialized WatchEvents for one watcher: the member
-        list once, then deltas; none for a replica not (yet) a member
+        """The stream of serialized WatchEvents for one watcher: the quorum
+        and the watched replica's place in it; the member list (once, then
+        deltas) only to a watcher that asked and may see it
         (coordinator/watch_events.py)."""
         job = self.job(req.job)
-        if req.replica_id:
+        session = bool(req.replica_id and req.session_id)  # else an observer: its stream keeps nothing alive
+        if session:
             job.state.watch_opened(req.replica_id, req.session_id)
+        lists = not req.replica_id or req.member_list
         last, sent_quorum = None, 0  # sent_quorum: the quorum whose member list this stream holds
         try:
             while True:
                 seen = job.changes.generation
                 events = job.events
                 current = events.quorum_id
-                kind = events.kind_for(not req.replica_id or job.state.is_member(req.replica_id), sent_quorum)
+                sees = lists and (not req.replica_id or job.state.is_member(req.replica_id))
+                kind = events.kind_for(sees, sent_quorum)
                 own = job.state.watch_event(req.replica_id, self.leader)
                 own.heartbeat_interval_s = job.pacer.current.interval
                 event = events.event(kind, own.SerializeToString())
@@ -247,7 +251,7 @@ class CoordinatorRuntime:
                     sent_quorum = 0 if kind == HEADER else current
                 await job.changes.wait(seen)
         finally:
-            if req.replica_id:
+            if session:
                 job.state.watch_closed(req.replica_id, req.session_id, self.clock())
                 self.wake()
 
@@ -421,14 +425,16 @@ class CoordinatorRuntime:
     async def _publish(self, job: _Job, decision: Decision) -> tuple[Quorum, int]:
         prev = job.state.quorum
         members = decision.members or ()
+        new_id = (prev.id if prev else 0) + 1
         quorum = Quorum(
-            id=(prev.id if prev else 0) + 1,
+            id=new_id,
             members=members,
             # Members that stay keep the step they were admitted at.
             step=max([decision.head_step, *(m.step for m in members)]),
             created_unix_ms=int(self.wall() * 1000),
             reason=decision.reason,
             epoch=job.epoch,
+            last_drop_id=next_last_drop_id(prev, new_id, members),
         )
         data = quorum_to_pb(quorum).SerializeToString()
         result = await self._store(self.store.compare_and_set, job.keys.quorum, data, job.state.quorum_revision)

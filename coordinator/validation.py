@@ -97,8 +97,10 @@ def check_heartbeat(req) -> None:
 
 
 def check_watch(req) -> None:
-    if req.replica_id or req.session_id:
+    if req.session_id:
         check_session(req)
+    elif req.replica_id:
+        check_replica_id(req.replica_id)  # an observer of the replica (its other ranks)
 
 
 def check_leave(req) -> None:

@@ -1,17 +1,20 @@
 """What Watch streams are sent, serialized once per quorum.
 
-The member list goes only to members and observers (the other ranks of a
-member's group): a replica waiting to join needs its catch-up source and
-whether it is in, not 10,000 names, and gets the quorum without members
-(``HEADER``) until it is admitted. A stream is sent the whole list once
-(``FULL``), then deltas from the quorum it was last sent (``DELTA``; an empty
-one, ``SAME``, while that is still the current quorum).
+A replica is sent the quorum without its members (``HEADER``) and its own
+place in it: its rank, with the member count and the first member's address
+(the group's store), is all it needs to train. A list for every member
+would make forming a 10,000-replica quorum 10,000 lists of 10,000 names,
+gigabytes through the coordinator. The list goes only to watchers that ask
+(WatchRequest.member_list: tools, the simulated replicas of the tests) and
+may see it (members, or watchers of no replica): the whole list once
+(``FULL``), then deltas from the quorum the stream was last sent (``DELTA``;
+an empty one, ``SAME``, while that is still the current quorum).
 
-Events are serialized here, not by gRPC: the list's bytes (450 KB at 10,000
-replicas) are made once per quorum and shared by every watcher, which
-appends its own few fields (protobuf merges concatenated messages). The
-concatenation itself is made once for all watchers whose own fields are the
-same (most of them), so a change costs one copy of the list, not one each.
+Events are serialized here, not by gRPC: the shared part is made once per
+quorum and every watcher appends its own few fields (protobuf merges
+concatenated messages). The concatenation itself is made once for all
+watchers whose own fields are the same, so a list costs one copy, not one
+per watcher.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ def main() -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, wait_for_workers=False,  # noqa: F841 - hosts the groups
                           timeout=datetime.timedelta(seconds=30))
     tracker = QuorumTracker(f"r{rank}")
-    members = [pb.QuorumMember(replica_id=f"r{i}", address=f"127.0.0.1:{port}") for i in range(2)]
-    tracker.update(pb.WatchEvent(quorum=pb.Quorum(id=2, members=members)))
+    quorum = pb.Quorum(id=2, member_count=2, first_member_address=f"127.0.0.1:{port}", last_drop_id=2)
+    tracker.update(pb.WatchEvent(quorum=quorum, place=pb.QuorumPlace(rank=rank)))
     ftar = FTAR(tracker, "protocol", timeout=30)
     out = {}
     if rank == 0:

@@ -170,6 +170,34 @@ def test_observer_watch_without_replica_id(coordinator, replicas):
         stream.cancel()
 
 
+def test_a_replica_is_pushed_its_place_not_the_member_list(coordinator, replicas):
+    """A member's Watch carries its rank, the member count and the first
+    member's address, no list (10,000 lists of 10,000 would be gigabytes);
+    another rank of the group watches with the replica id but no session:
+    it gets the place too, and its stream closing fails nothing."""
+    c = coordinator("--min-replicas", "3")
+    procs = replicas(c.address, "r0", "r1", "r2")
+    events = [r.wait_members(["r0", "r1", "r2"]) for r in procs]
+    assert [e["rank"] for e in events] == [0, 1, 2]
+    with CoordinatorClient([c.address]) as client:
+        status = client.status("")
+        qid, first = status.quorum.id, status.quorum.members[0].address
+        stub = client.stub(c.address)
+        member = stub.Watch(pb.WatchRequest(job="default", replica_id="r1"), metadata=client.metadata, timeout=10)
+        event = next(member)
+        assert event.quorum.id == qid and event.place.rank == 1 and not event.quorum.members
+        assert event.quorum.member_count == 3 and event.quorum.first_member_address == first
+        outsider = stub.Watch(pb.WatchRequest(job="default", replica_id="r9"), metadata=client.metadata, timeout=10)
+        event = next(outsider)
+        assert event.quorum.id == qid and not event.HasField("place") and not event.quorum.members
+        member.cancel()
+        outsider.cancel()
+    # The observer's stream closing is not r1's: the next quorum only adds r3.
+    replicas(c.address, "r3")
+    event = procs[0].wait_members(["r0", "r1", "r2", "r3"])
+    assert event["quorum_id"] == qid + 1 and states(c.address)["r1"] == "healthy"
+
+
 def test_watch_pushes_changes_as_deltas(coordinator, replicas):
     """After the first event, a stream gets only what changed: the members
     added and removed, which rebuild the coordinator's own list."""

@@ -124,3 +124,50 @@ def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected
     total = torch.tensor([float(d) for d in proposals], dtype=torch.float32).sum()
     squares = torch.tensor([float(d * d) for d in proposals], dtype=torch.float32).sum()
     assert slot_switch(10, len(proposals), int(total), int(squares)) == expected
+
+
+# ----- is_growth: what the coordinator's last_drop_id lets a member conclude ------------
+
+def test_is_growth_from_last_drop_id() -> None:
+    from agent.ftar_decisions import is_growth
+    from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+    q = lambda qid, last_drop: pb.Quorum(id=qid, last_drop_id=last_drop)  # noqa: E731
+    assert is_growth(4, q(6, 3))  # nobody dropped since 3: 5 and 6 only added
+    assert is_growth(4, q(6, 4))
+    assert not is_growth(4, q(6, 5))  # quorum 5 dropped someone
+    assert not is_growth(6, q(6, 1))  # the group's own quorum
+    assert not is_growth(4, q(6, 0))  # unknown: not vouched for
+    assert not is_growth(4, None)
+
+
+def test_is_growth_agrees_with_the_member_lists_along_random_chains() -> None:
+    """Along random membership changes published as the coordinator does,
+    is_growth(g, n) holds exactly when every quorum after g kept all of its
+    predecessor's incarnations: never for a quorum that lost a member of g
+    (a drop and re-admission in between is conservatively not growth)."""
+    import random
+
+    from agent.ftar_decisions import is_growth
+    from coordinator.codec import quorum_to_pb
+    from coordinator.quorum import Member, Quorum, next_last_drop_id
+
+    rng = random.Random(7)
+    for _ in range(50):
+        chain: list[Quorum] = []
+        members: dict[str, Member] = {}
+        for qid in range(1, 25):
+            for rid in [r for r in members if rng.random() < 0.15]:
+                del members[rid]  # failed, left or (re-added below) restarted
+            for i in rng.sample(range(8), rng.randint(0, 2)):
+                members.setdefault(f"r{i}", Member(f"r{i}", "h:1", 1, 0, qid))
+            ordered = tuple(members[r] for r in sorted(members))
+            prev = chain[-1] if chain else None
+            chain.append(Quorum(qid, ordered, last_drop_id=next_last_drop_id(prev, qid, ordered)))
+        for g in chain:
+            for n in chain:
+                if n.id <= g.id:
+                    continue
+                kept = set(g.members) <= set(n.members) and all(
+                    set(chain[i - 1].members) <= set(chain[i].members) for i in range(g.id, n.id))
+                assert is_growth(g.id, quorum_to_pb(n)) == kept, (g, n)

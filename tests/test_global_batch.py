@@ -28,10 +28,13 @@ TRAIN = ROOT / "examples" / "gpt" / "train.py"
 
 
 def push(record: QuorumRecord, quorum_id: int, *members: str, count: int = 0) -> None:
-    """A Watch event as the coordinator pushes it (``count`` alone: a non-member's view, without the list)."""
-    quorum = pb.Quorum(id=quorum_id, member_count=count or len(members),
-                       members=[pb.QuorumMember(replica_id=m) for m in members])
-    record.record(pb.WatchEvent(quorum=quorum))
+    """A Watch event as the coordinator pushes it to ``record``'s replica:
+    the quorum without its list, and the replica's place if it is a member
+    (``count`` alone: a quorum it is not in)."""
+    event = pb.WatchEvent(quorum=pb.Quorum(id=quorum_id, member_count=count or len(members)))
+    if record.replica_id in members:
+        event.place.rank = members.index(record.replica_id)
+    record.record(event)
 
 
 def test_the_basis_is_the_quorum_of_the_last_step_not_the_newest_push():

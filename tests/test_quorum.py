@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from coordinator.quorum import Member, Quorum, ReplicaView, Rules, decide
+from coordinator.quorum import Member, Quorum, ReplicaView, Rules, decide, next_last_drop_id
 
 NOW = 1000.0
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
@@ -313,3 +313,29 @@ def test_diverged_member_leaves_and_cannot_rejoin_until_it_restarts():
     decision = decide(quorum("a", "b", "c"), replicas, NOW, RULES)
     assert [m.replica_id for m in decision.members] == ["a", "b"] and "c (checksum mismatch)" in decision.reason
     assert decide(quorum("a", "b", qid=8), replicas, NOW, RULES).members is None
+
+
+def _members(*entries: tuple[str, int]) -> tuple[Member, ...]:
+    return tuple(Member(rid, f"h:{i}", 1, 0, joined) for i, (rid, joined) in enumerate(entries))
+
+
+@pytest.mark.parametrize(
+    "prev, members, expected",
+    [
+        # The first quorum vouches for nothing older: its own id.
+        (None, _members(("a", 1)), 5),
+        # A quorum stored before the field existed (0): unknown, its own id.
+        (Quorum(4, _members(("a", 1)), last_drop_id=0), _members(("a", 1), ("b", 5)), 5),
+        # Only added: the predecessor's value carries over.
+        (Quorum(4, _members(("a", 1)), last_drop_id=2), _members(("a", 1), ("b", 5)), 2),
+        # Someone left: this quorum.
+        (Quorum(4, _members(("a", 1), ("b", 3)), last_drop_id=2), _members(("a", 1)), 5),
+        # Someone left and someone else came: this quorum.
+        (Quorum(4, _members(("a", 1), ("b", 3)), last_drop_id=2), _members(("a", 1), ("c", 5)), 5),
+        # Restarted (same id, a new incarnation): its old incarnation was dropped.
+        (Quorum(4, _members(("a", 1), ("b", 3)), last_drop_id=2), _members(("a", 1), ("b", 5)), 5),
+    ],
+    ids=["first", "legacy", "grown", "shrunk", "swapped", "restarted"],
+)
+def test_next_last_drop_id(prev, members, expected) -> None:
+    assert next_last_drop_id(prev, 5, members) == expected

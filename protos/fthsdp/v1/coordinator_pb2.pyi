@@ -56,7 +56,7 @@ class QuorumMember(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., joined_quorum_id: _Optional[int] = ...) -> None: ...
 
 class Quorum(_message.Message):
-    __slots__ = ("id", "members", "step", "created_unix_ms", "reason", "epoch", "member_count")
+    __slots__ = ("id", "members", "step", "created_unix_ms", "reason", "epoch", "member_count", "first_member_address", "last_drop_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,8 @@ class Quorum(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MEMBER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_MEMBER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAST_DROP_ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     members: _containers.RepeatedCompositeFieldContainer[QuorumMember]
     step: int
@@ -71,7 +73,15 @@ class Quorum(_message.Message):
     reason: str
     epoch: int
     member_count: int
-    def __init__(self, id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., step: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ..., member_count: _Optional[int] = ...) -> None: ...
+    first_member_address: str
+    last_drop_id: int
+    def __init__(self, id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., step: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ..., member_count: _Optional[int] = ..., first_member_address: _Optional[str] = ..., last_drop_id: _Optional[int] = ...) -> None: ...
+
+class QuorumPlace(_message.Message):
+    __slots__ = ("rank",)
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    def __init__(self, rank: _Optional[int] = ...) -> None: ...
 
 class QuorumDelta(_message.Message):
     __slots__ = ("base_id", "added", "removed")
@@ -174,17 +184,19 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, quorum_id: _Optional[int] = ..., drain_requested: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id")
+    __slots__ = ("job", "replica_id", "session_id", "member_list")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_LIST_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    member_list: bool
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +204,7 @@ class WatchEvent(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    PLACE_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -199,7 +212,8 @@ class WatchEvent(_message.Message):
     reason: str
     heartbeat_interval_s: float
     delta: QuorumDelta
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ...) -> None: ...
+    place: QuorumPlace
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("job", "replica_id", "session_id", "reason", "failed")
