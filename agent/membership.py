@@ -1,11 +1,14 @@
 """Keep one replica group registered with the coordinator.
 
-``Membership`` registers the replica, heartbeats on a background thread, and
-holds one Watch stream open on another, so the training loop reads the latest
-quorum from memory (``latest``) and never calls the coordinator on a step
-where nothing changed. When the coordinator restarts or another one takes
-over, the session is re-established with the quorum id the replica still
-trains in, so it keeps its place.
+``Membership`` registers the replica on one Session call
+(agent/session_client.py), heartbeats on it from a background thread and
+reads the coordinator's pushes from it on another, so the training loop
+reads the latest quorum from memory (``latest``) and never calls the
+coordinator on a step where nothing changed. When the session ends (the
+coordinator restarted, another one took over, or it refused a heartbeat),
+the replica registers on a new one with the quorum id it still trains in,
+so it keeps its place. The other ranks of a group only observe: a Watch
+stream for their place and a liveness ping.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from agent.heartbeat_sender import HeartbeatSender
+from agent.session_client import SessionCall, open_session
 from coordinator import quorum_delta
 from coordinator.client import CoordinatorClient
 from coordinator.credentials import TlsFiles
@@ -25,8 +29,6 @@ from coordinator.errors import CoordinatorUnavailable, RequestRejected
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.membership")
-
-_REREGISTER = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class Membership:
@@ -71,8 +73,10 @@ class Membership:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._stream = None
-        self._register_lock = threading.Lock()
+        self._call: SessionCall | None = None
+        """The Session of this incarnation (rank 0)."""
+        self._watch = None
+        """A Watch stream: another rank's, or a tool's that shows the member list."""
         self._observer = False
         self._member_list = member_list
         self._listeners: list[Callable[[pb.WatchEvent], None]] = []
@@ -104,17 +108,20 @@ class Membership:
                 return
 
     def start(self, deadline: float = 30.0) -> None:
-        """Register (retrying until ``deadline`` seconds pass) and start the threads."""
+        """Register on a Session (retrying until ``deadline`` seconds pass) and start the threads."""
         end = time.monotonic() + deadline
         while True:
             try:
-                self._register()
+                self._open()
                 break
             except CoordinatorUnavailable:
                 if time.monotonic() > end:
                     raise
                 self._stop.wait(0.2)
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._watch_loop, "watch")):
+        loops = [(self._heartbeat_loop, "heartbeat"), (self._session_loop, "session")]
+        if self._member_list:
+            loops.append((self._watch_loop, "members"))  # a tool's view: the list, on a Watch of its own
+        for target, name in loops:
             t = threading.Thread(target=target, name=f"fthsdp-{name}-{self.replica_id}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -151,9 +158,10 @@ class Membership:
     def close(self) -> None:
         self._stop.set()
         self._beat_now.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        if self._call is not None:
+            self._call.close()
+        if self._watch is not None:
+            self._watch.cancel()
         for t in self._threads:
             t.join(timeout=5)
         self._beats.close()
@@ -178,21 +186,21 @@ class Membership:
 
     # ----- internals -------------------------------------------------------------------
 
-    def _register(self) -> None:
-        response = self.client.call(
-            "Register",
-            pb.RegisterRequest(
-                job=self.job,
-                replica_id=self.replica_id,
-                address=self.address,
-                world_size=self.world_size,
-                step=self.step,
-                quorum_id=self.training_quorum_id,
-                catch_up_addresses=self.catch_up_addresses,
-            ),
+    def _open(self) -> None:
+        """Register this incarnation on a new Session (agent/session_client.py)."""
+        register = pb.RegisterRequest(
+            job=self.job,
+            replica_id=self.replica_id,
+            address=self.address,
+            world_size=self.world_size,
+            step=self.step,
+            quorum_id=self.training_quorum_id,
+            catch_up_addresses=self.catch_up_addresses,
         )
-        self._session = response.session_id
-        self._interval = response.heartbeat_interval_s or 1.0
+        call = open_session(self.client, register)
+        self._call, self._session = call, call.session_id
+        self._interval = call.registered.heartbeat_interval_s or 1.0
+        self._beat_now.set()  # the coordinator admits no replica before its first heartbeat
 
     def _heartbeat_loop(self) -> None:
         while True:
@@ -204,10 +212,10 @@ class Membership:
                 return
             self._beat_now.clear()
             done, total = self.catch_up_progress
-            request = pb.HeartbeatRequest(
-                job=self.job,
-                replica_id=self.replica_id,
-                session_id=self._session,
+            call = self._call
+            if call is None:
+                continue  # between sessions: registering again is a sign of life too
+            call.heartbeat(pb.HeartbeatRequest(
                 step=self.step,
                 ready=self.ready,
                 state_checksum=self.state_checksum,
@@ -216,45 +224,42 @@ class Membership:
                 catch_up_bytes=done,
                 catch_up_total_bytes=total,
                 catching_up=self.catching_up,
-            )
-            try:
-                self._beats.send(request)
-            except RequestRejected as e:
-                if e.code in _REREGISTER:
-                    self._reregister(str(e), request.session_id)
-                else:
-                    log.warning("heartbeat rejected: %s", e)
-            except CoordinatorUnavailable as e:
-                log.warning("heartbeat: %s", e)
+            ))
 
-    def _reregister(self, why: str, stale_session: str) -> None:
-        """Register again unless the other thread already did since ``stale_session``."""
-        with self._register_lock:
-            if self._session != stale_session:
+    def _session_loop(self) -> None:
+        """Deliver the session's events; when it ends, register again on a new
+        one (the next coordinator if this one is gone), with the quorum id
+        this process still trains in, so that it keeps its place."""
+        while not self._stop.is_set():
+            call = self._call
+            for event in call.events():
+                if not self._member_list:  # else the list's Watch stream delivers (start())
+                    self._deliver(event)
+            if self._stop.is_set():
                 return
-            log.info("registering again (%s)", why)
-            try:
-                self._register()
-            except (CoordinatorUnavailable, RequestRejected) as e:
-                log.warning("registration failed: %s", e)
-                return
-        # The open Watch stream belongs to the old session: reopen it.
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
+            why = call.ended()
+            if isinstance(why, CoordinatorUnavailable):
+                self.client.advance()
+            log.info("session ended (%s); registering again", why or "closed")
+            self._call = None
+            while not self._stop.is_set():
+                try:
+                    self._open()
+                    break
+                except (CoordinatorUnavailable, RequestRejected) as e:
+                    log.warning("registration failed: %s", e)
+                    self._stop.wait(0.5)
 
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
             address = self.client.current_address()
-            # An observer (another rank of the group) names the replica for
-            # its place, without the session: its stream keeps nothing alive.
-            session = "" if self._observer else self._session
-            request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, session_id=session,
-                                      member_list=self._member_list)
+            # Another rank of the group names the replica for its place,
+            # without the session: its stream keeps nothing alive.
+            request = pb.WatchRequest(job=self.job, replica_id=self.replica_id, member_list=self._member_list)
             held = None  # the full quorum this stream last described
             try:
-                self._stream = self.client.stub(address).Watch(request, metadata=self.client.metadata)
-                for event in self._stream:
+                self._watch = self.client.stub(address).Watch(request, metadata=self.client.metadata)
+                for event in self._watch:
                     held = quorum_delta.resolve(held, event)
                     if event.HasField("delta"):
                         event.quorum.CopyFrom(held)
@@ -262,18 +267,14 @@ class Membership:
                     self._deliver(event)
             except quorum_delta.StaleDelta as e:
                 log.warning("watch: %s; reopening the stream", e)
-                self._stream.cancel()
+                self._watch.cancel()
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return
                 code = e.code()
-                if code in _REREGISTER:
-                    self._reregister(e.details() or code.name, request.session_id)
-                elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.client.advance()
-                elif code == grpc.StatusCode.CANCELLED:
-                    pass  # we cancelled it to reopen with a new session
-                else:
+                elif code != grpc.StatusCode.CANCELLED:
                     log.warning("watch stream ended: %s %s", code.name, e.details())
             # Back off a little so a coordinator that is down is not hammered.
             self._stop.wait(0.1)

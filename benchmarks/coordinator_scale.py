@@ -2,15 +2,16 @@
 how fast a failure reaches every survivor, and quorum formation.
 
     python benchmarks/coordinator_scale.py [--replicas 100,1000,10000] [--clients 4] [--seconds 10] [--budget 5000]
-        [--per-connection 1] [--coordinator-logs DIR]
+        [--calls session|separate] [--per-connection 1] [--coordinator-logs DIR]
 
 One coordinator process (embedded store, default settings but for the
 heartbeat flags below). ``--clients`` processes simulate the replicas with
-gRPC asyncio clients, talking to it as the agents do: each replica
-registers, keeps a Watch stream open (the quorum and its place in it, no
-member list) and heartbeats on a HeartbeatStream at the interval the
-coordinator asks for (1 s, stretched past ``--budget`` heartbeats/s; 0 keeps
-1 Hz whatever the count), random phase. A tenth of the heartbeats ask for an
+gRPC asyncio clients, talking to it as the agents do: each replica opens
+one Session call (``--calls separate``: Register, Watch and HeartbeatStream,
+three calls), registers on it, is pushed the quorum and its place in it (no
+member list) and heartbeats on it at the interval the coordinator asks for
+(1 s, stretched past ``--budget`` heartbeats/s; 0 keeps 1 Hz whatever the
+count), random phase. A tenth of the heartbeats ask for an
 answer: their round trip is the latency. After all replicas are members, the
 table records heartbeat latency p50/p99, heartbeats sent per second and the
 coordinator's CPU (user + system from /proc, as a share of one core) over
@@ -145,9 +146,65 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
     beats.cancel()
 
 
-async def client_main(address: str, first: int, count: int, victim: int, per_connection: int) -> None:
+async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+    # The same replica on one Session call (Register, heartbeats and Watch together).
+    register = pb.SessionRequest(register=pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
+    while not stop.is_set():
+        call = session_call()
+        pending: deque = deque()
+        pace = {"interval": 1.0}
+        registered = asyncio.Event()
+
+        async def receive() -> None:
+            try:
+                async for data in call:
+                    out["bytes"] += len(data)
+                    event = pb.SessionEvent.FromString(data)
+                    kind = event.WhichOneof("message")
+                    if kind == "registered":
+                        pace["interval"] = event.registered.heartbeat_interval_s or 1.0
+                        registered.set()
+                    elif kind == "ack":
+                        start = pending.popleft()
+                        out["latencies"].append((start, time.monotonic() - start))
+                    else:
+                        w = event.watch
+                        if w.heartbeat_interval_s:
+                            pace["interval"] = w.heartbeat_interval_s
+                        out["events"].append((rid, time.monotonic(), w.quorum.id, w.quorum.member_count, w.HasField("place")))
+            except Exception:  # noqa: BLE001 - cancelled, closed as the victim, or ended by the coordinator
+                pass
+
+        reader = asyncio.create_task(receive())
+        try:
+            await call.write(register)
+            await registered.wait()
+            await asyncio.sleep(random.random() * pace["interval"])  # spread the heartbeats over the interval
+            while not stop.is_set():
+                if victim and go_silent.is_set():
+                    out["victim_closed"] = time.monotonic()
+                    call.cancel()
+                    return
+                start = time.monotonic()
+                ack = random.random() < ACK_SHARE
+                if ack:
+                    pending.append(start)
+                await call.write(pb.SessionRequest(heartbeat=pb.HeartbeatRequest(ack=ack)))
+                out["sent"].append(start)
+                await asyncio.sleep(max(0.0, pace["interval"] - (time.monotonic() - start)))
+        except Exception as e:  # noqa: BLE001 - the session ended: open a new one, as an agent does
+            out["reregistered"] += 1
+            out["last_error"] = f"session: {type(e).__name__} {str(e)[:200]}"
+            await asyncio.sleep(0.2 + random.random())
+        finally:
+            reader.cancel()
+            call.cancel()
+
+
+async def client_main(address: str, first: int, count: int, victim: int, per_connection: int, session: bool = False) -> None:
     import grpc
 
+    from coordinator.client import CHANNEL_OPTIONS
     from protos.fthsdp.v1 import coordinator_pb2 as pb
     from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -155,7 +212,7 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
     # sharing one between several is cheaper for both sides but couples
     # them: a big Watch event for one delays the others' answers.
     channels = [
-        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1), *CHANNEL_OPTIONS])
         for _ in range(max(1, -(-count // per_connection)))
     ]
     stubs = [pb_grpc.CoordinatorStub(c) for c in channels]
@@ -167,10 +224,17 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
 
     lag = LagWindow(1e9)  # this process's worst lag over the whole run: are the simulated replicas late themselves?
     lag_probe = asyncio.create_task(probe(lag))
-    tasks = [
-        asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent))
-        for k, i in enumerate(range(first, first + count))
-    ]
+    if session:
+        calls = [c.stream_stream("/fthsdp.v1.Coordinator/Session", request_serializer=pb.SessionRequest.SerializeToString) for c in channels]
+        tasks = [
+            asyncio.create_task(session_replica(grpc, calls[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent))
+            for k, i in enumerate(range(first, first + count))
+        ]
+    else:
+        tasks = [
+            asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent))
+            for k, i in enumerate(range(first, first + count))
+        ]
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -203,7 +267,8 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
 
 
-def run(n: int, clients: int, seconds: float, budget: float, per_connection: int, log_dir: Path | None = None) -> dict:
+def run(n: int, clients: int, seconds: float, budget: float, per_connection: int, log_dir: Path | None = None,
+        session: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = open(log_dir / f"coordinator-{n}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     coordinator = subprocess.Popen(
@@ -219,7 +284,7 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
     first = 0
     for k, count in enumerate(per):
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection)],
+            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection), str(int(session))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
         first += count
     try:
@@ -234,7 +299,7 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
         worst_lag = 0.0
         while (members := (m := scrape(metrics)).get(healthy, 0)) < n and time.monotonic() < deadline:
             worst_lag = max(worst_lag, m.get(lag, 0.0))
-            time.sleep(0.5)
+            time.sleep(2.0)  # a scrape renders every replica: not too often
         formed = time.monotonic() - started
         time.sleep(2)  # let the spread-out heartbeats settle into their 1 Hz rhythm
         t0, c0, k0 = time.monotonic(), cpu_seconds(coordinator.pid), sum(cpu_seconds(p.pid) for p in procs)
@@ -299,18 +364,21 @@ def main() -> None:
     p.add_argument("--coordinator-logs", type=Path, help="write each coordinator's log (level info) to DIR/coordinator-N.log")
     p.add_argument("--per-connection", type=int, default=1,
                    help="simulated replicas sharing one gRPC connection (1: one each, as real agents)")
-    p.add_argument("--client", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--calls", choices=("session", "separate"), default="session",
+                   help="session: each simulated replica on one Session call, as the agent does; separate: "
+                        "Register + Watch + HeartbeatStream, three calls (what agents did before)")
+    p.add_argument("--client", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
-        address, first, count, victim, per_connection = args.client
-        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection)))
+        address, first, count, victim, per_connection, session = args.client
+        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection), session == "1"))
         return
     print("\n| replicas | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
           " coordinator CPU (cores) | clients CPU (cores) | worst loop lag: coordinator / clients | stream closed → every survivor told | quorums formed (mean formation) |"
           " Watch bytes (whole run) | registrations retried | dropped and registered again | errors |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.replicas.split(",")):
-        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs)
+        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs, args.calls == "session")
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
         print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
               f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {r['client_cpu']:.2f} | {r['coordinator_lag']:.2f} / {r['client_lag']:.2f} s | {told} | "

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 
-DEFAULT_BATCH = 256
-"""Waiters released per turn of the loop: about 20 ms of work at most."""
+DEFAULT_BATCH = 64
+"""Waiters released per turn of the loop: a few milliseconds of work (gRPC takes
+a new call only every few turns, so long turns starve replicas still arriving)."""
 
 
 class Broadcast:

@@ -39,6 +39,9 @@ _SERVICE_CONFIG = json.dumps(
 CHANNEL_OPTIONS = (
     ("grpc.service_config", _SERVICE_CONFIG),
     ("grpc.enable_retries", 1),
+    # Messages here are small: BDP probing (a ping per burst of data, to size
+    # the flow-control window for bulk transfers) only costs syscalls.
+    ("grpc.http2.bdp_probe", 0),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),

@@ -52,6 +52,10 @@ class ReplicaEntry:
     catch_up_progress: tuple[int, int] = (0, 0)
     """Snapshot bytes received and expected, while the replica catches up."""
     catching_up: bool = False
+    beating: bool = False
+    """Rank 0 has heartbeated since this registration (not before: not admitted)."""
+    first_heartbeat: float = 0.0
+    """When it did first."""
 
     def view_heartbeat(self) -> float:
         """The replica is as alive as its most silent rank."""
@@ -71,6 +75,8 @@ class ReplicaEntry:
             failed_at=self.failed_at,
             ready_since=self.ready_since,
             catching_up=self.catching_up,
+            beating=self.beating,
+            first_heartbeat=self.first_heartbeat,
             restarted=self.restarted,
             diverged=self.diverged_at is not None,
             cordoned=self.cordoned,
@@ -105,10 +111,22 @@ class JobState:
         self._ranks: dict[str, int] = {}
         """Each member's position in the current quorum: its rank in the FTAR group."""
         self._decided_at = float("-inf")
+        self._expiry_bound = (0.0, float("-inf"))
+        """(timeout, t): no heartbeat timeout runs out before t (see needs_decision)."""
         self.dirty = True
         """Something the decision reads changed since it last found the
         quorum settled. While not dirty, only time (a heartbeat timeout)
         can change the decision: see ``needs_decision``."""
+        self.joiners_moved = False
+        """A replica outside the quorum registered or heartbeated since the
+        last decision: its progress feeds the next one, not urgently."""
+        self.unsettled = False
+        """The last decision was waiting (for arrivals to settle, joiners to
+        catch up, a timeout): decide again, but not before ``poll_at``."""
+        self.poll_at = float("-inf")
+        """Set by the runtime from what a decision costs: at 10,000 replicas
+        one takes tens of milliseconds, and polling them every tick while
+        joiners arrive starved the coordinator."""
         self.checksums_dirty = False
         """A checksum arrived (or the members changed) since ``check_checksums`` last looked."""
         self._senders: int | None = None
@@ -185,16 +203,19 @@ class JobState:
         trains in a quorum that admitted it; otherwise it restarted and lost its
         state, and the next decision replaces it with a joiner.
         """
-        self.dirty = self.checksums_dirty = True
         entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
         member = self._members.get(replica_id)
+        if member is not None:
+            self.dirty = self.checksums_dirty = True  # a member restarted, or came back after a failover
+        else:
+            self.joiners_moved = True
         entry.address, entry.world_size, entry.step = address, world_size, step
         entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
         entry.catching_up = False
         entry.session_id = secrets.token_hex(8)
         self._senders = None
         entry.registered_at = entry.last_heartbeat = now
-        entry.heard_from = True
+        entry.heard_from, entry.beating = True, False
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = None
         entry.checksums.clear()
         # Every other rank of the group must ping within a heartbeat timeout
@@ -224,8 +245,12 @@ class JobState:
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now)
         entry = self._session(replica_id, session_id)
-        if replica_id not in self._members or ready != (entry.ready_since is not None):
-            self.dirty = True  # a joiner's progress and readiness feed the decision; members' steps do not
+        if ready != (entry.ready_since is not None):
+            self.dirty = True
+        elif replica_id not in self._members:
+            self.joiners_moved = True  # a joiner's progress feeds the decision; members' steps do not
+        if not entry.beating:
+            entry.beating, entry.first_heartbeat = True, now
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
         entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
         if ready and entry.ready_since is None:
@@ -344,17 +369,47 @@ class JobState:
         scan of floats."""
         if self.dirty:
             return True
+        if (self.joiners_moved or self.unsettled) and now >= self.poll_at:
+            return True
         # A heartbeat timeout that ran out since the last decision (those that
         # ran out before it were part of it). Replicas loaded from the store
         # after a restart count too: they have no session yet, but a timeout.
+        # The scan runs only once the earliest expiry it found is reached:
+        # heartbeats only push expiries later, and a replica registering
+        # later expires later (the coordinator ticks 10 times a second; at
+        # 10,000 replicas a scan per tick was a tenth of its CPU).
         timeout, since = self.rules.heartbeat_timeout, self._decided_at
-        return any(since < e.view_heartbeat() + timeout <= now for e in self.replicas.values())
+        if timeout == self._expiry_bound[0] and now < self._expiry_bound[1]:
+            return False
+        expiries = [(e.view_heartbeat() + timeout, rid) for rid, e in self.replicas.items()]
+        self._expiry_bound = (timeout, min((x for x, _ in expiries if x > now), default=float("inf")))
+        # A member's timeout is decided on at once; anyone else's (a joiner,
+        # or a replica whose heartbeats never got through) at the poll time.
+        ran_out = [rid for x, rid in expiries if since < x <= now]
+        if any(rid in self._members for rid in ran_out):
+            return True
+        if ran_out:
+            self.joiners_moved = True
+        return self.joiners_moved and now >= self.poll_at
+
+    def set_pace(self, heartbeat_timeout: float, join_settle: float) -> None:
+        """Adopt a stretched heartbeat timeout and join settle (the runtime's
+        pace). Under load they move often: neither is urgent by itself, but
+        a shorter timeout may have run out for members before the last
+        decision, so every deadline is looked at again."""
+        rules = self.rules
+        if heartbeat_timeout != rules.heartbeat_timeout or join_settle != rules.join_settle:
+            self.rules = dataclasses.replace(rules, heartbeat_timeout=heartbeat_timeout, join_settle=join_settle)
+            self.joiners_moved = True
+            if heartbeat_timeout < rules.heartbeat_timeout:
+                self._decided_at = float("-inf")
 
     def evaluate(self, now: float) -> Decision:
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
         decision = decide(self.quorum, views, now, self.rules, current_sources)
-        self.dirty, self._decided_at = not decision.settled, now
+        self.dirty = self.joiners_moved = False
+        self.unsettled, self._decided_at = not decision.settled, now
         return decision
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:

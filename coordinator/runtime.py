@@ -10,7 +10,6 @@ replica is durable, so ids never go backwards after a restart.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -25,7 +24,7 @@ from coordinator.job import JobState
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import Metrics
-from coordinator.quorum import Decision, Quorum, names, next_last_drop_id
+from coordinator.quorum import Decision, Quorum, names, next_last_drop_id, settle_for
 from coordinator.store import Store
 from coordinator.watch_events import HEADER, WatchEvents
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -38,6 +37,10 @@ HISTORY_LENGTH = 200
 
 BACKLOG_EVERY = 0.5
 """Seconds between measurements of the heartbeat backlog."""
+
+POLL_GAP_PER_COST = 19.0
+"""An unsettled decision is taken again after this many times what it cost
+(so polling takes at most a twentieth of the coordinator's time)."""
 
 
 class _Job:
@@ -364,7 +367,12 @@ class CoordinatorRuntime:
             self._pace(job)
             if not job.state.needs_decision(self.clock()):
                 return
-            decision = job.state.evaluate(self.clock())
+            began, now = time.perf_counter(), self.clock()
+            decision = job.state.evaluate(now)
+            # Polling an unsettled decision (joiners arriving) takes at most
+            # a twentieth of the loop; anything urgent (a member lost) marks the
+            # job dirty and is decided on the next tick regardless.
+            job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
             quorum, revision = None, job.state.quorum_revision
             if not decision.changes_quorum:
                 job.change_since = None
@@ -414,9 +422,8 @@ class CoordinatorRuntime:
         if now - job.backlog_at >= BACKLOG_EVERY:  # a scan of every replica: not every tick
             job.backlog, job.backlog_at = backlog(job.state.heartbeat_ages(now), pace.interval), now
         timeout = pace.timeout + lag_allowance(max(self.lag.worst(now), job.backlog))
-        if timeout != job.state.rules.heartbeat_timeout:
-            job.state.rules = dataclasses.replace(job.state.rules, heartbeat_timeout=timeout)
-            job.state.dirty = True  # every replica's deadline moved
+        members = len(job.state.quorum.members) if job.state.quorum else 0
+        job.state.set_pace(timeout, settle_for(members, self.config.join_settle))
         if pace.interval != before.interval:
             log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
                      job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)

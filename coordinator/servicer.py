@@ -13,7 +13,7 @@ import logging
 import grpc
 from google.protobuf.message import DecodeError
 
-from coordinator import validation
+from coordinator import session_stream, validation
 from coordinator.errors import (
     FthsdpError,
     InvalidRequest,
@@ -174,6 +174,22 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 yield answer
         finally:
             reader.cancel()
+
+    async def Session(self, request_iterator, context):
+        # coordinator/session_stream.py; errors mapped as everywhere else.
+        stream = session_stream.serve(self.runtime, aiter(request_iterator),
+                                      lambda request: _check_request(request, self.max_request_bytes))
+        try:
+            async for item in stream:
+                if isinstance(item, FthsdpError):
+                    await context.abort(status_code_for(item), str(item))
+                if isinstance(item, Exception):
+                    await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the coordinator's log")
+                yield item
+        except FthsdpError as e:
+            await context.abort(status_code_for(e), str(e))
+        finally:
+            await stream.aclose()
 
     async def Watch(self, request, context):
         # A server stream cannot use the unary wrapper; same mapping inline.

@@ -14,6 +14,8 @@ from coordinator.heartbeat_pace import HeartbeatPacer, Pace
         (5000, 5000, Pace(1.0, 5.0)),
         (10000, 5000, Pace(2.0, 10.0)),  # twice the budget: half the rate, timeout in proportion
         (25000, 5000, Pace(5.0, 25.0)),
+        (10001, 5000, Pace(2.25, 11.25)),  # in quarter steps of the configured interval
+        (11250, 5000, Pace(2.25, 11.25)),
         (10000, 0, Pace(1.0, 5.0)),  # no budget: no limit
     ],
 )
@@ -35,3 +37,14 @@ def test_growing_takes_the_longer_timeout_at_once():
     pacer = HeartbeatPacer(1.0, 5.0, 1000)
     pacer.update(1000, now=0.0)
     assert pacer.update(3000, now=1.0) == Pace(3.0, 15.0)
+
+
+def test_the_interval_moves_in_steps_and_steps_down_with_room_to_spare():
+    """Every change is pushed to every replica: replicas arriving or leaving
+    one by one must not change it each time."""
+    pacer = HeartbeatPacer(1.0, 5.0, 1000)
+    told = {pacer.update(n, now=0.0).interval for n in range(1000, 4001)}
+    assert told == {1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0}
+    assert pacer.update(3990, now=1.0).interval == 4.0  # needs 3.99 s: 3.75 s would not do
+    assert pacer.update(3400, now=2.0).interval == 4.0  # 3.4 s needed: above 0.9 of 3.75, held
+    assert pacer.update(3375, now=3.0).interval == 3.75  # 0.9 of 3.75: room to spare

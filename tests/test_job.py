@@ -12,6 +12,13 @@ from protos.fthsdp.v1 import coordinator_pb2 as pb
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
 
 
+def registered(job: JobState, replica_id: str, *args, now: float, **kwargs) -> str:
+    """Register, and heartbeat at once as an agent does (no replica is admitted before)."""
+    session = job.register(replica_id, *args, now=now, **kwargs)
+    job.heartbeat(replica_id, session, args[2] if len(args) > 2 else 0, False, "", 0, now=now)
+    return session
+
+
 def formed(job: JobState, now: float):
     decision = job.evaluate(now)
     assert decision.members is not None, decision.reason
@@ -25,8 +32,8 @@ def formed(job: JobState, now: float):
 
 def test_sessions_replace_each_other():
     job = JobState("j", RULES)
-    old = job.register("r0", "h:1", 1, 0, 0, now=0.0)
-    new = job.register("r0", "h:1", 1, 0, 0, now=1.0)
+    old = registered(job, "r0", "h:1", 1, 0, 0, now=0.0)
+    new = registered(job, "r0", "h:1", 1, 0, 0, now=1.0)
     with pytest.raises(StaleSession):
         job.heartbeat("r0", old, 1, False, "", 0, now=1.5)
     assert job.heartbeat("r0", new, 1, False, "", 0, now=1.5).quorum_id == 0
@@ -37,13 +44,13 @@ def test_sessions_replace_each_other():
 def test_member_reregistering_in_its_quorum_keeps_its_place_but_a_restart_does_not():
     job = JobState("j", RULES)
     for rid in ("a", "b"):
-        job.register(rid, f"{rid}:1", 1, 0, 0, now=0.0)
+        registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0)
     q = formed(job, 0.1)
     # after a coordinator restart the member says it still trains in q
-    job.register("a", "a:1", 1, 50, q.id, now=1.0)
+    registered(job, "a", "a:1", 1, 50, q.id, now=1.0)
     assert job.evaluate(1.1).members is None
     # a new process of b says it trains in nothing: it lost its state
-    job.register("b", "b:1", 1, 0, 0, now=2.0)
+    registered(job, "b", "b:1", 1, 0, 0, now=2.0)
     assert job.replica_state(job.replicas["b"], 2.0) != pb.REPLICA_STATE_HEALTHY
     decision = job.evaluate(2.1)
     assert [m.replica_id for m in decision.members] == ["a"] and "b (restarted)" in decision.reason
@@ -51,9 +58,9 @@ def test_member_reregistering_in_its_quorum_keeps_its_place_but_a_restart_does_n
 
 def test_stream_loss_counts_only_for_the_current_session():
     job = JobState("j", RULES)
-    s1 = job.register("a", "a:1", 1, 0, 0, now=0.0)
+    s1 = registered(job, "a", "a:1", 1, 0, 0, now=0.0)
     job.watch_opened("a", s1)
-    s2 = job.register("a", "a:1", 1, 0, 0, now=1.0)
+    s2 = registered(job, "a", "a:1", 1, 0, 0, now=1.0)
     job.watch_closed("a", s1, now=1.5)  # the old session's stream ending
     assert job.replicas["a"].disconnected_at is None
     job.watch_opened("a", s2)
@@ -64,8 +71,8 @@ def test_stream_loss_counts_only_for_the_current_session():
 
 def test_leave_and_states():
     job = JobState("j", RULES)
-    sa = job.register("a", "a:1", 1, 0, 0, now=0.0)
-    sb = job.register("b", "b:1", 1, 0, 0, now=0.0)
+    sa = registered(job, "a", "a:1", 1, 0, 0, now=0.0)
+    sb = registered(job, "b", "b:1", 1, 0, 0, now=0.0)
     formed(job, 0.1)
     rec, _ = job.admin_record("b", drain=True)
     job.apply_record(rec, 7)
@@ -93,7 +100,7 @@ def test_load_presumes_known_replicas_alive_for_one_timeout():
 def test_agent_failure_report_fails_the_replica_at_once():
     job = JobState("j", RULES)
     for rid in ("a", "b"):
-        job.register(rid, f"{rid}:1", 1, 0, 0, now=0.0)
+        registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0)
     formed(job, 0.1)
     assert job.agent_event("b", pb.AGENT_STATE_RUNNING, 0, "", now=0.2) is False
     assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 1 exited with -9", now=0.3) is True
@@ -107,7 +114,7 @@ def test_agent_failure_report_fails_the_replica_at_once():
 
 def test_a_silent_rank_makes_the_whole_replica_silent():
     job = JobState("j", RULES)
-    s = job.register("a", "a:1", 2, 0, 0, now=0.0)
+    s = registered(job, "a", "a:1", 2, 0, 0, now=0.0)
     job.heartbeat("a", s, 1, False, "", 0, now=4.0)
     job.heartbeat("a", "", 0, False, "", 0, now=1.0, shard_rank=1)  # rank 1 last heard of at 1.0
     assert job.replica_state(job.replicas["a"], 5.5) != pb.REPLICA_STATE_FAILED
@@ -123,7 +130,7 @@ def test_a_settled_quorum_is_decided_again_only_when_something_changes():
     """At 10,000 replicas a decision costs tens of milliseconds, so the
     coordinator skips it while nothing it reads changed and no heartbeat ran out."""
     job = JobState("j", RULES)
-    sessions = {rid: job.register(rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
+    sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
     formed(job, 0.1)
     assert job.needs_decision(0.2)  # a new quorum is always looked at again
     assert job.evaluate(0.2).settled and not job.needs_decision(0.3)
@@ -132,7 +139,7 @@ def test_a_settled_quorum_is_decided_again_only_when_something_changes():
     assert job.needs_decision(5.0)  # b's heartbeat timeout ran out (last heard at 0.0)
     job.heartbeat("b", sessions["b"], 7, False, "", 0, now=1.0)
     assert not job.needs_decision(5.0)
-    job.register("c", "c:1", 1, 7, 0, now=2.0)  # a newcomer, up to date
+    registered(job, "c", "c:1", 1, 7, 0, now=2.0)  # a newcomer, up to date
     assert job.needs_decision(2.0)
     decision = job.evaluate(2.0)
     assert decision.members is not None and not decision.settled
@@ -151,10 +158,63 @@ def test_replicas_loaded_after_a_restart_time_out_without_a_session():
     quorum = Quorum(4, (Member("a", "a:1", 1, 10, 1), Member("b", "b:1", 1, 10, 1)))
     job.load(quorum, 4, {}, now=100.0)
     assert job.evaluate(100.1).settled
-    session = job.register("a", "a:1", 1, 10, 4, now=101.0)
+    session = registered(job, "a", "a:1", 1, 10, 4, now=101.0)
     job.evaluate(101.1)
     job.heartbeat("a", session, 11, False, "", 0, now=104.0)
     assert not job.needs_decision(104.9)
     assert job.needs_decision(105.0)  # b, loaded at 100 and never heard from, timed out
     decision = job.evaluate(105.0)
     assert [m.replica_id for m in decision.members] == ["a"] and "b (heartbeat timeout)" in decision.reason
+
+
+def test_the_timeout_scan_runs_only_once_the_earliest_expiry_is_due():
+    """needs_decision skips the scan of every replica until the earliest
+    heartbeat expiry it found, and still sees every timeout when it runs out."""
+    job = JobState("j", RULES)
+    sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
+    formed(job, 0.1)
+    assert job.evaluate(0.15).settled
+    assert not job.needs_decision(0.2)  # earliest expiry at 5.0
+    job.heartbeat("a", sessions["a"], 1, False, "", 0, now=3.0)
+    assert not job.needs_decision(4.9)
+    assert job.needs_decision(5.0)  # b's timeout ran out (a's runs out at 8.0)
+    assert [m.replica_id for m in formed(job, 5.0).members] == ["a"]
+    assert job.evaluate(5.05).settled and not job.needs_decision(5.1)
+    # A shorter timeout (the runtime marks the job dirty too): the bound found
+    # under the old one (8.0) no longer holds; a's expiry is now 5.5.
+    job.rules = Rules(min_replicas=1, heartbeat_timeout=2.5, join_timeout=10.0)
+    assert job.needs_decision(5.6)
+
+
+def test_joiners_are_decided_on_at_the_poll_time_a_lost_member_at_once():
+    """A joiner's heartbeats wait for ``poll_at`` (the runtime sets it from a
+    decision's cost); a member's stream closing does not."""
+    job = JobState("j", RULES)
+    sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
+    formed(job, 0.1)
+    assert job.evaluate(0.15).settled
+    job.poll_at = 1.0
+    registered(job, "c", "c:1", 1, 0, 0, now=0.2)  # a newcomer, heartbeating
+    assert not job.needs_decision(0.3)
+    assert job.needs_decision(1.0)
+    assert not job.evaluate(1.0).settled  # waiting for arrivals to settle...
+    job.poll_at = 2.0
+    assert not job.needs_decision(1.5)  # ...polled again at poll_at only
+    job.watch_opened("b", sessions["b"])
+    job.watch_closed("b", sessions["b"], now=1.6)
+    assert job.needs_decision(1.6)  # a member lost: at once
+
+
+def test_a_shorter_timeout_finds_members_that_ran_out_before_the_last_decision():
+    job = JobState("j", RULES)
+    sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
+    formed(job, 0.1)
+    job.heartbeat("a", sessions["a"], 1, False, "", 0, now=3.0)
+    assert job.evaluate(3.5).settled and not job.needs_decision(3.6)
+    job.set_pace(heartbeat_timeout=2.0, join_settle=RULES.join_settle)  # b's heartbeat at 0.0 ran out at 2.0
+    assert job.needs_decision(3.6)
+    assert [m.replica_id for m in formed(job, 3.6).members] == ["a"]
+    assert job.evaluate(3.65).settled
+    job.poll_at = 10.0
+    job.set_pace(heartbeat_timeout=9.0, join_settle=RULES.join_settle)  # longer: nothing urgent
+    assert not job.needs_decision(3.7) and job.needs_decision(10.0)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from coordinator.quorum import Member, Quorum, ReplicaView, Rules, decide, next_last_drop_id
+from coordinator.quorum import Member, Quorum, ReplicaView, Rules, decide, next_last_drop_id, settle_for
 
 NOW = 1000.0
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
@@ -234,6 +234,28 @@ CASES = [
         rules=dataclasses.replace(RULES, join_settle=0.2),
     ),
     Case(
+        "a replica not heard from since it registered is not admitted",
+        quorum("a"),
+        table(alive("a"), alive("b"), alive("c", beating=False)),
+        ("a", "b"),
+        "1 registered, no heartbeat yet",
+    ),
+    Case(
+        "a member that registered again after a failover keeps its place before its first heartbeat",
+        quorum("a", "b"),
+        table(alive("a"), alive("b", beating=False)),
+        None,
+        "quorum 7 unchanged",
+    ),
+    Case(
+        "arrival counts from the first heartbeat, not the registration",
+        quorum("a"),
+        table(alive("a"), alive("b", first_heartbeat=NOW - 0.1)),
+        None,
+        "waiting for arrivals to settle (join_settle 0.5s) before admitting b",
+        rules=dataclasses.replace(RULES, join_settle=0.5),
+    ),
+    Case(
         "long lists in a reason are cut short",
         None,
         table(*(alive(f"r{i:02d}", 0) for i in range(20))),
@@ -339,3 +361,11 @@ def _members(*entries: tuple[str, int]) -> tuple[Member, ...]:
 )
 def test_next_last_drop_id(prev, members, expected) -> None:
     assert next_last_drop_id(prev, 5, members) == expected
+
+
+@pytest.mark.parametrize(
+    "members, configured, expected",
+    [(0, 0.2, 0.2), (100, 0.2, 0.2), (1000, 0.2, 0.2), (3000, 0.2, 0.6), (10_000, 0.2, 2.0), (10_001, 0.2, 2.1), (10_000, 5.0, 5.0), (500, 0.0, 0.1)],
+)
+def test_settle_grows_with_the_quorum(members, configured, expected) -> None:
+    assert settle_for(members, configured) == pytest.approx(expected)

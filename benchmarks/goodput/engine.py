@@ -154,6 +154,7 @@ class ReplicatedSim:
         if r.member or (r.ready_since is not None and not r.catching_up):
             r.step = head
         r.last_heartbeat = r.hung_since if r.hung_since is not None else now
+        r.beating = True  # the agent heartbeats as soon as it has registered
         return r.view()
 
     def _decide(self, now: float):

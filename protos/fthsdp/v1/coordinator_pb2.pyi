@@ -183,6 +183,24 @@ class HeartbeatResponse(_message.Message):
     drain_requested: bool
     def __init__(self, quorum_id: _Optional[int] = ..., drain_requested: _Optional[bool] = ...) -> None: ...
 
+class SessionRequest(_message.Message):
+    __slots__ = ("register", "heartbeat")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    register: RegisterRequest
+    heartbeat: HeartbeatRequest
+    def __init__(self, register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("registered", "watch", "ack")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    WATCH_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    registered: RegisterResponse
+    watch: WatchEvent
+    ack: HeartbeatResponse
+    def __init__(self, registered: _Optional[_Union[RegisterResponse, _Mapping]] = ..., watch: _Optional[_Union[WatchEvent, _Mapping]] = ..., ack: _Optional[_Union[HeartbeatResponse, _Mapping]] = ...) -> None: ...
+
 class WatchRequest(_message.Message):
     __slots__ = ("job", "replica_id", "session_id", "member_list")
     JOB_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/fthsdp.v1.Coordinator/Session',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.SessionRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.SessionEvent.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/fthsdp.v1.Coordinator/Watch',
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.WatchRequest.SerializeToString,
@@ -103,6 +108,19 @@ class CoordinatorServicer:
         coordinator's CPU per heartbeat of the unary call (benchmarks/README.md).
         Answers only heartbeats with `ack` set; quorum changes and drain requests
         come on Watch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
+        """Register, HeartbeatStream and Watch as one call: the first request
+        registers, the rest heartbeat; the first answer is the registration,
+        then Watch events and heartbeat answers. One call per replica instead of
+        three: the asyncio server takes a new call only every few turns of its
+        loop, which bounds how fast thousands of replicas can start
+        (benchmarks/README.md). Its closing counts as the replica failing, as
+        Watch's does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -166,6 +184,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.HeartbeatStream,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.SessionRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.SessionEvent.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -280,6 +303,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/HeartbeatStream',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.Coordinator/Session',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.SessionRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,
