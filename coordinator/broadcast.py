@@ -4,8 +4,8 @@ Every Watch stream waits for the next change of its job. An ``asyncio.Event``
 wakes them all in one turn of the loop: at 10,000 streams that turn takes
 a second (each resumes, builds its event and hands it to gRPC), and nothing
 else runs meanwhile. That hurts more than it seems: the asyncio gRPC server
-takes one new call per turn, so while thousands of replicas are still
-opening their streams, each quorum change stalls their arrival for a whole
+takes a new call only every few turns (about five, measured), so while
+thousands of replicas are still opening their sessions, each quorum change stalls their arrival for a whole
 turn, and heartbeats that arrived on time wait in line past their timeout.
 
 ``Broadcast`` wakes its waiters ``batch`` at a time and lets the loop turn

@@ -46,7 +46,7 @@ class CoordinatorConfig:
     """A replica silent this long is dropped from the next quorum."""
 
     heartbeat_budget: float = 5000.0
-    """Most heartbeats per second to ask for, every replica and rank together: with more senders than this times --heartbeat-interval, the interval (and --heartbeat-timeout in proportion) stretches to fit. A crash is noticed as fast either way (the Watch stream closes, the agent reports); a hang takes longer. 0: no limit."""
+    """Most heartbeats per second to ask for, every replica and rank together: with more senders than this times --heartbeat-interval, the interval (and --heartbeat-timeout in proportion) stretches to fit. A crash is noticed as fast either way (the replica's session stream closes, the agent reports); a hang takes longer. 0: no limit."""
 
     join_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
     """How long a ready joiner waits for other catching-up replicas so that they join together, and how long the split-brain guard waits before shrinking to a minority."""
@@ -55,7 +55,7 @@ class CoordinatorConfig:
     """Admit joiners once none has become ready for this long, so that replicas arriving in a burst (a job starting) join in a few membership changes rather than one each; capped by --join-timeout. A large quorum waits longer (0.2 ms per member: every change is pushed to every member; 2 s at 10,000). 0 admits at once in a small quorum."""
 
     disconnect_is_failure: bool = True
-    """Treat a replica whose Watch stream closes as failed at once (a killed process is detected in milliseconds instead of after the heartbeat timeout)."""
+    """Treat a replica whose session stream (or Watch stream) closes as failed at once (a killed process is detected in milliseconds instead of after the heartbeat timeout)."""
 
     leader_ttl: float = dataclasses.field(default=3.0, metadata=DURATION)
     """Lease on the leader's key in the store: several coordinators on one etcd elect one leader, and when it dies another takes over within about 4/3 of this."""

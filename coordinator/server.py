@@ -53,9 +53,9 @@ SERVER_OPTIONS = (
     # CANCELLED). A job starting is exactly that burst; let it queue.
     ("grpc.server.max_pending_requests", 1 << 17),
     ("grpc.server.max_pending_requests_hard_limit", 1 << 17),
-    # The asyncio server takes one new call per turn of its event loop: in a
-    # burst (10,000 replicas starting, each opening three calls) calls wait
-    # their turn for minutes. gRPC core cancels a call that waited 30 s,
+    # The asyncio server takes a new call only every few turns of its event
+    # loop: in a burst (10,000 replicas starting) calls wait their turn for
+    # a while. gRPC core cancels a call that waited 30 s,
     # whose client retries it, which only adds to the queue.
     ("grpc.server_max_unrequested_time_in_server", 3600),
 )
