@@ -8,6 +8,9 @@ that ended is reported at the next ``send`` the way the unary call would
 have failed: ``RequestRejected`` for a refusal (the caller registers again),
 ``CoordinatorUnavailable`` once the client moved on to the next coordinator.
 That heartbeat then goes on a fresh stream.
+
+The ranks other than 0 of a replica group send their liveness pings this
+way; rank 0 heartbeats on its Session (agent/session_client.py).
 """
 
 from __future__ import annotations

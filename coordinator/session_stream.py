@@ -49,8 +49,9 @@ def _heartbeat(request, reg: pb.RegisterRequest, session: str) -> pb.HeartbeatRe
         raise InvalidRequest("after the first request (register), a Session carries heartbeats only")
     if beat.replica_id and beat.replica_id != reg.replica_id:
         raise InvalidRequest(f"this Session is replica {reg.replica_id!r}'s, not {beat.replica_id!r}'s")
-    beat.job = beat.job or reg.job
-    beat.replica_id = reg.replica_id
+    if beat.job and beat.job != reg.job:
+        raise InvalidRequest(f"this Session is in job {reg.job!r}, not {beat.job!r}")
+    beat.job, beat.replica_id = reg.job, reg.replica_id
     beat.session_id = beat.session_id or session
     return beat
 

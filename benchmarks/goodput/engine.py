@@ -23,7 +23,7 @@ import random
 
 from benchmarks.goodput.inputs import RecoveryCosts
 from coordinator.config import CoordinatorConfig
-from coordinator.job import ReplicaEntry
+from coordinator.replica_entry import ReplicaEntry
 from coordinator.quorum import Quorum, ReplicaView, Rules, decide
 
 SECONDS_PER_HOUR = 3600.0

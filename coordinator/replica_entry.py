@@ -1,0 +1,82 @@
+"""What the coordinator records of one replica: its registration, heartbeats,
+streams and flags, in memory (``JobState`` holds one per replica), and the
+snapshot of it that the quorum decision reads (``view``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from coordinator.quorum import ReplicaView
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+
+@dataclasses.dataclass
+class ReplicaEntry:
+    """Mutable record of one replica; times are coordinator-monotonic seconds."""
+
+    replica_id: str
+    address: str = ""
+    world_size: int = 1
+    step: int = 0
+    session_id: str | None = None
+    registered_at: float = 0.0
+    last_heartbeat: float = 0.0
+    heard_from: bool = False
+    disconnected_at: float | None = None
+    failed_at: float | None = None
+    ready_since: float | None = None
+    restarted: bool = False
+    cordoned: bool = False
+    drain_requested: bool = False
+    state_checksum: str = ""
+    checksum_step: int = 0
+    checksums: dict[int, str] = dataclasses.field(default_factory=dict)
+    rank_heartbeats: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Last ping of each rank other than 0 of a multi-rank replica group."""
+    diverged_at: int | None = None
+    record_revision: int = 0
+    open_watches: int = 0
+    catch_up_addresses: tuple[str, ...] = ()
+    catch_up_progress: tuple[int, int] = (0, 0)
+    """Snapshot bytes received and expected, while the replica catches up."""
+    catching_up: bool = False
+    beating: bool = False
+    """Rank 0 has heartbeated since this registration (not before: not admitted)."""
+    first_heartbeat: float = 0.0
+    """When it did first."""
+
+    def view_heartbeat(self) -> float:
+        """The replica is as alive as its most silent rank."""
+        return min(self.last_heartbeat, *self.rank_heartbeats.values()) if self.rank_heartbeats else self.last_heartbeat
+
+    def view(self) -> ReplicaView:
+        last = self.view_heartbeat()
+        return ReplicaView(
+            replica_id=self.replica_id,
+            address=self.address,
+            world_size=self.world_size,
+            step=self.step,
+            catch_up_addresses=self.catch_up_addresses,
+            last_heartbeat=last,
+            registered_at=self.registered_at,
+            disconnected_at=self.disconnected_at,
+            failed_at=self.failed_at,
+            ready_since=self.ready_since,
+            catching_up=self.catching_up,
+            beating=self.beating,
+            first_heartbeat=self.first_heartbeat,
+            restarted=self.restarted,
+            diverged=self.diverged_at is not None,
+            cordoned=self.cordoned,
+            drain_requested=self.drain_requested,
+        )
+
+    def record(self, registered_unix_ms: int = 0) -> pb.ReplicaRecord:
+        return pb.ReplicaRecord(
+            replica_id=self.replica_id,
+            address=self.address,
+            world_size=self.world_size,
+            cordoned=self.cordoned,
+            drain_requested=self.drain_requested,
+            registered_unix_ms=registered_unix_ms,
+        )
