@@ -126,9 +126,10 @@ class SourceClient:
         response = self._request("GET", f"/v1/snapshots/{step}/manifest?wait={wait:g}", timeout=wait + self._timeout)
         return cpb.SnapshotManifest.FromString(self._body(response, f"manifest of step {step}"))
 
-    def hyperparams(self) -> str:
-        response = self._request("GET", "/v1/hyperparams")
-        return self._body(response, "hyperparameters").decode()
+    def inputs(self) -> cpb.LogEntry:
+        """The recorded inputs of the step the source is in (see agent/train_state.py)."""
+        response = self._request("GET", "/v1/inputs")
+        return cpb.LogEntry.FromString(self._body(response, "step inputs"))
 
     def release(self, step: int) -> None:
         try:

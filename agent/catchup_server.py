@@ -18,8 +18,9 @@ when the job has a token):
     interrupted transfer (206). The joiner checks each chunk's CRC-32.
 ``DELETE /v1/snapshots/<step>``
     The joiner is done: release the host copy and the pinned log.
-``GET /v1/hyperparams``
-    The optimizer's current numeric hyperparameters (JSON), for a joiner
+``GET /v1/inputs``
+    The recorded inputs of the step this replica is in (a ``LogEntry``
+    without data: hyperparameters and small registered state), for a joiner
     that enters the step the members are in.
 ``GET /v1/log?from=S&max_bytes=N&wait=T``
     Log entries from step S on: a 4-byte big-endian length, a ``LogBatch``,
@@ -98,8 +99,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             if path == "/v1/log":
                 return self._log(query)
-            if path == "/v1/hyperparams":
-                return self._send(200, self.server.source.hyperparams().encode(), "application/json")
+            if path == "/v1/inputs":
+                return self._send(200, self.server.source.inputs(), PROTOBUF)
             m = _SNAPSHOT.match(path)
             if m and m.group(2):
                 wait = min(float(query.get("wait", "10")), MAX_WAIT)

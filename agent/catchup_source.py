@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-
 import torch
 
 from agent.grad_log import GradientLog
@@ -52,9 +50,10 @@ class CatchUpSource:
         self._copying: list[Snapshot] = []
         self._generation = 0
         self._latest: Snapshot | None = None
-        self.hyperparams: Callable[[], str] = lambda: "[]"
-        """The optimizer's current numeric hyperparameters as JSON (set by the
-        manager): what a joiner takes for the step the members are in."""
+        self._inputs: bytes = b""
+        """The recorded inputs of the step this replica is in (a serialized
+        ``LogEntry`` without data, published when its all-reduce starts):
+        what a joiner that enters that step restores before its update."""
 
     # ----- HTTP threads --------------------------------------------------------------
 
@@ -90,6 +89,10 @@ class CatchUpSource:
             snap.last_used = time.monotonic()
         return self._ready(snap, deadline)
 
+    def inputs(self) -> bytes:
+        with self._cond:
+            return self._inputs
+
     def _ready(self, snap: Snapshot, deadline: float) -> Snapshot:
         if not snap.ready.wait(max(0.0, deadline - time.monotonic())):
             raise SnapshotUnavailable(f"the snapshot of step {snap.step} is still being copied")
@@ -108,6 +111,12 @@ class CatchUpSource:
             return True
 
     # ----- the training thread -------------------------------------------------------
+
+    def publish_inputs(self, entry) -> None:
+        """The inputs of the step whose all-reduce starts now (immutable once published)."""
+        data = entry.SerializeToString()
+        with self._cond:
+            self._inputs = data
 
     @property
     def wanted(self) -> bool:

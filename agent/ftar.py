@@ -112,10 +112,11 @@ class FTAR(QuorumGroups):
         function, run while the all-reduce goes on, that replays up to
         ``head`` and returns that step."""
         self.while_joining: Callable[[], None] | None = None
-        """Called before this replica, without a gradient, waits in a new
-        group for the members to arrive: a joiner follows the log meanwhile,
-        on a helper thread (the wait must never be held up by a replay;
-        ``on_join`` stops it)."""
+        """Called between polls while this replica, without a gradient,
+        waits in a new group for the members to arrive: a joiner replays a
+        step the members committed meanwhile, if there is one, on this
+        thread (one step at a time, so that it joins their next collective
+        at most one replayed step late)."""
 
     # ----- the step ------------------------------------------------------------------
 
@@ -190,9 +191,13 @@ class FTAR(QuorumGroups):
                 self._retire(group)
                 abandoned += 1
                 continue
-            if not contributes and self.while_joining is not None:
-                self.while_joining()
-            rows = self._agree(group, step, numel, structure_hash, deadline, contributes)
+            # A joiner waiting for the members in a new group replays what
+            # they commit meanwhile, between polls of the agree.
+            self._idle = self.while_joining if not contributes else None
+            try:
+                rows = self._agree(group, step, numel, structure_hash, deadline, contributes)
+            finally:
+                self._idle = None
             if rows is None:
                 abandoned += 1
                 continue

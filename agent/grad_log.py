@@ -61,14 +61,23 @@ class GradientLog:
         self._cond = threading.Condition()
 
     def append(
-        self, step: int, total: torch.Tensor, contributors: int, quorum_id: int, hyperparams: str, checksum_after: str = ""
+        self,
+        inputs: cpb.LogEntry,
+        total: torch.Tensor,
+        contributors: int,
+        quorum_id: int,
+        checksum_after: str = "",
+        part_checksums: str = "",
     ) -> None:
-        """Record the sum that took the state from ``step`` to ``step + 1``
-        (and the state checksum after it, if one was computed)."""
-        entry = cpb.LogEntry(
-            step=step, contributors=contributors, quorum_id=quorum_id, hyperparams_json=hyperparams,
-            dtype=dtype_name(total.dtype), numel=total.numel(), checksum_after=checksum_after,
-        )
+        """Record the sum that took the state from ``inputs.step`` to the
+        next step, with the step's recorded inputs (agent/train_state.py) and
+        the state checksum after it, if one was computed."""
+        entry = cpb.LogEntry()
+        entry.CopyFrom(inputs)
+        entry.contributors, entry.quorum_id = contributors, quorum_id
+        entry.dtype, entry.numel = dtype_name(total.dtype), total.numel()
+        entry.checksum_after, entry.part_checksums_json = checksum_after, part_checksums
+        step = entry.step
         with self._cond:
             if self._records and step != next(reversed(self._records)) + 1:
                 self._records.clear()  # a gap (this replica was out): older entries cannot be replayed

@@ -39,6 +39,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agent.catchup_client import CatchUpError, SourceClient
+from agent.replay import ReplayMismatch
 from agent.snapshot import state_from_bytes
 from coordinator.errors import FthsdpError
 
@@ -51,8 +52,6 @@ READY_GAP = 2
 """Steps behind the source's head at which a verified joiner asks to be admitted."""
 STALLED_ROUNDS = 5
 """Log rounds without gaining on the source after which a verified joiner asks anyway."""
-MAX_REFUSALS = 3
-"""Catch-ups refused for a checksum mismatch before the replica gives up."""
 RETRY_SAME_SOURCE_AFTER = 2.0
 """Seconds before a source that failed is tried again if the coordinator names no other."""
 LOG_BATCH_BYTES = 256 << 20
@@ -84,11 +83,7 @@ class CatchUpReport:
 
 
 class CatchUpFailed(FthsdpError):
-    """Catch-up was refused too often: the replay does not reproduce the members' state."""
-
-
-class _Refused(CatchUpError):
-    pass
+    """The replay does not reproduce the members' state (the message names the part that differs)."""
 
 
 class Joiner:
@@ -97,7 +92,6 @@ class Joiner:
         self.group = manager.group
         self.client: SourceClient | None = None
         self.snapshot_step = -1
-        self.refusals = 0
         self.report: CatchUpReport | None = None
         """Set when this replica caught up (None when it was admitted as up to date)."""
         self.source = ""
@@ -130,11 +124,6 @@ class Joiner:
                 if self.client is None:
                     self._catch_up(source, plan["addresses"], deadline)
                 return self._follow(source, until_admitted)
-            except _Refused as e:
-                self.refusals += 1
-                log.warning("catch-up from %s refused (%d of %d): %s", source, self.refusals, MAX_REFUSALS, e)
-                if self.refusals >= MAX_REFUSALS:
-                    raise CatchUpFailed(f"catch-up refused {self.refusals} times; last: {e}") from e
             except CatchUpError as e:
                 log.warning("catch-up from %s failed: %s; trying again", source, e)
                 failed[source] = time.monotonic()
@@ -228,10 +217,12 @@ class Joiner:
                 m.replay(entry, data)
                 report.replayed_steps += 1
                 if entry.checksum_after and not self.verified:  # once: later steps replay the same way
-                    mine = m.group_checksum()
-                    if mine != entry.checksum_after:
-                        raise _Refused(f"after step {entry.step + 1} this replica's state checksum is {mine}, the source's {entry.checksum_after}")
-                    self.verified = True
+                    try:
+                        self.verified = m.replayer.verify(entry, group)
+                    except ReplayMismatch as e:
+                        # Deterministic: the same loop replays the same way
+                        # from any source, so trying again would not help.
+                        raise CatchUpFailed(f"{e} (the replay contract: README, the training API)") from e
             admitted, changed, near = 0, 0, 0
             if group.rank == 0:
                 latest = m.membership.latest  # one event for both: the quorum and the assignment change together

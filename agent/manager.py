@@ -2,15 +2,22 @@
 
 A nanoGPT-style loop stays readable::
 
-    with Manager.from_env(model, optimizer) as ft:
-        while ft.step < max_steps and not ft.stopped:
-            x, y = get_batch(ft.step, ft.replica_rank)   # data position = (step, replica rank)
-            loss = model(x, y)
-            loss.backward()
-            ft.allreduce_gradients()   # FTAR across the quorum; redone among survivors on a failure
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            ft.commit()                # the step boundary: membership changes, checksum, drain
+    def update():                      # what turns averaged gradients into the next state
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    ft = Manager.from_env(model, optimizer, update=update, state={"scheduler": scheduler, "scaler": scaler})
+    ft.start()
+    while ft.step < max_steps and not ft.stopped:
+        x, y = get_batch(ft.step, ft.replica_rank)   # data position = (step, replica rank)
+        scaler.scale(model(x, y)).backward()
+        ft.allreduce_gradients()   # FTAR across the quorum; redone among survivors on a failure
+        ft.commit()                # runs update(), then the step boundary: membership changes, checksum, drain
+    ft.close()
 
 The manager registers the replica with the coordinator, learns every
 membership change from its push (no coordinator call on a step where nothing
@@ -26,9 +33,9 @@ take a missing replica's share; agent/participation.py).
 Catch-up: a replica that starts behind the quorum (restarted by its agent, or
 new) gets its state from a healthy peer inside ``start()`` (agent/joiner.py),
 so the loop above needs nothing for it; every replica serves its state to
-joiners in turn (agent/catchup_server.py). Set a learning-rate schedule
-*before* ``allreduce_gradients()``: a joiner replays the members' recorded
-hyperparameters for the steps it missed.
+joiners in turn (agent/catchup_server.py). The joiner replays the steps it
+missed through the same ``update`` (agent/replay.py); agent/train_state.py
+states the contract that makes that bit-identical.
 """
 
 from __future__ import annotations
@@ -40,8 +47,7 @@ import os
 import signal
 import threading
 import time
-import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -50,7 +56,7 @@ from agent import catchup_tls
 from agent.catchup_client import CatchUpError, SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
-from agent.checksum import StridedHistory, state_checksum, structure_hash
+from agent.checksum import StridedHistory, structure_hash
 from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
@@ -58,10 +64,11 @@ from agent.manager_config import ManagerConfig
 from agent.membership import Membership
 from agent.eviction import exit_when_evicted
 from agent.participation import Participation, QuorumRecord
+from agent.replay import Replayer, combine_hex
 from agent.replica_group import ReplicaGroup
-from agent.snapshot import capture_state, load_state
 from agent.standby import wait_for_activation
 from agent.state_codec import local as _local
+from agent.train_state import TrainState, default_update
 from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
@@ -71,16 +78,34 @@ __all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation"]
 log = logging.getLogger("fthsdp.agent.manager")
 
 
+SENTINEL = 8
+"""Gradient elements compared at commit against what the all-reduce left."""
+
+
 class ApiMisuse(FthsdpError):
     """The training script called the API out of order."""
 
 
 class Manager:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ManagerConfig) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: ManagerConfig,
+        update: Callable[[], object] | None = None,
+        state: Mapping[str, object] | None = None,
+    ) -> None:
+        """``update``: the step's update, run by ``commit()`` and replayed by
+        a joiner (default: ``optimizer.step()`` then ``zero_grad``); ``state``:
+        what travels with the model and optimizer, by name (anything with
+        ``state_dict()``/``load_state_dict()``). See agent/train_state.py."""
         self.model = model
         self.optimizer = optimizer
         self.config = config
-        self.step = 0
+        self.state = TrainState(model, optimizer, state)
+        self._update = update if update is not None else default_update(optimizer)
+        if not callable(self._update):
+            raise ConfigError(f"update must be a function of no arguments, got a {type(self._update).__name__}")
         self.stopped = False
         self.last: StepResult | None = None
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -90,8 +115,8 @@ class Manager:
         self._drain = threading.Event()
         self.group: ReplicaGroup | None = None
         self.log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
+        self.replayer = Replayer(self.state, self._params, self._update, self.log)
         self.source = CatchUpSource(config.replica_id, config.shard_rank, self.structure, self.log)
-        self.source.hyperparams = self._hyperparams
         self._server: CatchUpServer | None = None
         self._joiner: Joiner | None = None
         self._checksum_wanted = False
@@ -99,41 +124,58 @@ class Manager:
         self._admission_timeout = 120.0
         self.catch_up: CatchUpReport | None = None
         """How this replica caught up in ``start()``; None if it started up to date."""
-        timeout = datetime.timedelta(seconds=config.timeout)
         self.leader = config.shard_rank == 0
         """Rank 0 of the replica group holds its session with the coordinator."""
-        if self.leader:
-            # The rendezvous store of every quorum whose first member we are.
-            self._store = dist.TCPStore(config.host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
-            self.address = f"{config.host}:{self._store.port}"
-        else:
-            self.address = ""
+        self.address = ""
+        """The rendezvous store of every quorum whose first member this group is (rank 0; from ``start()``)."""
+        self._store: dist.TCPStore | None = None
         self.tracker = QuorumTracker(config.replica_id)
         self._source_tls = None  # the catch-up client's TLS context, made on first use
         self._catch_up_tls = config.tls if config.catch_up_tls else TlsFiles()
-        self.membership = Membership(
-            config.coordinator, config.job, config.replica_id, self.address or "unused:0", config.shard_count, 0,
-            token=config.token, tls=config.tls,
-        )
-        self.membership.add_listener(self.tracker.update)
+        self.membership: Membership | None = None
+        """The replica's registration with the coordinator (from ``start()``)."""
         self._quorums = QuorumRecord(config.replica_id)
-        self.membership.add_listener(self._quorums.record)
         self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
         self.ftar.on_behind = self._close_gap
         self.ftar.on_join = self._join_members
-        self.ftar.while_joining = self._follow_log
+        self.ftar.while_joining = self._replay_while_waiting
         self._proposal = 0
         """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
-        self._follower: tuple[threading.Thread, threading.Event] | None = None
-        """The helper thread replaying the log while a joiner waits for the members."""
+        self._inputs: cpb.LogEntry | None = None
+        """The recorded inputs of the step in progress (logged with its sum at commit)."""
+        self._sentinel: tuple[torch.Tensor, torch.Tensor] | None = None
+        """(gradient, a copy of its first elements) right after the all-reduce: checked at commit."""
+        self._step_hook = None
+
+    @property
+    def step(self) -> int:
+        """The step this replica's state is at: the next step to train."""
+        return self.replayer.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.replayer.step = value
+
+    @property
+    def contributors(self) -> int:
+        """Inside ``update``: how many replicas' gradients the step being
+        applied averaged (live or replayed), e.g. to count samples trained."""
+        return self.replayer.contributors
+
+    @property
+    def replaying(self) -> bool:
+        """True while ``update`` runs for a replayed step (skip logging there, say)."""
+        return self.replayer.replaying
 
     @classmethod
-    def from_env(cls, model, optimizer, env: Mapping[str, str] | None = None, **overrides) -> "Manager":
+    def from_env(
+        cls, model, optimizer, env: Mapping[str, str] | None = None, *, update=None, state=None, **overrides
+    ) -> "Manager":
         """The manager configured by `fthsdp agent`. In a warm standby (``fthsdp
         agent --standby``) this waits until the agent activates it."""
         env = os.environ if env is None else env
         wait_for_activation(env)
-        return cls(model, optimizer, ManagerConfig.from_env(env, **overrides))
+        return cls(model, optimizer, ManagerConfig.from_env(env, **overrides), update=update, state=state)
 
     @property
     def replica_rank(self) -> int:
@@ -186,10 +228,22 @@ class Manager:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self._drain.set())
         cfg = self.config
+        timeout = datetime.timedelta(seconds=cfg.timeout)
+        if self.leader:
+            # The rendezvous store of every quorum whose first member we are.
+            self._store = dist.TCPStore(cfg.host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+            self.address = f"{cfg.host}:{self._store.port}"
+        self.membership = Membership(
+            cfg.coordinator, cfg.job, cfg.replica_id, self.address or "unused:0", cfg.shard_count, 0,
+            token=cfg.token, tls=cfg.tls,
+        )
+        self.membership.add_listener(self.tracker.update)
+        self.membership.add_listener(self._quorums.record)
         self.group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))
         tls = catchup_tls.server_context(self._catch_up_tls)
         self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate, tls=tls).start()
         self.membership.catch_up_addresses = self.group.all_gather_strings(self._server.address)
+        self._step_hook = self.optimizer.register_step_pre_hook(self._guard_step)
         if self.leader:
             self.membership.start()
         else:
@@ -219,13 +273,27 @@ class Manager:
         """Leave the job (the others go on without this replica) and stop."""
         if not self.stopped:
             self.stopped = True
-            try:
-                self.membership.leave(reason)
-            except FthsdpError as e:
-                log.warning("could not tell the coordinator that this replica leaves: %s", e)
-                self.membership.close()
+            if self._step_hook is not None:
+                self._step_hook.remove()
+                self._step_hook = None
+            if self.membership is not None:
+                try:
+                    self.membership.leave(reason)
+                except FthsdpError as e:
+                    log.warning("could not tell the coordinator that this replica leaves: %s", e)
+                    self.membership.close()
             if self._server is not None:
                 self._server.close()
+
+    def _guard_step(self, optimizer, args, kwargs) -> None:
+        """An optimizer step pre-hook: a step outside the update is one a joiner would not replay."""
+        if not self.replayer.in_update and not self.stopped:
+            raise ApiMisuse(
+                "optimizer.step() ran outside the update fthsdp runs at commit(): a replica that catches up replays "
+                "only that update, so this step would be lost to it. Pass the update (unscale, clipping, "
+                "optimizer.step(), scheduler.step(), zero_grad) as Manager(..., update=fn) and call ft.commit() "
+                "instead of optimizer.step() (README: the training API)"
+            )
 
     def __enter__(self) -> "Manager":
         self.start()
@@ -242,11 +310,16 @@ class Manager:
         With FSDP (HSDP), each rank all-reduces its own gradient shards with
         the same rank of the other replica groups. Returns None, leaving the
         gradients alone, once this replica has been drained out of the quorum.
+        A result with ``contributors == 0`` is a step nobody contributed a
+        gradient to (a joiner left alone): ``commit()`` does not commit it
+        and the loop runs the step again.
         """
         if self.stopped:
             return None
         if self._reduced:
-            raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() after optimizer.step()")
+            raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
+        if self.group is None:
+            raise ApiMisuse("allreduce_gradients() before start()")
         contributes = True
         if self._following:
             # Caught up, not yet admitted: follow the members until a quorum
@@ -255,6 +328,9 @@ class Manager:
             self._joiner.run(time.monotonic() + self._admission_timeout, until_admitted=True)
             self._following, contributes = False, False
             self._admitted()
+        # The step's inputs, as a joiner will restore them before replaying its update.
+        self._inputs = self.state.inputs(self.step)
+        self.source.publish_inputs(self._inputs)
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
@@ -286,39 +362,59 @@ class Manager:
                 raise FtarError(f"the ranks of replica {self.replica_id} joined the quorum at steps {-neg_bottom}..{top}")
         for p, grad in zip(self._params, grads):
             p.grad = grad  # a joiner's replays inside FTAR reset the gradients; the result goes here
+        self._reduced = True
+        self.last = result
+        if result.contributors == 0:
+            self._sentinel = None
+            return result
         offset = 0
         for g in shards:
             n = g.numel()
             # One pass per gradient: divide the sum straight into it.
             torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=g)
             offset += n
+        if self._inputs.step != result.step:
+            raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step {result.step}")
         self.step = result.step  # a joiner that closed a gap of several steps is further on
-        self._reduced = True
-        self.last = result
-        # A snapshot taken at the last boundary must be copied before optimizer.step() changes the state.
+        first = shards[0].reshape(-1)
+        self._sentinel = (first, first[:SENTINEL].clone())
+        # A snapshot taken at the last boundary must be copied before the update changes the state.
         self.source.wait_copied(self.config.timeout)
         return result
 
-    def commit(self) -> None:
-        """Mark the step boundary after ``optimizer.step()``."""
+    def commit(self) -> bool:
+        """Run the step's update on the averaged gradients, then mark the step
+        boundary. Returns False when the step is not committed (no member
+        contributed a gradient to it: the loop runs it again)."""
         if self.stopped:
-            return
+            return False
         if not self._reduced:
             raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
         self._reduced = False
+        last = self.last
+        if last.contributors == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            log.warning("step %d: no member contributed a gradient (quorum %d); it is run again", self.step, last.quorum_id)
+            return False
+        self._check_sentinel()
+        with self.replayer.updating(last.contributors):
+            self._update()
         self.step += 1
         m = self.membership
         m.step = self.step
-        m.training_quorum_id = self.last.quorum_id
+        m.training_quorum_id = last.quorum_id
         every = self.config.checksum_every
         periodic = bool(every) and self.step % every == 0
-        checksum = self.group_checksum() if periodic or self._checksum_wanted else ""
+        parts = self.replayer.part_checksums(self.group) if periodic or self._checksum_wanted else {}
+        checksum = combine_hex(parts) if parts else ""
         if periodic:
             m.state_checksum, m.checksum_step = checksum, self.step
             m.recent_checksums = self._history.record(self.step, checksum)
         self._checksum_wanted = False
-        last = self.last
-        self.log.append(self.step - 1, last.total, last.contributors, last.quorum_id, self._hyperparams(), checksum)
+        self.log.append(
+            self._inputs, last.total, last.contributors, last.quorum_id, checksum,
+            json.dumps(parts, separators=(",", ":")) if parts else "",
+        )
         latest = m.latest
         drain = self._drain.is_set() or (latest is not None and latest.drain_requested)
         # Every rank of the group must stop, snapshot, or propose a switch to
@@ -328,7 +424,7 @@ class Manager:
         drain, snapshot, top, neg_bottom = self.group.max(int(drain), int(self.source.wanted), proposal, -proposal)
         self._proposal = top if top == -neg_bottom else 0
         if snapshot:
-            self.source.take(self.step, capture_state(self.model, self.optimizer))
+            self.source.take(self.step, self.state.capture())
             self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
         else:
             self.source.expire()  # a joiner that died without releasing its snapshot
@@ -338,49 +434,32 @@ class Manager:
         if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
             self.close("drained")
+        return True
 
-    # ----- catch-up (see agent/joiner.py) ----------------------------------------------
+    def _check_sentinel(self) -> None:
+        """The gradients must reach the update as the all-reduce left them: a
+        joiner replays the update on the members' sum, nothing in between."""
+        if self._sentinel is None:
+            return
+        grad, copy = self._sentinel
+        current = self._params[0].grad
+        if current is None or not torch.equal(_local(current).reshape(-1)[:SENTINEL], copy):
+            raise ApiMisuse(
+                "the gradients changed between allreduce_gradients() and commit() (gradient clipping, "
+                "GradScaler.unscale_ or zero_grad there?): a replica that catches up replays only the update, "
+                "so move that code into the update passed to Manager(..., update=fn)"
+            )
 
-    def _hyperparams(self) -> str:
-        """The optimizer's numeric hyperparameters, which a joiner replays."""
-        groups = [
-            {k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-            for g in self.optimizer.param_groups
-        ]
-        return json.dumps(groups, separators=(",", ":"))
-
-    def _set_hyperparams(self, text: str) -> None:
-        groups = json.loads(text) if text else []
-        if len(groups) != len(self.optimizer.param_groups):
-            raise CatchUpError(f"the source's optimizer has {len(groups)} param groups, this one {len(self.optimizer.param_groups)}")
-        for group, values in zip(self.optimizer.param_groups, groups):
-            group.update(values)
+    # ----- catch-up (see agent/joiner.py and agent/replay.py) --------------------------
 
     def load_snapshot(self, state: dict, step: int) -> None:
-        load_state(self.model, self.optimizer, state)
+        self.state.load(state)
         self.step = self.membership.step = step
 
     def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
         """Apply one logged step, exactly as the members did."""
-        if entry.step != self.step:
-            raise CatchUpError(f"log entry of step {entry.step}, but this replica is at step {self.step}")
-        if entry.numel != sum(_local(p).numel() for p in self._params):
-            raise CatchUpError(f"log entry of {entry.numel} gradient elements for a model of a different size")
-        self._set_hyperparams(entry.hyperparams_json)
-        offset = 0
-        for p in self._params:
-            shard = _local(p)
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            n = shard.numel()
-            grad = _local(p.grad)
-            torch.div(total[offset : offset + n].view_as(grad).to(grad.device), entry.contributors, out=grad)
-            offset += n
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        self.replayer.replay(entry, total)
         self.membership.step = self.step
-        self.log.append(entry.step, total, entry.contributors, entry.quorum_id, entry.hyperparams_json)
 
     def _gap_client(self, head: int):
         client = self._joiner.gap_client() if self._joiner is not None else None
@@ -388,97 +467,73 @@ class Manager:
             raise FtarError(f"this replica is at step {self.step}, the quorum at {head}, and it has no catch-up source")
         return client
 
-    def _replay_until(self, client, target: int) -> None:
-        while self.step < target:
-            entries, _, _ = client.log(self.step, wait=self.config.timeout)
-            for entry, data in entries:
-                if entry.step >= target:
-                    break
-                self.replay(entry, data)
+    def _take_inputs(self, entry: cpb.LogEntry) -> None:
+        """Enter the members' step ``entry.step`` with their recorded inputs."""
+        self.state.apply_inputs(entry)
+        self._inputs = entry
+        self.source.publish_inputs(entry)
 
     def _close_gap(self, step: int, head: int) -> int:
         """FTAR found the members at ``head`` and this joiner, with a
         gradient for ``step``, two or more steps behind (admitted while it
         still replayed): replay from the catch-up source up to ``head - 1``
-        with the hyperparameters of that step; FTAR then hands over the
-        members' sum of ``head - 1``."""
-        self._stop_following()
+        and take that step's inputs; FTAR then hands over the members' sum
+        of ``head - 1``."""
         client = self._gap_client(head)
         self.step = step
         target = head - 1
-        self._replay_until(client, target)
+        self.replayer.replay_until(client, target, self.config.timeout)
         entries, _, _ = client.log(target, wait=self.config.timeout)
         if not entries or entries[0][0].step != target:
             raise FtarError(f"the catch-up source has no log entry of step {target}")
-        self._set_hyperparams(entries[0][0].hyperparams_json)
+        self._take_inputs(entries[0][0])
+        self.membership.step = self.step
         return self.step
 
     def _join_members(self, head: int):
         """FTAR: this joiner, without a gradient, joins the members' data
-        all-reduce of step ``head``. Their hyperparameters for ``head`` are
-        read now, while they wait in that all-reduce; the steps still missing
-        are replayed while it runs (see ``FTAR.on_join``)."""
+        all-reduce of step ``head``. Their inputs of ``head`` are read now,
+        while they wait in that all-reduce; the steps still missing are
+        replayed while it runs (see ``FTAR.on_join``)."""
         client = self._gap_client(head)
-        hyperparams = client.hyperparams()
+        inputs = client.inputs()
+        if inputs.step != head:
+            raise FtarError(f"the catch-up source is at step {inputs.step}, the quorum at {head}")
 
         def replay() -> int:
-            self._stop_following()  # it may be in the middle of a step: let it finish
             if self.step > head:
                 raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
-            self._replay_until(client, head)
-            self._set_hyperparams(hyperparams)
+            self.replayer.replay_until(client, head, self.config.timeout)
+            self._take_inputs(inputs)
+            self.membership.step = self.step
             return self.step
 
         return replay
 
-    def _follow_log(self) -> None:
-        """FTAR: this joiner waits in its new group for the members to switch
-        to it. It replays what they commit meanwhile on a helper thread:
-        the members must never find it busy with a replay when they arrive
-        (its part of their all-reduce needs no state, only zeros)."""
-        joiner = self._joiner
-        if self._follower is not None or joiner is None or not joiner.source_address:
+    def _replay_while_waiting(self) -> None:
+        """FTAR, between polls of the collective this joiner waits in for the
+        members to arrive in its new group: replay what they committed
+        meanwhile, one step at a time on this (the training) thread, so
+        that little is left to replay when they arrive."""
+        client = self._joiner.gap_client() if self._joiner is not None else None
+        if client is None:
             return
-        stop = threading.Event()
-        client = self.source_client(joiner.source_address)
-
-        def follow() -> None:
-            try:
-                while not stop.is_set():
-                    entries, _, _ = client.log(self.step, wait=0.05)
-                    for entry, data in entries:
-                        if stop.is_set():
-                            break
-                        self.replay(entry, data)
-            except (CatchUpError, FthsdpError) as e:
-                log.warning("following the log while waiting for the members: %s", e)
-            finally:
-                client.close()
-
-        thread = threading.Thread(target=follow, name="fthsdp-follow-log", daemon=True)
-        thread.start()
-        self._follower = (thread, stop)
-
-    def _stop_following(self) -> None:
-        if self._follower is not None:
-            thread, stop = self._follower
-            stop.set()
-            thread.join()
-            self._follower = None
+        try:
+            self.replayer.replay_available(client)
+        except CatchUpError as e:
+            log.debug("following the log while waiting for the members: %s", e)
+        self.membership.step = self.step
 
     def report_progress(self, done: int, total: int) -> None:
         if self.leader:
             self.membership.catch_up_progress = (done, total)
 
     def group_checksum(self) -> str:
-        """The checksum of this rank's shards, combined over the replica group
-        (a collective: every rank of the group calls it at the same point)."""
-        own = state_checksum(self.model, self.optimizer, local=_local)
-        if self.config.shard_count == 1:
-            return own
-        parts = self.group.all_gather_int(int(own, 16))
-        return f"{zlib.crc32(b''.join(x.to_bytes(4, 'big') for x in parts)):08x}"
+        """The state checksum of this replica group (a collective: every rank
+        of the group calls it at the same point; agent/train_state.py)."""
+        return combine_hex(self.replayer.part_checksums(self.group))
 
     @property
     def checksum(self) -> str:
-        return self.membership.state_checksum
+        """The last periodic state checksum reported ("" before the first)."""
+        return self.membership.state_checksum if self.membership is not None else ""

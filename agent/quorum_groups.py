@@ -149,6 +149,8 @@ class QuorumGroups:
         """The growth quorum every member agreed to switch to at this step."""
         self._called: float | None = None
         self._intervals: list[float] = []
+        self._idle: Callable[[], None] | None = None
+        """Run between polls of a collective instead of sleeping (see FTAR.while_joining)."""
 
     def _note_step(self, now: float) -> None:
         """One step began now: the recent step times set the patience."""
@@ -270,6 +272,9 @@ class QuorumGroups:
                 return NEWER
             if time.monotonic() > deadline:
                 raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
+            if self._idle is not None:
+                self._idle()
+                continue
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         try:

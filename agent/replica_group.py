@@ -69,3 +69,12 @@ class ReplicaGroup:
         parts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         dist.all_gather(parts, torch.tensor([value], dtype=torch.int64), group=self.pg)
         return [int(p) for p in parts]
+
+    def all_gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's ``values`` (the same length on every rank), by rank."""
+        if self.pg is None:
+            return [list(values)]
+        mine = torch.tensor(values, dtype=torch.int64)
+        parts = [torch.zeros_like(mine) for _ in range(self.size)]
+        dist.all_gather(parts, mine, group=self.pg)
+        return [[int(x) for x in p] for p in parts]

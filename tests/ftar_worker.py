@@ -41,6 +41,92 @@ def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
+class DataPosition:
+    """A registered stateful data source: the batches it has handed out."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    def state_dict(self) -> dict:
+        return {"served": self.served}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.served = state["served"]
+
+
+class Ema:
+    """An exponential moving average of the weights (registered; over 256 KiB
+    at --hidden 512, so it must change only inside the update)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float = 0.99) -> None:
+        self.decay = decay
+        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        for k, v in model.state_dict().items():
+            self.shadow[k].lerp_(v, 1 - self.decay)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "shadow": self.shadow}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay = state["decay"]
+        for k, v in state["shadow"].items():
+            self.shadow[k].copy_(v)
+
+
+def full_loop(model: torch.nn.Module, amp: str):
+    """The loop PyTorch's docs describe: AdamW with weight decay on 2-D
+    parameters only, accumulation over micro-batches, autocast + GradScaler,
+    clip_grad_norm_, a warmup + cosine LambdaLR stepped after optimizer.step(),
+    an EMA of the weights, a registered data position."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3
+    )
+
+    def lr_lambda(step: int) -> float:
+        import math
+
+        warmup, total = 5, 200
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3, enabled=dtype is torch.float16)
+    ema = Ema(model)
+    data = DataPosition()
+
+    def update() -> None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        ema.update(model)
+        optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward(step: int, replica_rank: int, hidden: int, seed: int, die_forward) -> torch.Tensor:
+        losses = []
+        for micro in range(2):
+            x, y = batch(data.served, replica_rank, hidden, seed)
+            data.served += 1
+            if micro == 1 and die_forward:
+                die_forward()
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = torch.nn.functional.mse_loss(model(x), y) / 2
+            scaler.scale(loss).backward()
+            losses.append(loss.detach())
+        return sum(losses)
+
+    state = {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}
+    return optimizer, update, state, forward_backward
+
+
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -57,6 +143,11 @@ def main() -> int:
     p.add_argument("--save", default="")
     p.add_argument("--names", choices=("plain", "renamed"), default="plain")
     p.add_argument("--corrupt-at", type=int, default=-1, help="silently perturb a weight after this step")
+    p.add_argument("--loop", choices=("plain", "full"), default="plain",
+                   help="full: accumulation, autocast + GradScaler, clipping, a scheduler, an EMA (see full_loop)")
+    p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="fp16", help="autocast dtype of --loop full")
+    p.add_argument("--misuse", choices=("none", "step-outside", "clip-outside", "ema-outside"), default="none",
+                   help="break the replay contract (README, the training API) in the way named")
     p.add_argument("--corrupt-first-replay", action="store_true",
                    help="perturb a weight while replaying the first catch-up (a replay that does not reproduce the state)")
     args = p.parse_args()
@@ -64,8 +155,11 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     model = make_model(args.hidden, args.seed, args.names)
-    optimizer = make_optimizer(model)
-    ft = Manager.from_env(model, optimizer)
+    if args.loop == "full":
+        optimizer, update, state, forward_backward = full_loop(model, args.amp)
+    else:
+        optimizer, update, state, forward_backward = make_optimizer(model), None, None, None
+    ft = Manager.from_env(model, optimizer, update=update, state=state)
     if args.corrupt_first_replay:
         replay, corrupted = ft.replay, []
 
@@ -83,18 +177,27 @@ def main() -> int:
     while ft.step < args.steps and not ft.stopped:
         dying = ft.step == args.die_at
         x, y = batch(ft.step, ft.replica_rank, args.hidden, args.seed)
-        if dying and args.die_in == "forward":
+        if dying and args.die_in == "forward" and forward_backward is None:
             die()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
+        if forward_backward is not None:
+            loss = forward_backward(ft.step, ft.replica_rank, args.hidden, args.seed,
+                                    die if dying and args.die_in == "forward" else None)
+        else:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
         if dying and args.die_in == "allreduce":
             threading.Timer(args.die_after, die).start()
         result = ft.allreduce_gradients()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if args.misuse == "step-outside":
+            optimizer.step()
+        elif args.misuse == "clip-outside":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        elif args.misuse == "ema-outside":
+            state["ema"].update(model)
         if dying and args.die_in == "commit":
             die()
-        ft.commit()
+        if not ft.commit():  # the update (by default optimizer.step(), zero_grad), then the boundary
+            continue  # no member contributed: the step is run again
         if ft.step == args.corrupt_at:
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] += 1e-3

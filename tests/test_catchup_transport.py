@@ -20,6 +20,7 @@ from agent.grad_log import GradientLog
 from agent.snapshot import capture_state, load_state, state_from_bytes
 from agent.state_codec import StateCodecError, flatten, unflatten
 from coordinator.credentials import TlsFiles
+from protos.fthsdp.v1 import catchup_pb2 as cpb
 from tests.waiting import wait_until
 
 # ----- the codec -------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def test_codec_refuses_a_reference_to_a_missing_tensor():
 def filled_log(keep: int, steps: int, max_bytes: int = 1 << 30) -> GradientLog:
     log = GradientLog(keep_steps=keep, max_bytes=max_bytes)
     for s in range(steps):
-        log.append(s, torch.full((4,), float(s)), 2, 1, "[]")
+        log.append(cpb.LogEntry(step=s, hyperparams_json="[]"), torch.full((4,), float(s)), 2, 1)
     return log
 
 
@@ -67,7 +68,7 @@ def test_log_keeps_only_the_last_steps_unless_pinned():
     assert (records, head, oldest) == ([], 5, 3)
     log.pin(5)
     for s in range(5, 9):
-        log.append(s, torch.zeros(4), 2, 1, "[]")
+        log.append(cpb.LogEntry(step=s, hyperparams_json="[]"), torch.zeros(4), 2, 1)
     records, head, _ = log.read(5, 1 << 20)
     assert [r.entry.step for r in records] == [5, 6, 7, 8] and head == 9
     log.unpin(5)
@@ -78,7 +79,7 @@ def test_log_pin_is_bounded_by_bytes():
     log = GradientLog(keep_steps=1, max_bytes=3 * 16)  # three entries of 4 float32
     log.pin(0)
     for s in range(6):
-        log.append(s, torch.zeros(4), 2, 1, "[]")
+        log.append(cpb.LogEntry(step=s, hyperparams_json="[]"), torch.zeros(4), 2, 1)
     assert [r.entry.step for r in log.read(0, 1 << 20, 0)[0]] == []
     assert [r.entry.step for r in log.read(3, 1 << 20, 0)[0]] == [3, 4, 5]
 
@@ -91,7 +92,7 @@ def test_log_read_returns_at_least_one_entry_and_respects_max_bytes():
 
 def test_log_forgets_entries_across_a_gap():
     log = filled_log(keep=10, steps=3)
-    log.append(7, torch.zeros(4), 2, 1, "[]")
+    log.append(cpb.LogEntry(step=7, hyperparams_json="[]"), torch.zeros(4), 2, 1)
     assert [r.entry.step for r in log.read(0, 1 << 20)[0]] == []
     assert [r.entry.step for r in log.read(7, 1 << 20)[0]] == [7]
 
@@ -110,7 +111,7 @@ class Source:
         self.model(torch.randn(8, 32)).sum().backward()
         self.opt.step()
         self.log = GradientLog()
-        self.log.append(0, torch.arange(6.0), 2, 5, '[{"lr": 0.01}]', "cafe0001")
+        self.log.append(cpb.LogEntry(step=0, hyperparams_json='[{"lr": 0.01}]'), torch.arange(6.0), 2, 5, "cafe0001")
         self.source = CatchUpSource("r0", 0, 42, self.log, chunk_bytes=chunk)
         self.server = CatchUpServer(self.source, token=token, tls=tls).start()
         self._stop = threading.Event()
@@ -171,7 +172,7 @@ def test_log_entries_arrive_with_their_metadata(source):
 def test_log_gone_when_the_step_is_no_longer_held(source):
     src = source()
     for s in range(1, 10):
-        src.log.append(s, torch.zeros(6), 2, 5, "[]")
+        src.log.append(cpb.LogEntry(step=s, hyperparams_json="[]"), torch.zeros(6), 2, 5)
     with pytest.raises(LogGone, match="no longer held"):
         SourceClient(src.server.address).log(0)
 

@@ -68,23 +68,36 @@ model = GPT(GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size, n_
                       n_embd=args.n_embd)).to(args.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 n_params = sum(p.numel() for p in model.parameters())
-# Samples the whole job trained on, the step they count through, and the
-# samples per replica of the step, kept where a replica that catches up
-# receives them with the state: the optimizer's param group travels in the
-# snapshot, and its numeric entries are replayed with every logged step (a
-# joiner's first step thus counts the members' share, not its own).
-optimizer.param_groups[0].update(samples=0, samples_step=-1, replica_batch=args.batch_size)
+
+
+class Counters:
+    """Samples the whole job trained on, and this step's samples per replica:
+    registered with fthsdp (state=...), so a replica that catches up receives
+    them with the model, and replays them with every step it missed."""
+
+    def __init__(self) -> None:
+        self.samples, self.replica_batch = 0, args.batch_size
+
+    def state_dict(self) -> dict:
+        return {"samples": self.samples, "replica_batch": self.replica_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples, self.replica_batch = state["samples"], state["replica_batch"]
+
+
+counters = Counters()
 
 
 def samples_trained() -> int:
-    return optimizer.param_groups[0]["samples"]  # not a cached group: loading a snapshot replaces the groups
+    return counters.samples
 
 
-def count_samples(result) -> None:
-    """Add the step's samples once: a joiner may receive a count that already includes it."""
-    group = optimizer.param_groups[0]
-    if group["samples_step"] < result.step:
-        group.update(samples=group["samples"] + result.contributors * group["replica_batch"], samples_step=result.step)
+def update() -> None:
+    """The step's update, run by ft.commit() and replayed by a replica that
+    catches up: the optimizer step, and the samples the step trained on."""
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    counters.samples += ft.contributors * counters.replica_batch
 
 
 def get_batch():
@@ -106,7 +119,7 @@ def get_batch():
 
 def get_lr() -> float:
     """--lr, or with --decay-lr its cosine decay to a tenth over the run: by
-    samples with --samples (a step may train on fewer: see get_batch and count_samples)."""
+    samples with --samples (a step may train on fewer: see get_batch and update)."""
     if not args.decay_lr:
         return args.lr
     progress = min(1.0, samples_trained() / args.samples if args.samples else ft.step / args.steps)
@@ -130,7 +143,7 @@ def report_val_loss() -> None:
 
 
 # ----- the loop ---------------------------------------------------------------------------
-ft = Manager.from_env(model, optimizer)
+ft = Manager.from_env(model, optimizer, update=update, state={"counters": counters})
 ft.start(wait_for_replicas=ft.num_replicas if first_start else 1)
 print(json.dumps({"replica": ft.replica_id, "params": n_params, "quorum": ft.quorum_id, "start_step": ft.step,
                   "pid": os.getpid(), "t": time.monotonic(),
@@ -146,21 +159,19 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
         else:
             sys.exit(3)
     for group in optimizer.param_groups:
-        group["lr"] = get_lr()  # before allreduce_gradients(): a joiner replays the lr each step used
-    x, y, optimizer.param_groups[0]["replica_batch"] = get_batch()  # before allreduce_gradients(), as the lr
+        group["lr"] = get_lr()  # before allreduce_gradients(): recorded with the step, and replayed
+    x, y, counters.replica_batch = get_batch()  # before allreduce_gradients(), as the lr
     _, loss = model(x.to(args.device), y.to(args.device))
     loss.backward()
     result = ft.allreduce_gradients()  # the average over the quorum, redone among survivors on a failure
     if result is None:  # drained: the quorum went on without this replica
         break
-    count_samples(result)  # before commit(), which logs it with the step
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    ft.commit()  # the step boundary
+    if not ft.commit():  # runs update(), then the step boundary
+        continue  # no member contributed a gradient to this step: run it again
     if ft.step % args.log_every == 0:
         print(json.dumps({
             "step": ft.step, "loss": round(loss.item(), 4), "quorum": result.quorum_id,
-            "replicas": result.contributors, "batch": optimizer.param_groups[0]["replica_batch"],
+            "replicas": result.contributors, "batch": counters.replica_batch,
             "samples": samples_trained(), "checksum": ft.checksum,
             "elapsed_s": round(time.monotonic() - started, 2), "t": time.monotonic(),
         }), flush=True)

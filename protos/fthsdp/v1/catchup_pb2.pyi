@@ -43,7 +43,7 @@ class SnapshotManifest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., replica_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., skeleton_json: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., structure_hash: _Optional[int] = ...) -> None: ...
 
 class LogEntry(_message.Message):
-    __slots__ = ("step", "contributors", "quorum_id", "hyperparams_json", "dtype", "numel", "crc32", "checksum_after")
+    __slots__ = ("step", "contributors", "quorum_id", "hyperparams_json", "dtype", "numel", "crc32", "checksum_after", "inputs", "part_checksums_json")
     STEP_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,8 @@ class LogEntry(_message.Message):
     NUMEL_FIELD_NUMBER: _ClassVar[int]
     CRC32_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_AFTER_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    PART_CHECKSUMS_JSON_FIELD_NUMBER: _ClassVar[int]
     step: int
     contributors: int
     quorum_id: int
@@ -60,7 +62,19 @@ class LogEntry(_message.Message):
     numel: int
     crc32: int
     checksum_after: str
-    def __init__(self, step: _Optional[int] = ..., contributors: _Optional[int] = ..., quorum_id: _Optional[int] = ..., hyperparams_json: _Optional[str] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., crc32: _Optional[int] = ..., checksum_after: _Optional[str] = ...) -> None: ...
+    inputs: StateBlob
+    part_checksums_json: str
+    def __init__(self, step: _Optional[int] = ..., contributors: _Optional[int] = ..., quorum_id: _Optional[int] = ..., hyperparams_json: _Optional[str] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., crc32: _Optional[int] = ..., checksum_after: _Optional[str] = ..., inputs: _Optional[_Union[StateBlob, _Mapping]] = ..., part_checksums_json: _Optional[str] = ...) -> None: ...
+
+class StateBlob(_message.Message):
+    __slots__ = ("skeleton_json", "tensors", "data")
+    SKELETON_JSON_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    skeleton_json: str
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    data: bytes
+    def __init__(self, skeleton_json: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class LogBatch(_message.Message):
     __slots__ = ("entries", "head_step", "oldest_step")
