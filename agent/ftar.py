@@ -51,6 +51,7 @@ from agent.ftar_decisions import (
     IN_PHASE,
     JOIN_IN_PHASE,
     MAX_SLOT_PROPOSAL,
+    NO_GRADIENT,
     REPLAY_TO_BEFORE_HEAD,
     SERVE_LAST,
     TAKE_LAST,
@@ -202,6 +203,11 @@ class FTAR(QuorumGroups):
                 abandoned += 1
                 continue
             action, arg = agree_action(step, contributes, [[int(x) for x in r] for r in rows], group.quorum_id)
+            if action == NO_GRADIENT:
+                # Nothing to sum: not a step; the caller runs it again with a gradient.
+                log.warning("quorum %d: no member has a gradient for step %d", group.quorum_id, step)
+                self._in_step_with = 0  # the next call agrees again: the members' steps may differ
+                return StepResult(buffer.new_zeros(numel), 0, group.quorum_id, abandoned, step)
             if action == IN_PHASE:
                 self._phase_contributors = arg
                 self._in_step_with = group.quorum_id  # the data all-reduce comes next

@@ -64,6 +64,10 @@ TAKE_LAST = "take-last"
 """One step behind: receive the sum of this step from arg, and commit it."""
 SERVE_LAST = "serve-last"
 """Others are one step behind: broadcast the sum of the last step (arg: root)."""
+NO_GRADIENT = "no-gradient"
+"""No member has a gradient for the step (a joiner whose members were all
+lost as it was admitted): the step is not committed; the loop runs it again,
+this time with a gradient of its own."""
 
 
 def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id: int = 0) -> tuple[str, int]:
@@ -76,13 +80,13 @@ def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id:
     decision whose next collective is the same as every other member's
     (tests/test_ftar_agree.py checks this over all small configurations): an
     all-gather (AGAIN, REPLAY_TO_BEFORE_HEAD), the data all-reduce (IN_PHASE,
-    JOIN_IN_PHASE), or one broadcast from the same root (FOLLOW_HEAL,
-    TAKE_LAST, SERVE_LAST).
+    JOIN_IN_PHASE), one broadcast from the same root (FOLLOW_HEAL,
+    TAKE_LAST, SERVE_LAST), or none (NO_GRADIENT: every member returns).
     """
     steps = [r[0] for r in rows]
     counted = [r[0] for r in rows if r[5]]
     if not counted:
-        raise FtarError(f"no member of quorum {quorum_id} has a gradient for step {step}")
+        return NO_GRADIENT, 0
     lo, hi = min(counted), max(counted)
 
     def holder(at: int) -> int:

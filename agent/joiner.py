@@ -141,7 +141,19 @@ class Joiner:
                 return False
             return time.monotonic() - failed.get(source, -1e9) > RETRY_SAME_SOURCE_AFTER
 
+        lost_seen = 0
         while True:
+            latest = membership.latest
+            lost = latest.state_lost_step if latest is not None else 0
+            if lost:
+                # Every replica holding the job's state is gone: no source
+                # will come until one returns or an operator gives the state
+                # up. Waiting is the point; a timeout would only restart us.
+                if lost != lost_seen:
+                    log.warning("the job's state was lost at step %d; waiting for a replica that holds it, "
+                                "or for an operator to give it up (fthsdp give-up-state): %s", lost, latest.reason)
+                    lost_seen = lost
+                deadline = max(deadline, time.monotonic() + RETRY_SAME_SOURCE_AFTER)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FthsdpError(f"replica {self.m.replica_id} was neither admitted nor given a catch-up source in time")

@@ -14,6 +14,7 @@ from agent.ftar_decisions import (
     IN_PHASE,
     REPLAY_TO_BEFORE_HEAD,
     JOIN_IN_PHASE,
+    NO_GRADIENT,
     SERVE_LAST,
     TAKE_LAST,
     FtarError,
@@ -88,10 +89,14 @@ def test_a_survivor_one_step_behind_takes_the_sum_from_a_holder():
     assert agree_action(H + 1, True, rows) == (SERVE_LAST, 2)
 
 
-def test_nobody_with_a_gradient_is_an_error():
-    rows = [row(H, False, False), row(H, False, False)]
-    with pytest.raises(FtarError, match="no member"):
-        agree_action(H, False, rows)
+@pytest.mark.parametrize("steps", [(H, H), (H, H - 1), (H - 2,)])
+def test_nobody_with_a_gradient_commits_nothing(steps):
+    """Joiners whose members were all lost as they were admitted: none of
+    them has a gradient; every one returns without a collective and runs
+    the step again (the loop's commit() returns False)."""
+    rows = [row(s, False, False) for s in steps]
+    for s in steps:
+        assert agree_action(s, False, rows) == (NO_GRADIENT, 0)
 
 
 def test_members_steps_too_far_apart_is_an_error():

@@ -1,0 +1,95 @@
+"""Failures that overlap, with real processes (the loop of ftar_worker --loop full).
+
+What must hold in each case (README, "Failures that overlap"): the
+survivors commit on without waiting out a timeout, the lost replicas come
+back and catch up, every step a replica commits has one state on every
+replica that committed it, and no committed step is lost or redone with
+another state.
+"""
+
+from __future__ import annotations
+
+import time
+
+from coordinator.client import CoordinatorClient
+from tests.test_catchup import SLOW, cluster, members  # noqa: F401 - a fixture
+from tests.waiting import wait_until
+
+LOOP = ("--loop", "full")
+
+
+def assert_one_state_per_step(*workers) -> None:
+    """Every step printed by several replicas (or incarnations) has one checksum."""
+    seen: dict[int, dict[str, str]] = {}
+    for w in workers:
+        for step, line in w.steps.items():
+            if line.get("checksum"):
+                seen.setdefault(step, {})[w.log_path.name] = line["checksum"]
+    split = {s: c for s, c in seen.items() if len(set(c.values())) > 1}
+    assert not split, f"steps committed with different states: {dict(list(split.items())[:3])}"
+
+
+def test_two_of_three_killed_at_once(cluster):
+    """Two of three replicas SIGKILLed within 100 ms: the survivor commits
+    its next step alone long before any timeout; both come back, catch up
+    and train with it, bit-identical."""
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "1")
+    r0, r1, r2 = (worker(c, i, 3, *LOOP, env=SLOW) for i in range(3))
+    r0.read_until(lambda line: line.get("step", 0) >= 12)
+    r1.kill()
+    r2.kill()
+    killed = time.monotonic()
+    r1.collect_after_exit()
+    r2.collect_after_exit()
+    alone = r0.read_until(lambda line: line.get("contributors") == 1, timeout=30)
+    assert alone["t"] - killed < 5.0, f"the survivor's first step alone came {alone['t'] - killed:.1f}s after the kills"
+    back = [worker(c, i, 1, *LOOP, name=f"r{i}-back") for i in (1, 2)]
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1", "r2"}, 90, message="both killed replicas back in the quorum")
+    last = max(r0.steps)
+    for w in (r0, *back):
+        w.read_until(lambda line: line.get("step", 0) >= last + 10, timeout=60)
+    for w in (r0, *back):
+        w.stop()
+        w.collect_after_exit()
+    assert_one_state_per_step(r0, r1, r2, *back)
+    steps = sorted(set(r0.steps) | set(r1.steps) | set(r2.steps))
+    assert steps == list(range(steps[0], steps[-1] + 1)), "a committed step is missing"
+
+
+def test_last_member_killed_just_after_a_joiner_was_admitted(cluster):
+    """The only up-to-date member dies right after a returning replica was
+    admitted: the joiner holds the committed state, so it trains on alone
+    (a step nobody contributed to is run again, not committed); the killed
+    one comes back and catches up from it. No step has two states."""
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "1")
+    r0, r1 = (worker(c, i, 2, *LOOP) for i in range(2))
+    r0.read_until(lambda line: line.get("step", 0) >= 12)
+    r1.kill()
+    r1.collect_after_exit()
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0"}, 20, message="r1 taken out")
+        joiner = worker(c, 1, 1, *LOOP, name="r1-back")
+        wait_until(lambda: members(client) == {"r0", "r1"}, 60, interval=0.005, message="r1 admitted again")
+        r0.kill()
+        r0.collect_after_exit()
+        wait_until(lambda: members(client) == {"r1"}, 20, message="r0 taken out")
+    first = joiner.read_until(lambda line: "step" in line, timeout=60)["step"]
+    joiner.read_until(lambda line: line.get("step", 0) >= first + 5, timeout=60)
+    r0_back = worker(c, 0, 1, *LOOP, name="r0-back")
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1"}, 60, message="r0 back in the quorum")
+    r0_back.read_until(lambda line: "step" in line, timeout=60)
+    last = r0_back.read_until(lambda line: "step" in line, timeout=60)["step"]
+    joiner.read_until(lambda line: line.get("step", 0) >= last + 5, timeout=60)
+    for w in (joiner, r0_back):  # drained: every step they printed is read
+        w.stop()
+        w.collect_after_exit()
+    assert_one_state_per_step(r0, r1, joiner, r0_back)
+    steps = sorted(set(r0.steps) | set(joiner.steps) | set(r0_back.steps))
+    assert steps == list(range(steps[0], steps[-1] + 1)), (
+        f"a committed step is missing: r0 {min(r0.steps)}..{max(r0.steps)}, r1 back {min(joiner.steps)}.."
+        f"{max(joiner.steps)}, r0 back {min(r0_back.steps)}..{max(r0_back.steps)}"
+    )
