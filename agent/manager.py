@@ -443,7 +443,9 @@ class Manager:
             return
         grad, copy = self._sentinel
         current = self._params[0].grad
-        if current is None or not torch.equal(_local(current).reshape(-1)[:SENTINEL], copy):
+        # Bits, not values: an overflowed fp16 step (inf/NaN, skipped by a GradScaler) equals itself.
+        now = _local(current).reshape(-1)[:SENTINEL] if current is not None else None
+        if now is None or not torch.equal(now.contiguous().view(torch.uint8), copy.view(torch.uint8)):
             raise ApiMisuse(
                 "the gradients changed between allreduce_gradients() and commit() (gradient clipping, "
                 "GradScaler.unscale_ or zero_grad there?): a replica that catches up replays only the update, "

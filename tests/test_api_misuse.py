@@ -21,6 +21,22 @@ def test_commit_before_allreduce():
         offline_manager().commit()
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.5])
+def test_gradients_left_as_the_allreduce_left_them_pass_even_overflowed(value):
+    """An fp16 step whose scaled gradients overflowed (a GradScaler skips it)
+    is no misuse: the check compares bits, and NaN's bits equal themselves."""
+    ft = offline_manager()
+    weight = next(ft.model.parameters())
+    weight.grad = torch.full_like(weight, value)
+    first = weight.grad.reshape(-1)
+    ft._sentinel = (first, first[:8].clone())
+    ft._check_sentinel()
+    weight.grad.mul_(0.5)  # as clipping would
+    if value == value and value != float("inf"):
+        with pytest.raises(ApiMisuse, match="gradients changed"):
+            ft._check_sentinel()
+
+
 def test_allreduce_twice_in_a_step():
     ft = offline_manager()
     ft._reduced = True  # as after a first allreduce_gradients()
