@@ -76,7 +76,7 @@ class Ema:
             self.shadow[k].copy_(v)
 
 
-def full_loop(model: torch.nn.Module, amp: str):
+def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, replaying=lambda: False, delayed: int = 10):
     """The loop PyTorch's docs describe: AdamW with weight decay on 2-D
     parameters only, accumulation over micro-batches, autocast + GradScaler,
     clip_grad_norm_, a warmup + cosine LambdaLR stepped after optimizer.step(),
@@ -101,7 +101,12 @@ def full_loop(model: torch.nn.Module, amp: str):
     ema = Ema(model)
     data = DataPosition()
 
+    slowed = [delayed]
+
     def update() -> None:
+        if replay_delay and replaying() and slowed[0] > 0:
+            slowed[0] -= 1
+            time.sleep(replay_delay)  # --replay-delay: a replay slow enough to fail a source during it
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
@@ -146,6 +151,8 @@ def main() -> int:
     p.add_argument("--loop", choices=("plain", "full"), default="plain",
                    help="full: accumulation, autocast + GradScaler, clipping, a scheduler, an EMA (see full_loop)")
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="fp16", help="autocast dtype of --loop full")
+    p.add_argument("--replay-delay", type=float, default=0.0,
+                   help="seconds each of the first 10 replayed steps of --loop full takes")
     p.add_argument("--misuse", choices=("none", "step-outside", "clip-outside", "ema-outside"), default="none",
                    help="break the replay contract (README, the training API) in the way named")
     p.add_argument("--corrupt-first-replay", action="store_true",
@@ -156,7 +163,7 @@ def main() -> int:
 
     model = make_model(args.hidden, args.seed, args.names)
     if args.loop == "full":
-        optimizer, update, state, forward_backward = full_loop(model, args.amp)
+        optimizer, update, state, forward_backward = full_loop(model, args.amp, args.replay_delay, lambda: ft.replaying)
     else:
         optimizer, update, state, forward_backward = make_optimizer(model), None, None, None
     ft = Manager.from_env(model, optimizer, update=update, state=state)

@@ -93,3 +93,52 @@ def test_last_member_killed_just_after_a_joiner_was_admitted(cluster):
         f"a committed step is missing: r0 {min(r0.steps)}..{max(r0.steps)}, r1 back {min(joiner.steps)}.."
         f"{max(joiner.steps)}, r0 back {min(r0_back.steps)}..{max(r0_back.steps)}"
     )
+
+
+def source_of(joiner) -> str:
+    """The source the joiner's log names last ("catching up from rX")."""
+    found = [line.split("catching up from ")[1].split()[0] for line in joiner.log_path.read_text().splitlines()
+             if "catching up from " in line]
+    return found[-1] if found else ""
+
+
+def kill_source_when(coordinator, worker, mark: str, *joiner_args: str):
+    """Three replicas, r2 killed and restarted; its source is SIGKILLed as
+    soon as the joiner's log shows ``mark``. The joiner must get another
+    source within seconds and the remaining member must never crash."""
+    c = coordinator("--min-replicas", "1")
+    workers = [worker(c, i, 3, *LOOP) for i in range(3)]
+    workers[0].read_until(lambda line: line.get("step", 0) >= 12)
+    workers[2].kill()
+    workers[2].collect_after_exit()
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1"}, 20, message="r2 taken out")
+        joiner = worker(c, 2, 1, *LOOP, *joiner_args, name="r2-back")
+        wait_until(lambda: mark in joiner.log_path.read_text(), 60, interval=0.002, message=f"the joiner's log shows {mark!r}")
+        source = source_of(joiner)
+        victim, other = (workers[0], workers[1]) if source == "r0" else (workers[1], workers[0])
+        victim.kill()
+        killed = time.monotonic()
+        victim.collect_after_exit()
+        wait_until(lambda: members(client) == {other.replica_id, "r2"}, 30, message="the joiner admitted from another source")
+        admitted_after = time.monotonic() - killed
+    assert admitted_after < 20, f"the joiner was admitted {admitted_after:.1f}s after its source died"
+    assert other.proc.poll() is None, "the remaining member crashed"
+    last = other.read_until(lambda line: "step" in line)["step"]
+    joiner.read_until(lambda line: line.get("step", 0) >= last + 5, timeout=60)
+    for w in (other, joiner):
+        w.stop()
+        w.collect_after_exit()
+    assert_one_state_per_step(victim, other, joiner)
+    return joiner
+
+
+def test_source_killed_during_the_replay(cluster):
+    coordinator, _, worker = cluster
+    joiner = kill_source_when(coordinator, worker, "loaded the snapshot", "--replay-delay", "0.2")
+    assert len({line for line in joiner.log_path.read_text().splitlines() if "catching up from" in line}) >= 2
+
+
+def test_source_killed_during_the_admission(cluster):
+    coordinator, _, worker = cluster
+    kill_source_when(coordinator, worker, "joining at its first all-reduce")
