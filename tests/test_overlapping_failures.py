@@ -9,10 +9,15 @@ another state.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
+import pytest
+
 from coordinator.client import CoordinatorClient
-from tests.test_catchup import SLOW, cluster, members  # noqa: F401 - a fixture
+from tests.processes import AgentProcess
+from tests.test_catchup import SLOW, cluster, members, status_of  # noqa: F401 - a fixture
 from tests.waiting import wait_until
 
 LOOP = ("--loop", "full")
@@ -142,3 +147,42 @@ def test_source_killed_during_the_replay(cluster):
 def test_source_killed_during_the_admission(cluster):
     coordinator, _, worker = cluster
     kill_source_when(coordinator, worker, "joining at its first all-reduce")
+
+
+@pytest.mark.slow
+def test_a_rank_of_an_fsdp2_group_killed_while_another_group_catches_up(cluster, tmp_path):
+    """Three replica groups of 2 FSDP2 ranks. A rank of r2 is SIGKILLed; while
+    r2's group catches up (shard by shard), a rank of r1 is SIGKILLed too.
+    Both groups are restarted by their agents, catch up from the groups left
+    and rejoin; one state per committed step."""
+    coordinator, _, _ = cluster
+    c = coordinator("--min-replicas", "1")
+    groups = [
+        AgentProcess(tmp_path, c.address, f"r{k}", k, 3, "--steps", "1000000", "--hidden", "256", "--wait-for", "3",
+                     agent_args=("--nproc", "2", "--max-restarts", "10"), worker="tests.hsdp_worker",
+                     env={"FTHSDP_CATCH_UP_MAX_RATE": str(1 << 20)}).start()
+        for k in range(3)
+    ]
+    try:
+        pids = [{}, {}, {}]
+        for k in (1, 2):
+            groups[k].read_until(lambda line, k=k: "rank" in line and pids[k].update({line["rank"]: line["pid"]}) is None
+                                 and len(pids[k]) == 2)
+        groups[0].read_until(lambda line: line.get("step", 0) >= 10)
+        os.kill(pids[2][1], signal.SIGKILL)
+        with CoordinatorClient([c.address]) as client:
+            wait_until(lambda: status_of(client, "r2")[1].catch_up_bytes > 0, 60, interval=0.01,
+                       message="r2's group catching up")
+            os.kill(pids[1][1], signal.SIGKILL)
+            wait_until(lambda: members(client) == {"r0", "r1", "r2"}
+                       and all(status_of(client, r)[1].restart_count >= 1 for r in ("r1", "r2")),
+                       120, message="both groups restarted, caught up and back in the quorum")
+        last = groups[0].read_until(lambda line: "step" in line)["step"]
+        for g in groups:
+            g.read_until(lambda line: line.get("step", 0) >= last + 5, timeout=60)
+    finally:
+        for g in groups:
+            g.stop()
+    for g in groups:
+        g.collect_after_exit()
+    assert_one_state_per_step(*groups)
