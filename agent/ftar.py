@@ -55,6 +55,7 @@ from agent.ftar_decisions import (
     REPLAY_TO_BEFORE_HEAD,
     SERVE_LAST,
     TAKE_LAST,
+    AgreeRow,
     FtarError,
     agree_action,
     slot_switch,
@@ -214,7 +215,7 @@ class FTAR(QuorumGroups):
             elif action == JOIN_IN_PHASE:
                 if self.on_join is None:
                     raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
-                self._phase_contributors = sum(1 for r in rows if r[5])
+                self._phase_contributors = sum(1 for r in rows if AgreeRow(*r).contributes)
                 self._in_step_with = group.quorum_id
                 joining = arg
             elif action == REPLAY_TO_BEFORE_HEAD:
@@ -248,13 +249,14 @@ class FTAR(QuorumGroups):
         if self._wait_work(group.pg.allgather([rows], [row]), group, deadline) != DONE:
             self._retire(group)
             return None
-        sizes = {int(r[1]) for r in rows}
+        named = [AgreeRow(*(int(x) for x in r)) for r in rows]
+        sizes = {r.numel for r in named}
         if len(sizes) > 1:
             raise FtarError(
                 f"replicas all-reduce gradients of different sizes ({min(sizes)}..{max(sizes)} elements; "
                 f"this one {numel}): are they training the same model?"
             )
-        if len({int(r[2]) for r in rows}) > 1:
+        if len({r.structure for r in named}) > 1:
             raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
         return rows
 
@@ -263,7 +265,8 @@ class FTAR(QuorumGroups):
         failure stopped ours): take their sum, the one they applied, into ``total``."""
         if self._broadcast(group, total, root, deadline) != DONE:
             return None
-        self._last = StepResult(total, int(rows[root][3]), int(rows[root][4]), 0, step)
+        held = AgreeRow(*(int(x) for x in rows[root]))
+        self._last = StepResult(total, held.last_contributors, held.last_quorum, 0, step)
         self._last_step = step
         return self._last
 

@@ -8,6 +8,9 @@ group; and whether the members agreed to switch to it.
 
 from __future__ import annotations
 
+import enum
+from typing import NamedTuple
+
 from coordinator.errors import FthsdpError
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
@@ -49,32 +52,61 @@ def slot_switch(quorum_id: int, size: int, total: int, squares: int) -> int:
 
 # ----- the agreement, as a pure function -------------------------------------------------
 
-AGAIN = "again"
-"""Agree again (another member closes a gap first)."""
-IN_PHASE = "in-phase"
-"""Every member is at this step: the data all-reduce follows (arg: contributors)."""
-JOIN_IN_PHASE = "join-in-phase"
-"""A joiner without a gradient, at or behind the members' step (arg): it
-takes part in their data all-reduce at once and replays up to their step meanwhile."""
-REPLAY_TO_BEFORE_HEAD = "replay-to-before-head"
-"""Two or more steps behind with a gradient: replay up to arg - 1, then agree again."""
-FOLLOW_HEAL = "follow-heal"
-"""A joiner takes part in the members' broadcast among themselves (arg: root)."""
-TAKE_LAST = "take-last"
-"""One step behind: receive the sum of this step from arg, and commit it."""
-SERVE_LAST = "serve-last"
-"""Others are one step behind: broadcast the sum of the last step (arg: root)."""
-NO_GRADIENT = "no-gradient"
-"""No member has a gradient for the step (a joiner whose members were all
-lost as it was admitted): the step is not committed; the loop runs it again,
-this time with a gradient of its own."""
+class Action(str, enum.Enum):
+    """What a member does after an agree (the next collective is the same on every member)."""
+
+    AGAIN = "again"
+    """Agree again (another member closes a gap first)."""
+    IN_PHASE = "in-phase"
+    """Every member is at this step: the data all-reduce follows (arg: contributors)."""
+    JOIN_IN_PHASE = "join-in-phase"
+    """A joiner without a gradient, at or behind the members' step (arg): it
+    takes part in their data all-reduce at once and replays up to their step meanwhile."""
+    REPLAY_TO_BEFORE_HEAD = "replay-to-before-head"
+    """Two or more steps behind with a gradient: replay up to arg - 1, then agree again."""
+    FOLLOW_HEAL = "follow-heal"
+    """A joiner takes part in the members' broadcast among themselves (arg: root)."""
+    TAKE_LAST = "take-last"
+    """One step behind: receive the sum of this step from arg, and commit it."""
+    SERVE_LAST = "serve-last"
+    """Others are one step behind: broadcast the sum of the last step (arg: root)."""
+    NO_GRADIENT = "no-gradient"
+    """No member has a gradient for the step (a joiner whose members were all
+    lost as it was admitted): the step is not committed; the loop runs it
+    again, this time with a gradient of its own."""
 
 
-def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id: int = 0) -> tuple[str, int]:
+# The names the callers and tests use.
+AGAIN = Action.AGAIN
+IN_PHASE = Action.IN_PHASE
+JOIN_IN_PHASE = Action.JOIN_IN_PHASE
+REPLAY_TO_BEFORE_HEAD = Action.REPLAY_TO_BEFORE_HEAD
+FOLLOW_HEAL = Action.FOLLOW_HEAL
+TAKE_LAST = Action.TAKE_LAST
+SERVE_LAST = Action.SERVE_LAST
+NO_GRADIENT = Action.NO_GRADIENT
+
+
+class AgreeRow(NamedTuple):
+    """What each member puts into an agree (an all-gather of int64 rows)."""
+
+    step: int
+    numel: int
+    """Gradient elements."""
+    structure: int
+    """The model's structure hash."""
+    last_contributors: int
+    """Contributors of the last sum this member holds (0: none)."""
+    last_quorum: int
+    """The quorum id of that sum (0: not held)."""
+    contributes: int
+    """1 if this member has a gradient for ``step``."""
+
+
+def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id: int = 0) -> tuple[Action, int]:
     """What this member does after an agree, from every member's row.
 
-    A row is (step, gradient size, model hash, last sum's contributors, last
-    sum's quorum id or 0 if not held, contributes this step). The members
+    A row is an ``AgreeRow`` (or its six ints in that order). The members
     with a gradient (contributes) decide; joiners without one follow them,
     whatever step they are at below the members'. Every member reaches a
     decision whose next collective is the same as every other member's
@@ -83,8 +115,9 @@ def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id:
     JOIN_IN_PHASE), one broadcast from the same root (FOLLOW_HEAL,
     TAKE_LAST, SERVE_LAST), or none (NO_GRADIENT: every member returns).
     """
-    steps = [r[0] for r in rows]
-    counted = [r[0] for r in rows if r[5]]
+    rows = [AgreeRow(*r) for r in rows]
+    steps = [r.step for r in rows]
+    counted = [r.step for r in rows if r.contributes]
     if not counted:
         return NO_GRADIENT, 0
     lo, hi = min(counted), max(counted)
@@ -92,7 +125,7 @@ def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id:
     def holder(at: int) -> int:
         """The first member at ``at`` that holds the sum of ``at - 1``."""
         for i, r in enumerate(rows):
-            if r[0] == at and r[4] > 0:
+            if r.step == at and r.last_quorum > 0:
                 return i
         raise FtarError(f"quorum {quorum_id}: no member at step {at} holds the result of step {at - 1}")
 
