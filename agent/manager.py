@@ -62,7 +62,7 @@ from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
 from agent.membership import Membership
-from agent.eviction import exit_when_evicted
+from agent.eviction import EvictionWatch
 from agent.participation import Participation, QuorumRecord
 from agent.replay import Replayer, combine_hex
 from agent.replica_group import ReplicaGroup
@@ -146,6 +146,8 @@ class Manager:
         self._sentinel: tuple[torch.Tensor, torch.Tensor] | None = None
         """(gradient, a copy of its first elements) right after the all-reduce: checked at commit."""
         self._step_hook = None
+        self._eviction: EvictionWatch | None = None
+        """Ranks of a multi-rank group: learns that the coordinator took the group out."""
 
     @property
     def step(self) -> int:
@@ -265,9 +267,8 @@ class Manager:
         quorum = self.tracker.wait_for_membership(self._admission_timeout)
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id, self.step)
-        if self.config.shard_count > 1:
-            watchdog = (self.tracker, self.config.shard_rank, lambda: self.stopped, self._drain)
-            threading.Thread(target=exit_when_evicted, args=watchdog, name="fthsdp-eviction-watchdog", daemon=True).start()
+        if self.config.shard_count > 1 and self._eviction is None:
+            self._eviction = EvictionWatch(self.tracker, self.config.shard_rank, lambda: self.stopped, self._drain)
 
     def close(self, reason: str = "finished") -> None:
         """Leave the job (the others go on without this replica) and stop."""
@@ -316,6 +317,7 @@ class Manager:
         """
         if self.stopped:
             return None
+        self._raise_if_evicted()
         if self._reduced:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
         if self.group is None:
@@ -390,6 +392,7 @@ class Manager:
             return False
         if not self._reduced:
             raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
+        self._raise_if_evicted()
         self._reduced = False
         last = self.last
         if last.contributors == 0:
@@ -435,6 +438,14 @@ class Manager:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
             self.close("drained")
         return True
+
+    def _raise_if_evicted(self) -> None:
+        """Another rank of this group died and the coordinator took the group
+        out: this rank's state is lost with it (agent/eviction.py)."""
+        watch = self._eviction
+        if watch is not None and watch.evicted and not self._drain.is_set():
+            watch.acknowledged.set()
+            raise Evicted(f"{watch.evicted}: its state must be caught up again (its agent restarts the group)")
 
     def _check_sentinel(self) -> None:
         """The gradients must reach the update as the all-reduce left them: a
