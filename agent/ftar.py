@@ -99,6 +99,9 @@ class FTAR(QuorumGroups):
         """How many members contribute to the step the last agree settled (None: all)."""
         self._last: StepResult | None = None
         self._last_step = -1
+        self.members_step = -1
+        """The step the contributing members were last seen at in an agree
+        (a joiner learns the committed state's step from them)."""
         self._controls: list[tuple[_Group, object, torch.Tensor]] = []
         """The control all-reduces of switch proposals of the last steps (see ``_settle_switch``)."""
         self.on_behind: Callable[[int, int], int] | None = None
@@ -210,9 +213,11 @@ class FTAR(QuorumGroups):
                 self._in_step_with = 0  # the next call agrees again: the members' steps may differ
                 return StepResult(buffer.new_zeros(numel), 0, group.quorum_id, abandoned, step)
             if action == IN_PHASE:
+                self.members_step = step
                 self._phase_contributors = arg
                 self._in_step_with = group.quorum_id  # the data all-reduce comes next
             elif action == JOIN_IN_PHASE:
+                self.members_step = arg
                 if self.on_join is None:
                     raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
                 self._phase_contributors = sum(1 for r in rows if AgreeRow(*r).contributes)

@@ -73,7 +73,7 @@ from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
 
-__all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation"]
+__all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation", "StateNotHeld"]
 
 log = logging.getLogger("fthsdp.agent.manager")
 
@@ -84,6 +84,12 @@ SENTINEL = 8
 
 class ApiMisuse(FthsdpError):
     """The training script called the API out of order."""
+
+
+class StateNotHeld(FthsdpError):
+    """This replica was admitted, but every member (or its catch-up source)
+    was lost before it reached the members' state: it does not hold the
+    job's committed state, so it must not train on as if it did."""
 
 
 class Manager:
@@ -367,6 +373,16 @@ class Manager:
         self._reduced = True
         self.last = result
         if result.contributors == 0:
+            # Nobody had a gradient: the members were all lost as this joiner
+            # joined. It holds the committed state only if it saw the members'
+            # step in an agree and replayed up to it; otherwise it must not go
+            # on (the job's state lives on only where someone holds it).
+            if self.ftar.members_step != self.step:
+                raise StateNotHeld(
+                    f"replica {self.replica_id} was admitted at step {self.step}, but every member was lost before "
+                    f"it reached their state (last seen at step {self.ftar.members_step}); it leaves so that the "
+                    "coordinator keeps the job waiting for a replica that holds the state"
+                )
             self._sentinel = None
             return result
         offset = 0
@@ -474,6 +490,12 @@ class Manager:
         self.replayer.replay(entry, total)
         self.membership.step = self.step
 
+    def _gap_source_lost(self, head: int, e: CatchUpError) -> StateNotHeld:
+        return StateNotHeld(
+            f"replica {self.replica_id} (at step {self.step}) lost its catch-up source before it reached the "
+            f"members' step {head}: {e}"
+        )
+
     def _gap_client(self, head: int):
         client = self._joiner.gap_client() if self._joiner is not None else None
         if client is None:
@@ -495,8 +517,11 @@ class Manager:
         client = self._gap_client(head)
         self.step = step
         target = head - 1
-        self.replayer.replay_until(client, target, self.config.timeout)
-        entries, _, _ = client.log(target, wait=self.config.timeout)
+        try:
+            self.replayer.replay_until(client, target, self.config.timeout)
+            entries, _, _ = client.log(target, wait=self.config.timeout)
+        except CatchUpError as e:
+            raise self._gap_source_lost(head, e) from e
         if not entries or entries[0][0].step != target:
             raise FtarError(f"the catch-up source has no log entry of step {target}")
         self._take_inputs(entries[0][0])
@@ -509,14 +534,20 @@ class Manager:
         while they wait in that all-reduce; the steps still missing are
         replayed while it runs (see ``FTAR.on_join``)."""
         client = self._gap_client(head)
-        inputs = client.inputs()
+        try:
+            inputs = client.inputs()
+        except CatchUpError as e:
+            raise self._gap_source_lost(head, e) from e
         if inputs.step != head:
             raise FtarError(f"the catch-up source is at step {inputs.step}, the quorum at {head}")
 
         def replay() -> int:
             if self.step > head:
                 raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
-            self.replayer.replay_until(client, head, self.config.timeout)
+            try:
+                self.replayer.replay_until(client, head, self.config.timeout)
+            except CatchUpError as e:
+                raise self._gap_source_lost(head, e) from e
             self._take_inputs(inputs)
             self.membership.step = self.step
             return self.step

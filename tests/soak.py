@@ -70,6 +70,14 @@ class Watched:
         steps = self.steps()
         return steps[-1]["step"] if steps else 0
 
+    def holds_state(self, head: int) -> bool:
+        """Its current incarnation has committed a step near the head (a
+        joiner that has not yet trained with the members does not hold the
+        job's state: killing the last one that does loses it, by design)."""
+        with self.lock:
+            mine = [ln for ln in self.lines if "step" in ln and "checksum" in ln and ln["incarnation"] == self.incarnations]
+        return bool(self.pid) and bool(mine) and mine[-1]["step"] >= head - 5
+
 
 def members(client: CoordinatorClient) -> set[str]:
     return {m.replica_id for m in client.status().quorum.members}
@@ -92,14 +100,14 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
             end = time.monotonic() + fault_seconds
             while time.monotonic() < end:
                 time.sleep(rng.uniform(0.3, 3.0))  # the faults' random schedule
-                now = members(client)
                 victims = [rng.choice(watched)]
                 if rng.random() < 0.3:
                     victims.append(rng.choice(watched))
+                head = max(w.last_step() for w in watched)
                 for w in dict.fromkeys(victims):
                     rid = w.agent.replica_id
-                    # Never the last member holding the state: losing it stops the job by design.
-                    if rid in now and len(now) <= 1:
+                    # Never the last replica holding the state: losing it stops the job, by design.
+                    if not any(o.holds_state(head) for o in watched if o is not w):
                         continue
                     if not w.pid:
                         continue
@@ -107,7 +115,6 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
                         os.kill(w.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         continue
-                    now.discard(rid)
                     t = time.monotonic()
                     overlapping = any(t - k.t < 1.0 for k in kills)
                     kills.append(Kill(t, rid, w.last_step(), overlapping))
