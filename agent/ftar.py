@@ -84,8 +84,9 @@ class StepResult:
 
 _EXACT_SLOT_DTYPES = (torch.float32, torch.float64)
 
-class FTAR(QuorumGroups):
-    """All-reduce one flat gradient tensor per step across the quorum."""
+class FTAR:
+    """All-reduce one flat gradient tensor per step across the quorum (the
+    groups it runs in are kept by a ``QuorumGroups``)."""
 
     def __init__(
         self,
@@ -94,7 +95,9 @@ class FTAR(QuorumGroups):
         shard_rank: int = 0,
         timeout: float = 60.0,
     ) -> None:
-        super().__init__(tracker, job, shard_rank, timeout)
+        self.tracker = tracker
+        self.timeout = timeout
+        self.groups = QuorumGroups(tracker, job, shard_rank, timeout)
         self._phase_contributors: int | None = None
         """How many members contribute to the step the last agree settled (None: all)."""
         self._last: StepResult | None = None
@@ -122,6 +125,10 @@ class FTAR(QuorumGroups):
         step the members committed meanwhile, if there is one, on this
         thread (one step at a time, so that it joins their next collective
         at most one replayed step late)."""
+
+    def growth_ready(self) -> int:
+        """The growth quorum this rank proposes to switch to (see QuorumGroups.growth_ready)."""
+        return self.groups.growth_ready()
 
     # ----- the step ------------------------------------------------------------------
 
@@ -164,14 +171,14 @@ class FTAR(QuorumGroups):
         slots = control_slots and buffer.dtype in _EXACT_SLOT_DTYPES
         buffers = [buffer]
         now = time.monotonic()
-        self._note_step(now)
+        self.groups.note_step(now)
         deadline = now + self.timeout
         abandoned = 0
         joining: int | None = None  # the members' step this joiner replays to during the all-reduce
         self._settle_switch(deadline)
         while True:
-            group = self._current_group(deadline)
-            if group.quorum_id == self._in_step_with:
+            group = self.groups.current_group(deadline)
+            if self.groups.in_step(group):
                 buf = buffers.pop() if buffers else refill()
                 replay = self.on_join(joining) if joining is not None else None
                 p = self.growth_ready() if proposal is None else proposal
@@ -182,7 +189,7 @@ class FTAR(QuorumGroups):
                 control = None if slots else self._start_control(group, p)
                 if replay is not None:
                     step, joining = replay(), None
-                if self._wait_work(work, group, deadline) == DONE:
+                if self.groups.wait_work(work, group, deadline) == DONE:
                     contributors = self._phase_contributors or group.size
                     self._phase_contributors = None  # every member contributes from the next step on
                     if slots:
@@ -193,16 +200,13 @@ class FTAR(QuorumGroups):
                     self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
                     self._last_step = step
                     return self._last
-                self._retire(group)
+                self.groups.retire(group)
                 abandoned += 1
                 continue
             # A joiner waiting for the members in a new group replays what
             # they commit meanwhile, between polls of the agree.
-            self._idle = self.while_joining if not contributes else None
-            try:
-                rows = self._agree(group, step, numel, structure_hash, deadline, contributes)
-            finally:
-                self._idle = None
+            idle = self.while_joining if not contributes else None
+            rows = self._agree(group, step, numel, structure_hash, deadline, contributes, idle)
             if rows is None:
                 abandoned += 1
                 continue
@@ -210,18 +214,18 @@ class FTAR(QuorumGroups):
             if action == NO_GRADIENT:
                 # Nothing to sum: not a step; the caller runs it again with a gradient.
                 log.warning("quorum %d: no member has a gradient for step %d", group.quorum_id, step)
-                self._in_step_with = 0  # the next call agrees again: the members' steps may differ
+                self.groups.mark_in_step(None)  # the next call agrees again: the members' steps may differ
                 return StepResult(buffer.new_zeros(numel), 0, group.quorum_id, abandoned, step)
             if action == IN_PHASE:
                 self.members_step = step
                 self._phase_contributors = arg
-                self._in_step_with = group.quorum_id  # the data all-reduce comes next
+                self.groups.mark_in_step(group)  # the data all-reduce comes next
             elif action == JOIN_IN_PHASE:
                 self.members_step = arg
                 if self.on_join is None:
                     raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
                 self._phase_contributors = sum(1 for r in rows if AgreeRow(*r).contributes)
-                self._in_step_with = group.quorum_id
+                self.groups.mark_in_step(group)
                 joining = arg
             elif action == REPLAY_TO_BEFORE_HEAD:
                 # Admitted while still replaying: close the gap from the catch-up source.
@@ -241,7 +245,7 @@ class FTAR(QuorumGroups):
                     abandoned += 1
             # AGAIN, and after every action but TAKE_LAST: agree again.
 
-    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True):
+    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None):
         """All-gather every member's (step, size, model hash, last result's
         contributors and quorum, whether it contributes a gradient): the
         first collective in every new group."""
@@ -251,8 +255,8 @@ class FTAR(QuorumGroups):
             dtype=torch.int64,
         )
         rows = [torch.zeros_like(row) for _ in range(group.size)]
-        if self._wait_work(group.pg.allgather([rows], [row]), group, deadline) != DONE:
-            self._retire(group)
+        if self.groups.wait_work(group.pg.allgather([rows], [row]), group, deadline, idle) != DONE:
+            self.groups.retire(group)
             return None
         named = [AgreeRow(*(int(x) for x in r)) for r in rows]
         sizes = {r.numel for r in named}
@@ -290,9 +294,9 @@ class FTAR(QuorumGroups):
     def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int, deadline: float) -> str | None:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        if self._wait_work(group.pg.broadcast([tensor], opts), group, deadline) == DONE:
+        if self.groups.wait_work(group.pg.broadcast([tensor], opts), group, deadline) == DONE:
             return DONE
-        self._retire(group)
+        self.groups.retire(group)
         return None
 
     def _start(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp):
@@ -305,7 +309,7 @@ class FTAR(QuorumGroups):
     def _switch_from_slots(self, group: _Group, summed: torch.Tensor) -> None:
         """The proposals carried in the data all-reduce (see CONTROL_SLOTS)."""
         total, squares = (int(round(float(x))) for x in summed)
-        self._switch_to = slot_switch(group.quorum_id, group.size, total, squares)
+        self.groups.agree_switch(slot_switch(group.quorum_id, group.size, total, squares))
 
     def _start_control(self, group: _Group, p: int):
         """After the data all-reduce, in the same group: (max, -min) of the proposals."""
@@ -318,14 +322,14 @@ class FTAR(QuorumGroups):
         this step's data all-reduce would wait for it (gloo runs a group's
         collectives in order) when steps follow each other closely; the one
         before last finished while the last step's data moved."""
-        controls = [c for c in self._controls if c[0] is self._group and self._in_step_with == c[0].quorum_id]
+        controls = [c for c in self._controls if c[0] is self.groups.group and self.groups.in_step(c[0])]
         self._controls = controls
         if len(controls) < 2:
             return
         group, work, t = self._controls.pop(0)
-        if self._wait_work(work, group, deadline) != DONE:
-            self._retire(group)
+        if self.groups.wait_work(work, group, deadline) != DONE:
+            self.groups.retire(group)
             return
         top, neg_bottom = int(t[0]), int(t[1])
         if top > 0 and top == -neg_bottom:
-            self._switch_to = top
+            self.groups.agree_switch(top)

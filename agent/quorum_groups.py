@@ -149,14 +149,29 @@ class QuorumGroups:
         """The growth quorum every member agreed to switch to at this step."""
         self._called: float | None = None
         self._intervals: list[float] = []
-        self._idle: Callable[[], None] | None = None
-        """Run between polls of a collective instead of sleeping (see FTAR.while_joining)."""
 
-    def _note_step(self, now: float) -> None:
+    def note_step(self, now: float) -> None:
         """One step began now: the recent step times set the patience."""
         if self._called is not None:
             self._intervals = (self._intervals + [now - self._called])[-8:]
         self._called = now
+
+    @property
+    def group(self) -> _Group | None:
+        """The group this replica trains in now (None before the first, or after a failure)."""
+        return self._group
+
+    def in_step(self, group: _Group) -> bool:
+        """Whether ``group``'s members are known to be at the same step (no agree needed)."""
+        return group.quorum_id == self._in_step_with
+
+    def mark_in_step(self, group: _Group | None) -> None:
+        """After an agree: the members of ``group`` are at one step (None: not known, agree again)."""
+        self._in_step_with = group.quorum_id if group is not None else 0
+
+    def agree_switch(self, quorum_id: int) -> None:
+        """Every member agreed to switch to growth quorum ``quorum_id`` at this step (0: none)."""
+        self._switch_to = quorum_id
 
     def growth_ready(self) -> int:
         """The id of the newest quorum if it only adds replicas to the group
@@ -177,7 +192,7 @@ class QuorumGroups:
 
     # ----- groups --------------------------------------------------------------------
 
-    def _current_group(self, deadline: float) -> _Group:
+    def current_group(self, deadline: float) -> _Group:
         """The group to run the next collective in: the current one while a
         quorum that only grows it waits for the agreed switch, else the
         newest quorum's (built if needed; the old one is abandoned)."""
@@ -198,7 +213,7 @@ class QuorumGroups:
                 log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id, group.quorum_id)
                 return target.group
             if group is not None:
-                self._retire(group)
+                self.retire(group)
             pre = self._prebuild(quorum)  # one build per quorum, whoever started it
             if self._wait(pre.done.wait, quorum.id, deadline) == DONE:
                 if pre.error is not None:
@@ -211,12 +226,12 @@ class QuorumGroups:
 
     def _adopt(self, group: _Group) -> None:
         if self._group is not None and self._group is not group:
-            self._retire(self._group)
+            self.retire(self._group)
         self._group = group
         self._in_step_with = 0  # the first collective in a new group is an agree
         self._prebuilt = {q: p for q, p in self._prebuilt.items() if q > group.quorum_id}
 
-    def _retire(self, group: _Group) -> None:
+    def retire(self, group: _Group) -> None:
         now = time.monotonic()
         # Past twice the timeout their collectives have ended: let them go.
         self._abandoned = [(t, g) for t, g in self._abandoned if now - t < 2 * self.timeout]
@@ -260,11 +275,12 @@ class QuorumGroups:
             return True
         return False
 
-    def _wait_work(self, work, group: _Group, deadline: float) -> str:
+    def wait_work(self, work, group: _Group, deadline: float, idle: Callable[[], None] | None = None) -> str:
         """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
         thread, and a newer quorum is seen within a millisecond. A newer
         quorum abandons it, except one that only grows the group: the members
-        switch at an agreed step boundary instead (see ``_leave_for``)."""
+        switch at an agreed step boundary instead (see ``_leave_for``).
+        ``idle`` runs between polls instead of a sleep (see FTAR.while_joining)."""
         pause = 20e-6
         since: list[float] = []
         while not work.is_completed():
@@ -272,8 +288,8 @@ class QuorumGroups:
                 return NEWER
             if time.monotonic() > deadline:
                 raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
-            if self._idle is not None:
-                self._idle()
+            if idle is not None:
+                idle()
                 continue
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
