@@ -14,7 +14,7 @@ import zlib
 import torch
 
 
-def _tensor_bytes(t: torch.Tensor, local=lambda t: t):
+def tensor_bytes(t: torch.Tensor, local=lambda t: t):
     t = local(t).detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -24,21 +24,32 @@ def _tensor_bytes(t: torch.Tensor, local=lambda t: t):
     return t.view(torch.uint8).numpy()
 
 
-def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, local=lambda t: t) -> str:
-    """``local`` maps a sharded tensor to this rank's shard (FSDP2)."""
-    crc = 0
+def model_crc(model: torch.nn.Module, local=lambda t: t, crc: int = 0) -> int:
+    """CRC-32 over the model's state dict (names and raw bytes), in name order."""
     for name, p in sorted(model.state_dict().items()):
         crc = zlib.crc32(name.encode(), crc)
-        crc = zlib.crc32(_tensor_bytes(p, local), crc)
+        crc = zlib.crc32(tensor_bytes(p, local), crc)
+    return crc
+
+
+def optimizer_crc(optimizer: torch.optim.Optimizer, local=lambda t: t, crc: int = 0) -> int:
+    """CRC-32 over the optimizer's per-parameter state, in index and key order."""
+    state = optimizer.state_dict()["state"]
+    for index in sorted(state):
+        for key in sorted(state[index]):
+            value = state[index][key]
+            if isinstance(value, torch.Tensor):
+                crc = zlib.crc32(tensor_bytes(value, local), crc)
+            else:
+                crc = zlib.crc32(repr(value).encode(), crc)
+    return crc
+
+
+def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, local=lambda t: t) -> str:
+    """``local`` maps a sharded tensor to this rank's shard (FSDP2)."""
+    crc = model_crc(model, local)
     if optimizer is not None:
-        state = optimizer.state_dict()["state"]
-        for index in sorted(state):
-            for key in sorted(state[index]):
-                value = state[index][key]
-                if isinstance(value, torch.Tensor):
-                    crc = zlib.crc32(_tensor_bytes(value, local), crc)
-                else:
-                    crc = zlib.crc32(repr(value).encode(), crc)
+        crc = optimizer_crc(optimizer, local, crc)
     return f"{crc:08x}"
 
 

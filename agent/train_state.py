@@ -42,7 +42,7 @@ from typing import Protocol
 
 import torch
 
-from agent.checksum import _tensor_bytes
+from agent.checksum import tensor_bytes, model_crc, optimizer_crc
 from agent.state_codec import StateCodecError, dtype_from_name, dtype_name, flatten, local, unflatten
 from protos.fthsdp.v1 import catchup_pb2 as cpb
 
@@ -84,7 +84,7 @@ def encode_blob(state: object) -> cpb.StateBlob:
     skeleton, tensors, sharded = flatten(state)
     metas, parts, offset = [], [], 0
     for t, is_shard in zip(tensors, sharded):
-        raw = _tensor_bytes(t).tobytes()
+        raw = tensor_bytes(t).tobytes()
         metas.append(cpb.TensorMeta(dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset, nbytes=len(raw), sharded=is_shard))
         parts.append(raw)
         offset += len(raw)
@@ -117,7 +117,7 @@ def _crc_of(state: object, crc: int = 0) -> int:
     skeleton, tensors, _ = flatten(state)
     crc = zlib.crc32(skeleton.encode(), crc)
     for t in tensors:
-        crc = zlib.crc32(_tensor_bytes(t), crc)
+        crc = zlib.crc32(tensor_bytes(t), crc)
     return crc
 
 
@@ -230,20 +230,8 @@ class TrainState:
         """A CRC-32 per part of this rank's state: ``model`` (parameters and
         buffers), ``optimizer`` (its state and numeric hyperparameters), and
         each registered object."""
-        crc = 0
-        for name, p in sorted(self.model.state_dict().items()):
-            crc = zlib.crc32(name.encode(), crc)
-            crc = zlib.crc32(_tensor_bytes(p, local), crc)
-        parts = {"model": crc}
-        crc = zlib.crc32(self.hyperparams().encode())
-        state = self.optimizer.state_dict()["state"]
-        for index in sorted(state):
-            for key in sorted(state[index]):
-                value = state[index][key]
-                if isinstance(value, torch.Tensor):
-                    crc = zlib.crc32(_tensor_bytes(value, local), crc)
-                else:
-                    crc = zlib.crc32(repr(value).encode(), crc)
+        parts = {"model": model_crc(self.model, local)}
+        crc = optimizer_crc(self.optimizer, local, zlib.crc32(self.hyperparams().encode()))
         parts["optimizer"] = crc
         for name, obj in self.extra.items():
             parts[name] = _crc_of(obj.state_dict())
