@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import torch
 import torch.distributed as dist
@@ -62,7 +62,10 @@ from agent.ftar_decisions import (
 )
 from agent.quorum_groups import DONE, Evicted, FtarTimeout, QuorumGroups, QuorumTracker, _Group
 
-__all__ = ["CONTROL_SLOTS", "FTAR", "Evicted", "FtarError", "FtarTimeout", "QuorumTracker", "StepResult"]
+__all__ = [
+    "CONTROL_SLOTS", "FTAR", "CloseGap", "EnterStep", "Evicted", "FtarError", "FtarTimeout", "QuorumTracker",
+    "ReplayTo", "Request", "StepResult",
+]
 
 log = logging.getLogger("fthsdp.agent.ftar")
 
@@ -80,6 +83,36 @@ class StepResult:
     """The step this sum belongs to (a joiner that closed a gap is further on
     than the step it asked for)."""
 
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseGap:
+    """What FTAR needs next: this replica has a gradient for ``step`` but the
+    members are at ``head`` >= step + 2 (it was admitted while it replayed).
+    Bring it to ``head - 1`` with that step's inputs, where it takes the
+    members' sum; answer the step it is at."""
+
+    step: int
+    head: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EnterStep:
+    """This joiner, without a gradient, is about to join the members' data
+    all-reduce of step ``head`` (they wait in it: their inputs of ``head``
+    are stable now). Answer None once they are read."""
+
+    head: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayTo:
+    """That all-reduce runs: replay up to ``head`` meanwhile; answer the step."""
+
+    head: int
+
+
+Request = CloseGap | EnterStep | ReplayTo
 
 
 _EXACT_SLOT_DTYPES = (torch.float32, torch.float64)
@@ -107,32 +140,28 @@ class FTAR:
         (a joiner learns the committed state's step from them)."""
         self._controls: list[tuple[_Group, object, torch.Tensor]] = []
         """The control all-reduces of switch proposals of the last steps (see ``_settle_switch``)."""
-        self.on_behind: Callable[[int, int], int] | None = None
-        """``on_behind(step, head)``: this replica has a gradient for
-        ``step``, but the members are at ``head`` >= step + 2 (a replica
-        admitted while it replayed). Brings it to ``head - 1``, where it
-        takes the members' sum, and returns that step."""
-        self.on_join: Callable[[int], Callable[[], int]] | None = None
-        """``on_join(head)``: this replica, without a gradient, joins the
-        members' data all-reduce of step ``head`` while it is behind it. Called
-        before this replica's part of that all-reduce starts (the members
-        wait in it: their hyperparameters for ``head`` are stable); returns a
-        function, run while the all-reduce goes on, that replays up to
-        ``head`` and returns that step."""
-        self.while_joining: Callable[[], None] | None = None
-        """Called between polls while this replica, without a gradient,
-        waits in a new group for the members to arrive: a joiner replays a
-        step the members committed meanwhile, if there is one, on this
-        thread (one step at a time, so that it joins their next collective
-        at most one replayed step late)."""
-
     def growth_ready(self) -> int:
         """The growth quorum this rank proposes to switch to (see QuorumGroups.growth_ready)."""
         return self.groups.growth_ready()
 
     # ----- the step ------------------------------------------------------------------
 
-    def allreduce(
+    def allreduce(self, *args, serve: Callable[[Request], int | None] | None = None, **kwargs) -> StepResult:
+        """Run ``operation(*args, **kwargs)`` to its result, answering its
+        requests with ``serve`` (a replica that cannot catch up has none:
+        a request is then an error)."""
+        op = self.operation(*args, **kwargs)
+        reply = None
+        while True:
+            try:
+                request = op.send(reply)
+            except StopIteration as done:
+                return done.value
+            if serve is None:
+                raise FtarError(f"this replica is behind the quorum ({request}) and cannot catch up")
+            reply = serve(request)
+
+    def operation(
         self,
         step: int,
         buffer: torch.Tensor,
@@ -141,8 +170,12 @@ class FTAR:
         contributes: bool = True,
         proposal: int | None = None,
         control_slots: bool = False,
-    ) -> StepResult:
+        idle: Callable[[], None] | None = None,
+    ) -> Generator[Request, int | None, StepResult]:
         """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
+        A generator: it yields what this replica must do before it can go on
+        (a ``Request``: replay to some step, read the members' inputs), is
+        sent the answer, and returns the ``StepResult``.
 
         ``contributes=False``: this replica has no gradient for the step (a
         joiner whose forward pass ran on a state it has since replayed past);
@@ -162,7 +195,11 @@ class FTAR:
         one (for example by flattening the intact gradients again). Without
         ``refill``, a copy of ``buffer`` is kept up front. The returned sum
         must be left unchanged until the next call: a replica that fell
-        behind may need it.
+        behind may need it. ``idle`` runs between polls while this replica,
+        without a gradient, waits in a new group for the members to arrive (a
+        joiner replays a step they committed meanwhile, if there is one, on
+        this thread: one step at a time, so that it joins their next
+        collective at most one replayed step late).
         """
         if refill is None:
             original = buffer.detach().clone()
@@ -180,15 +217,16 @@ class FTAR:
             group = self.groups.current_group(deadline)
             if self.groups.in_step(group):
                 buf = buffers.pop() if buffers else refill()
-                replay = self.on_join(joining) if joining is not None else None
+                if joining is not None:
+                    yield EnterStep(joining)
                 p = self.growth_ready() if proposal is None else proposal
                 if slots:
                     d = p - group.quorum_id if 0 < p - group.quorum_id <= MAX_SLOT_PROPOSAL else 0
                     buf[numel:] = torch.tensor([d, d * d], dtype=buf.dtype)
                 work = self._start(group, buf, dist.ReduceOp.SUM)
                 control = None if slots else self._start_control(group, p)
-                if replay is not None:
-                    step, joining = replay(), None
+                if joining is not None:
+                    step, joining = (yield ReplayTo(joining)), None
                 if self.groups.wait_work(work, group, deadline) == DONE:
                     contributors = self._phase_contributors or group.size
                     self._phase_contributors = None  # every member contributes from the next step on
@@ -205,8 +243,7 @@ class FTAR:
                 continue
             # A joiner waiting for the members in a new group replays what
             # they commit meanwhile, between polls of the agree.
-            idle = self.while_joining if not contributes else None
-            rows = self._agree(group, step, numel, structure_hash, deadline, contributes, idle)
+            rows = self._agree(group, step, numel, structure_hash, deadline, contributes, None if contributes else idle)
             if rows is None:
                 abandoned += 1
                 continue
@@ -222,16 +259,12 @@ class FTAR:
                 self.groups.mark_in_step(group)  # the data all-reduce comes next
             elif action == JOIN_IN_PHASE:
                 self.members_step = arg
-                if self.on_join is None:
-                    raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
                 self._phase_contributors = sum(1 for r in rows if AgreeRow(*r).contributes)
                 self.groups.mark_in_step(group)
                 joining = arg
             elif action == REPLAY_TO_BEFORE_HEAD:
                 # Admitted while still replaying: close the gap from the catch-up source.
-                if self.on_behind is None:
-                    raise FtarError(f"this replica is at step {step}, the quorum at {arg}, and cannot catch up")
-                step = self.on_behind(step, arg)
+                step = yield CloseGap(step, arg)
             elif action == FOLLOW_HEAL:
                 if self._broadcast(group, buffer.new_empty(numel), arg, deadline) is None:
                     abandoned += 1

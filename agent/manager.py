@@ -57,7 +57,7 @@ from agent.catchup_client import CatchUpError, SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
 from agent.checksum import StridedHistory, structure_hash
-from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
+from agent.ftar import CONTROL_SLOTS, FTAR, CloseGap, EnterStep, Evicted, FtarError, QuorumTracker, ReplayTo, StepResult
 from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
@@ -142,13 +142,12 @@ class Manager:
         """The replica's registration with the coordinator (from ``start()``)."""
         self._quorums = QuorumRecord(config.replica_id)
         self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
-        self.ftar.on_behind = self._close_gap
-        self.ftar.on_join = self._join_members
-        self.ftar.while_joining = self._replay_while_waiting
         self._proposal = 0
         """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
         self._inputs: cpb.LogEntry | None = None
         """The recorded inputs of the step in progress (logged with its sum at commit)."""
+        self._join_inputs: cpb.LogEntry | None = None
+        """The members' inputs of the step this joiner enters (read before its part of their all-reduce)."""
         self._sentinel: tuple[torch.Tensor, torch.Tensor] | None = None
         """(gradient, a copy of its first elements) right after the all-reduce: checked at commit."""
         self._step_hook = None
@@ -355,7 +354,7 @@ class Manager:
         try:
             result = self.ftar.allreduce(
                 self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
-                control_slots=True,
+                control_slots=True, idle=self._replay_while_waiting, serve=self._serve_ftar,
             )
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
@@ -528,11 +527,21 @@ class Manager:
         self.membership.step = self.step
         return self.step
 
-    def _join_members(self, head: int):
-        """FTAR: this joiner, without a gradient, joins the members' data
-        all-reduce of step ``head``. Their inputs of ``head`` are read now,
-        while they wait in that all-reduce; the steps still missing are
-        replayed while it runs (see ``FTAR.on_join``)."""
+    def _serve_ftar(self, request) -> int | None:
+        """What FTAR asks of this joiner before it can go on (agent/ftar.py)."""
+        if isinstance(request, CloseGap):
+            return self._close_gap(request.step, request.head)
+        if isinstance(request, EnterStep):
+            return self._enter_members_step(request.head)
+        if isinstance(request, ReplayTo):
+            return self._replay_to_members(request.head)
+        raise FtarError(f"internal: FTAR asked for {request!r}")
+
+    def _enter_members_step(self, head: int) -> None:
+        """This joiner, without a gradient, is about to join the members'
+        data all-reduce of step ``head``: read their inputs of ``head`` now,
+        while they wait in it (the steps still missing are replayed while it
+        runs: ``_replay_to_members``)."""
         client = self._gap_client(head)
         try:
             inputs = client.inputs()
@@ -540,22 +549,22 @@ class Manager:
             raise self._gap_source_lost(head, e) from e
         if inputs.step != head:
             raise FtarError(f"the catch-up source is at step {inputs.step}, the quorum at {head}")
+        self._join_inputs = inputs
+        return None
 
-        def replay() -> int:
-            if self.step > head:
-                raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
-            try:
-                self.replayer.replay_until(client, head, self.config.timeout)
-            except CatchUpError as e:
-                raise self._gap_source_lost(head, e) from e
-            self._take_inputs(inputs)
-            self.membership.step = self.step
-            return self.step
-
-        return replay
+    def _replay_to_members(self, head: int) -> int:
+        if self.step > head:
+            raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
+        try:
+            self.replayer.replay_until(self._gap_client(head), head, self.config.timeout)
+        except CatchUpError as e:
+            raise self._gap_source_lost(head, e) from e
+        self._take_inputs(self._join_inputs)
+        self.membership.step = self.step
+        return self.step
 
     def _replay_while_waiting(self) -> None:
-        """FTAR, between polls of the collective this joiner waits in for the
+        """Between FTAR's polls of the collective this joiner waits in for the
         members to arrive in its new group: replay what they committed
         meanwhile, one step at a time on this (the training) thread, so
         that little is left to replay when they arrive."""

@@ -280,7 +280,7 @@ class QuorumGroups:
         thread, and a newer quorum is seen within a millisecond. A newer
         quorum abandons it, except one that only grows the group: the members
         switch at an agreed step boundary instead (see ``_leave_for``).
-        ``idle`` runs between polls instead of a sleep (see FTAR.while_joining)."""
+        ``idle`` runs between polls instead of a sleep (see FTAR.operation)."""
         pause = 20e-6
         since: list[float] = []
         while not work.is_completed():
