@@ -1,4 +1,4 @@
-"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, demo.
+"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, demo.
 
 This is the only place that reads the environment (FTHSDP_*) and the only
 place that turns errors into exit codes: a user mistake ends with one line on
@@ -115,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("replica_id", metavar="REPLICA")
         p.set_defaults(run=_run_admin, admin=name)
 
+    text = "start over a job whose committed state every replica lost (see fthsdp status)"
+    p = sub.add_parser("give-up-state", help=text, description=(
+        "Give up a job's committed state that no live replica holds any more, and let the coordinator form a "
+        "quorum of the replicas there are, from the highest step they hold. Refused unless the state is lost "
+        "at exactly --step right now."))
+    _add_client_flags(p)
+    p.add_argument("--step", type=int, required=True, metavar="N",
+                   help="the step given up: the one `fthsdp status` says the state was lost at")
+    p.set_defaults(run=_run_give_up)
+
     _add_demo_parser(sub)
     return parser
 
@@ -208,6 +218,24 @@ def _run_admin(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         else:
             client.cordon(job, args.replica_id, cordoned=args.admin == "cordon")
             print(f"replica {args.replica_id} {args.admin}ed")
+    return 0
+
+
+def _run_give_up(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import getpass
+    import socket
+
+    job = _job_name(args, env)
+    if args.step <= 0:
+        raise ConfigError(f"--step must be the step whose state was lost (see fthsdp status), got {args.step}")
+    try:
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        who = f"uid {os.getuid()}@{socket.gethostname()}"
+    with _client(args, env) as client:
+        give_up = client.give_up_state(job, args.step, requested_by=who)
+    print(f"{f'job {job}: ' if job else ''}state at step {give_up.step} given up; "
+          "the coordinator forms a quorum of the replicas there are")
     return 0
 
 

@@ -151,6 +151,12 @@ class CoordinatorClient:
     def cordon(self, job: str, replica_id: str, cordoned: bool = True) -> None:
         self.call("Cordon", pb.CordonRequest(job=job, replica_id=replica_id, cordoned=cordoned))
 
+    def give_up_state(self, job: str, step: int, requested_by: str = "") -> pb.GiveUp:
+        """Start a job over whose state is lost at exactly ``step``; raises
+        RequestRejected (FAILED_PRECONDITION) if it is not."""
+        request = pb.GiveUpStateRequest(job=job, step=step, requested_by=requested_by)
+        return self.call("GiveUpState", request).give_up
+
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()

@@ -34,6 +34,11 @@ class StaleSession(FthsdpError):
     (gRPC FAILED_PRECONDITION): the sender is a zombie incarnation."""
 
 
+class StateNotLost(FthsdpError):
+    """A give-up of a job's state that is not lost, or not at the step named
+    (gRPC FAILED_PRECONDITION): nothing is given up."""
+
+
 class StoreError(FthsdpError):
     """The state store failed."""
 

@@ -60,6 +60,13 @@ class JobState:
         """A checksum arrived (or the members changed) since ``check_checksums`` last looked."""
         self._senders: int | None = None
         """Heartbeating processes (ranks of registered replicas), recounted after a session change."""
+        self.committed_step = 0
+        """The highest step any member of a quorum has reported: the state
+        the job must not lose (coordinator/committed.py stores it)."""
+        self.state_lost_step = 0
+        """From the latest decision: the committed step no live replica holds (0: not lost)."""
+        self.state_lost = ""
+        """From the latest decision, while lost: what remains."""
 
     # ----- loading after a (re)start -------------------------------------------------
 
@@ -69,11 +76,13 @@ class JobState:
         quorum_revision: int,
         records: dict[str, tuple[pb.ReplicaRecord, int]],
         now: float,
+        committed_step: int = 0,
     ) -> None:
         """Seed the table from the store. Known replicas are presumed alive for
         one heartbeat timeout so that a coordinator restart drops nobody who
         reconnects in time."""
         self.set_quorum(quorum, quorum_revision)
+        self.committed_step = committed_step
         steps = dict(self._members)
         for rid, (rec, rev) in records.items():
             self.replicas[rid] = ReplicaEntry(
@@ -153,6 +162,8 @@ class JobState:
         entry.state_checksum, entry.checksum_step = "", 0
         entry.open_watches = 0  # streams of the old session no longer count
         entry.restarted = member is not None and quorum_id < member.joined_quorum_id
+        if member is not None and not entry.restarted:
+            self.committed_step = max(self.committed_step, step)  # a member back after a failover
         if record_revision is not None:
             entry.record_revision = record_revision
         return entry.session_id
@@ -181,6 +192,8 @@ class JobState:
         if not entry.beating:
             entry.beating, entry.first_heartbeat = True, now
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
+        if step > self.committed_step and replica_id in self._members and not entry.restarted:
+            self.committed_step = step
         entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
         if ready and entry.ready_since is None:
             entry.ready_since = now
@@ -222,13 +235,17 @@ class JobState:
             entry.disconnected_at = now
             self.dirty = True
 
-    def leave(self, replica_id: str, session_id: str, failed: bool, now: float) -> bool:
+    def leave(self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "") -> bool:
         """End a session. Returns True if the replica is gone for good (its
-        record should be deleted); a failed replica stays listed as failed."""
+        record should be deleted); a failed replica stays listed as failed.
+        A reason "failed: ..." is a failure too (a training script that
+        raised leaves with it): a replica that is gone left on purpose, and
+        members that all did so end the job's state rather than lose it
+        (quorum rule 8)."""
         entry = self._session(replica_id, session_id)
         entry.session_id = None
         self.dirty, self._senders = True, None
-        if failed:
+        if failed or reason.startswith("failed"):
             entry.failed_at = now
             return False
         del self.replicas[replica_id]
@@ -333,24 +350,44 @@ class JobState:
             if heartbeat_timeout < rules.heartbeat_timeout:
                 self._decided_at = float("-inf")
 
-    def evaluate(self, now: float) -> Decision:
+    def _decide(self, now: float) -> Decision:
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
-        decision = decide(self.quorum, views, now, self.rules, current_sources)
+        return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step)
+
+    def evaluate(self, now: float) -> Decision:
+        decision = self._decide(now)
         self.dirty = self.joiners_moved = False
         self.unsettled, self._decided_at = not decision.settled, now
         return decision
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:
         """Adopt a decision once its quorum (if any) is safely in the store."""
+        if decision.state_ended:
+            self.committed_step = 0  # its members ended the state on purpose: the next ones start over
         if quorum is not None:
             self.set_quorum(quorum, revision)
             for m in quorum.members:
                 entry = self.replicas.get(m.replica_id)
                 if entry is not None and m.joined_quorum_id == quorum.id:
                     entry.restarted, entry.ready_since = False, None
+            self.committed_step = max(self.committed_step, quorum.step)  # what its members hold
         self.catch_up = dict(decision.catch_up)
         self.reason = decision.reason
+        self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
+
+    def lost_step_now(self, now: float) -> int:
+        """The step at which the state is lost as of ``now`` (0: not lost),
+        decided afresh; nothing is applied."""
+        return self._decide(now).state_lost_step
+
+    def give_up_state(self, committed_step: int) -> None:
+        """Adopt a give-up once it is stored: the committed step starts over
+        (at 0, or what another coordinator stored with its give-up) and the
+        loss is over; the next decision forms a quorum of whoever is there."""
+        self.committed_step = committed_step
+        self.state_lost_step, self.state_lost = 0, ""
+        self.dirty = True
 
     # ----- views ---------------------------------------------------------------------
 
@@ -397,11 +434,17 @@ class JobState:
         """What is particular to one watcher (its place in the quorum,
         catch-up source and drain flag) and the latest reason; the quorum is
         added by the runtime."""
-        event = pb.WatchEvent(leader=leader, reason=self.reason)
+        event = pb.WatchEvent(leader=leader, reason=self.reason, state_lost_step=self.state_lost_step)
         rank = self._ranks.get(replica_id) if replica_id else None
-        if rank is not None:
-            event.place.rank = rank
         entry = self.replicas.get(replica_id) if replica_id else None
+        # The place is for the incarnation that trains in the quorum, known
+        # once it registered with this coordinator saying so: a restarted
+        # member stays listed until the next quorum drops it (never, while
+        # the state is lost), and after a coordinator restart a listed
+        # replica's watcher may be a fresh process; neither may take the
+        # old place and train on from its own step.
+        if rank is not None and entry is not None and entry.session_id is not None and not entry.restarted:
+            event.place.rank = rank
         if entry is not None:
             event.drain_requested = entry.drain_requested
             source = self.catch_up.get(replica_id)

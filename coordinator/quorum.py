@@ -47,6 +47,26 @@ The rules, in order:
    named source among the members (all up to date: they train in lockstep,
    whatever step their last heartbeat reported), sticky while that source
    stays a member, spread so that no source serves more joiners than it must.
+8. Committed state. ``committed_step`` is the newest step any member of a
+   quorum reported (stored: coordinator/committed.py; 0 for a new job or
+   after a give-up). Once no member of the previous quorum continues and it
+   is > 0, only *holders* may form a quorum: live replicas at or above it,
+   not mid-catch-up, not diverged (``holds_state``). Any other (a fresh
+   process at 0, a joiner whose source died) is never admitted nor a
+   source. A holder is a full member and may form the quorum alone
+   (``min_replicas`` and rule 6 permitting). Without one no quorum forms:
+   the reason starts "state lost at step N:" and names the live replicas,
+   until an operator's give-up resets ``committed_step``. If every member
+   instead *left* (a Leave that was no failure, so the replica is gone
+   from the table: finished, drained), the state ended on purpose
+   (``state_ended``) and the next replicas start over.
+   The split-brain guard counts only replicas that may hold the state:
+   silent members may (the coordinator may merely be cut off from members
+   that train on), so a holder outside the old quorum waits
+   ``join_timeout`` for them like any minority (rule 4); replicas known to
+   have lost it (restarted members, replicas below the step) count neither
+   as silent members nor in a first quorum's majority, so they cannot keep
+   a holder out for longer than that.
 """
 
 from __future__ import annotations
@@ -165,6 +185,13 @@ class Decision:
     settled: bool = False
     """The fast path: every member healthy, nobody pending; until something
     changes or a heartbeat times out, deciding again gives the same answer."""
+    state_lost_step: int = 0
+    """The committed step that no live replica holds (rule 8); 0: not lost."""
+    state_lost: str = ""
+    """While lost: what remains, e.g. "no live replica holds it; r0 at step 0"."""
+    state_ended: bool = False
+    """Every member left on purpose (finished, drained) holding the committed
+    step: the state ended with them and the committed step starts over."""
 
     @property
     def changes_quorum(self) -> bool:
@@ -187,17 +214,27 @@ def lost_at(r: ReplicaView, now: float, rules: Rules) -> tuple[float, str, bool]
     return None
 
 
+def holds_state(r: ReplicaView, committed_step: int) -> bool:
+    """Whether a replica holds the job's committed state: its step reached
+    ``committed_step`` and it is not halfway through a catch-up (its step
+    may come from a replay onto a snapshot it does not have yet) or
+    diverged."""
+    return r.step >= committed_step and (not r.catching_up or r.ready_since is not None) and not r.diverged
+
+
 def decide(
     prev: Quorum | None,
     replicas: Mapping[str, ReplicaView],
     now: float,
     rules: Rules,
     prev_catch_up: Mapping[str, str] | None = None,
+    committed_step: int = 0,
 ) -> Decision:
     """Decide the next quorum; see the module docstring for the rules.
 
     ``prev_catch_up`` maps replica ids to their current source ids, so that a
     joiner is not moved to another source while its transfer runs.
+    ``committed_step`` is the job's newest committed step (rule 8).
     """
     alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules) is None}
     prev_ids = set(prev.member_ids) if prev else set()
@@ -209,12 +246,24 @@ def decide(
     continuing = sorted(i for i in prev_ids if i in alive and not (alive[i].restarted or alive[i].diverged))
     continuing_set = set(continuing)
     staying = [i for i in continuing if not alive[i].drain_requested]
-    head_pool = continuing or list(alive)
-    head = max((alive[i].step for i in head_pool), default=0)
+    # No member carries the state on: only replicas that hold it may (rule 8),
+    # unless every member left on purpose (a Leave that was no failure: the
+    # job finished, or was drained), which ends the state rather than loses it.
+    guarded = committed_step > 0 and not continuing
+    ended = guarded and prev is not None and not any(i in replicas for i in prev_ids)
+    guarded = guarded and not ended
+    holders = [i for i in sorted(alive) if holds_state(alive[i], committed_step)] if guarded else []
+    if guarded:
+        head_pool = [i for i in holders if not (alive[i].cordoned or alive[i].drain_requested)] or holders
+    else:
+        head_pool = continuing or list(alive)
+    head = max((alive[i].step for i in head_pool), default=committed_step)
 
     outsiders = sorted(i for i in alive if i not in continuing_set and not alive[i].drain_requested)
     eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged and alive[i].beating]
     ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= head and not alive[i].catching_up)]
+    if guarded:
+        ready = [i for i in ready if holds_state(alive[i], committed_step)]
     ready_set = set(ready)
     pending = [i for i in eligible if i not in ready_set]
 
@@ -229,7 +278,7 @@ def decide(
                 out.append(Member(i, r.address, r.world_size, r.step, next_id))
         return tuple(out)
 
-    def result(ids: Sequence[str] | None, reason: str, settled: bool = False) -> Decision:
+    def result(ids: Sequence[str] | None, reason: str, settled: bool = False, lost: str = "") -> Decision:
         next_id = (prev.id if prev else 0) + 1
         members = new_members(ids, next_id) if ids is not None else None
         # The sources are the members (of the new quorum, or those that stay):
@@ -245,8 +294,13 @@ def decide(
         admitted = {m.replica_id for m in members} if members is not None else set()
         behind = [i for i in eligible if (alive[i].step < head or alive[i].catching_up) and i not in admitted]
         catch_up = _assign_sources(behind, sources, alive, prev_catch_up or {})
-        detail = _summary(prev, alive, replicas, pending)
-        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled)
+        detail = _summary(prev, alive, replicas, pending, catch_up)
+        lost_step = committed_step if lost else 0
+        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended)
+
+    def state_lost() -> Decision:
+        what = _remains(alive, committed_step)
+        return result(None, f"state lost at step {committed_step}: {what}.", lost=what)
 
     if prev is not None:
         leaving = sorted(prev_ids - set(staying))
@@ -270,6 +324,8 @@ def decide(
                     f"split-brain guard: {len(silent)} of {len(prev_ids)} members went silent at once; "
                     f"waiting up to join_timeout {rules.join_timeout:g}s before shrinking to the rest.",
                 )
+            if guarded and not holders:
+                return state_lost()
             candidates = staying + ready
             if len(candidates) < rules.min_replicas:
                 return result(
@@ -285,14 +341,18 @@ def decide(
             return result(None, f"no quorum: {len(candidates)} healthy replicas, need min_replicas {rules.min_replicas}.")
         return _grow_or_wait(result, candidates, ready, pending, alive, now, rules)
 
-    # No quorum yet (a new job, or every member was lost).
+    # No quorum yet (a new job, or a job whose quorum record is gone).
+    if guarded and not holders:
+        return state_lost()
     if len(ready) < rules.min_replicas:
         return result(None, f"waiting for replicas: {len(ready)} ready, need min_replicas {rules.min_replicas}.")
-    if len(ready) * 2 <= len(alive):
+    # Replicas below the committed step cannot hold the state: no vote (rule 8).
+    voters = holders if guarded else alive
+    if len(ready) * 2 <= len(voters):
         return result(
             None,
-            f"split-brain guard: only {len(ready)} of {len(alive)} live replicas are up to date; "
-            "waiting for a majority.",
+            f"split-brain guard: only {len(ready)} of {len(voters)} live replicas"
+            f"{' holding the committed state' if guarded else ''} are up to date; waiting for a majority.",
         )
     return _grow_or_wait(result, ready, ready, pending, alive, now, rules)
 
@@ -326,6 +386,20 @@ def names(items: Sequence[str], shown: int = 8) -> str:
     if len(items) <= shown:
         return ", ".join(items)
     return f"{', '.join(items[:shown])} and {len(items) - shown} more"
+
+
+def _remains(alive: Mapping[str, ReplicaView], committed_step: int) -> str:
+    """What is left when the state is lost: the live replicas by step, the
+    closest to holding it first, with why one at the step does not count."""
+    if not alive:
+        return "no live replica holds it; no replica is alive"
+    items = []
+    for r in sorted(alive.values(), key=lambda r: (-r.step, r.replica_id)):
+        why = ""
+        if r.step >= committed_step:
+            why = " (checksum mismatch)" if r.diverged else " (catching up)"
+        items.append(f"{r.replica_id} at step {r.step}{why}")
+    return f"no live replica holds it; {names(items)}"
 
 
 def _ready_since(r: ReplicaView) -> float:
@@ -371,9 +445,12 @@ def _assign_sources(
     }
 
 
-def _summary(prev, alive, replicas, pending) -> str:
+def _summary(prev, alive, replicas, pending, catch_up) -> str:
     dead = len(replicas) - len(alive)
-    parts = [f"[{len(alive)} alive", f"{dead} lost", f"{len(pending)} catching up"]
+    sourced = sum(i in catch_up for i in pending)
+    parts = [f"[{len(alive)} alive", f"{dead} lost", f"{sourced} catching up"]
+    if sourced < len(pending):  # no source to catch up from (a lost state)
+        parts.append(f"{len(pending) - sourced} with no source")
     silent = sum(not r.beating for r in alive.values())
     if silent:
         parts.append(f"{silent} registered, no heartbeat yet")

@@ -15,11 +15,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
+from coordinator import committed
 from coordinator.broadcast import Broadcast
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, UnknownJob
 from coordinator.heartbeat_pace import HeartbeatPacer
+from coordinator.gauges import job_gauges
 from coordinator.job import JobState
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
@@ -50,6 +52,8 @@ class _Job:
         self.state = JobState(name, config.rules)
         self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
         self.keys = JobKeys(config.store_prefix, name)
+        self.committed = committed.CommittedRecord(self.keys)
+        """The stored committed step (coordinator/committed.py)."""
         self.epoch = 0
         self.events = WatchEvents()
         """The current quorum and what watchers are sent (coordinator/watch_events.py)."""
@@ -97,7 +101,7 @@ class CoordinatorRuntime:
         self.wall = wall
         self.jobs = {name: _Job(name, config) for name in config.job}
         self.metrics = Metrics()
-        self.metrics.gauges = self._gauges
+        self.metrics.gauges = lambda: job_gauges(self.jobs.values(), self.lag, self.clock())
         for name in self.jobs:  # every series exists from the start, at 0
             for counter in (self.metrics.heartbeats, self.metrics.quorum_changes, self.metrics.epochs):
                 counter.inc(0, job=name)
@@ -145,16 +149,18 @@ class CoordinatorRuntime:
         for key, item in (await asyncio.to_thread(self.store.get_prefix, keys.replicas)).items():
             rec = decode(pb.ReplicaRecord, item.value, f"record {key}")
             records[rec.replica_id] = (rec, item.revision)
-        job.state.load(quorum, revision, records, self.clock())
+        committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
+        job.state.load(quorum, revision, records, self.clock(), committed_step)
         self.metrics.epochs.inc(job=job.state.name)
         job.set_quorum(quorum_to_pb(quorum))
         if quorum is not None:
             job.remember(quorum)
         log.info(
-            "job %s: epoch %d, quorum %s, %d known replicas (store %s)",
+            "job %s: epoch %d, quorum %s, committed step %d, %d known replicas (store %s)",
             job.state.name,
             job.epoch,
             f"{quorum.id} {list(quorum.member_ids)}" if quorum else "none",
+            committed_step,
             len(records),
             self.store.description,
         )
@@ -263,7 +269,7 @@ class CoordinatorRuntime:
         async with job.lock:
             entry = job.state.replicas.get(req.replica_id)
             revision = entry.record_revision if entry is not None else 0
-            gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock())
+            gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock(), req.reason)
             if gone and revision:
                 await self._store(self.store.compare_and_delete, job.keys.replica(req.replica_id), revision)
         log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given")
@@ -309,10 +315,25 @@ class CoordinatorRuntime:
             replicas=job.state.replica_statuses(self.clock()),
             reason=job.state.reason,
             jobs=sorted(self.jobs),
+            committed_step=job.state.committed_step,
+            state_lost_step=job.state.state_lost_step,
+            state_lost_reason=job.state.state_lost,
         )
         if job.quorum_pb is not None:
             response.quorum.CopyFrom(job.quorum_pb)
+        if job.committed.last_give_up is not None:
+            response.last_give_up.CopyFrom(job.committed.last_give_up)
         return response
+
+    async def give_up_state(self, req: pb.GiveUpStateRequest, peer: str) -> pb.GiveUpStateResponse:
+        """Start a job over whose state is lost at exactly ``req.step`` (coordinator/committed.py)."""
+        job = self.job(req.job)
+        async with job.lock:
+            give_up = await committed.give_up(job.committed, self.store, job.state, req, peer, self.leader,
+                                              job.epoch, self.clock(), self.wall)
+        job.notify()
+        self.wake()
+        return pb.GiveUpStateResponse(give_up=give_up)
 
     async def set_flags(self, job_name: str, replica_id: str, *, cordoned=None, drain=None) -> None:
         job = self.job(job_name)
@@ -355,6 +376,8 @@ class CoordinatorRuntime:
             for job in self.jobs.values():
                 try:
                     await self.evaluate(job)
+                    # After the decision and its push, outside the job's lock (coordinator/committed.py).
+                    await committed.sync(job.committed, self.store, job.state, self.clock(), int(self.wall() * 1000))
                 except Exception:  # the loop must survive anything one job does
                     log.exception("job %s: quorum evaluation failed", job.state.name)
 
@@ -389,7 +412,7 @@ class CoordinatorRuntime:
                 except LostOwnership as e:
                     log.error("job %s: %s", job.state.name, e)
                     return
-            before = job.state.catch_up
+            before, lost_before, step_before = job.state.catch_up, job.state.state_lost_step, job.state.committed_step
             job.state.apply(decision, quorum, revision)
             if quorum is not None:
                 job.set_quorum(quorum_to_pb(quorum))
@@ -405,8 +428,10 @@ class CoordinatorRuntime:
                 job.logged_reason = decision.reason
             self._log_reason(job, decision.reason)
             # A new reason alone wakes nobody: at 10,000 watchers every push
-            # counts; each event carries the latest reason anyway.
-            if quorum is not None or before != job.state.catch_up:
+            # counts; each event carries the latest reason anyway. A state
+            # loss does: the replicas must know why they wait.
+            ended = step_before if decision.state_ended else 0
+            if committed.report_transition(job.state, lost_before, ended) or quorum is not None or before != job.state.catch_up:
                 job.notify()
 
     def _pace(self, job: _Job) -> None:
@@ -455,31 +480,6 @@ class CoordinatorRuntime:
             job.set_quorum(quorum_to_pb(theirs))
             job.notify()
         raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding")
-
-    def _gauges(self):
-        """Gauges read from the job tables at scrape time."""
-        now = self.clock()
-        for job in self.jobs.values():
-            name = job.state.name
-            yield "fthsdp_quorum_id", "The current quorum id, by job.", {"job": name}, job.quorum_pb.id if job.quorum_pb else 0
-            yield "fthsdp_epoch", "The job's takeover epoch (grows when a coordinator takes the job).", {"job": name}, job.epoch
-            yield ("fthsdp_heartbeat_interval_seconds", "The heartbeat interval replicas are told (stretched past --heartbeat-budget), by job.",
-                   {"job": name}, job.pacer.current.interval)
-            yield ("fthsdp_heartbeat_backlog_seconds", "How late the typical replica's heartbeats arrive (the median time since heard of, beyond one interval), by job.",
-                   {"job": name}, job.backlog)
-            yield ("fthsdp_heartbeat_timeout_seconds", "The heartbeat timeout in force: stretched with the interval, plus the event loop's recent lag, by job.",
-                   {"job": name}, job.state.rules.heartbeat_timeout)
-            counts = dict.fromkeys(pb.ReplicaState.keys()[1:], 0)
-            watches = 0
-            for entry in job.state.replicas.values():
-                counts[pb.ReplicaState.Name(job.state.replica_state(entry, now))] += 1
-                watches += entry.open_watches
-            for state, n in counts.items():
-                label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")
-                yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n
-            yield "fthsdp_watch_streams", "Open Watch streams of replicas, by job.", {"job": name}, watches
-        yield ("fthsdp_event_loop_lag_seconds", "The coordinator's worst event-loop lag over the last heartbeat timeout: how late it runs when overloaded.",
-               {}, self.lag.worst(now))
 
     def _log_reason(self, job: _Job, reason: str) -> None:
         if reason != job.logged_reason:

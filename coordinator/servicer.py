@@ -21,6 +21,7 @@ from coordinator.errors import (
     NotFound,
     NotLeader,
     StaleSession,
+    StateNotLost,
     StoreUnavailable,
 )
 from coordinator.runtime import CoordinatorRuntime
@@ -33,6 +34,7 @@ STATUS_OF = (
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (StaleSession, grpc.StatusCode.FAILED_PRECONDITION),
+    (StateNotLost, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (LostOwnership, grpc.StatusCode.ABORTED),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),  # clients move on to the next coordinator
@@ -245,3 +247,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         validation.check_replica_id(request.replica_id)
         await self.runtime.set_flags(request.job, request.replica_id, cordoned=request.cordoned)
         return pb.CordonResponse()
+
+    @_edge
+    async def GiveUpState(self, request, context):
+        validation.check_job_field(request.job, allow_empty=True)
+        validation.check_give_up(request)
+        return await self.runtime.give_up_state(request, context.peer() or "")

@@ -19,6 +19,8 @@ PAGE = r"""<!doctype html>
   .banner { padding: 8px 12px; border-radius: 6px; margin-bottom: 12px; }
   .banner.follower { background: #fff8c5; border: 1px solid #d4a72c; }
   .banner.error { background: #ffebe9; border: 1px solid var(--bad); }
+  .banner.lost { background: var(--bad); color: #fff; font-size: 16px; font-weight: 600; }
+  .banner.lost code { font-size: 14px; background: rgba(255,255,255,.2); padding: 1px 4px; border-radius: 3px; }
   .cards { display: flex; gap: 12px; flex-wrap: wrap; margin-bottom: 12px; }
   .card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; min-width: 120px; }
   .card .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
@@ -97,13 +99,19 @@ function render(s) {
     where.append(" · jobs:");
     for (const job of s.jobs) where.append(" ", el("a", {href: "?job=" + encodeURIComponent(job), "data-job": job, text: job, style: "color:#fff"}));
   }
+  const banners = [];
   if (s.follower) {
     const banner = el("div", {class: "banner follower"}, "This coordinator follows " + (s.leader || "nobody yet") + ". ");
     if (s.leader_page) banner.append(el("a", {href: s.leader_page + location.search, text: "Open the leader's status page"}));
-    replace("banner", banner);
-  } else {
-    replace("banner");
+    banners.push(banner);
   }
+  if (s.state_lost_step) {  // the job waits for an operator: the first thing on the page
+    banners.push(el("div", {class: "banner lost", id: "state-lost", "data-step": s.state_lost_step},
+      "STATE LOST at step " + s.state_lost_step + ": " + s.state_lost_reason + ". No quorum is formed until a replica " +
+      "holding it returns; ", el("code", {text: "fthsdp give-up-state --job " + s.job + " --step " + s.state_lost_step}),
+      " starts over."));
+  }
+  replace("banner", ...banners);
   const q = s.quorum, members = new Set(q.members), cs = s.checksums;
   const counts = Object.entries(s.counts || {}).map(([k, v]) => v + " " + k).join(", ") || "none";
   const verdict = cs.verdict === "mismatch" ? "MISMATCH" : cs.verdict === "agree" ? "agree" : "not compared yet";
@@ -111,6 +119,7 @@ function render(s) {
     card("quorum", q.id ? "#" + q.id : "-"),
     card("members", q.members.length),
     card("quorum step", q.id ? q.step : "-"),
+    card("committed step", s.committed_step || 0, s.state_lost_step ? "mismatch" : ""),
     card("replicas", counts),
     el("div", {class: "card " + cs.verdict, id: "checksums", "data-verdict": cs.verdict},
       el("div", {class: "label", text: "checksums" + (cs.compared_step != null ? " @ step " + cs.compared_step : "")}),

@@ -23,6 +23,23 @@ AGENT_STATE_NAMES = {
 }
 
 
+def give_up_hint(job: str, step: int) -> str:
+    """The command that starts a job over, as status and the log suggest it."""
+    return f"`fthsdp give-up-state --job {job} --step {step}` starts over"
+
+
+def state_lost_line(job: str, step: int, remains: str) -> str:
+    return f"STATE LOST at step {step}: {remains} (waiting; {give_up_hint(job, step)})"
+
+
+def _give_up_dict(status: pb.StatusResponse) -> dict | None:
+    if not status.HasField("last_give_up"):
+        return None
+    g = status.last_give_up
+    return {"step": g.step, "time": g.unix_ms / 1000, "requested_by": g.requested_by, "peer": g.peer,
+            "coordinator": g.coordinator, "quorum_id": g.quorum_id}
+
+
 def status_dict(status: pb.StatusResponse) -> dict:
     """The documented JSON shape; extra keys may be added, none removed."""
     has_quorum = status.HasField("quorum")
@@ -30,6 +47,10 @@ def status_dict(status: pb.StatusResponse) -> dict:
         "job": status.job,
         "leader": status.leader,
         "epoch": status.epoch,
+        "committed_step": status.committed_step,
+        "state_lost_step": status.state_lost_step,
+        "state_lost_reason": status.state_lost_reason,
+        "last_give_up": _give_up_dict(status),
         "quorum": {
             "id": status.quorum.id if has_quorum else 0,
             "members": [m.replica_id for m in status.quorum.members] if has_quorum else [],
@@ -68,7 +89,8 @@ def status_table(status: pb.StatusResponse) -> str:
     d = status_dict(status)
     q = d["quorum"]
     lines = [
-        f"job {d['job']}   leader {d['leader']} (epoch {d['epoch']})",
+        f"job {d['job']}   leader {d['leader']} (epoch {d['epoch']})   committed step {d['committed_step']}",
+        *([state_lost_line(d["job"], d["state_lost_step"], d["state_lost_reason"])] if d["state_lost_step"] else []),
         f"quorum {q['id'] or '-'}: {', '.join(q['members']) or 'none'}" + (f" at step {q['step']}" if q["id"] else ""),
         f"decision: {d['reason']}",
         "",

@@ -115,3 +115,11 @@ def check_agent_event(req) -> None:
     _non_negative("node_rank", req.node_rank)
     _non_negative("restart_count", req.restart_count)
     _short("detail", req.detail, MAX_REASON)
+
+
+def check_give_up(req) -> None:
+    if req.step <= 0:
+        raise InvalidRequest(f"step must be the step whose state is lost (StatusResponse.state_lost_step), got {req.step}")
+    _short("requested_by", req.requested_by)
+    if req.resume_step:
+        raise InvalidRequest("resume_step (resuming from a checkpoint) is not implemented yet; leave it 0 to start over")

@@ -35,6 +35,7 @@ def intruder_calls(session: str):
     yield "Register", pb.RegisterRequest(job="default", replica_id="intruder", address="127.0.0.1:1", world_size=1)
     yield "Drain", pb.DrainRequest(job="default", replica_id="r0")
     yield "Cordon", pb.CordonRequest(job="default", replica_id="r0", cordoned=True)
+    yield "GiveUpState", pb.GiveUpStateRequest(job="default", step=1)
     yield "Heartbeat", pb.HeartbeatRequest(job="default", replica_id="r0", session_id=session, step=99)
     yield "Leave", pb.LeaveRequest(job="default", replica_id="r0", session_id=session, reason="intruder")
 

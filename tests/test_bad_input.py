@@ -96,6 +96,20 @@ def test_admin_on_unknown_replica(stub):
     assert code == INVALID
 
 
+def test_give_up_state_checks_its_fields_and_refuses_a_state_not_lost(stub):
+    for request, words in (
+        (pb.GiveUpStateRequest(job="main", step=0), "step must be the step whose state is lost"),
+        (pb.GiveUpStateRequest(job="main", step=-4), "step must be the step whose state is lost"),
+        (pb.GiveUpStateRequest(job="main", step=4, resume_step=4), "resume_step (resuming from a checkpoint) is not implemented"),
+        (pb.GiveUpStateRequest(job="main", step=4, requested_by="x" * 200), "the limit is 128"),
+        (pb.GiveUpStateRequest(job="nope", step=4), "unknown job 'nope'"),
+    ):
+        code, details = code_of(stub.GiveUpState, request)
+        assert code == INVALID and words in details, (request, details)
+    code, details = code_of(stub.GiveUpState, pb.GiveUpStateRequest(job="main", step=4))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "has not lost its state" in details
+
+
 def test_transport_limit_and_garbage(stub):
     # Above the transport limit gRPC itself refuses the message.
     code, _ = code_of(stub.Register, register(address="h:1" + "0" * (5 << 20)))

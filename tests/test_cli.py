@@ -100,6 +100,18 @@ def test_status_unknown_job(tmp_path):
         proc.stop()
 
 
+def test_give_up_state_is_refused_in_one_line_unless_the_state_is_lost(tmp_path):
+    proc = CoordinatorProcess(tmp_path).start()
+    try:
+        refused = fthsdp("give-up-state", "--coordinator", proc.address, "--step", "40")
+        one_line_error(refused, 1, "job 'default' has not lost its state (no committed step yet); nothing to give up")
+    finally:
+        proc.stop()
+    one_line_error(fthsdp("give-up-state", "--coordinator", proc.address, "--step", "0"), 2, "--step must be")
+    missing = fthsdp("give-up-state", "--coordinator", proc.address)
+    assert missing.returncode == 2 and "the following arguments are required: --step" in missing.stderr
+
+
 def test_console_script_and_module_entry_points():
     script = shutil.which("fthsdp", path=os.path.dirname(sys.executable))
     assert script, "pip install should put the fthsdp console script beside python"

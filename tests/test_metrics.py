@@ -45,6 +45,8 @@ def test_metrics_follow_the_quorum(tmp_path):
         assert m['fthsdp_quorum_formation_seconds_count{job="default"}'] == m['fthsdp_quorum_changes_total{job="default"}']
         assert m['fthsdp_leader_changes_total{job="default"}'] == 1
         assert m['fthsdp_watch_streams{job="default"}'] == 2
+        assert m['fthsdp_state_lost_step{job="default"}'] == 0  # the replicas never step: nothing to lose
+        assert m['fthsdp_committed_step{job="default"}'] == 0
         beats = m['fthsdp_heartbeats_total{job="default"}']
         wait_until(lambda: scrape(url)['fthsdp_heartbeats_total{job="default"}'] > beats, 10, message="heartbeats counted")
 

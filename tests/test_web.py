@@ -297,6 +297,41 @@ def test_the_page_renders_replicas_quorum_and_a_checksum_mismatch(tmp_path, proc
         shutil.copy(shot, target / shot.name)
 
 
+def test_the_page_shows_a_lost_state_first(tmp_path, processes):
+    binary = chromium()
+    # join-timeout 0: a killed replica closes its stream, which the split-brain guard would wait out.
+    c = processes(CoordinatorProcess(tmp_path, *FAST, "--join-timeout", "0s").start())
+    base = page_url(c)
+    r0 = processes(ReplicaProcess(tmp_path, c.address, "r0", "--step-period", "0.01").start())
+    wait_until(lambda: status(base)["committed_step"] >= 5, 20, message="r0 trained a few steps")
+    r0.kill()
+    processes(ReplicaProcess(tmp_path, c.address, "r0").start())  # a fresh process, at step 0
+    wait_until(lambda: status(base)["state_lost_step"] and steps(status(base)) == {"r0": 0}, 20,
+               message="the state lost, the fresh r0 registered")
+    lost = status(base)
+    assert lost["state_lost_reason"] == "no live replica holds it; r0 at step 0"
+
+    dom = run_chromium(binary, tmp_path / "profile", "--dump-dom", base).stdout
+    banner = _Banner()
+    banner.feed(dom)
+    assert banner.step == str(lost["state_lost_step"]), dom[-3000:]
+    assert f"STATE LOST at step {lost['state_lost_step']}: no live replica holds it; r0 at step 0" in dom
+    assert f"fthsdp give-up-state --job default --step {lost['state_lost_step']}" in dom
+
+
+class _Banner(HTMLParser):
+    """The step of the lost-state banner in a dumped DOM, if there is one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = ""
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id") == "state-lost":
+            self.step = a.get("data-step", "")
+
+
 # ----- pure parts ----------------------------------------------------------------------
 
 def _replica(rid: str, checksum: str | None = None, step: int | None = None, flagged: int | None = None) -> dict:

@@ -214,7 +214,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +223,7 @@ class WatchEvent(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     PLACE_FIELD_NUMBER: _ClassVar[int]
+    STATE_LOST_STEP_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -231,7 +232,8 @@ class WatchEvent(_message.Message):
     heartbeat_interval_s: float
     delta: QuorumDelta
     place: QuorumPlace
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ...) -> None: ...
+    state_lost_step: int
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("job", "replica_id", "session_id", "reason", "failed")
@@ -314,7 +316,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +325,10 @@ class StatusResponse(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    STATE_LOST_STEP_FIELD_NUMBER: _ClassVar[int]
+    STATE_LOST_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -331,7 +337,11 @@ class StatusResponse(_message.Message):
     reason: str
     jobs: _containers.RepeatedScalarFieldContainer[str]
     follower: bool
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ...) -> None: ...
+    committed_step: int
+    state_lost_step: int
+    state_lost_reason: str
+    last_give_up: GiveUp
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")
@@ -359,6 +369,24 @@ class CordonResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GiveUpStateRequest(_message.Message):
+    __slots__ = ("job", "step", "requested_by", "resume_step")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step: int
+    requested_by: str
+    resume_step: int
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., requested_by: _Optional[str] = ..., resume_step: _Optional[int] = ...) -> None: ...
+
+class GiveUpStateResponse(_message.Message):
+    __slots__ = ("give_up",)
+    GIVE_UP_FIELD_NUMBER: _ClassVar[int]
+    give_up: GiveUp
+    def __init__(self, give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
+
 class ReplicaRecord(_message.Message):
     __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -384,3 +412,33 @@ class Epoch(_message.Message):
     coordinator: str
     started_unix_ms: int
     def __init__(self, epoch: _Optional[int] = ..., coordinator: _Optional[str] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...
+
+class GiveUp(_message.Message):
+    __slots__ = ("step", "unix_ms", "requested_by", "peer", "coordinator", "epoch", "quorum_id")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    unix_ms: int
+    requested_by: str
+    peer: str
+    coordinator: str
+    epoch: int
+    quorum_id: int
+    def __init__(self, step: _Optional[int] = ..., unix_ms: _Optional[int] = ..., requested_by: _Optional[str] = ..., peer: _Optional[str] = ..., coordinator: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
+
+class CommittedStep(_message.Message):
+    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    quorum_id: int
+    updated_unix_ms: int
+    last_give_up: GiveUp
+    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...

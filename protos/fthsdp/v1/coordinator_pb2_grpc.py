@@ -85,6 +85,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.CordonRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.CordonResponse.FromString,
                 _registered_method=True)
+        self.GiveUpState = channel.unary_unary(
+                '/fthsdp.v1.Coordinator/GiveUpState',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -167,6 +172,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GiveUpState(self, request, context):
+        """Admin: give up a job's lost committed state and start over from the
+        replicas there are (see GiveUpStateRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +232,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Cordon,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.CordonRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.CordonResponse.SerializeToString,
+            ),
+            'GiveUpState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GiveUpState,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -492,6 +510,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/Cordon',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.CordonRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GiveUpState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Coordinator/GiveUpState',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.FromString,
             options,
             channel_credentials,
             insecure,
