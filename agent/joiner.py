@@ -144,7 +144,7 @@ class Joiner:
         lost_seen = 0
         while True:
             latest = membership.latest
-            lost = getattr(latest, "state_lost_step", 0) if latest is not None else 0  # (a coordinator that reports it)
+            lost = latest.state_lost_step if latest is not None else 0
             if lost:
                 # Every replica holding the job's state is gone: no source
                 # will come until one returns or an operator gives the state

@@ -275,8 +275,10 @@ class Manager:
         if self.config.shard_count > 1 and self._eviction is None:
             self._eviction = EvictionWatch(self.tracker, self.config.shard_rank, lambda: self.stopped, self._drain)
 
-    def close(self, reason: str = "finished") -> None:
-        """Leave the job (the others go on without this replica) and stop."""
+    def close(self, reason: str = "finished", failed: bool = False) -> None:
+        """Leave the job (the others go on without this replica) and stop;
+        ``failed``: it leaves because the script failed (the coordinator
+        then counts it lost, not finished)."""
         if not self.stopped:
             self.stopped = True
             if self._step_hook is not None:
@@ -284,7 +286,7 @@ class Manager:
                 self._step_hook = None
             if self.membership is not None:
                 try:
-                    self.membership.leave(reason)
+                    self.membership.leave(reason, failed=failed)
                 except FthsdpError as e:
                     log.warning("could not tell the coordinator that this replica leaves: %s", e)
                     self.membership.close()
@@ -306,7 +308,10 @@ class Manager:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close("finished" if exc[0] is None else f"failed: {exc[1]}")
+        if exc[0] is None:
+            self.close("finished")
+        else:
+            self.close(f"failed: {exc[1]}", failed=True)
 
     # ----- the step ------------------------------------------------------------------
 

@@ -124,7 +124,7 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
             wait_until(lambda: members(client) == everyone, 180, message="every replica back in the quorum after the faults")
             target = max(w.last_step() for w in watched) + steps_after
             wait_until(lambda: min(w.last_step() for w in watched) >= target, 120, message="every replica at the last step")
-            lost = getattr(client.status(), "state_lost_step", 0)  # (a coordinator that reports it)
+            lost = client.status().state_lost_step
     finally:
         for a in agents:
             a.stop()

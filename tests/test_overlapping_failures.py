@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from coordinator.client import CoordinatorClient
-from tests.processes import AgentProcess
+from tests.processes import ROOT, AgentProcess, _env
 from tests.test_catchup import SLOW, cluster, members, status_of  # noqa: F401 - a fixture
 from tests.waiting import wait_until
 
@@ -187,3 +189,76 @@ def test_a_rank_of_an_fsdp2_group_killed_while_another_group_catches_up(cluster,
     for g in groups:
         g.collect_after_exit()
     assert_one_state_per_step(*groups)
+
+
+def give_up(c, step: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", "give-up-state", "--coordinator", c.address,
+                           "--step", str(step)], capture_output=True, text=True, timeout=30, cwd=ROOT, env=_env())
+
+
+def test_every_holder_lost_the_job_waits_until_an_operator_gives_the_state_up(cluster):
+    """Both training replicas SIGKILLed at once: fresh replicas (at step 0)
+    are not let start over; status says the state was lost at step N and
+    they wait (no timeout); `fthsdp give-up-state` with another step is
+    refused, with N it lets them train from the start."""
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "1")
+    r0, r1 = (worker(c, i, 2, *LOOP) for i in range(2))
+    r0.read_until(lambda line: line.get("step", 0) >= 30)
+    r0.kill()
+    r1.kill()
+    for w in (r0, r1):
+        w.collect_after_exit()
+    reached = max(max(r0.steps), max(r1.steps))
+    fresh = [worker(c, i, 1, *LOOP, name=f"r{i}-fresh") for i in range(2)]
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: client.status().state_lost_step > 0 and len(client.status().replicas) >= 2
+                   and all("the job's state was lost" in f.log_path.read_text() for f in fresh),
+                   60, message="the state reported lost and the fresh replicas waiting")
+        status = client.status()
+        lost = status.state_lost_step
+        assert 0 < lost <= reached and "no live replica holds it" in status.state_lost_reason
+        assert not status.quorum.members or members(client) <= {"r0", "r1"} and not any(
+            "step" in line for f in fresh for line in f.history)
+        refused = give_up(c, lost - 1)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert not any('"step"' in line for f in fresh for line in f.history)
+        accepted = give_up(c, lost)
+        assert accepted.returncode == 0, accepted.stderr
+        wait_until(lambda: client.status().state_lost_step == 0, 20, message="the state no longer reported lost")
+    firsts = [f.read_until(lambda line: "step" in line, timeout=60)["step"] for f in fresh]
+    assert firsts == [1, 1], f"after the give-up the job starts over from step 0: first steps {firsts}"
+
+
+def test_last_member_killed_as_a_joiner_is_admitted(cluster):
+    """The only up-to-date member dies right as a returning replica is
+    admitted, before they trained a step together. The joiner either
+    provably reached the member's state (it saw their step and replayed to
+    it), then trains on alone; or it did not, then it leaves (StateNotHeld)
+    and the job waits with its state lost, never starting over silently.
+    Either way no step has two states."""
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "1")
+    r0, r1 = (worker(c, i, 2, *LOOP) for i in range(2))
+    r0.read_until(lambda line: line.get("step", 0) >= 12)
+    r1.kill()
+    r1.collect_after_exit()
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0"}, 20, message="r1 taken out")
+        joiner = worker(c, 1, 1, *LOOP, name="r1-back")
+        wait_until(lambda: members(client) == {"r0", "r1"}, 60, interval=0.002, message="r1 admitted again")
+        r0.kill()
+        r0.collect_after_exit()
+        wait_until(lambda: joiner.proc.poll() is not None or any(
+            line.get("contributors") == 1 for line in joiner.steps.values()) or client.status().state_lost_step,
+            30, interval=0.05, message="the joiner went on alone or left")
+        if joiner.proc.poll() is None and not client.status().state_lost_step:
+            last = joiner.read_until(lambda line: "step" in line)["step"]
+            joiner.read_until(lambda line: line.get("step", 0) >= last + 5)
+        else:
+            wait_until(lambda: joiner.proc.poll() is not None, 30, message="the joiner that lacks the state leaves")
+            assert "StateNotHeld" in joiner.log_path.read_text()
+            wait_until(lambda: client.status().state_lost_step > 0, 30, message="the job's state reported lost")
+    joiner.stop()
+    joiner.collect_after_exit()
+    assert_one_state_per_step(r0, r1, joiner)
