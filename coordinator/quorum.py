@@ -261,7 +261,11 @@ def decide(
 
     outsiders = sorted(i for i in alive if i not in continuing_set and not alive[i].drain_requested)
     eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged and alive[i].beating]
-    ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= head and not alive[i].catching_up)]
+    # Up to date on its step alone only at or past the committed step too: the
+    # members a restarted coordinator presumes alive until they re-register
+    # report no step, and must not vouch for a fresh replica at step 0.
+    up_to = head if ended else max(head, committed_step)
+    ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
     if guarded:
         ready = [i for i in ready if holds_state(alive[i], committed_step)]
     ready_set = set(ready)

@@ -425,6 +425,14 @@ CASES = [
         "a (restarted), b (restarted); admitting a, b",
     ),
     Case(
+        "members a restarted coordinator presumes alive (no step yet) do not vouch for a fresh replica below it",
+        quorum("a", "b"),
+        table(alive("a", 0), alive("b", 0), alive("c", 0)),
+        None,
+        "unchanged",
+        committed=100,
+    ),
+    Case(
         "every member left on purpose (finished): the state ended, the next replicas start over",
         quorum("a", "b"),
         table(alive("c", 0)),
