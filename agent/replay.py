@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 import zlib
 from collections.abc import Callable
 
@@ -25,8 +24,8 @@ from agent.state_codec import StateCodecError, local
 from agent.train_state import TrainState, combine, explain_mismatch
 from protos.fthsdp.v1 import catchup_pb2 as cpb
 
-POLL_EVERY = 0.005
-"""Seconds between log polls while a joiner waits for the members in a new group."""
+LONG_POLL = 0.01
+"""Seconds a joiner waiting for the members in a new group waits for the next log entry per poll."""
 
 
 class ReplayMismatch(CatchUpError):
@@ -50,7 +49,6 @@ class Replayer:
         self.contributors = 0
         """While the update runs: the replicas whose gradients the step averaged."""
         self._pending: list[tuple[cpb.LogEntry, torch.Tensor]] = []
-        self._polled = 0.0
 
     @contextlib.contextmanager
     def updating(self, contributors: int, replay: bool = False):
@@ -103,19 +101,17 @@ class Replayer:
 
     def replay_available(self, client: SourceClient) -> None:
         """While waiting for the members in a new group: replay at most one
-        step the source has committed meanwhile, without waiting for one
-        (the caller polls a collective between calls)."""
-        now = time.monotonic()
-        if not self._pending and now - self._polled >= POLL_EVERY:
-            self._polled = now
-            entries, _, _ = client.log(self.step, max_bytes=1, wait=0.0)
+        step the source has committed meanwhile. The source is asked with a
+        short long-poll (``LONG_POLL``): a tight loop of requests would cost
+        its HTTP server, on a member, CPU its training needs, and a poll
+        delays noticing the members' arrival by at most its wait."""
+        if not self._pending:
+            entries, _, _ = client.log(self.step, max_bytes=1, wait=LONG_POLL)
             self._pending = [(e, d) for e, d in entries if e.step >= self.step]
         if self._pending:
             entry, data = self._pending.pop(0)
             if entry.step == self.step:
                 self.replay(entry, data)
-        else:
-            time.sleep(POLL_EVERY / 5)
 
     # ----- checksums ------------------------------------------------------------------
 
