@@ -53,11 +53,12 @@ import torch
 import torch.distributed as dist
 
 from agent import catchup_tls
-from agent.catchup_client import CatchUpError, SourceClient
+from agent.catchup_client import SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
 from agent.checksum import StridedHistory, structure_hash
-from agent.ftar import CONTROL_SLOTS, FTAR, CloseGap, EnterStep, Evicted, FtarError, QuorumTracker, ReplayTo, StepResult
+from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
+from agent.last_gap import LastGap, StateNotHeld
 from agent.grad_log import GradientLog
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
@@ -68,7 +69,7 @@ from agent.replay import Replayer, combine_hex
 from agent.replica_group import ReplicaGroup
 from agent.standby import wait_for_activation
 from agent.state_codec import local as _local
-from agent.train_state import TrainState, default_update
+from agent.train_state import ApiMisuse, TrainState, check_gradient, default_update, gradient_sample, step_outside_update
 from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
@@ -76,20 +77,6 @@ from protos.fthsdp.v1 import catchup_pb2 as cpb
 __all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation", "StateNotHeld"]
 
 log = logging.getLogger("fthsdp.agent.manager")
-
-
-SENTINEL = 8
-"""Gradient elements compared at commit against what the all-reduce left."""
-
-
-class ApiMisuse(FthsdpError):
-    """The training script called the API out of order."""
-
-
-class StateNotHeld(FthsdpError):
-    """This replica was admitted, but every member (or its catch-up source)
-    was lost before it reached the members' state: it does not hold the
-    job's committed state, so it must not train on as if it did."""
 
 
 class Manager:
@@ -146,10 +133,12 @@ class Manager:
         """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
         self._inputs: cpb.LogEntry | None = None
         """The recorded inputs of the step in progress (logged with its sum at commit)."""
-        self._join_inputs: cpb.LogEntry | None = None
-        """The members' inputs of the step this joiner enters (read before its part of their all-reduce)."""
-        self._sentinel: tuple[torch.Tensor, torch.Tensor] | None = None
-        """(gradient, a copy of its first elements) right after the all-reduce: checked at commit."""
+        self.gap = LastGap(self.replayer, self.source, config.timeout, config.replica_id,
+                           client=lambda: self._joiner.gap_client() if self._joiner is not None else None,
+                           moved=self._moved)
+        """Closes a joiner's last gap inside FTAR (agent/last_gap.py)."""
+        self._sentinel: torch.Tensor | None = None
+        """A copy of the first gradient elements right after the all-reduce: checked at commit."""
         self._step_hook = None
         self._eviction: EvictionWatch | None = None
         """Ranks of a multi-rank group: learns that the coordinator took the group out."""
@@ -296,12 +285,7 @@ class Manager:
     def _guard_step(self, optimizer, args, kwargs) -> None:
         """An optimizer step pre-hook: a step outside the update is one a joiner would not replay."""
         if not self.replayer.in_update and not self.stopped:
-            raise ApiMisuse(
-                "optimizer.step() ran outside the update fthsdp runs at commit(): a replica that catches up replays "
-                "only that update, so this step would be lost to it. Pass the update (unscale, clipping, "
-                "optimizer.step(), scheduler.step(), zero_grad) as Manager(..., update=fn) and call ft.commit() "
-                "instead of optimizer.step() (README: the training API)"
-            )
+            raise step_outside_update()
 
     def __enter__(self) -> "Manager":
         self.start()
@@ -343,6 +327,7 @@ class Manager:
         # The step's inputs, as a joiner will restore them before replaying its update.
         self._inputs = self.state.inputs(self.step)
         self.source.publish_inputs(self._inputs)
+        self.gap.taken = None
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
@@ -359,7 +344,7 @@ class Manager:
         try:
             result = self.ftar.allreduce(
                 self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
-                control_slots=True, idle=self._replay_while_waiting, serve=self._serve_ftar,
+                control_slots=True, idle=self.gap.while_waiting, serve=self.gap.serve,
             )
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
@@ -395,11 +380,12 @@ class Manager:
             # One pass per gradient: divide the sum straight into it.
             torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=g)
             offset += n
+        if self.gap.taken is not None:
+            self._inputs = self.gap.taken  # a joiner entered the members' step with their inputs
         if self._inputs.step != result.step:
             raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step {result.step}")
         self.step = result.step  # a joiner that closed a gap of several steps is further on
-        first = shards[0].reshape(-1)
-        self._sentinel = (first, first[:SENTINEL].clone())
+        self._sentinel = gradient_sample(self._params[0])
         # A snapshot taken at the last boundary must be copied before the update changes the state.
         self.source.wait_copied(self.config.timeout)
         return result
@@ -419,7 +405,7 @@ class Manager:
             self.optimizer.zero_grad(set_to_none=True)
             log.warning("step %d: no member contributed a gradient (quorum %d); it is run again", self.step, last.quorum_id)
             return False
-        self._check_sentinel()
+        check_gradient(self._params[0], self._sentinel)
         with self.replayer.updating(last.contributors):
             self._update()
         self.step += 1
@@ -467,23 +453,7 @@ class Manager:
             watch.acknowledged.set()
             raise Evicted(f"{watch.evicted}: its state must be caught up again (its agent restarts the group)")
 
-    def _check_sentinel(self) -> None:
-        """The gradients must reach the update as the all-reduce left them: a
-        joiner replays the update on the members' sum, nothing in between."""
-        if self._sentinel is None:
-            return
-        grad, copy = self._sentinel
-        current = self._params[0].grad
-        # Bits, not values: an overflowed fp16 step (inf/NaN, skipped by a GradScaler) equals itself.
-        now = _local(current).reshape(-1)[:SENTINEL] if current is not None else None
-        if now is None or not torch.equal(now.contiguous().view(torch.uint8), copy.view(torch.uint8)):
-            raise ApiMisuse(
-                "the gradients changed between allreduce_gradients() and commit() (gradient clipping, "
-                "GradScaler.unscale_ or zero_grad there?): a replica that catches up replays only the update, "
-                "so move that code into the update passed to Manager(..., update=fn)"
-            )
-
-    # ----- catch-up (see agent/joiner.py and agent/replay.py) --------------------------
+    # ----- catch-up (agent/joiner.py, agent/replay.py, agent/last_gap.py) ------------------
 
     def load_snapshot(self, state: dict, step: int) -> None:
         self.state.load(state)
@@ -492,95 +462,12 @@ class Manager:
     def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
         """Apply one logged step, exactly as the members did."""
         self.replayer.replay(entry, total)
-        self.membership.step = self.step
+        self._moved()
 
-    def _gap_source_lost(self, head: int, e: CatchUpError) -> StateNotHeld:
-        return StateNotHeld(
-            f"replica {self.replica_id} (at step {self.step}) lost its catch-up source before it reached the "
-            f"members' step {head}: {e}"
-        )
-
-    def _gap_client(self, head: int):
-        client = self._joiner.gap_client() if self._joiner is not None else None
-        if client is None:
-            raise FtarError(f"this replica is at step {self.step}, the quorum at {head}, and it has no catch-up source")
-        return client
-
-    def _take_inputs(self, entry: cpb.LogEntry) -> None:
-        """Enter the members' step ``entry.step`` with their recorded inputs."""
-        self.state.apply_inputs(entry)
-        self._inputs = entry
-        self.source.publish_inputs(entry)
-
-    def _close_gap(self, step: int, head: int) -> int:
-        """FTAR found the members at ``head`` and this joiner, with a
-        gradient for ``step``, two or more steps behind (admitted while it
-        still replayed): replay from the catch-up source up to ``head - 1``
-        and take that step's inputs; FTAR then hands over the members' sum
-        of ``head - 1``."""
-        client = self._gap_client(head)
-        self.step = step
-        target = head - 1
-        try:
-            self.replayer.replay_until(client, target, self.config.timeout)
-            entries, _, _ = client.log(target, wait=self.config.timeout)
-        except CatchUpError as e:
-            raise self._gap_source_lost(head, e) from e
-        if not entries or entries[0][0].step != target:
-            raise FtarError(f"the catch-up source has no log entry of step {target}")
-        self._take_inputs(entries[0][0])
-        self.membership.step = self.step
-        return self.step
-
-    def _serve_ftar(self, request) -> int | None:
-        """What FTAR asks of this joiner before it can go on (agent/ftar.py)."""
-        if isinstance(request, CloseGap):
-            return self._close_gap(request.step, request.head)
-        if isinstance(request, EnterStep):
-            return self._enter_members_step(request.head)
-        if isinstance(request, ReplayTo):
-            return self._replay_to_members(request.head)
-        raise FtarError(f"internal: FTAR asked for {request!r}")
-
-    def _enter_members_step(self, head: int) -> None:
-        """This joiner, without a gradient, is about to join the members'
-        data all-reduce of step ``head``: read their inputs of ``head`` now,
-        while they wait in it (the steps still missing are replayed while it
-        runs: ``_replay_to_members``)."""
-        client = self._gap_client(head)
-        try:
-            inputs = client.inputs()
-        except CatchUpError as e:
-            raise self._gap_source_lost(head, e) from e
-        if inputs.step != head:
-            raise FtarError(f"the catch-up source is at step {inputs.step}, the quorum at {head}")
-        self._join_inputs = inputs
-        return None
-
-    def _replay_to_members(self, head: int) -> int:
-        if self.step > head:
-            raise FtarError(f"this replica is at step {self.step}, ahead of the quorum's {head}")
-        try:
-            self.replayer.replay_until(self._gap_client(head), head, self.config.timeout)
-        except CatchUpError as e:
-            raise self._gap_source_lost(head, e) from e
-        self._take_inputs(self._join_inputs)
-        self.membership.step = self.step
-        return self.step
-
-    def _replay_while_waiting(self) -> None:
-        """Between FTAR's polls of the collective this joiner waits in for the
-        members to arrive in its new group: replay what they committed
-        meanwhile, one step at a time on this (the training) thread, so
-        that little is left to replay when they arrive."""
-        client = self._joiner.gap_client() if self._joiner is not None else None
-        if client is None:
-            return
-        try:
-            self.replayer.replay_available(client)
-        except CatchUpError as e:
-            log.debug("following the log while waiting for the members: %s", e)
-        self.membership.step = self.step
+    def _moved(self) -> None:
+        """The state's step moved by a replay: heartbeats report it."""
+        if self.membership is not None:
+            self.membership.step = self.step
 
     def report_progress(self, done: int, total: int) -> None:
         if self.leader:

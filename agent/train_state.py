@@ -44,7 +44,12 @@ import torch
 
 from agent.checksum import tensor_bytes, model_crc, optimizer_crc
 from agent.state_codec import StateCodecError, dtype_from_name, dtype_name, flatten, local, unflatten
+from coordinator.errors import FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
+
+class ApiMisuse(FthsdpError):
+    """The training script called the API out of order, or broke the replay contract."""
+
 
 SMALL_STATE_BYTES = 256 << 10
 """Registered state with at most this many tensor bytes is recorded with every step."""
@@ -271,3 +276,39 @@ def explain_mismatch(mine: Mapping[str, str], theirs: Mapping[str, str], step: i
                 "everything its state_dict() holds?"
             )
     return f"after step {step} this replica's state differs from the source's in " + "; ".join(hints or ["(no part named)"])
+
+
+# ----- the contract's checks, run by the manager --------------------------------------
+
+SENTINEL = 8
+"""Gradient elements compared at commit against what the all-reduce left."""
+
+
+def step_outside_update() -> ApiMisuse:
+    return ApiMisuse(
+        "optimizer.step() ran outside the update fthsdp runs at commit(): a replica that catches up replays "
+        "only that update, so this step would be lost to it. Pass the update (unscale, clipping, "
+        "optimizer.step(), scheduler.step(), zero_grad) as Manager(..., update=fn) and call ft.commit() "
+        "instead of optimizer.step() (README: the training API)"
+    )
+
+
+def gradient_sample(param: torch.Tensor) -> torch.Tensor:
+    """A copy of the first elements of ``param``'s gradient (this rank's shard)."""
+    return local(param.grad).reshape(-1)[:SENTINEL].clone()
+
+
+def check_gradient(param: torch.Tensor, sample: torch.Tensor | None) -> None:
+    """The gradients must reach the update as the all-reduce left them: a
+    joiner replays the update on the members' sum, nothing in between.
+    Bits, not values: an overflowed fp16 step (inf/NaN, which a GradScaler
+    skips) equals itself."""
+    if sample is None:
+        return
+    now = local(param.grad).reshape(-1)[:SENTINEL] if param.grad is not None else None
+    if now is None or not torch.equal(now.contiguous().view(torch.uint8), sample.view(torch.uint8)):
+        raise ApiMisuse(
+            "the gradients changed between allreduce_gradients() and commit() (gradient clipping, "
+            "GradScaler.unscale_ or zero_grad there?): a replica that catches up replays only the update, "
+            "so move that code into the update passed to Manager(..., update=fn)"
+        )

@@ -261,9 +261,7 @@ def decide(
 
     outsiders = sorted(i for i in alive if i not in continuing_set and not alive[i].drain_requested)
     eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged and alive[i].beating]
-    # Up to date on its step alone only at or past the committed step too: the
-    # members a restarted coordinator presumes alive until they re-register
-    # report no step, and must not vouch for a fresh replica at step 0.
+    # Members a restarted coordinator presumes alive report no step: no vouching for a fresh one.
     up_to = head if ended else max(head, committed_step)
     ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
     if guarded:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agent.manager import ApiMisuse, Manager, ManagerConfig
+from agent.train_state import check_gradient, gradient_sample
 from coordinator.errors import ConfigError
 from tests.processes import CoordinatorProcess, WorkerProcess
 
@@ -28,13 +29,12 @@ def test_gradients_left_as_the_allreduce_left_them_pass_even_overflowed(value):
     ft = offline_manager()
     weight = next(ft.model.parameters())
     weight.grad = torch.full_like(weight, value)
-    first = weight.grad.reshape(-1)
-    ft._sentinel = (first, first[:8].clone())
-    ft._check_sentinel()
+    sample = gradient_sample(weight)
+    check_gradient(weight, sample)
     weight.grad.mul_(0.5)  # as clipping would
     if value == value and value != float("inf"):
         with pytest.raises(ApiMisuse, match="gradients changed"):
-            ft._check_sentinel()
+            check_gradient(weight, sample)
 
 
 def test_allreduce_twice_in_a_step():

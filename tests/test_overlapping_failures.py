@@ -67,12 +67,8 @@ def test_two_of_three_killed_at_once(cluster):
     assert steps == list(range(steps[0], steps[-1] + 1)), "a committed step is missing"
 
 
-def test_last_member_killed_after_a_joiner_trained_with_it(cluster):
-    """The only up-to-date member dies once a returning replica has trained a
-    step with it: the joiner holds the committed state, so it is a full
-    member and trains on alone; the killed one comes back and catches up
-    from it. No step has two states, none is missing."""
-    coordinator, _, worker = cluster
+def second_of_two_restarted(coordinator, worker):
+    """Two replicas train; r1 is SIGKILLed, taken out, and started again."""
     c = coordinator("--min-replicas", "1")
     r0, r1 = (worker(c, i, 2, *LOOP) for i in range(2))
     r0.read_until(lambda line: line.get("step", 0) >= 12)
@@ -80,7 +76,17 @@ def test_last_member_killed_after_a_joiner_trained_with_it(cluster):
     r1.collect_after_exit()
     with CoordinatorClient([c.address]) as client:
         wait_until(lambda: members(client) == {"r0"}, 20, message="r1 taken out")
-        joiner = worker(c, 1, 1, *LOOP, name="r1-back")
+    return c, r0, r1, worker(c, 1, 1, *LOOP, name="r1-back")
+
+
+def test_last_member_killed_after_a_joiner_trained_with_it(cluster):
+    """The only up-to-date member dies once a returning replica has trained a
+    step with it: the joiner holds the committed state, so it is a full
+    member and trains on alone; the killed one comes back and catches up
+    from it. No step has two states, none is missing."""
+    coordinator, _, worker = cluster
+    c, r0, r1, joiner = second_of_two_restarted(coordinator, worker)
+    with CoordinatorClient([c.address]) as client:
         first = joiner.read_until(lambda line: "step" in line, timeout=60)["step"]  # trained with r0
         r0.kill()
         r0.collect_after_exit()
@@ -238,14 +244,8 @@ def test_last_member_killed_as_a_joiner_is_admitted(cluster):
     and the job waits with its state lost, never starting over silently.
     Either way no step has two states."""
     coordinator, _, worker = cluster
-    c = coordinator("--min-replicas", "1")
-    r0, r1 = (worker(c, i, 2, *LOOP) for i in range(2))
-    r0.read_until(lambda line: line.get("step", 0) >= 12)
-    r1.kill()
-    r1.collect_after_exit()
+    c, r0, r1, joiner = second_of_two_restarted(coordinator, worker)
     with CoordinatorClient([c.address]) as client:
-        wait_until(lambda: members(client) == {"r0"}, 20, message="r1 taken out")
-        joiner = worker(c, 1, 1, *LOOP, name="r1-back")
         wait_until(lambda: members(client) == {"r0", "r1"}, 60, interval=0.002, message="r1 admitted again")
         r0.kill()
         r0.collect_after_exit()

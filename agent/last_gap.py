@@ -1,0 +1,127 @@
+"""A joiner's last gap, closed inside its first all-reduce in the members' quorum.
+
+FTAR (agent/ftar.py) yields what a joiner must do before it can go on; this
+answers those requests from the catch-up source's log, on the training
+thread: replay up to a step (``CloseGap``, ``ReplayTo``), read the members'
+inputs of the step they wait in (``EnterStep``), and, while the joiner waits
+for the members in a new group, replay what they commit meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agent.catchup_client import CatchUpError, SourceClient
+from agent.catchup_source import CatchUpSource
+from agent.ftar import CloseGap, EnterStep, FtarError, ReplayTo, Request
+from agent.replay import Replayer
+from coordinator.errors import FthsdpError
+from protos.fthsdp.v1 import catchup_pb2 as cpb
+
+log = logging.getLogger("fthsdp.agent.manager")
+
+
+class StateNotHeld(FthsdpError):
+    """This replica was admitted, but every member (or its catch-up source)
+    was lost before it reached the members' state: it does not hold the
+    job's committed state, so it must not train on as if it did."""
+
+
+class LastGap:
+    def __init__(self, replayer: Replayer, source: CatchUpSource, timeout: float, replica_id: str,
+                 client: Callable[[], SourceClient | None], moved: Callable[[], None]) -> None:
+        """``client``: the connection to this joiner's catch-up source (None
+        without one); ``moved``: called when the state's step moved."""
+        self.replayer = replayer
+        self.source = source
+        self.timeout = timeout
+        self.replica_id = replica_id
+        self._client = client
+        self._moved = moved
+        self._join_inputs: cpb.LogEntry | None = None
+        self.taken: cpb.LogEntry | None = None
+        """The members' inputs this joiner entered its step with (None: its own)."""
+
+    def serve(self, request: Request) -> int | None:
+        """What FTAR asks of this joiner before it can go on."""
+        if isinstance(request, CloseGap):
+            return self._close_gap(request.step, request.head)
+        if isinstance(request, EnterStep):
+            return self._enter_members_step(request.head)
+        if isinstance(request, ReplayTo):
+            return self._replay_to_members(request.head)
+        raise FtarError(f"internal: FTAR asked for {request!r}")
+
+    def while_waiting(self) -> None:
+        """Between FTAR's polls of the collective this joiner waits in for the
+        members to arrive in its new group: replay what they committed
+        meanwhile, one step at a time, so that little is left when they come."""
+        client = self._client()
+        if client is None:
+            return
+        try:
+            self.replayer.replay_available(client)
+        except CatchUpError as e:
+            log.debug("following the log while waiting for the members: %s", e)
+        self._moved()
+
+    def _source(self, head: int) -> SourceClient:
+        client = self._client()
+        if client is None:
+            raise FtarError(f"this replica is at step {self.replayer.step}, the quorum at {head}, and it has no catch-up source")
+        return client
+
+    def _lost(self, head: int, e: CatchUpError) -> StateNotHeld:
+        return StateNotHeld(
+            f"replica {self.replica_id} (at step {self.replayer.step}) lost its catch-up source before it reached "
+            f"the members' step {head}: {e}"
+        )
+
+    def _take_inputs(self, entry: cpb.LogEntry) -> None:
+        """Enter the members' step ``entry.step`` with their recorded inputs."""
+        self.replayer.state.apply_inputs(entry)
+        self.taken = entry
+        self.source.publish_inputs(entry)
+        self._moved()
+
+    def _close_gap(self, step: int, head: int) -> int:
+        """The members are at ``head`` and this joiner, with a gradient for
+        ``step``, two or more steps behind (admitted while it still
+        replayed): replay up to ``head - 1`` and take that step's inputs;
+        FTAR then hands over the members' sum of ``head - 1``."""
+        client = self._source(head)
+        self.replayer.step = step
+        target = head - 1
+        try:
+            self.replayer.replay_until(client, target, self.timeout)
+            entries, _, _ = client.log(target, wait=self.timeout)
+        except CatchUpError as e:
+            raise self._lost(head, e) from e
+        if not entries or entries[0][0].step != target:
+            raise FtarError(f"the catch-up source has no log entry of step {target}")
+        self._take_inputs(entries[0][0])
+        return self.replayer.step
+
+    def _enter_members_step(self, head: int) -> None:
+        """About to join the members' data all-reduce of step ``head``: read
+        their inputs of ``head`` now, while they wait in it (the steps still
+        missing are replayed while it runs: ``_replay_to_members``)."""
+        try:
+            inputs = self._source(head).inputs()
+        except CatchUpError as e:
+            raise self._lost(head, e) from e
+        if inputs.step != head:
+            raise FtarError(f"the catch-up source is at step {inputs.step}, the quorum at {head}")
+        self._join_inputs = inputs
+        return None
+
+    def _replay_to_members(self, head: int) -> int:
+        if self.replayer.step > head:
+            raise FtarError(f"this replica is at step {self.replayer.step}, ahead of the quorum's {head}")
+        try:
+            self.replayer.replay_until(self._source(head), head, self.timeout)
+        except CatchUpError as e:
+            raise self._lost(head, e) from e
+        self._take_inputs(self._join_inputs)
+        return self.replayer.step
