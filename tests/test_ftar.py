@@ -67,7 +67,13 @@ def test_survivors_commit_every_step_when_a_replica_is_killed(cluster, die_in):
         assert failing["contributors"] == 3 and r0.steps[DIE_AT + 2]["contributors"] == 2
     else:
         assert failing["contributors"] == 2, failing
-        assert failing["abandoned"] >= 1, "the step should have been redone among the survivors"
+        # Either the survivors had entered the step with the victim and redid
+        # it among themselves, or the victim's death reached them first and
+        # they entered it in a newer quorum without it (a kill in the forward
+        # pass can be seen before the survivors' all-reduce starts).
+        redone = failing["abandoned"] >= 1
+        seen_first = failing["quorum"] > r0.steps[DIE_AT]["quorum"]
+        assert redone or seen_first, f"the step should have been redone among the survivors: {failing}"
     assert all(r0.steps[s]["contributors"] == 2 for s in range(DIE_AT + 2, STEPS + 1))
     # The survivors' next commit came quickly (detection by the closed stream).
     gap = failing["t"] - r0.steps[DIE_AT]["t"]
