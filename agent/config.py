@@ -101,6 +101,9 @@ class AgentConfig:
     stop_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
     """How long ranks get to exit after SIGTERM before they are SIGKILLed."""
 
+    hang_grace: float = dataclasses.field(default=5.0, metadata=DURATION)
+    """How long the ranks of a replica the coordinator took out as hung (coordinator/hang.py) get after SIGTERM before SIGKILL; their stack dumps are written as the notice arrives."""
+
     token_file: str = ""
     """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE) for their coordinator calls and catch-up transfers. Empty: no token."""
 
@@ -165,7 +168,7 @@ class AgentConfig:
             raise ConfigError(f"--backend must be gloo or nccl, got {self.backend!r}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must not be negative, got {self.max_restarts}")
-        for name in ("restart_backoff", "stop_timeout", "standby_delay"):
+        for name in ("restart_backoff", "stop_timeout", "standby_delay", "hang_grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
         if self.monitor_interval <= 0:

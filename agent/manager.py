@@ -21,21 +21,16 @@ A nanoGPT-style loop stays readable::
 
 The manager registers the replica with the coordinator, learns every
 membership change from its push (no coordinator call on a step where nothing
-changed) and hosts the rendezvous store its quorum groups use when it is the
-first member. A SIGTERM, or ``fthsdp drain``, makes the replica leave at the
-next step boundary; ``stopped`` then turns true and the script should exit 0.
-
-Data: either each replica trains on batch ``(step, replica_rank)`` (the global
-batch shrinks while a replica is out), or the script keeps the global batch
-constant and splits each step's batch by ``participation()`` (the survivors
-take a missing replica's share; agent/participation.py).
-
-Catch-up: a replica that starts behind the quorum (restarted by its agent, or
-new) gets its state from a healthy peer inside ``start()`` (agent/joiner.py),
-so the loop above needs nothing for it; every replica serves its state to
-joiners in turn (agent/catchup_server.py). The joiner replays the steps it
-missed through the same ``update`` (agent/replay.py); agent/train_state.py
-states the contract that makes that bit-identical.
+changed) and hosts the rendezvous store of the quorums it is the first member
+of. A SIGTERM, or ``fthsdp drain``, makes the replica leave at the next step
+boundary; ``stopped`` then turns true and the script should exit 0. Data
+sharding by ``(step, replica_rank)`` or by ``participation()``:
+agent/participation.py. A replica that starts behind the quorum catches up
+from a peer inside ``start()`` (agent/joiner.py) and replays the steps it
+missed through the same ``update`` (agent/replay.py; the contract that makes
+that bit-identical: agent/train_state.py). Where each process is in its step
+goes to the coordinator, which takes out a replica that others wait for past
+the hang limit (agent/step_clock.py, coordinator/hang.py).
 """
 
 from __future__ import annotations
@@ -60,6 +55,7 @@ from agent.checksum import StridedHistory, structure_hash
 from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.last_gap import LastGap, StateNotHeld
 from agent.grad_log import GradientLog
+from agent.hang_notice import HangNotices
 from agent.joiner import CatchUpReport, Joiner
 from agent.manager_config import ManagerConfig
 from agent.membership import Membership
@@ -68,11 +64,13 @@ from agent.participation import Participation, QuorumRecord
 from agent.replay import Replayer, combine_hex
 from agent.replica_group import ReplicaGroup
 from agent.standby import wait_for_activation
+from agent.step_clock import StepClock
 from agent.state_codec import local as _local
 from agent.train_state import ApiMisuse, TrainState, check_gradient, default_update, gradient_sample, step_outside_update
 from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
+from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 __all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation", "StateNotHeld"]
 
@@ -142,6 +140,9 @@ class Manager:
         self._step_hook = None
         self._eviction: EvictionWatch | None = None
         """Ranks of a multi-rank group: learns that the coordinator took the group out."""
+        self.clock = StepClock()
+        """Where this process is in its step, for the coordinator's hang verdicts (agent/step_clock.py)."""
+        self.hangs = HangNotices(config.replica_id, config.shard_rank, config.restart_count)
 
     @property
     def step(self) -> int:
@@ -235,6 +236,9 @@ class Manager:
         )
         self.membership.add_listener(self.tracker.update)
         self.membership.add_listener(self._quorums.record)
+        self.membership.add_listener(self.hangs)
+        self.membership.progress, self.membership.restart_count = self.clock.progress, cfg.restart_count
+        self.ftar.groups.horizon = self.hangs.horizon
         self.group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))
         tls = catchup_tls.server_context(self._catch_up_tls)
         self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate, tls=tls).start()
@@ -253,6 +257,14 @@ class Manager:
         else:
             self._following = True
             log.info("replica %s caught up to step %d; joining at its first all-reduce", cfg.replica_id, self.step)
+        self.clock.begin(self.step)
+
+    def section(self, name: str, timeout: float | None = None):
+        """``with ft.section("eval"):`` marks work that may take long
+        (evaluation, a checkpoint): inside, the coordinator allows it
+        ``timeout`` seconds (default: its --section-timeout) before counting
+        this replica hung, instead of the job's hang limit."""
+        return self.clock.section(name, timeout)
 
     def _admitted(self) -> None:
         if self._joiner is not None and not self._joiner.source_address:
@@ -316,6 +328,7 @@ class Manager:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
         if self.group is None:
             raise ApiMisuse("allreduce_gradients() before start()")
+        self.clock.arrive(self.step)
         contributes = True
         if self._following:
             # Caught up, not yet admitted: follow the members until a quorum
@@ -344,7 +357,7 @@ class Manager:
         try:
             result = self.ftar.allreduce(
                 self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
-                control_slots=True, idle=self.gap.while_waiting, serve=self.gap.serve,
+                control_slots=True, idle=self.gap.while_waiting, serve=self._serve,
             )
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
@@ -404,7 +417,9 @@ class Manager:
         if last.contributors == 0:
             self.optimizer.zero_grad(set_to_none=True)
             log.warning("step %d: no member contributed a gradient (quorum %d); it is run again", self.step, last.quorum_id)
+            self.clock.begin(self.step)
             return False
+        self.clock.working(pb.PHASE_UPDATE, self.step)
         check_gradient(self._params[0], self._sentinel)
         with self.replayer.updating(last.contributors):
             self._update()
@@ -443,7 +458,16 @@ class Manager:
         if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
             self.close("drained")
+        self.clock.begin(self.step)
         return True
+
+    def _serve(self, request):
+        """FTAR's requests of a joiner (agent/last_gap.py): its own work, not a wait for the others."""
+        self.clock.working(pb.PHASE_UPDATE, self.step)
+        try:
+            return self.gap.serve(request)
+        finally:
+            self.clock.arrive(self.step)
 
     def _raise_if_evicted(self) -> None:
         """Another rank of this group died and the coordinator took the group
@@ -472,11 +496,6 @@ class Manager:
     def report_progress(self, done: int, total: int) -> None:
         if self.leader:
             self.membership.catch_up_progress = (done, total)
-
-    def group_checksum(self) -> str:
-        """The state checksum of this replica group (a collective: every rank
-        of the group calls it at the same point; agent/train_state.py)."""
-        return combine_hex(self.replayer.part_checksums(self.group))
 
     @property
     def checksum(self) -> str:

@@ -78,6 +78,10 @@ class ManagerConfig:
     for the joiner to replay; a joiner that falls further behind takes a
     fresh snapshot."""
 
+    restart_count: int = 0
+    """How often the node agent restarted this replica group before this
+    process (FTHSDP_RESTART_COUNT): names the incarnation that a hang notice is for."""
+
     def __post_init__(self) -> None:
         if not self.coordinator:
             raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
@@ -115,6 +119,7 @@ class ManagerConfig:
                 catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
+                restart_count=int(get("RESTART_COUNT", "0")),
             )
         except ValueError as e:
             raise ConfigError(f"bad FTHSDP_* setting: {e}") from e

@@ -64,6 +64,10 @@ class Membership:
         """This replica's catch-up servers, one per shard rank, sent when registering."""
         self.catch_up_progress: tuple[int, int] = (0, 0)
         """Snapshot bytes received and expected while catching up."""
+        self.progress: Callable[[], pb.Progress] | None = None
+        """Where the training thread is in its step (agent/step_clock.py), sent with every heartbeat."""
+        self.restart_count = 0
+        """This process's incarnation (FTHSDP_RESTART_COUNT), sent when registering."""
         self._beat_now = threading.Event()
         self.training_quorum_id = 0
         """The quorum this process trains in; sent when it re-registers."""
@@ -96,7 +100,8 @@ class Membership:
 
     def _ping_loop(self) -> None:
         while True:
-            request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank)
+            request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank,
+                                          step=self.step, progress=self.progress() if self.progress else None)
             try:
                 self._beats.send(request)
             except (RequestRejected, CoordinatorUnavailable) as e:
@@ -196,6 +201,7 @@ class Membership:
             step=self.step,
             quorum_id=self.training_quorum_id,
             catch_up_addresses=self.catch_up_addresses,
+            restart_count=self.restart_count,
         )
         call = open_session(self.client, register)
         self._call, self._session = call, call.session_id
@@ -224,6 +230,7 @@ class Membership:
                 catch_up_bytes=done,
                 catch_up_total_bytes=total,
                 catching_up=self.catching_up,
+                progress=self.progress() if self.progress else None,
             ))
 
     def _session_loop(self) -> None:

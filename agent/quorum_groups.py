@@ -149,6 +149,14 @@ class QuorumGroups:
         """The growth quorum every member agreed to switch to at this step."""
         self._called: float | None = None
         self._intervals: list[float] = []
+        self.horizon: Callable[[], float] = lambda: 0.0
+        """How long the coordinator may take to blame a hung member (from its
+        push): no collective gives up before it, whatever ``timeout`` says,
+        so that the members waiting for a hung peer are never the ones that leave."""
+
+    def _deadline(self, deadline: float) -> float:
+        """``deadline`` (an operation's start plus ``timeout``) stretched to the horizon."""
+        return deadline - self.timeout + max(self.timeout, self.horizon())
 
     def note_step(self, now: float) -> None:
         """One step began now: the recent step times set the patience."""
@@ -286,8 +294,11 @@ class QuorumGroups:
         while not work.is_completed():
             if self._leave_for(group.quorum_id, since):
                 return NEWER
-            if time.monotonic() > deadline:
-                raise FtarTimeout(f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came")
+            if time.monotonic() > deadline and time.monotonic() > self._deadline(deadline):
+                raise FtarTimeout(
+                    f"a collective in quorum {group.quorum_id} did not finish and no newer quorum came in "
+                    f"{max(self.timeout, self.horizon()):.0f}s, and the coordinator blamed no member for it"
+                )
             if idle is not None:
                 idle()
                 continue
@@ -305,7 +316,7 @@ class QuorumGroups:
         log.warning("collective in quorum %d failed (%s); waiting for a newer quorum", quorum_id, cause)
         with self.tracker.cond:
             while self.tracker.newest_id() <= quorum_id:
-                left = deadline - time.monotonic()
+                left = self._deadline(deadline) - time.monotonic()
                 if left <= 0:
                     raise FtarTimeout(f"a collective in quorum {quorum_id} failed ({cause}) and no newer quorum came")
                 self.tracker.cond.wait(left)
@@ -335,7 +346,7 @@ class QuorumGroups:
             while not done.is_set():
                 if self._leave_for(quorum_id, since):
                     return NEWER
-                left = deadline - time.monotonic()
+                left = self._deadline(deadline) - time.monotonic()
                 if left <= 0:
                     raise FtarTimeout(f"building the group of quorum {quorum_id} did not finish and no newer quorum came")
                 self.tracker.cond.wait(min(left, 0.1) if since else left)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from agent import standby
 from agent.config import MAX_BACKOFF, AgentConfig
+from agent.hang_watch import HangWatch
 from agent.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
 from coordinator.credentials import read_token_file
 from coordinator.log_format import configure_logging
@@ -237,6 +238,8 @@ class Supervisor:
         """The warm standby group (--standby): each rank with the pipe that activates it."""
         self._fast_failures = 0
         self._running_since = 0.0
+        self._hangs: HangWatch | None = None
+        """The coordinator's hang notices for this replica (agent/hang_watch.py)."""
 
     def request_stop(self) -> None:
         """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
@@ -246,9 +249,10 @@ class Supervisor:
         """Supervise until SUCCEEDED (returns 0) or GAVE_UP (returns 1)."""
         reporter = None
         if self._report is None:
-            reporter = self._report = Reporter(
-                self.config.coordinators, read_token_file(self.config.token_file), self.config.tls
-            )
+            token = read_token_file(self.config.token_file)
+            reporter = self._report = Reporter(self.config.coordinators, token, self.config.tls)
+            self._hangs = HangWatch(self.config.coordinators, self.config.job, self.config.replica_id, token,
+                                    self.config.tls)
         self._stop.install()
         try:
             return self._supervise()
@@ -257,6 +261,8 @@ class Supervisor:
             if any(rank.poll() is None for rank in self._ranks):  # only on an unexpected exception
                 stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
             self._stop.close()
+            if self._hangs is not None:
+                self._hangs.close()
             if reporter is not None:
                 reporter.close()
 
@@ -283,7 +289,8 @@ class Supervisor:
                 self._transition(AgentState.SUCCEEDED, "every local rank exited 0")
                 return 0
             self._transition(AgentState.FAILED, failure)  # reported before the others are stopped
-            stop_ranks(self._ranks, cfg.stop_timeout, cfg.monitor_interval)
+            hung = self._hangs is not None and self._hangs.notice_for(self.restart_count) is not None
+            stop_ranks(self._ranks, cfg.hang_grace if hung else cfg.stop_timeout, cfg.monitor_interval)
             if self._stop.requested:
                 return self._stop_without_restart()
             if self.restart_count >= cfg.max_restarts:
@@ -371,6 +378,10 @@ class Supervisor:
             if standby_due is not None and time.monotonic() >= standby_due:
                 standby_due = None  # once per start: a standby that dies is not restarted in a loop
                 self._spawn_standby()
+            hung = self._hangs.notice_for(self.restart_count) if self._hangs is not None else None
+            if hung is not None:
+                log.error("the coordinator took replica %s out: %s; ending its ranks", self.config.replica_id, hung)
+                return f"taken out by the coordinator ({hung})"
             codes = [rank.poll() for rank in self._ranks]
             for rank, code in zip(self._ranks, codes):
                 if code is not None and code != 0:

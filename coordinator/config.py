@@ -6,6 +6,7 @@ import dataclasses
 
 from coordinator.credentials import TlsFiles, read_token_file
 from coordinator.errors import ConfigError
+from coordinator.hang import HangRules
 from coordinator.log_format import check_log_format
 from coordinator.names import MAX_JOB_LEN, name_problem, split_host_port
 from coordinator.quorum import Rules
@@ -60,6 +61,24 @@ class CoordinatorConfig:
     leader_ttl: float = dataclasses.field(default=3.0, metadata=DURATION)
     """Lease on the leader's key in the store: several coordinators on one etcd elect one leader, and when it dies another takes over within about 4/3 of this."""
 
+    hang_multiple: float = 5.0
+    """A member that makes no progress while others wait for it in the all-reduce for this many times the job's median step time is hung: it is taken out of the quorum and its agent ends and restarts it (coordinator/hang.py)."""
+
+    hang_floor: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """The hang limit is never shorter than this (a short step time must not turn a hiccup, a GC pause or a slow read into a restart)."""
+
+    hang_ceiling: float = dataclasses.field(default=300.0, metadata=DURATION)
+    """The hang limit is never longer than this; it is also the limit before any step time is known (the first step, with its compilation)."""
+
+    section_timeout: float = dataclasses.field(default=1800.0, metadata=DURATION)
+    """The limit inside a section the training script marked as long (Manager.section: evaluation, a checkpoint) when the script gives none."""
+
+    straggler_multiple: float = 0.0
+    """Straggler policy: take out and cordon a member whose compute time is this many times the other members' median for --straggler-steps steps, so that the job trains on without it until an operator replaces the node and uncordons it. 0: off (scores are still shown)."""
+
+    straggler_steps: int = 50
+    """How many steps in a row a member must be that slow before the straggler policy takes it out."""
+
     tick_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
     """How often the quorum decision is re-evaluated when nothing else triggers it."""
 
@@ -109,6 +128,15 @@ class CoordinatorConfig:
         for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval", "leader_ttl"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        for name in ("hang_multiple", "hang_floor", "hang_ceiling", "section_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name):g}")
+        if self.hang_floor > self.hang_ceiling:
+            raise ConfigError(f"--hang-floor ({self.hang_floor:g}s) must not exceed --hang-ceiling ({self.hang_ceiling:g}s)")
+        if self.straggler_multiple != 0 and self.straggler_multiple <= 1:
+            raise ConfigError(f"--straggler-multiple must be above 1 (0: off), got {self.straggler_multiple:g}")
+        if self.straggler_steps < 1:
+            raise ConfigError(f"--straggler-steps must be at least 1, got {self.straggler_steps}")
         for name in ("join_timeout", "join_settle"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
@@ -134,6 +162,11 @@ class CoordinatorConfig:
     @property
     def tls(self) -> TlsFiles:
         return TlsFiles(self.tls_ca, self.tls_cert, self.tls_key)
+
+    @property
+    def hang_rules(self) -> HangRules:
+        return HangRules(self.hang_multiple, self.hang_floor, self.hang_ceiling, self.section_timeout,
+                         self.straggler_multiple, self.straggler_steps)
 
     @property
     def rules(self) -> Rules:

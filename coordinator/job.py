@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import secrets
 
+from coordinator import replica_status
 from coordinator.errors import InvalidRequest, NotFound, StaleSession
-from coordinator.quorum import CatchUpSource, Decision, Quorum, Rules, decide, find_diverged, lost_at
-from coordinator.replica_entry import ReplicaEntry
+from coordinator.hang import HangRules
+from coordinator.progress import ProgressBook
+from coordinator.quorum import CatchUpSource, Decision, Quorum, Rules, decide, find_diverged
+from coordinator.replica_entry import ReplicaEntry, seed_entries
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 
@@ -26,9 +29,15 @@ _AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_ST
 class JobState:
     """Membership, heartbeats and the current quorum of one job."""
 
-    def __init__(self, name: str, rules: Rules) -> None:
+    def __init__(self, name: str, rules: Rules, hang_rules: HangRules = HangRules()) -> None:
         self.name = name
         self.rules = rules
+        self.progress = ProgressBook(hang_rules)
+        """Every process's progress, and the hang and straggler verdicts (coordinator/progress.py)."""
+        self.hang_horizon = hang_rules.ceiling
+        """What watchers were last told of the longest a member may go without progress."""
+        self.horizon_moved = False
+        """The last ``check_progress`` moved the horizon: watchers must hear of it."""
         self.quorum: Quorum | None = None
         self.quorum_revision = 0
         self.replicas: dict[str, ReplicaEntry] = {}
@@ -83,29 +92,7 @@ class JobState:
         reconnects in time."""
         self.set_quorum(quorum, quorum_revision)
         self.committed_step = committed_step
-        steps = dict(self._members)
-        for rid, (rec, rev) in records.items():
-            self.replicas[rid] = ReplicaEntry(
-                replica_id=rid,
-                address=rec.address,
-                world_size=rec.world_size or 1,
-                step=steps[rid].step if rid in steps else 0,
-                registered_at=now,
-                last_heartbeat=now,
-                cordoned=rec.cordoned,
-                drain_requested=rec.drain_requested,
-                record_revision=rev,
-            )
-        for rid, member in steps.items():
-            if rid not in self.replicas:
-                self.replicas[rid] = ReplicaEntry(
-                    replica_id=rid,
-                    address=member.address,
-                    world_size=member.world_size,
-                    step=member.step,
-                    registered_at=now,
-                    last_heartbeat=now,
-                )
+        self.replicas.update(seed_entries(self._members, records, now))
 
     # ----- replica calls -------------------------------------------------------------
 
@@ -134,6 +121,7 @@ class JobState:
         now: float,
         record_revision: int | None = None,
         catch_up_addresses: tuple[str, ...] = (),
+        restart_count: int = 0,
     ) -> str:
         """Register a new incarnation of a replica and return its session id.
 
@@ -154,7 +142,9 @@ class JobState:
         self._senders = None
         entry.registered_at = entry.last_heartbeat = now
         entry.heard_from, entry.beating = True, False
-        entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = None
+        entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
+        entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
+        self.progress.forget(replica_id)
         entry.checksums.clear()
         # Every other rank of the group must ping within a heartbeat timeout
         # of the registration, or the group counts as silent.
@@ -181,10 +171,13 @@ class JobState:
         shard_rank: int = 0,
         catch_up_progress: tuple[int, int] = (0, 0),
         catching_up: bool = False,
+        progress: pb.Progress | None = None,
     ) -> pb.HeartbeatResponse:
         if shard_rank > 0:
-            return self._rank_ping(replica_id, shard_rank, now)
+            return self._rank_ping(replica_id, shard_rank, now, progress)
         entry = self._session(replica_id, session_id)
+        if progress is not None:
+            self.progress.report(replica_id, 0, progress, now)
         if ready != (entry.ready_since is not None):
             self.dirty = True
         elif replica_id not in self._members:
@@ -212,13 +205,15 @@ class JobState:
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
         )
 
-    def _rank_ping(self, replica_id: str, shard_rank: int, now: float) -> pb.HeartbeatResponse:
+    def _rank_ping(self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None) -> pb.HeartbeatResponse:
         entry = self.replicas.get(replica_id)
         if entry is None or entry.session_id is None:
             raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
         if shard_rank >= entry.world_size:
             raise InvalidRequest(f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
         entry.rank_heartbeats[shard_rank] = now
+        if progress is not None:
+            self.progress.report(replica_id, shard_rank, progress, now)
         return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested)
 
     def watch_opened(self, replica_id: str, session_id: str) -> None:
@@ -308,6 +303,33 @@ class JobState:
                 self.dirty = True
         return flagged
 
+    def check_progress(self, now: float) -> tuple[dict[str, str], dict[str, str]]:
+        """Take out the members that are hung (coordinator/hang.py); returns
+        them, and the stragglers the policy takes out (the caller cordons
+        them first), each with why. Also says whether watchers must hear of
+        a new hang horizon (``horizon_moved``)."""
+        if self.quorum is None:
+            return {}, {}
+        live = [rid for rid in self._members if self._live_member(rid)]
+        hung, stragglers = self.progress.look(live, {rid: self.replicas[rid].step for rid in live}, now)
+        for rid, why in hung.items():
+            self.mark_hung(rid, why, now)
+        horizon = self.progress.horizon(live)
+        self.horizon_moved = abs(horizon - self.hang_horizon) >= 1.0 or horizon > self.hang_horizon
+        self.hang_horizon = horizon
+        return hung, stragglers
+
+    def mark_hung(self, replica_id: str, why: str, now: float) -> None:
+        """Take a member out for making no progress (or as a straggler): the
+        next decision drops it, and its watchers (its node agents) are told."""
+        entry = self.replicas[replica_id]
+        entry.hung_at, entry.hung_reason, entry.notice = now, why, why
+        self.dirty = True
+
+    def _live_member(self, rid: str) -> bool:
+        e = self.replicas.get(rid)
+        return e is not None and e.session_id is not None and not e.restarted and e.hung_at is None
+
     def needs_decision(self, now: float) -> bool:
         """Whether deciding now could change anything: something changed since
         the quorum was last found settled, or a heartbeat timeout ran out. At
@@ -366,6 +388,7 @@ class JobState:
         if decision.state_ended:
             self.committed_step = 0  # its members ended the state on purpose: the next ones start over
         if quorum is not None:
+            self._notice_silent(quorum, decision)
             self.set_quorum(quorum, revision)
             for m in quorum.members:
                 entry = self.replicas.get(m.replica_id)
@@ -375,6 +398,16 @@ class JobState:
         self.catch_up = dict(decision.catch_up)
         self.reason = decision.reason
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
+
+    def _notice_silent(self, quorum: Quorum, decision: Decision) -> None:
+        """Members dropped for silence whose session still stands (a stopped
+        process keeps its connections open): their agents must end them."""
+        kept = set(quorum.member_ids)
+        for rid in self._members:
+            e = self.replicas.get(rid)
+            if rid not in kept and e is not None and e.session_id is not None and not e.notice and e.hung_at is None:
+                if e.disconnected_at is None and e.failed_at is None and not e.restarted and e.diverged_at is None:
+                    e.notice = f"taken out of quorum {quorum.id}: no heartbeat for {self.rules.heartbeat_timeout:g}s (stopped?)"
 
     def lost_step_now(self, now: float) -> int:
         """The step at which the state is lost as of ``now`` (0: not lost),
@@ -392,43 +425,10 @@ class JobState:
     # ----- views ---------------------------------------------------------------------
 
     def replica_state(self, entry: ReplicaEntry, now: float) -> int:
-        if lost_at(entry.view(), now, self.rules) is not None:
-            return pb.REPLICA_STATE_FAILED
-        if entry.drain_requested:
-            return pb.REPLICA_STATE_DRAINING
-        if entry.replica_id in self._members and not entry.restarted:
-            return pb.REPLICA_STATE_HEALTHY
-        if entry.replica_id in self.catch_up and entry.ready_since is None:
-            return pb.REPLICA_STATE_CATCHING_UP
-        return pb.REPLICA_STATE_JOINING
+        return replica_status.state_of(self, entry, now)
 
     def replica_statuses(self, now: float) -> list[pb.ReplicaStatus]:
-        out = []
-        for rid in sorted(self.replicas):
-            e = self.replicas[rid]
-            source = self.catch_up.get(rid)
-            agent_state, restarts, agent_detail = self.agents.get(rid, (0, 0, ""))
-            out.append(
-                pb.ReplicaStatus(
-                    replica_id=rid,
-                    state=self.replica_state(e, now),
-                    step=e.step,
-                    heartbeat_age_s=round(now - e.last_heartbeat, 3) if e.heard_from else -1.0,
-                    address=e.address,
-                    state_checksum=e.state_checksum,
-                    checksum_step=e.checksum_step,
-                    world_size=e.world_size,
-                    cordoned=e.cordoned,
-                    catch_up_source=source.replica_id if source else "",
-                    agent_state=agent_state,
-                    restart_count=restarts,
-                    agent_detail=agent_detail,
-                    checksum_mismatch_step=e.diverged_at or 0,
-                    catch_up_bytes=e.catch_up_progress[0],
-                    catch_up_total_bytes=e.catch_up_progress[1],
-                )
-            )
-        return out
+        return replica_status.statuses(self, now)
 
     def watch_event(self, replica_id: str, leader: str) -> pb.WatchEvent:
         """What is particular to one watcher (its place in the quorum,
@@ -445,8 +445,11 @@ class JobState:
         # old place and train on from its own step.
         if rank is not None and entry is not None and entry.session_id is not None and not entry.restarted:
             event.place.rank = rank
+        event.hang_limit_s = self.hang_horizon
         if entry is not None:
             event.drain_requested = entry.drain_requested
+            if entry.notice:
+                event.hang.CopyFrom(pb.HangNotice(reason=entry.notice, restart_count=entry.restart_count, step=entry.step))
             source = self.catch_up.get(replica_id)
             if source is not None:
                 event.catch_up.CopyFrom(

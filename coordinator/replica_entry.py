@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from coordinator.quorum import ReplicaView
+from collections.abc import Mapping
+
+from coordinator.quorum import Member, ReplicaView
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 
@@ -44,6 +46,13 @@ class ReplicaEntry:
     """Rank 0 has heartbeated since this registration (not before: not admitted)."""
     first_heartbeat: float = 0.0
     """When it did first."""
+    restart_count: int = 0
+    """Its agent's restart count when this incarnation registered."""
+    hung_at: float | None = None
+    hung_reason: str = ""
+    """Taken out for making no progress, or as a straggler (coordinator/hang.py)."""
+    notice: str = ""
+    """What its watchers (its node agents) are told: why it must be ended."""
 
     def view_heartbeat(self) -> float:
         """The replica is as alive as its most silent rank."""
@@ -69,6 +78,8 @@ class ReplicaEntry:
             diverged=self.diverged_at is not None,
             cordoned=self.cordoned,
             drain_requested=self.drain_requested,
+            hung_at=self.hung_at,
+            hung=self.hung_reason,
         )
 
     def record(self, registered_unix_ms: int = 0) -> pb.ReplicaRecord:
@@ -80,3 +91,36 @@ class ReplicaEntry:
             drain_requested=self.drain_requested,
             registered_unix_ms=registered_unix_ms,
         )
+
+
+def seed_entries(
+    members: Mapping[str, Member], records: Mapping[str, tuple[pb.ReplicaRecord, int]], now: float
+) -> dict[str, ReplicaEntry]:
+    """The entries of a job loaded from the store after a (re)start: every
+    stored record and every member of the stored quorum, presumed alive
+    (heard from ``now``) for one heartbeat timeout, so that a coordinator
+    restart drops nobody who reconnects in time."""
+    out = {}
+    for rid, (rec, rev) in records.items():
+        out[rid] = ReplicaEntry(
+            replica_id=rid,
+            address=rec.address,
+            world_size=rec.world_size or 1,
+            step=members[rid].step if rid in members else 0,
+            registered_at=now,
+            last_heartbeat=now,
+            cordoned=rec.cordoned,
+            drain_requested=rec.drain_requested,
+            record_revision=rev,
+        )
+    for rid, member in members.items():
+        if rid not in out:
+            out[rid] = ReplicaEntry(
+                replica_id=rid,
+                address=member.address,
+                world_size=member.world_size,
+                step=member.step,
+                registered_at=now,
+                last_heartbeat=now,
+            )
+    return out

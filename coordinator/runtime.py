@@ -12,30 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from coordinator import committed
-from coordinator.broadcast import Broadcast
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, UnknownJob
-from coordinator.heartbeat_pace import HeartbeatPacer
 from coordinator.gauges import job_gauges
-from coordinator.job import JobState
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import Metrics
 from coordinator.quorum import Decision, Quorum, names, next_last_drop_id, settle_for
+from coordinator.served_job import ServedJob
 from coordinator.store import Store
-from coordinator.watch_events import HEADER, WatchEvents
+from coordinator.watch_events import HEADER
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
-
-HISTORY_LENGTH = 200
-"""Quorum changes kept per job for the status page (the store keeps only the current one)."""
-
 
 BACKLOG_EVERY = 0.5
 """Seconds between measurements of the heartbeat backlog."""
@@ -43,46 +36,6 @@ BACKLOG_EVERY = 0.5
 POLL_GAP_PER_COST = 19.0
 """An unsettled decision is taken again after this many times what it cost
 (so polling takes at most a twentieth of the coordinator's time)."""
-
-
-class _Job:
-    """A JobState plus what the runtime keeps beside it."""
-
-    def __init__(self, name: str, config: CoordinatorConfig) -> None:
-        self.state = JobState(name, config.rules)
-        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
-        self.keys = JobKeys(config.store_prefix, name)
-        self.committed = committed.CommittedRecord(self.keys)
-        """The stored committed step (coordinator/committed.py)."""
-        self.epoch = 0
-        self.events = WatchEvents()
-        """The current quorum and what watchers are sent (coordinator/watch_events.py)."""
-        self.lock = asyncio.Lock()  # serialises this job's store writes
-        self.backlog = 0.0
-        """How late the typical replica's heartbeats arrive (coordinator/loop_lag.py), measured every BACKLOG_EVERY."""
-        self.backlog_at = float("-inf")
-        self.change_since: float | None = None
-        """When a decision first said the membership must change (for the formation latency)."""
-        self.changes = Broadcast()
-        """Wakes the watchers, a batch per turn of the loop (coordinator/broadcast.py)."""
-        self.logged_reason = ""
-        self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
-        """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
-
-    def remember(self, quorum: Quorum) -> None:
-        self.history.append({"id": quorum.id, "members": list(quorum.member_ids), "reason": quorum.reason,
-                             "time": quorum.created_unix_ms / 1000})
-
-    @property
-    def quorum_pb(self) -> pb.Quorum | None:
-        return self.events.quorum
-
-    def set_quorum(self, quorum_pb: pb.Quorum | None) -> None:
-        self.events.update(quorum_pb)
-
-    def notify(self) -> None:
-        """Wake every watcher."""
-        self.changes.notify()
 
 
 class CoordinatorRuntime:
@@ -99,7 +52,7 @@ class CoordinatorRuntime:
         self.leader = leader
         self.clock = clock
         self.wall = wall
-        self.jobs = {name: _Job(name, config) for name in config.job}
+        self.jobs = {name: ServedJob(name, config) for name in config.job}
         self.metrics = Metrics()
         self.metrics.gauges = lambda: job_gauges(self.jobs.values(), self.lag, self.clock())
         for name in self.jobs:  # every series exists from the start, at 0
@@ -137,7 +90,7 @@ class CoordinatorRuntime:
                 except asyncio.CancelledError:
                     pass
 
-    async def _load(self, job: _Job) -> None:
+    async def _load(self, job: ServedJob) -> None:
         keys = job.keys
         job.epoch = await asyncio.to_thread(self._bump_epoch, keys)
         stored = await asyncio.to_thread(self.store.get, keys.quorum)
@@ -176,7 +129,7 @@ class CoordinatorRuntime:
 
     # ----- lookups -------------------------------------------------------------------
 
-    def job(self, name: str) -> _Job:
+    def job(self, name: str) -> ServedJob:
         if not self.leading:
             raise NotLeader(f"this coordinator follows {self.leader_hint or 'the leader'}; ask the leader")
         if not name and len(self.jobs) == 1:
@@ -202,7 +155,7 @@ class CoordinatorRuntime:
                 revision = await self._write_record(job, rec, expected)
             session = job.state.register(
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
-                tuple(req.catch_up_addresses),
+                tuple(req.catch_up_addresses), req.restart_count,
             )
         log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step, req.quorum_id)
         if job.state.is_member(req.replica_id):
@@ -228,6 +181,7 @@ class CoordinatorRuntime:
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
+            req.progress if req.HasField("progress") else None,
         )
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
@@ -318,6 +272,8 @@ class CoordinatorRuntime:
             committed_step=job.state.committed_step,
             state_lost_step=job.state.state_lost_step,
             state_lost_reason=job.state.state_lost,
+            hang_limit_s=job.state.progress.limit,
+            median_step_time_s=job.state.progress.median_step,
         )
         if job.quorum_pb is not None:
             response.quorum.CopyFrom(job.quorum_pb)
@@ -345,7 +301,7 @@ class CoordinatorRuntime:
         job.notify()
         self.wake()
 
-    async def _write_record(self, job: _Job, rec: pb.ReplicaRecord, expected: int) -> int:
+    async def _write_record(self, job: ServedJob, rec: pb.ReplicaRecord, expected: int) -> int:
         key = job.keys.replica(rec.replica_id)
         result = await self._store(self.store.compare_and_set, key, rec.SerializeToString(), expected)
         if not result.succeeded:
@@ -381,12 +337,13 @@ class CoordinatorRuntime:
                 except Exception:  # the loop must survive anything one job does
                     log.exception("job %s: quorum evaluation failed", job.state.name)
 
-    async def evaluate(self, job: _Job) -> None:
+    async def evaluate(self, job: ServedJob) -> None:
         async with job.lock:
             if self._stopped:
                 return
             for rid, step in job.state.check_checksums().items():
                 log.warning("job %s: replica %s's state checksum disagrees at step %d; it must catch up", job.state.name, rid, step)
+            await self._take_out_hung(job)
             self._pace(job)
             if not job.state.needs_decision(self.clock()):
                 return
@@ -434,7 +391,27 @@ class CoordinatorRuntime:
             if committed.report_transition(job.state, lost_before, ended) or quorum is not None or before != job.state.catch_up:
                 job.notify()
 
-    def _pace(self, job: _Job) -> None:
+    async def _take_out_hung(self, job: ServedJob) -> None:
+        """Members that others waited for past the hang limit, and stragglers
+        (cordoned first, in the store, so that they are not admitted again)."""
+        hung, stragglers = job.state.check_progress(self.clock())
+        for rid, why in hung.items():
+            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
+                      extra={"event": "hang", "job": job.state.name, "replica": rid, "reason": why})
+        for rid, why in stragglers.items():
+            try:
+                rec, expected = job.state.admin_record(rid, cordoned=True)
+                job.state.apply_record(rec, await self._write_record(job, rec, expected))
+            except (StoreUnavailable, LostOwnership) as e:
+                log.warning("job %s: straggler %s not taken out, it could not be cordoned: %s", job.state.name, rid, e)
+                continue
+            job.state.mark_hung(rid, why, self.clock())
+            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
+                      extra={"event": "straggler", "job": job.state.name, "replica": rid, "reason": why})
+        if job.state.horizon_moved:
+            job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
+
+    def _pace(self, job: ServedJob) -> None:
         """Stretch the heartbeat interval (and timeout) to the budget; watchers
         are told a new interval at once."""
         before = job.pacer.current
@@ -454,7 +431,7 @@ class CoordinatorRuntime:
                      job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)
             job.notify()
 
-    async def _publish(self, job: _Job, decision: Decision) -> tuple[Quorum, int]:
+    async def _publish(self, job: ServedJob, decision: Decision) -> tuple[Quorum, int]:
         prev = job.state.quorum
         members = decision.members or ()
         new_id = (prev.id if prev else 0) + 1
@@ -481,7 +458,7 @@ class CoordinatorRuntime:
             job.notify()
         raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding")
 
-    def _log_reason(self, job: _Job, reason: str) -> None:
+    def _log_reason(self, job: ServedJob, reason: str) -> None:
         if reason != job.logged_reason:
             log.info("job %s: %s", job.state.name, reason)
             job.logged_reason = reason

@@ -136,6 +136,12 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def hang() -> None:
+    """Block this (the training) thread forever; the heartbeat threads live on."""
+    print(json.dumps({"hanging": os.getpid(), "t": time.monotonic()}), flush=True)
+    threading.Event().wait()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=10)
@@ -145,6 +151,13 @@ def main() -> int:
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--die-in", choices=("forward", "allreduce", "commit"), default="forward")
     p.add_argument("--die-after", type=float, default=0.005, help="seconds into the all-reduce")
+    p.add_argument("--hang-at", type=int, default=-1, help="block forever during this step (first incarnation only)")
+    p.add_argument("--hang-in", choices=("data", "backward", "update", "section"), default="backward",
+                   help="where: fetching the batch, after backward (before the all-reduce), inside the update, "
+                        "or in a marked section before the all-reduce")
+    p.add_argument("--section-at", type=int, default=-1, help="run a marked 'eval' section of --section-s at this step")
+    p.add_argument("--section-s", type=float, default=3.0)
+    p.add_argument("--slow", type=float, default=0.0, help="seconds of extra compute per step (a straggler)")
     p.add_argument("--save", default="")
     p.add_argument("--names", choices=("plain", "renamed"), default="plain")
     p.add_argument("--corrupt-at", type=int, default=-1, help="silently perturb a weight after this step")
@@ -166,6 +179,13 @@ def main() -> int:
         optimizer, update, state, forward_backward = full_loop(model, args.amp, args.replay_delay, lambda: ft.replaying)
     else:
         optimizer, update, state, forward_backward = make_optimizer(model), None, None, None
+    first_incarnation = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
+    if args.hang_in == "update" and args.hang_at >= 0 and update is None:
+        def update():  # the default update, with the hang inside
+            if first_incarnation and ft.step == args.hang_at and not ft.replaying:
+                hang()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     ft = Manager.from_env(model, optimizer, update=update, state=state)
     if args.corrupt_first_replay:
         replay, corrupted = ft.replay, []
@@ -183,6 +203,14 @@ def main() -> int:
                       "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
     while ft.step < args.steps and not ft.stopped:
         dying = ft.step == args.die_at
+        hanging = first_incarnation and ft.step == args.hang_at
+        if hanging and args.hang_in == "data":
+            hang()
+        if ft.step == args.section_at:
+            with ft.section("eval"):
+                time.sleep(args.section_s)  # the work of the section (an evaluation), not a synchronisation
+        if args.slow:
+            time.sleep(args.slow)  # a straggler's slower compute
         x, y = batch(ft.step, ft.replica_rank, args.hidden, args.seed)
         if dying and args.die_in == "forward" and forward_backward is None:
             die()
@@ -192,6 +220,11 @@ def main() -> int:
         else:
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
+        if hanging and args.hang_in == "backward":
+            hang()
+        if hanging and args.hang_in == "section":
+            with ft.section("stuck", timeout=2.0):
+                hang()
         if dying and args.die_in == "allreduce":
             threading.Timer(args.die_after, die).start()
         result = ft.allreduce_gradients()

@@ -16,6 +16,15 @@ class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLICA_STATE_FAILED: _ClassVar[ReplicaState]
     REPLICA_STATE_DRAINING: _ClassVar[ReplicaState]
 
+class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHASE_UNSPECIFIED: _ClassVar[Phase]
+    PHASE_COMPUTE: _ClassVar[Phase]
+    PHASE_ALLREDUCE: _ClassVar[Phase]
+    PHASE_UPDATE: _ClassVar[Phase]
+    PHASE_SECTION: _ClassVar[Phase]
+    PHASE_STARTING: _ClassVar[Phase]
+
 class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     AGENT_STATE_UNSPECIFIED: _ClassVar[AgentState]
@@ -32,6 +41,12 @@ REPLICA_STATE_HEALTHY: ReplicaState
 REPLICA_STATE_CATCHING_UP: ReplicaState
 REPLICA_STATE_FAILED: ReplicaState
 REPLICA_STATE_DRAINING: ReplicaState
+PHASE_UNSPECIFIED: Phase
+PHASE_COMPUTE: Phase
+PHASE_ALLREDUCE: Phase
+PHASE_UPDATE: Phase
+PHASE_SECTION: Phase
+PHASE_STARTING: Phase
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_STATE_STARTING: AgentState
 AGENT_STATE_RUNNING: AgentState
@@ -106,7 +121,7 @@ class CatchUp(_message.Message):
     def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses")
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +129,7 @@ class RegisterRequest(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     address: str
@@ -121,7 +137,8 @@ class RegisterRequest(_message.Message):
     step: int
     quorum_id: int
     catch_up_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    restart_count: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
@@ -146,7 +163,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +177,7 @@ class HeartbeatRequest(_message.Message):
     CATCH_UP_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CATCHING_UP_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -173,7 +191,26 @@ class HeartbeatRequest(_message.Message):
     catch_up_total_bytes: int
     catching_up: bool
     ack: bool
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ...) -> None: ...
+    progress: Progress
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("phase", "phase_age_s", "step", "step_time_s", "compute_time_s", "section", "section_timeout_s")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    SECTION_FIELD_NUMBER: _ClassVar[int]
+    SECTION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    phase: Phase
+    phase_age_s: float
+    step: int
+    step_time_s: float
+    compute_time_s: float
+    section: str
+    section_timeout_s: float
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., section: _Optional[str] = ..., section_timeout_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("quorum_id", "drain_requested")
@@ -214,7 +251,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +261,8 @@ class WatchEvent(_message.Message):
     DELTA_FIELD_NUMBER: _ClassVar[int]
     PLACE_FIELD_NUMBER: _ClassVar[int]
     STATE_LOST_STEP_FIELD_NUMBER: _ClassVar[int]
+    HANG_FIELD_NUMBER: _ClassVar[int]
+    HANG_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -233,7 +272,19 @@ class WatchEvent(_message.Message):
     delta: QuorumDelta
     place: QuorumPlace
     state_lost_step: int
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ...) -> None: ...
+    hang: HangNotice
+    hang_limit_s: float
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ...) -> None: ...
+
+class HangNotice(_message.Message):
+    __slots__ = ("reason", "restart_count", "step")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    restart_count: int
+    step: int
+    def __init__(self, reason: _Optional[str] = ..., restart_count: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("job", "replica_id", "session_id", "reason", "failed")
@@ -280,7 +331,7 @@ class StatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step", "catch_up_bytes", "catch_up_total_bytes")
+    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step", "catch_up_bytes", "catch_up_total_bytes", "phase", "phase_age_s", "step_time_s", "compute_time_s", "straggler_score", "hang_reason")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +348,12 @@ class ReplicaStatus(_message.Message):
     CHECKSUM_MISMATCH_STEP_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_BYTES_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_SCORE_FIELD_NUMBER: _ClassVar[int]
+    HANG_REASON_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     state: ReplicaState
     step: int
@@ -313,10 +370,16 @@ class ReplicaStatus(_message.Message):
     checksum_mismatch_step: int
     catch_up_bytes: int
     catch_up_total_bytes: int
-    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ...) -> None: ...
+    phase: Phase
+    phase_age_s: float
+    step_time_s: float
+    compute_time_s: float
+    straggler_score: float
+    hang_reason: str
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., straggler_score: _Optional[float] = ..., hang_reason: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +392,8 @@ class StatusResponse(_message.Message):
     STATE_LOST_STEP_FIELD_NUMBER: _ClassVar[int]
     STATE_LOST_REASON_FIELD_NUMBER: _ClassVar[int]
     LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
+    HANG_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -341,7 +406,9 @@ class StatusResponse(_message.Message):
     state_lost_step: int
     state_lost_reason: str
     last_give_up: GiveUp
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
+    hang_limit_s: float
+    median_step_time_s: float
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")

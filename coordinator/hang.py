@@ -1,0 +1,182 @@
+"""Hangs and stragglers, decided from progress rather than from heartbeats.
+
+A replica's heartbeats come from a background thread, so a training loop
+stuck in a deadlocked data loader, a collective of its own group or a stuck
+read goes on heartbeating. What tells it apart is progress: every training
+process reports where it is in its step (``Progress``: computing, waiting in
+the cross-replica all-reduce, in its update, in a section the script marked
+as long) and for how long. The members of a quorum train in lockstep, so a
+member waiting in the all-reduce of step S waits for every member that has
+not arrived there; once it has waited longer than the hang limit, the ones
+it waits for are hung, and the waiting ones are never the ones blamed.
+
+Everything here is a pure function of the reports and the time (tested
+table-driven in tests/test_hang.py); ``coordinator.progress`` keeps the
+reports and applies the verdicts.
+
+The hang limit is ``multiple`` times the job's median step time, within
+``floor`` and ``ceiling``; before any step time is known (the first step,
+with its compilation and warm-up) it is the ceiling. A member inside a
+marked section gets the section's own timeout instead. Why a floor of
+seconds costs little: at 100,000 GPUs a hang comes every few hours, and a
+stall of ten seconds each time is a thousandth of the training time, while a
+replica taken out by mistake costs it a restart and a catch-up.
+
+Stragglers (off by default): a member whose compute time (step start to its
+arrival at the all-reduce) is ``straggler_multiple`` times the median of the
+others' for ``straggler_steps`` steps holds every step back; it is taken out
+and cordoned, so that the job trains on without it until an operator
+replaces the node and uncordons it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping
+
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+
+@dataclasses.dataclass(frozen=True)
+class HangRules:
+    """The parameters of the hang and straggler verdicts (from the coordinator config)."""
+
+    multiple: float = 5.0
+    floor: float = 10.0
+    ceiling: float = 300.0
+    section_timeout: float = 1800.0
+    straggler_multiple: float = 0.0
+    """0: the straggler policy is off (scores are still shown)."""
+    straggler_steps: int = 50
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    """One process's latest ``Progress``, as the coordinator received it."""
+
+    phase: int
+    age: float
+    """Seconds in ``phase`` when it was sent."""
+    step: int
+    received: float
+    """Coordinator-monotonic time of receipt."""
+    step_time: float = 0.0
+    compute_time: float = 0.0
+    section: str = ""
+    section_timeout: float = 0.0
+
+    @classmethod
+    def of(cls, progress: pb.Progress, received: float) -> "Report":
+        return cls(progress.phase, progress.phase_age_s, progress.step, received, progress.step_time_s,
+                   progress.compute_time_s, progress.section, progress.section_timeout_s)
+
+
+PHASE_NAMES = {
+    pb.PHASE_COMPUTE: "computing",
+    pb.PHASE_ALLREDUCE: "in the all-reduce",
+    pb.PHASE_UPDATE: "in its update",
+    pb.PHASE_SECTION: "in section",
+    pb.PHASE_STARTING: "starting",
+}
+
+
+def median_step_time(reports: Mapping[str, Report]) -> float:
+    """The job's median step time from the members' reports (0: none known)."""
+    times = [r.step_time for r in reports.values() if r.step_time > 0]
+    return statistics.median(times) if times else 0.0
+
+
+def job_limit(median_step: float, rules: HangRules) -> float:
+    """How long a member may make no progress while others wait for it."""
+    if median_step <= 0:
+        return rules.ceiling
+    return min(rules.ceiling, max(rules.floor, rules.multiple * median_step))
+
+
+def limit_for(report: Report, limit: float, rules: HangRules) -> float:
+    """The limit of one process: a marked section's own timeout, else the job's."""
+    if report.phase == pb.PHASE_SECTION:
+        return report.section_timeout or rules.section_timeout
+    return limit
+
+
+def _behind(x: Report, waiter: Report) -> bool:
+    """Whether ``waiter``, in the all-reduce at its step, waits for ``x``:
+    ``x`` has not committed the step before (its step is lower) or has not
+    arrived at this one's all-reduce. Lockstep makes that a wait: the
+    collective cannot finish without every member of its group."""
+    if x.step < waiter.step:
+        return True
+    return x.step == waiter.step and x.phase != pb.PHASE_ALLREDUCE
+
+
+def find_hung(
+    members: Mapping[str, Mapping[int, Report]], limit: float, rules: HangRules
+) -> dict[str, str]:
+    """The members that others have waited for longer than the limit, with why.
+
+    ``members`` maps each member of the quorum to its processes' latest
+    reports by rank in the replica group; the all-reduce of rank k runs
+    among the rank-k processes of every member, so rank k's waiters wait for
+    the rank-k processes that are behind. A process is hung once its latest
+    report shows it behind a waiter that, by then, had waited past the
+    process's limit (the waiter's reported wait plus the time between the two
+    reports: it cannot have stopped waiting while the other had not arrived).
+    Processes that report no phase (an older replica) are never judged.
+    """
+    by_rank: dict[int, list[tuple[str, Report]]] = {}
+    for rid, ranks in members.items():
+        for rank, report in ranks.items():
+            by_rank.setdefault(rank, []).append((rid, report))
+    out: dict[str, str] = {}
+    for rank, processes in sorted(by_rank.items()):
+        waiters = [(rid, r) for rid, r in processes if r.phase == pb.PHASE_ALLREDUCE]
+        if not waiters:
+            continue
+        for rid, x in processes:
+            if rid in out or x.phase == pb.PHASE_UNSPECIFIED:
+                continue
+            own_limit = limit_for(x, limit, rules)
+            for wid, w in waiters:
+                waited = w.age + (x.received - w.received)
+                if wid != rid and _behind(x, w) and waited >= own_limit:
+                    where = PHASE_NAMES.get(x.phase, "somewhere")
+                    if x.phase == pb.PHASE_SECTION:
+                        where = f"in section {x.section!r}"
+                    rank_text = f" (rank {rank})" if rank else ""
+                    out[rid] = (
+                        f"hung{rank_text}: no progress at step {x.step} ({where} for {x.age:.1f}s) while {wid} "
+                        f"waited {waited:.1f}s in the all-reduce of step {w.step} (limit {own_limit:.1f}s)"
+                    )
+                    break
+    return out
+
+
+def straggler_scores(compute_times: Mapping[str, float]) -> dict[str, float]:
+    """Each member's compute time over the median of the others' (0: unknown)."""
+    known = {rid: t for rid, t in compute_times.items() if t > 0}
+    out = {rid: 0.0 for rid in compute_times}
+    if len(known) < 2:
+        return out
+    for rid, t in known.items():
+        others = statistics.median(v for other, v in known.items() if other != rid)
+        out[rid] = t / others if others > 0 else 0.0
+    return out
+
+
+def straggler_verdict(
+    score: float, step: int, slow_since: int | None, rules: HangRules
+) -> tuple[int | None, str]:
+    """Track one member under the straggler policy: the step it has been
+    slow since (None: it is not slow) and, once it has been slow for
+    ``straggler_steps``, why it is taken out (else "")."""
+    if rules.straggler_multiple <= 0 or score < rules.straggler_multiple:
+        return None, ""
+    since = step if slow_since is None else slow_since
+    if step - since >= rules.straggler_steps:
+        return since, (
+            f"straggler: compute {score:.1f}x the other members' median for {step - since} steps "
+            f"(policy: {rules.straggler_multiple:g}x for {rules.straggler_steps}); cordoned until an operator uncordons it"
+        )
+    return since, ""

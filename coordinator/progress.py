@@ -1,0 +1,91 @@
+"""What the coordinator keeps of each training process's progress, and the
+hang and straggler verdicts it draws from it (coordinator/hang.py decides).
+
+``ProgressBook`` is part of a ``JobState``: it is fed by heartbeats (every
+rank of a replica group reports its ``Progress``) and asked, from the
+decision loop, which members are hung or straggle. It does no I/O and takes
+the time as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from coordinator.hang import (
+    HangRules,
+    Report,
+    find_hung,
+    job_limit,
+    limit_for,
+    median_step_time,
+    straggler_scores,
+    straggler_verdict,
+)
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+CHECK_EVERY = 0.25
+"""Longest gap between two looks for hangs (shorter with a tight limit):
+at 10,000 replicas one look reads every report, so not every tick."""
+
+
+class ProgressBook:
+    """The latest ``Progress`` of every process of every replica, by replica and rank."""
+
+    def __init__(self, rules: HangRules) -> None:
+        self.rules = rules
+        self.reports: dict[str, dict[int, Report]] = {}
+        self.scores: dict[str, float] = {}
+        """Straggler scores of the members at the last look (coordinator/hang.py)."""
+        self.median_step = 0.0
+        self.limit = rules.ceiling
+        """The job's hang limit at the last look."""
+        self._slow_since: dict[str, int] = {}
+        self._fresh = False
+        self._next_look = float("-inf")
+
+    def forget(self, replica_id: str) -> None:
+        """A new incarnation registered: its predecessor's reports say nothing of it."""
+        self.reports.pop(replica_id, None)
+        self._slow_since.pop(replica_id, None)
+        self.scores.pop(replica_id, None)
+
+    def report(self, replica_id: str, shard_rank: int, progress: pb.Progress, now: float) -> None:
+        self.reports.setdefault(replica_id, {})[shard_rank] = Report.of(progress, now)
+        self._fresh = True
+
+    def rank0(self, replica_id: str) -> Report | None:
+        return self.reports.get(replica_id, {}).get(0)
+
+    def horizon(self, members: Iterable[str]) -> float:
+        """The longest any member may now go without progress: what a replica
+        waiting in the all-reduce waits at least, for a verdict, before it gives up."""
+        limit = self.limit
+        for rid in members:
+            for report in self.reports.get(rid, {}).values():
+                limit = max(limit, limit_for(report, self.limit, self.rules))
+        return limit
+
+    def look(self, members: Iterable[str], steps: dict[str, int], now: float) -> tuple[dict[str, str], dict[str, str]]:
+        """The members that are hung and those the straggler policy takes out,
+        each with why. ``members``: the current quorum's live members;
+        ``steps``: their committed steps (for the straggler count)."""
+        if not self._fresh or now < self._next_look:
+            return {}, {}
+        self._fresh = False
+        self._next_look = now + min(CHECK_EVERY, self.limit / 8)
+        members = [rid for rid in members if rid in self.reports]
+        first = {rid: self.reports[rid][0] for rid in members if 0 in self.reports[rid]}
+        self.median_step = median_step_time(first)
+        self.limit = job_limit(self.median_step, self.rules)
+        hung = find_hung({rid: self.reports[rid] for rid in members}, self.limit, self.rules)
+        self.scores = straggler_scores({rid: r.compute_time for rid, r in first.items()})
+        stragglers = {}
+        for rid, score in self.scores.items():
+            since, why = straggler_verdict(score, steps.get(rid, 0), self._slow_since.get(rid), self.rules)
+            if since is None:
+                self._slow_since.pop(rid, None)
+            else:
+                self._slow_since[rid] = since
+            if why and rid not in hung:
+                stragglers[rid] = why
+        return hung, stragglers

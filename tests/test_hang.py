@@ -1,0 +1,209 @@
+"""The hang and straggler verdicts (coordinator/hang.py), table-driven, and
+how a JobState applies them: pure logic with made-up times, no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.step_clock import StepClock
+from coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
+from coordinator.job import JobState
+from coordinator.quorum import Rules
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+C, A, U, S, N = pb.PHASE_COMPUTE, pb.PHASE_ALLREDUCE, pb.PHASE_UPDATE, pb.PHASE_SECTION, pb.PHASE_UNSPECIFIED
+RULES = HangRules(multiple=5.0, floor=2.0, ceiling=60.0, section_timeout=100.0)
+
+
+def r(phase, age, step, received=10.0, **kw):
+    return Report(phase, age, step, received, **kw)
+
+
+@pytest.mark.parametrize("median, limit", [
+    (0.0, 60.0),   # no step time yet (the first step): the ceiling
+    (0.1, 2.0),    # 5 x 0.1 = 0.5, below the floor
+    (1.0, 5.0),
+    (30.0, 60.0),  # above the ceiling
+])
+def test_job_limit(median, limit):
+    assert job_limit(median, RULES) == limit
+
+
+# members: {replica: {rank: Report}}; limit 5 s.
+HUNG_CASES = [
+    ("a waiter past the limit blames the member that never arrived",
+     {"a": {0: r(A, 6.0, 7)}, "b": {0: r(A, 6.0, 7)}, "c": {0: r(C, 6.5, 7)}}, {"c"}),
+    ("below the limit nobody is blamed",
+     {"a": {0: r(A, 4.0, 7)}, "c": {0: r(C, 4.5, 7)}}, set()),
+    ("everyone in the all-reduce: nobody can be blamed",
+     {"a": {0: r(A, 60.0, 7)}, "b": {0: r(A, 60.0, 7)}}, set()),
+    ("a member stuck in its update is a step behind the waiter",
+     {"a": {0: r(A, 6.0, 8)}, "c": {0: r(U, 6.0, 7)}}, {"c"}),
+    ("a member still in the all-reduce of the step before is behind too",
+     {"a": {0: r(A, 6.0, 8)}, "c": {0: r(A, 9.0, 7)}}, {"c"}),
+    ("a member ahead of the waiter is not waited for",
+     {"a": {0: r(A, 6.0, 7)}, "c": {0: r(C, 1.0, 8)}}, set()),
+    ("the waiter's wait counts up to the member's report, not beyond",
+     {"a": {0: r(A, 3.0, 7, received=10.0)}, "c": {0: r(C, 9.0, 7, received=12.5)}}, {"c"}),
+    ("a member's report older than the waiter's crossing proves nothing",
+     {"a": {0: r(A, 6.0, 7, received=10.0)}, "c": {0: r(C, 9.0, 7, received=8.0)}}, set()),
+    ("a member in a marked section has the section's timeout",
+     {"a": {0: r(A, 50.0, 7)}, "c": {0: r(S, 50.0, 7, section="eval", section_timeout=80.0)}}, set()),
+    ("... and is hung past it",
+     {"a": {0: r(A, 81.0, 7)}, "c": {0: r(S, 81.0, 7, section="eval", section_timeout=80.0)}}, {"c"}),
+    ("a section without a timeout has the coordinator's",
+     {"a": {0: r(A, 99.0, 7)}, "c": {0: r(S, 99.0, 7, section="ckpt")}}, set()),
+    ("an older replica that reports no phase is never judged",
+     {"a": {0: r(A, 60.0, 7)}, "c": {0: r(N, 0.0, 7)}}, set()),
+    ("rank 1 of a group hung: its peers of rank 1 wait while every rank 0 moved on",
+     {"a": {0: r(U, 6.0, 7), 1: r(A, 6.0, 7)}, "c": {0: r(U, 6.0, 7), 1: r(C, 6.0, 7)}}, {"c"}),
+    ("a group whose rank 0 waits inside its own FSDP collective for a hung rank 1",
+     {"a": {0: r(A, 6.0, 7), 1: r(A, 6.0, 7)}, "c": {0: r(C, 6.0, 7), 1: r(C, 6.0, 7)}}, {"c"}),
+]
+
+
+@pytest.mark.parametrize("what, members, hung", HUNG_CASES, ids=[c[0] for c in HUNG_CASES])
+def test_find_hung(what, members, hung):
+    verdict = find_hung(members, 5.0, RULES)
+    assert set(verdict) == hung
+    for rid in hung:
+        assert verdict[rid].startswith("hung") and "no progress at step 7" in verdict[rid]
+
+
+def test_the_reason_says_who_waited_and_where_the_hung_one_is():
+    verdict = find_hung({"a": {0: r(A, 6.0, 7)}, "c": {1: r(S, 120.0, 7, section="eval")},
+                         "d": {1: r(A, 130.0, 7)}}, 5.0, RULES)
+    assert verdict == {"c": "hung (rank 1): no progress at step 7 (in section 'eval' for 120.0s) while d waited "
+                            "130.0s in the all-reduce of step 7 (limit 100.0s)"}
+
+
+@pytest.mark.parametrize("times, scores", [
+    ({"a": 1.0, "b": 1.0, "c": 3.0}, {"a": 0.5, "b": 0.5, "c": 3.0}),  # the others: (1, 3) and (1, 1)
+    ({"a": 1.0, "b": 2.0}, {"a": 0.5, "b": 2.0}),
+    ({"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 0.0}),  # unknown: no score
+    ({"a": 1.0}, {"a": 0.0}),
+])
+def test_straggler_scores(times, scores):
+    assert straggler_scores(times) == pytest.approx(scores)
+
+
+POLICY = HangRules(straggler_multiple=2.0, straggler_steps=10)
+
+
+@pytest.mark.parametrize("rules, score, step, since, expected_since, taken_out", [
+    (HangRules(), 9.0, 100, None, None, False),  # the policy is off by default
+    (POLICY, 1.5, 100, 90, None, False),           # fast enough again: the count starts over
+    (POLICY, 2.5, 100, None, 100, False),          # slow since now
+    (POLICY, 2.5, 109, 100, 100, False),
+    (POLICY, 2.5, 110, 100, 100, True),            # slow for 10 steps
+])
+def test_straggler_verdict(rules, score, step, since, expected_since, taken_out):
+    got_since, why = straggler_verdict(score, step, since, rules)
+    assert got_since == expected_since and bool(why) == taken_out
+    if taken_out:
+        assert "straggler" in why and "cordoned" in why
+
+
+def progress(phase, age, step, **kw):
+    return pb.Progress(phase=phase, phase_age_s=age, step=step, **kw)
+
+
+def joined_job(n=3, hang_rules=RULES):
+    job = JobState("j", Rules(min_replicas=1, heartbeat_timeout=5.0), hang_rules)
+    sessions = {}
+    for i in range(n):
+        rid = f"r{i}"
+        sessions[rid] = job.register(rid, f"h:{i}", 1, 0, 0, 0.0, restart_count=2)
+        job.heartbeat(rid, sessions[rid], 0, False, "", 0, 0.1)
+    decision = job.evaluate(0.2)
+    from coordinator.quorum import Quorum
+    job.apply(decision, Quorum(1, decision.members), 1)
+    return job, sessions
+
+
+def test_a_job_takes_out_the_hung_member_and_tells_its_watchers():
+    job, s = joined_job()
+    job.heartbeat("r0", s["r0"], 7, False, "", 0, 10.0, progress=progress(A, 6.0, 7, step_time_s=0.2))
+    job.heartbeat("r1", s["r1"], 7, False, "", 0, 10.0, progress=progress(A, 6.0, 7, step_time_s=0.2))
+    job.heartbeat("r2", s["r2"], 7, False, "", 0, 10.0, progress=progress(C, 6.1, 7, step_time_s=0.2))
+    hung, stragglers = job.check_progress(10.0)
+    assert set(hung) == {"r2"} and not stragglers
+    assert job.progress.limit == 2.0  # 5 x 0.2 s, at the floor
+    decision = job.evaluate(10.0)
+    assert decision.members is not None and [m.replica_id for m in decision.members] == ["r0", "r1"]
+    assert "r2 (hung: no progress at step 7" in decision.reason
+    event = job.watch_event("r2", "leader")
+    assert event.hang.restart_count == 2 and event.hang.reason.startswith("hung")
+    assert not job.watch_event("r0", "leader").HasField("hang")
+    # A new incarnation starts clean.
+    job.register("r2", "h:2", 1, 0, 0, 11.0, restart_count=3)
+    assert not job.watch_event("r2", "leader").HasField("hang")
+
+
+def test_a_member_dropped_for_silence_with_its_session_open_gets_a_notice():
+    job, s = joined_job()
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+        job.heartbeat("r0", s["r0"], 3, False, "", 0, t)
+        job.heartbeat("r1", s["r1"], 3, False, "", 0, t)
+    decision = job.evaluate(6.0)  # r2 was last heard at 0.1: past the 5 s timeout
+    from coordinator.quorum import Quorum
+    job.apply(decision, Quorum(2, decision.members), 2)
+    assert [m.replica_id for m in decision.members] == ["r0", "r1"]
+    assert "no heartbeat" in job.watch_event("r2", "leader").hang.reason
+
+
+def test_the_horizon_follows_a_member_in_a_long_section():
+    job, s = joined_job()
+    job.heartbeat("r0", s["r0"], 7, False, "", 0, 10.0, progress=progress(A, 1.0, 7, step_time_s=0.2))
+    job.heartbeat("r1", s["r1"], 7, False, "", 0, 10.0, progress=progress(A, 1.0, 7, step_time_s=0.2))
+    job.heartbeat("r2", s["r2"], 7, False, "", 0, 10.0,
+                  progress=progress(S, 1.0, 7, step_time_s=0.2, section="eval", section_timeout_s=40.0))
+    assert job.check_progress(10.0) == ({}, {})
+    assert job.hang_horizon == 40.0 and job.horizon_moved  # from the ceiling (no step time yet) to the section's
+    assert job.watch_event("r0", "leader").hang_limit_s == 40.0
+
+
+def test_a_straggler_is_cordoned_by_the_runtime_and_then_taken_out():
+    job, s = joined_job(hang_rules=POLICY)
+    t = 1.0
+    for step in range(1, 13):
+        t += 0.3
+        for rid, compute in (("r0", 0.1), ("r1", 0.1), ("r2", 0.35)):
+            job.heartbeat(rid, s[rid], step, False, "", 0, t, progress=progress(C, 0.0, step, compute_time_s=compute))
+        hung, stragglers = job.check_progress(t)
+        if stragglers:
+            break
+    assert not hung and set(stragglers) == {"r2"} and step == 11  # slow since step 1, taken out at 11
+    assert job.progress.scores["r2"] == pytest.approx(3.5)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_step_clock_reports_phases_and_medians_without_sections():
+    clock = FakeClock()
+    sc = StepClock(clock)
+    assert sc.progress().phase == pb.PHASE_STARTING
+    sc.begin(0)
+    for step in range(3):
+        clock.t += 0.2
+        with sc.section("eval", 30):
+            clock.t += 5.0
+            p = sc.progress()
+            assert (p.phase, p.section, p.section_timeout_s) == (pb.PHASE_SECTION, "eval", 30.0)
+        clock.t += 0.1
+        sc.arrive(step)
+        clock.t += 0.4
+        p = sc.progress()
+        assert p.phase == pb.PHASE_ALLREDUCE and p.phase_age_s == pytest.approx(0.4)
+        sc.working(pb.PHASE_UPDATE, step)
+        clock.t += 0.1
+        sc.begin(step + 1)
+    p = sc.progress()
+    assert p.compute_time_s == pytest.approx(0.3)  # the 5 s sections are not compute
+    assert p.step_time_s == pytest.approx(5.8)

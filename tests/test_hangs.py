@@ -1,0 +1,163 @@
+"""Hangs and stragglers with real processes (coordinator/hang.py).
+
+A replica whose training thread blocks forever (its heartbeat threads
+alive) is taken out once the others have waited for it past the hang limit;
+the waiting replicas go on among themselves (never time out and leave), and
+under `fthsdp agent` the hung one is ended after a stack dump, restarted,
+and catches up. Tight settings here (floor 1 s, 3 x the median step); the
+defaults and what they cost are in README "Hangs and stragglers".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from coordinator.client import CoordinatorClient
+from tests.processes import CoordinatorProcess, WorkerProcess
+from tests.test_catchup import cluster, members, status_of  # noqa: F401 - a fixture
+from tests.test_overlapping_failures import assert_one_state_per_step
+from tests.waiting import wait_until
+
+TIGHT = ("--hang-floor", "1s", "--hang-multiple", "3")
+HANG_AT = 5
+LONG_FTAR = {"FTHSDP_FTAR_TIMEOUT": "60"}  # far beyond the verdict: the survivors must not need it
+
+
+@pytest.fixture
+def bare(tmp_path):
+    started = []
+
+    def start(n, victim_args=(), coordinator_args=TIGHT, steps=30, env=LONG_FTAR):
+        c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-interval", "200ms",
+                               "--heartbeat-timeout", "1s", *coordinator_args).start()
+        started.append(c)
+        workers = []
+        for i in range(n):
+            extra = victim_args if i == n - 1 else ()
+            w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", str(steps), "--wait-for", str(n),
+                              *extra, env=env).start()
+            started.append(w)
+            workers.append(w)
+        return c, workers
+
+    yield start
+    for proc in started:
+        proc.signal(signal.SIGCONT)
+        proc.kill()
+
+
+def assert_every_step_once(survivors, steps):
+    for w in survivors:
+        assert sorted(w.steps) == list(range(1, steps + 1)), f"{w.replica_id} lost or repeated a step"
+    assert_one_state_per_step(*survivors)
+
+
+@pytest.mark.parametrize("where", ["data", "backward", "update"])
+def test_survivors_go_on_past_a_replica_that_hangs(bare, where):
+    c, (r0, r1, r2) = bare(3, ("--hang-at", str(HANG_AT), "--hang-in", where))
+    r2.read_until(lambda line: "hanging" in line)
+    for w in (r0, r1):
+        w.finish()
+    assert_every_step_once([r0, r1], 30)
+    # The step the hung replica never finished was committed by the two others.
+    failing = HANG_AT + 1 if where != "update" else HANG_AT + 2
+    assert r0.steps[failing]["contributors"] == 2, r0.steps[failing]
+    gap = r0.steps[failing]["t"] - r0.steps[failing - 1]["t"]
+    assert gap < 6.0, f"the survivors waited {gap:.1f}s for a verdict the limit puts at about 1 s"
+    log = c.log_path.read_text()
+    assert "replica r2 taken out: hung: no progress at step" in log
+    # The hung process dumped its stacks: the training thread is in hang().
+    text = r2.log_path.read_text()
+    assert "taken out by the coordinator" in text and "in hang" in text
+    assert r2.proc.poll() is None  # still blocked: without an agent nobody ends it
+
+
+def test_members_wait_past_their_ftar_timeout_for_the_verdict(bare):
+    """FTHSDP_FTAR_TIMEOUT 2 s, a hang limit of 4 s: the waiting members
+    would time out first and leave the hung one alone in the quorum; they
+    wait for the coordinator's verdict instead (its push says how long)."""
+    c, (r0, r1, r2) = bare(3, ("--hang-at", str(HANG_AT)), coordinator_args=("--hang-floor", "4s"),
+                           env={"FTHSDP_FTAR_TIMEOUT": "2"})
+    for w in (r0, r1):
+        w.finish()
+    assert_every_step_once([r0, r1], 30)
+    assert r0.steps[HANG_AT + 1]["contributors"] == 2
+    assert "FtarTimeout" not in r0.log_path.read_text()
+
+
+def test_a_marked_section_longer_than_the_limit_is_no_hang(bare):
+    c, (r0, r1, r2) = bare(3, ("--section-at", str(HANG_AT), "--section-s", "3"))
+    for w in (r0, r1, r2):
+        w.finish()
+    assert_every_step_once([r0, r1, r2], 30)
+    assert all(w.steps[s]["contributors"] == 3 for w in (r0, r1, r2) for s in w.steps)
+    assert "taken out" not in c.log_path.read_text()
+
+
+def test_a_section_past_its_own_timeout_is_a_hang(bare):
+    c, (r0, r1, r2) = bare(3, ("--hang-at", str(HANG_AT), "--hang-in", "section"),
+                           coordinator_args=("--hang-floor", "30s"))
+    for w in (r0, r1):
+        w.finish()
+    assert r0.steps[HANG_AT + 1]["contributors"] == 2
+    assert "in section 'stuck'" in c.log_path.read_text()
+
+
+def test_a_hung_replica_is_ended_by_its_agent_restarted_and_caught_up(cluster):
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "1", *TIGHT)
+    r0, r1 = (agent(c, i, 3, env=LONG_FTAR) for i in range(2))
+    r2 = agent(c, 2, 3, "--hang-at", "20", env=LONG_FTAR, agent_args=("--hang-grace", "1s"))
+    hung_pid = r2.read_until(lambda line: "hanging" in line)["hanging"]
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: status_of(client, "r2")[1] is not None and status_of(client, "r2")[1].restart_count >= 1
+                   and members(client) == {"r0", "r1", "r2"}, 60, message="r2 restarted and back in the quorum")
+    with pytest.raises(ProcessLookupError):
+        os.kill(hung_pid, 0)  # the hung process is gone
+    last = r0.read_until(lambda line: "step" in line)["step"]
+    for w in (r0, r1, r2):
+        w.read_until(lambda line: line.get("step", 0) >= last + 10, timeout=60)
+    for w in (r0, r1, r2):
+        w.stop()
+        w.collect_after_exit()
+    assert_one_state_per_step(r0, r1, r2)
+    steps = sorted(set(r0.steps))
+    assert steps == list(range(steps[0], steps[-1] + 1)), "a committed step is missing"
+    assert "taken out by the coordinator (hung" in r2.log_path.read_text()
+
+
+def test_a_stopped_rank_is_killed_by_its_agent_and_restarted(cluster):
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "1", *TIGHT)
+    r0, r1, r2 = (agent(c, i, 3, env=LONG_FTAR, agent_args=("--hang-grace", "1s")) for i in range(3))
+    pid = r2.read_until(lambda line: "admitted" in line)["pid"]
+    r0.read_until(lambda line: line.get("step", 0) >= 10)
+    os.kill(pid, signal.SIGSTOP)
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1"}, 20, message="the stopped replica taken out")
+        wait_until(lambda: status_of(client, "r2")[1].restart_count >= 1 and members(client) == {"r0", "r1", "r2"},
+                   60, message="the stopped replica killed, restarted and back")
+    last = r0.read_until(lambda line: "step" in line)["step"]
+    for w in (r0, r1, r2):
+        w.read_until(lambda line: line.get("step", 0) >= last + 5, timeout=60)
+    for w in (r0, r1, r2):
+        w.stop()
+        w.collect_after_exit()
+    assert_one_state_per_step(r0, r1, r2)
+    assert "no heartbeat" in r2.log_path.read_text()
+
+
+def test_a_straggler_is_taken_out_and_cordoned_under_the_policy(bare):
+    c, (r0, r1, r2) = bare(3, ("--slow", "0.15"), coordinator_args=(
+        "--straggler-multiple", "3", "--straggler-steps", "8", "--hang-floor", "5s"), steps=60)
+    for w in (r0, r1):
+        w.finish(timeout=120)
+    assert_every_step_once([r0, r1], 60)
+    assert r0.steps[60]["contributors"] == 2
+    log = c.log_path.read_text()
+    assert "replica r2 taken out: straggler: compute" in log
+    assert r2.collect_after_exit() != 0  # it learned it was out at its next step, and ended
+    assert "does not include this replica" in r2.log_path.read_text()
