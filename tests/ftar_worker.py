@@ -155,6 +155,8 @@ def main() -> int:
     p.add_argument("--hang-in", choices=("data", "backward", "update", "section"), default="backward",
                    help="where: fetching the batch, after backward (before the all-reduce), inside the update, "
                         "or in a marked section before the all-reduce")
+    p.add_argument("--hang-on-signal", action="store_true",
+                   help="SIGUSR1 makes the next step block after backward (first incarnation only)")
     p.add_argument("--section-at", type=int, default=-1, help="run a marked 'eval' section of --section-s at this step")
     p.add_argument("--section-s", type=float, default=3.0)
     p.add_argument("--slow", type=float, default=0.0, help="seconds of extra compute per step (a straggler)")
@@ -180,6 +182,9 @@ def main() -> int:
     else:
         optimizer, update, state, forward_backward = make_optimizer(model), None, None, None
     first_incarnation = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
+    hang_asked = threading.Event()
+    if args.hang_on_signal:
+        signal.signal(signal.SIGUSR1, lambda *_: hang_asked.set())
     if args.hang_in == "update" and args.hang_at >= 0 and update is None:
         def update():  # the default update, with the hang inside
             if first_incarnation and ft.step == args.hang_at and not ft.replaying:
@@ -203,7 +208,7 @@ def main() -> int:
                       "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
     while ft.step < args.steps and not ft.stopped:
         dying = ft.step == args.die_at
-        hanging = first_incarnation and ft.step == args.hang_at
+        hanging = first_incarnation and (ft.step == args.hang_at or hang_asked.is_set())
         if hanging and args.hang_in == "data":
             hang()
         if ft.step == args.section_at:

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from agent.manager import Manager
-from tests.ftar_worker import batch, make_model, make_optimizer
+from tests.ftar_worker import batch, hang, make_model, make_optimizer
 
 
 def main() -> None:
@@ -30,6 +30,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wait-for", type=int, default=1)
     p.add_argument("--save", default="")
+    p.add_argument("--hang-at", type=int, default=-1,
+                   help="at this step, rank --hang-rank blocks forever before its forward pass (first incarnation only): "
+                        "the group's other ranks then wait inside FSDP's own collectives")
+    p.add_argument("--hang-rank", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -45,7 +49,10 @@ def main() -> None:
     ft = Manager.from_env(model, optimizer)
     ft.start(wait_for_replicas=args.wait_for)
     print(json.dumps({"rank": rank, "pid": os.getpid()}), flush=True)
+    first_incarnation = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
     while ft.step < args.steps and not ft.stopped:
+        if first_incarnation and ft.step == args.hang_at and rank == args.hang_rank:
+            hang()
         x, y = batch(ft.step, ft.replica_rank * world + rank, args.hidden, args.seed)
         torch.nn.functional.mse_loss(model(x), y).backward()
         result = ft.allreduce_gradients()

@@ -161,3 +161,76 @@ def test_a_straggler_is_taken_out_and_cordoned_under_the_policy(bare):
     assert "replica r2 taken out: straggler: compute" in log
     assert r2.collect_after_exit() != 0  # it learned it was out at its next step, and ended
     assert "does not include this replica" in r2.log_path.read_text()
+
+
+def restarted_and_back(c, victims, timeout=90):
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1", "r2"}
+                   and all(status_of(client, r)[1].restart_count >= 1 for r in victims),
+                   timeout, message=f"{', '.join(victims)} restarted, caught up and back in the quorum")
+
+
+def train_on_and_stop(groups, more=5):
+    last = groups[0].read_until(lambda line: "step" in line)["step"]
+    for g in groups:
+        g.read_until(lambda line: line.get("step", 0) >= last + more, timeout=60)
+    for g in groups:
+        g.stop()
+        g.collect_after_exit()
+    assert_one_state_per_step(*groups)
+
+
+def test_a_rank_of_an_fsdp2_group_hung_takes_the_group_out(cluster, tmp_path):
+    """Three replica groups of 2 FSDP2 ranks; rank 1 of r2 blocks before its
+    forward pass, so its rank 0 waits forever inside FSDP's all-gather:
+    neither reaches the all-reduce, the other groups wait for both, and the
+    group is taken out as a whole, ended by its agent and restarted."""
+    from tests.processes import AgentProcess
+
+    coordinator, _, _ = cluster
+    c = coordinator("--min-replicas", "1", *TIGHT)
+    groups = [
+        AgentProcess(tmp_path, c.address, f"r{k}", k, 3, "--steps", "1000000", "--hidden", "64", "--wait-for", "3",
+                     *(("--hang-at", "10") if k == 2 else ()),
+                     agent_args=("--nproc", "2", "--hang-grace", "1s"), worker="tests.hsdp_worker",
+                     env=LONG_FTAR).start()
+        for k in range(3)
+    ]
+    try:
+        groups[2].read_until(lambda line: "hanging" in line)
+        restarted_and_back(c, ["r2"])
+        train_on_and_stop(groups)
+    finally:
+        for g in groups:
+            g.stop()
+    assert "replica r2 taken out: hung" in c.log_path.read_text()
+    steps = sorted(groups[0].steps)
+    assert steps == list(range(steps[0], steps[-1] + 1)), "a committed step is missing"
+
+
+def test_a_source_that_hangs_while_a_replica_catches_up_from_it(cluster):
+    """r2 is killed and restarted; while it fetches its snapshot, its source
+    hangs. The source is taken out and ended, the other member trains on,
+    and both come back (from the member left) with one state per step."""
+    from tests.test_catchup import SLOW
+
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "1", *TIGHT)
+    workers = [agent(c, i, 3, "--hang-on-signal", env={**SLOW, **LONG_FTAR}, agent_args=("--hang-grace", "1s"))
+               for i in range(3)]
+    pids = {w.replica_id: w.read_until(lambda line: "admitted" in line)["pid"] for w in workers}
+    workers[0].read_until(lambda line: line.get("step", 0) >= 10)
+    os.kill(pids["r2"], signal.SIGKILL)
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: status_of(client, "r2")[1].catch_up_bytes > 0, 60, interval=0.01,
+                   message="r2 catching up")
+        source = status_of(client, "r2")[1].catch_up_source
+    os.kill(pids[source], signal.SIGUSR1)
+    other = next(w for w in workers[:2] if w.replica_id != source)
+    hung = next(w for w in workers if w.replica_id == source)
+    before = other.read_until(lambda line: "step" in line)["step"]
+    other.read_until(lambda line: line.get("step", 0) >= before + 20, timeout=30)  # never stalls for good
+    restarted_and_back(c, ["r2", source], timeout=120)
+    train_on_and_stop(workers)
+    assert f"replica {source} taken out: hung" in c.log_path.read_text()
+    assert "taken out by the coordinator (hung" in hung.log_path.read_text()
