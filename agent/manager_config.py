@@ -34,7 +34,9 @@ class ManagerConfig:
     """Address other replicas use to reach this one."""
 
     timeout: float = 60.0
-    """Longest wait for a collective or a quorum before giving up."""
+    """Longest wait for a collective or a quorum before giving up
+    (FtarTimeout); a collective waits at least the coordinator's hang limit
+    for a verdict on a hung member first (coordinator/hang.py)."""
 
     checksum_every: int = 10
     """Report the state checksum every this many steps (0: never). One checksum

@@ -58,7 +58,7 @@ class AgentState(enum.IntEnum):
 
         STARTING ──> RUNNING ──(every rank exits 0)──────────────> SUCCEEDED
           │  ▲          │
-          │  │          ├──(a rank exits non-zero or by a signal)─> FAILED ─┬─(restarts left)──> RESTARTING
+          │  │          ├──(a rank exits non-zero, or it hangs)───> FAILED ─┬─(restarts left)──> RESTARTING
           │  │          │                                                   └─(none left)──────> GAVE_UP
           │  └──────────┼──────────(back-off over, restart_count+1)──────────────────────────── RESTARTING
           │             │
@@ -70,8 +70,9 @@ class AgentState(enum.IntEnum):
 
     * STARTING: launching the local ranks (a fresh MASTER_PORT when it is 0).
     * RUNNING: all local ranks started; checked every --monitor-interval.
-    * FAILED: a rank died; the others are SIGTERMed (SIGKILLed after
-      --stop-timeout). Reported before they are stopped.
+    * FAILED: a rank died, or the coordinator took the replica out as hung
+      (agent/hang_watch.py); the ranks are SIGTERMed (SIGKILLed after
+      --stop-timeout, or --hang-grace for a hang). Reported before they are stopped.
     * RESTARTING: waiting out the back-off; a SIGTERM ends the wait.
     * DRAINING: the agent was asked to stop; ranks got SIGTERM and leave the
       quorum at their next step boundary.
