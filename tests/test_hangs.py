@@ -97,6 +97,7 @@ def test_a_marked_section_longer_than_the_limit_is_no_hang(bare):
     assert "taken out" not in c.log_path.read_text()
 
 
+@pytest.mark.slow
 def test_a_section_past_its_own_timeout_is_a_hang(bare):
     c, (r0, r1, r2) = bare(3, ("--hang-at", str(HANG_AT), "--hang-in", "section"),
                            coordinator_args=("--hang-floor", "30s"))
@@ -208,6 +209,7 @@ def test_a_rank_of_an_fsdp2_group_hung_takes_the_group_out(cluster, tmp_path):
     assert steps == list(range(steps[0], steps[-1] + 1)), "a committed step is missing"
 
 
+@pytest.mark.slow
 def test_a_source_that_hangs_while_a_replica_catches_up_from_it(cluster):
     """r2 is killed and restarted; while it fetches its snapshot, its source
     hangs. The source is taken out and ended, the other member trains on,
