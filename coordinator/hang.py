@@ -101,16 +101,6 @@ def limit_for(report: Report, limit: float, rules: HangRules) -> float:
     return limit
 
 
-def _behind(x: Report, waiter: Report) -> bool:
-    """Whether ``waiter``, in the all-reduce at its step, waits for ``x``:
-    ``x`` has not committed the step before (its step is lower) or has not
-    arrived at this one's all-reduce. Lockstep makes that a wait: the
-    collective cannot finish without every member of its group."""
-    if x.step < waiter.step:
-        return True
-    return x.step == waiter.step and x.phase != pb.PHASE_ALLREDUCE
-
-
 def find_hung(
     members: Mapping[str, Mapping[int, Report]], limit: float, rules: HangRules
 ) -> dict[str, str]:
@@ -118,12 +108,16 @@ def find_hung(
 
     ``members`` maps each member of the quorum to its processes' latest
     reports by rank in the replica group; the all-reduce of rank k runs
-    among the rank-k processes of every member, so rank k's waiters wait for
-    the rank-k processes that are behind. A process is hung once its latest
-    report shows it behind a waiter that, by then, had waited past the
-    process's limit (the waiter's reported wait plus the time between the two
-    reports: it cannot have stopped waiting while the other had not arrived).
-    Processes that report no phase (an older replica) are never judged.
+    among the rank-k processes of every member. A waiter in the all-reduce
+    of step S waits for every rank-k process that has not committed S - 1
+    (its step is lower) or has not arrived at the all-reduce of S: lockstep
+    makes that a wait, the collective cannot finish without it. A process is
+    hung once its latest report shows it so behind a waiter that, by then,
+    had waited past the process's limit (the waiter's reported wait plus the
+    time between the two reports: it cannot have stopped waiting while the
+    other had not arrived). Processes that report no phase (an older
+    replica) are never judged. Linear in the processes (10,000 members wait
+    at once in a large job): only the longest waiter at each step matters.
     """
     by_rank: dict[int, list[tuple[str, Report]]] = {}
     for rid, ranks in members.items():
@@ -131,25 +125,32 @@ def find_hung(
             by_rank.setdefault(rank, []).append((rid, report))
     out: dict[str, str] = {}
     for rank, processes in sorted(by_rank.items()):
-        waiters = [(rid, r) for rid, r in processes if r.phase == pb.PHASE_ALLREDUCE]
-        if not waiters:
+        # The longest waiter at each step: the earliest start of a wait.
+        longest: dict[int, tuple[float, str, Report]] = {}
+        for rid, w in processes:
+            if w.phase == pb.PHASE_ALLREDUCE:
+                start = w.received - w.age
+                if w.step not in longest or start < longest[w.step][0]:
+                    longest[w.step] = (start, rid, w)
+        if not longest:
             continue
         for rid, x in processes:
             if rid in out or x.phase == pb.PHASE_UNSPECIFIED:
                 continue
-            own_limit = limit_for(x, limit, rules)
-            for wid, w in waiters:
-                waited = w.age + (x.received - w.received)
-                if wid != rid and _behind(x, w) and waited >= own_limit:
-                    where = PHASE_NAMES.get(x.phase, "somewhere")
-                    if x.phase == pb.PHASE_SECTION:
-                        where = f"in section {x.section!r}"
-                    rank_text = f" (rank {rank})" if rank else ""
-                    out[rid] = (
-                        f"hung{rank_text}: no progress at step {x.step} ({where} for {x.age:.1f}s) while {wid} "
-                        f"waited {waited:.1f}s in the all-reduce of step {w.step} (limit {own_limit:.1f}s)"
-                    )
-                    break
+            waits = [v for step, v in longest.items()
+                     if step > x.step or step == x.step and x.phase != pb.PHASE_ALLREDUCE]
+            if not waits:
+                continue
+            start, wid, w = min(waits, key=lambda v: v[0])
+            waited, own_limit = x.received - start, limit_for(x, limit, rules)
+            if waited < own_limit:
+                continue
+            where = f"in section {x.section!r}" if x.phase == pb.PHASE_SECTION else PHASE_NAMES.get(x.phase, "somewhere")
+            rank_text = f" (rank {rank})" if rank else ""
+            out[rid] = (
+                f"hung{rank_text}: no progress at step {x.step} ({where} for {x.age:.1f}s) while {wid} "
+                f"waited {waited:.1f}s in the all-reduce of step {w.step} (limit {own_limit:.1f}s)"
+            )
     return out
 
 

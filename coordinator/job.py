@@ -32,12 +32,9 @@ class JobState:
     def __init__(self, name: str, rules: Rules, hang_rules: HangRules = HangRules()) -> None:
         self.name = name
         self.rules = rules
-        self.progress = ProgressBook(hang_rules)
-        """Every process's progress, and the hang and straggler verdicts (coordinator/progress.py)."""
-        self.hang_horizon = hang_rules.ceiling
-        """What watchers were last told of the longest a member may go without progress."""
-        self.horizon_moved = False
-        """The last ``check_progress`` moved the horizon: watchers must hear of it."""
+        self.progress = ProgressBook(hang_rules)  # every process's progress; the hang verdicts
+        self.hang_horizon = hang_rules.ceiling  # what watchers were told of the longest a member may stall
+        self.horizon_moved = False  # the last check_progress moved the horizon: watchers must hear of it
         self.quorum: Quorum | None = None
         self.quorum_revision = 0
         self.replicas: dict[str, ReplicaEntry] = {}
@@ -304,24 +301,25 @@ class JobState:
         return flagged
 
     def check_progress(self, now: float) -> tuple[dict[str, str], dict[str, str]]:
-        """Take out the members that are hung (coordinator/hang.py); returns
-        them, and the stragglers the policy takes out (the caller cordons
-        them first), each with why. Also says whether watchers must hear of
-        a new hang horizon (``horizon_moved``)."""
-        if self.quorum is None:
+        """Take out the hung members (coordinator/hang.py); returns them and the
+        stragglers to take out (the caller cordons them first), with why."""
+        self.horizon_moved = False
+        if self.quorum is None or not self.progress.due(now):
             return {}, {}
         live = [rid for rid in self._members if self._live_member(rid)]
         hung, stragglers = self.progress.look(live, {rid: self.replicas[rid].step for rid in live}, now)
         for rid, why in hung.items():
             self.mark_hung(rid, why, now)
-        horizon = self.progress.horizon(live)
-        self.horizon_moved = abs(horizon - self.hang_horizon) >= 1.0 or horizon > self.hang_horizon
-        self.hang_horizon = horizon
+        horizon = self.progress.horizon
+        # Growth is pushed at once (the replicas' margin covers under a second);
+        # shrinking is not urgent: at 10,000 watchers every push counts.
+        self.horizon_moved = horizon >= self.hang_horizon + 1.0 or horizon <= 0.9 * self.hang_horizon
+        if self.horizon_moved:
+            self.hang_horizon = horizon
         return hung, stragglers
 
     def mark_hung(self, replica_id: str, why: str, now: float) -> None:
-        """Take a member out for making no progress (or as a straggler): the
-        next decision drops it, and its watchers (its node agents) are told."""
+        """Take a member out (hung, or a straggler): the next decision drops it; its agents are told."""
         entry = self.replicas[replica_id]
         entry.hung_at, entry.hung_reason, entry.notice = now, why, why
         self.dirty = True
@@ -388,7 +386,7 @@ class JobState:
         if decision.state_ended:
             self.committed_step = 0  # its members ended the state on purpose: the next ones start over
         if quorum is not None:
-            self._notice_silent(quorum, decision)
+            self._notice_silent(quorum)
             self.set_quorum(quorum, revision)
             for m in quorum.members:
                 entry = self.replicas.get(m.replica_id)
@@ -399,15 +397,17 @@ class JobState:
         self.reason = decision.reason
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
 
-    def _notice_silent(self, quorum: Quorum, decision: Decision) -> None:
-        """Members dropped for silence whose session still stands (a stopped
-        process keeps its connections open): their agents must end them."""
+    def _notice_silent(self, quorum: Quorum) -> None:
+        """Members dropped for silence (no other reason left) whose session
+        still stands (a stopped process keeps its connections open): their
+        agents must end them."""
         kept = set(quorum.member_ids)
         for rid in self._members:
             e = self.replicas.get(rid)
-            if rid not in kept and e is not None and e.session_id is not None and not e.notice and e.hung_at is None:
-                if e.disconnected_at is None and e.failed_at is None and not e.restarted and e.diverged_at is None:
-                    e.notice = f"taken out of quorum {quorum.id}: no heartbeat for {self.rules.heartbeat_timeout:g}s (stopped?)"
+            if rid not in kept and e is not None and e.session_id is not None and not e.notice and e.hung_at is None \
+                    and e.disconnected_at is None and e.failed_at is None and not e.restarted \
+                    and e.diverged_at is None and not e.drain_requested:
+                e.notice = f"taken out of quorum {quorum.id}: no heartbeat for {self.rules.heartbeat_timeout:g}s (stopped?)"
 
     def lost_step_now(self, now: float) -> int:
         """The step at which the state is lost as of ``now`` (0: not lost),

@@ -39,6 +39,8 @@ class ProgressBook:
         self.median_step = 0.0
         self.limit = rules.ceiling
         """The job's hang limit at the last look."""
+        self.horizon = rules.ceiling
+        """The longest a member could go without progress at the last look (a section may exceed the limit)."""
         self._slow_since: dict[str, int] = {}
         self._fresh = False
         self._next_look = float("-inf")
@@ -56,20 +58,15 @@ class ProgressBook:
     def rank0(self, replica_id: str) -> Report | None:
         return self.reports.get(replica_id, {}).get(0)
 
-    def horizon(self, members: Iterable[str]) -> float:
-        """The longest any member may now go without progress: what a replica
-        waiting in the all-reduce waits at least, for a verdict, before it gives up."""
-        limit = self.limit
-        for rid in members:
-            for report in self.reports.get(rid, {}).values():
-                limit = max(limit, limit_for(report, self.limit, self.rules))
-        return limit
+    def due(self, now: float) -> bool:
+        """Whether a look could find anything new: reports came since the last one, which was a while ago."""
+        return self._fresh and now >= self._next_look
 
     def look(self, members: Iterable[str], steps: dict[str, int], now: float) -> tuple[dict[str, str], dict[str, str]]:
         """The members that are hung and those the straggler policy takes out,
         each with why. ``members``: the current quorum's live members;
         ``steps``: their committed steps (for the straggler count)."""
-        if not self._fresh or now < self._next_look:
+        if not self.due(now):
             return {}, {}
         self._fresh = False
         self._next_look = now + min(CHECK_EVERY, self.limit / 8)
@@ -77,7 +74,12 @@ class ProgressBook:
         first = {rid: self.reports[rid][0] for rid in members if 0 in self.reports[rid]}
         self.median_step = median_step_time(first)
         self.limit = job_limit(self.median_step, self.rules)
-        hung = find_hung({rid: self.reports[rid] for rid in members}, self.limit, self.rules)
+        reports = {rid: self.reports[rid] for rid in members}
+        hung = find_hung(reports, self.limit, self.rules)
+        # The longest any member may now go without progress: what a replica
+        # waiting in the all-reduce waits at least, for a verdict, before it gives up.
+        self.horizon = max([self.limit] + [limit_for(r, self.limit, self.rules)
+                                           for ranks in reports.values() for r in ranks.values()])
         self.scores = straggler_scores({rid: r.compute_time for rid, r in first.items()})
         stragglers = {}
         for rid, score in self.scores.items():
