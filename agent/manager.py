@@ -35,6 +35,7 @@ the hang limit (agent/step_clock.py, coordinator/hang.py).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import logging
@@ -244,6 +245,7 @@ class Manager:
         self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate, tls=tls).start()
         self.membership.catch_up_addresses = self.group.all_gather_strings(self._server.address)
         self._step_hook = self.optimizer.register_step_pre_hook(self._guard_step)
+        atexit.register(self.ftar.groups.release)  # a script that ends by an exception exits promptly too
         if self.leader:
             self.membership.start()
         else:
@@ -293,6 +295,7 @@ class Manager:
                     self.membership.close()
             if self._server is not None:
                 self._server.close()
+            self.ftar.groups.release()  # so that the script exits normally, even past a hung peer
 
     def _guard_step(self, optimizer, args, kwargs) -> None:
         """An optimizer step pre-hook: a step outside the update is one a joiner would not replay."""

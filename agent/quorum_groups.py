@@ -12,6 +12,7 @@ one that only grows the group is waited out for a patience.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime
 import logging
@@ -247,6 +248,23 @@ class QuorumGroups:
         if self._group is group:
             self._group = None
         self._in_step_with = 0
+
+    def release(self) -> None:
+        """Leave every group to the process's exit (``Manager.close``).
+
+        A group whose collective was abandoned with a hung peer cannot be
+        destroyed before that collective times out: gloo's destructor waits
+        for it, so a script that simply returned would hang in the
+        interpreter's exit for up to the group timeout (``abort()`` does not
+        help: ../shared/MEASUREMENTS.md). Each group is given one reference
+        that is never dropped, so Python never destroys it, and the OS
+        reclaims its sockets and threads when the process ends."""
+        groups = [self._group] + [g for _, g in self._abandoned]
+        groups += [p.group for p in self._prebuilt.values() if p.ready()]
+        for group in groups:
+            if group is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(group.pg))
+        self._group, self._abandoned, self._prebuilt = None, [], {}
 
     def _build(self, quorum: pb.Quorum) -> _Group:
         rank = self.tracker.rank_in(quorum)

@@ -242,6 +242,7 @@ class JobState:
             return False
         del self.replicas[replica_id]
         self.catch_up.pop(replica_id, None)
+        self.progress.forget(replica_id)
         return True
 
     def agent_event(self, replica_id: str, state: int, restart_count: int, detail: str, now: float) -> bool:

@@ -253,11 +253,9 @@ def main() -> int:
     if args.save:
         torch.save(model.state_dict(), args.save)
     print(json.dumps({"done": ft.step, "stopped": ft.stopped}), flush=True)
-    ft.close()
-    # Abandoned gloo collectives may linger until their timeout; do not wait for them.
-    sys.stdout.flush()
-    os._exit(0)
+    ft.close()  # the script then ends normally: no abandoned collective holds its exit
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
