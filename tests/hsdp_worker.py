@@ -65,8 +65,7 @@ def main() -> None:
         torch.save(full, args.save)
     if rank == 0:
         print(json.dumps({"done": ft.step, "stopped": ft.stopped}), flush=True)
-    ft.close()
-    os._exit(0)
+    ft.close()  # then the script ends normally
 
 
 if __name__ == "__main__":
