@@ -22,6 +22,7 @@ import threading
 import time
 
 from agent.membership import Membership
+from agent.step_clock import StepClock
 from coordinator.credentials import read_token_file
 
 
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         changed.set()
 
     m.add_listener(on_event)
+    clock = StepClock()  # progress in every heartbeat, as a real replica reports it (coordinator/hang.py)
+    m.progress = clock.progress
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             break  # drained: the quorum no longer includes us
         if member and args.step_period > 0:
             m.step += 1
+            clock.begin(m.step)
+            clock.arrive(m.step)  # no compute: it waits in the "all-reduce" until its next step
             if args.checksum:  # the last few steps, as a real replica reports them
                 m.recent_checksums = {s: args.checksum for s in range(max(1, m.step - 7), m.step + 1)}
                 m.state_checksum, m.checksum_step = args.checksum, m.step
