@@ -28,6 +28,19 @@ class StateNotHeld(FthsdpError):
     job's committed state, so it must not train on as if it did."""
 
 
+def require_state_held(replica_id: str, step: int, members_step: int) -> None:
+    """A joiner whose first all-reduce had no gradient of anyone's (every
+    member was lost as it joined) holds the committed state only if it saw
+    the members' step in an agree and replayed up to it; otherwise it must
+    not go on: the job's state lives on only where someone holds it."""
+    if members_step != step:
+        raise StateNotHeld(
+            f"replica {replica_id} was admitted at step {step}, but every member was lost before it reached "
+            f"their state (last seen at step {members_step}); it leaves so that the coordinator keeps the job "
+            "waiting for a replica that holds the state"
+        )
+
+
 class LastGap:
     def __init__(self, replayer: Replayer, source: CatchUpSource, timeout: float, replica_id: str,
                  client: Callable[[], SourceClient | None], moved: Callable[[], None]) -> None:

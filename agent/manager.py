@@ -54,7 +54,7 @@ from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
 from agent.checksum import StridedHistory, structure_hash
 from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
-from agent.last_gap import LastGap, StateNotHeld
+from agent.last_gap import LastGap, StateNotHeld, require_state_held
 from agent.grad_log import GradientLog
 from agent.hang_notice import HangNotices
 from agent.joiner import CatchUpReport, Joiner
@@ -331,15 +331,17 @@ class Manager:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
         if self.group is None:
             raise ApiMisuse("allreduce_gradients() before start()")
-        self.clock.arrive(self.step)
         contributes = True
         if self._following:
             # Caught up, not yet admitted: follow the members until a quorum
             # includes this replica. The gradients just computed are then for
             # a step the state has moved past: this step contributes none.
+            self.clock.working(pb.PHASE_STARTING, self.step)
             self._joiner.run(time.monotonic() + self._admission_timeout, until_admitted=True)
             self._following, contributes = False, False
             self._admitted()
+        # From here on this replica, a member, waits for the others (not while it followed them as a joiner).
+        self.clock.arrive(self.step)
         # The step's inputs, as a joiner will restore them before replaying its update.
         self._inputs = self.state.inputs(self.step)
         self.source.publish_inputs(self._inputs)
@@ -377,17 +379,8 @@ class Manager:
             p.grad = grad  # a joiner's replays inside FTAR reset the gradients; the result goes here
         self._reduced = True
         self.last = result
-        if result.contributors == 0:
-            # Nobody had a gradient: the members were all lost as this joiner
-            # joined. It holds the committed state only if it saw the members'
-            # step in an agree and replayed up to it; otherwise it must not go
-            # on (the job's state lives on only where someone holds it).
-            if self.ftar.members_step != self.step:
-                raise StateNotHeld(
-                    f"replica {self.replica_id} was admitted at step {self.step}, but every member was lost before "
-                    f"it reached their state (last seen at step {self.ftar.members_step}); it leaves so that the "
-                    "coordinator keeps the job waiting for a replica that holds the state"
-                )
+        if result.contributors == 0:  # the members were all lost as this joiner joined
+            require_state_held(self.replica_id, self.step, self.ftar.members_step)
             self._sentinel = None
             return result
         offset = 0
