@@ -82,9 +82,11 @@ def _add_demo_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=100, help="steps every replica trains (default 100)")
     p.add_argument("--fail-step", type=int, default=30, help="fail once the failing replica committed this step (default 30)")
     p.add_argument("--fail-replica", type=int, default=-1, metavar="INDEX", help="which replica fails (default: the last)")
-    p.add_argument("--fail-mode", choices=("kill", "hang"), default="kill",
+    p.add_argument("--fail-mode", choices=("kill", "hang", "deadlock"), default="kill",
                    help="kill: SIGKILL its training process; hang: SIGSTOP it (found by the heartbeat timeout), "
-                   "then SIGKILL it (default kill)")
+                   "then SIGKILL it; deadlock: its training loop blocks after the backward pass, process and "
+                   "heartbeats alive (taken out as hung once the others waited past the hang limit, ended and "
+                   "restarted by its agent) (default kill)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--out", default="", metavar="DIR",
                    help="folder for demo.png, summary.json and the logs (default: a new ./fthsdp-demo-DATE-TIME/)")
@@ -201,11 +203,15 @@ def _job_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
 
 
 def _run_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from coordinator.status_view import status_json, status_table
+    import json
+
+    from coordinator.progress_view import progress_lines, progress_view
+    from coordinator.status_view import status_dict, status_table
 
     with _client(args, env) as client:
         status = client.status(_job_name(args, env))
-    print(status_json(status) if args.json else status_table(status))
+    view = progress_view(status, status_dict(status))
+    print(json.dumps(view, indent=2) if args.json else "\n".join([status_table(status), *progress_lines(view)]))
     return 0
 
 

@@ -34,5 +34,28 @@ def job_gauges(jobs: Iterable, lag, now: float) -> Iterator[tuple[str, str, dict
             label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")
             yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n
         yield "fthsdp_watch_streams", "Open Watch streams of replicas, by job.", {"job": name}, watches
+        yield from _progress_gauges(job.state)
     yield ("fthsdp_event_loop_lag_seconds", "The coordinator's worst event-loop lag over the last heartbeat timeout: how late it runs when overloaded.",
            {}, lag.worst(now))
+
+
+def _progress_gauges(state) -> Iterator[tuple[str, str, dict[str, str], float]]:
+    """The hang limit and median step time of a job (coordinator/hang.py), and
+    each replica's step time and straggler score: one series per replica that
+    reports its progress. Only replicas the job still knows, so that one that
+    left takes its series with it rather than leave it stale."""
+    name, book = state.name, state.progress
+    yield ("fthsdp_hang_limit_seconds", "How long a member may make no progress while others wait for it "
+           "(a multiple of the median step time, within --hang-floor and --hang-ceiling), by job.",
+           {"job": name}, book.limit)
+    yield ("fthsdp_median_step_seconds", "The median of the members' step times (0: none reported yet), by job.",
+           {"job": name}, book.median_step)
+    for rid in sorted(state.replicas):
+        report = book.rank0(rid)
+        if report is None:
+            continue  # an older replica, or one that has not reported yet
+        labels = {"job": name, "replica": rid}
+        yield ("fthsdp_replica_step_seconds", "The median of a replica's recent step times as its rank 0 "
+               "reports it (0: none yet), by job and replica.", labels, report.step_time)
+        yield ("fthsdp_straggler_score", "A member's compute time over the other members' median "
+               "(1: typical; 0: unknown), by job and replica.", labels, book.scores.get(rid, 0.0))

@@ -2,8 +2,9 @@
 exposition format, served read-only over HTTP at ``/metrics`` (coordinator/web.py).
 
 Counters and histograms are updated by the runtime as things happen; gauges
-(quorum id, replicas by state, open Watch streams) are read from the job
-tables at scrape time, so they are never stale.
+(quorum id, replicas by state, open Watch streams, the hang limit, step times
+and straggler scores) are read from the job tables at scrape time, so they
+are never stale.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import bisect
 from collections.abc import Callable, Iterable
 
 FORMATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TAKEN_OUT_REASONS = ("hung", "straggler")
+"""Why the hang detection takes a member out (the runtime starts each series at 0)."""
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -79,16 +82,23 @@ class Metrics:
             FORMATION_BUCKETS,
         )
         self.epochs = Counter("fthsdp_leader_changes_total", "Times this coordinator took a job over (start, restart or failover), by job.")
+        self.taken_out = Counter("fthsdp_replicas_taken_out_total",
+                                 "Members taken out of the quorum by the hang detection (reason hung: no progress "
+                                 "while others waited for it) or the straggler policy, by job and reason.")
         self.gauges: Callable[[], Iterable[tuple[str, str, dict[str, str], float]]] = lambda: ()
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (self.heartbeats, self.quorum_changes, self.formation, self.epochs):
+        for metric in (self.heartbeats, self.quorum_changes, self.formation, self.epochs, self.taken_out):
             lines.extend(metric.render())
-        seen: set[str] = set()
+        # The gauges come job by job, but the exposition format wants every
+        # sample of a metric in one group under its HELP and TYPE lines.
+        families: dict[str, list[str]] = {}
         for name, help_text, labels, value in self.gauges():
-            if name not in seen:
-                seen.add(name)
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-            lines.append(f"{name}{_labels(labels)} {value:g}")
+            family = families.get(name)
+            if family is None:
+                family = families[name] = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            family.append(f"{name}{_labels(labels)} {value:g}")
+        for family in families.values():
+            lines.extend(family)
         return "\n".join(lines) + "\n"

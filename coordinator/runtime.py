@@ -21,7 +21,7 @@ from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, Unkno
 from coordinator.gauges import job_gauges
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
-from coordinator.metrics import Metrics
+from coordinator.metrics import TAKEN_OUT_REASONS, Metrics
 from coordinator.quorum import Decision, Quorum, names, next_last_drop_id, settle_for
 from coordinator.served_job import ServedJob
 from coordinator.store import Store
@@ -58,6 +58,8 @@ class CoordinatorRuntime:
         for name in self.jobs:  # every series exists from the start, at 0
             for counter in (self.metrics.heartbeats, self.metrics.quorum_changes, self.metrics.epochs):
                 counter.inc(0, job=name)
+            for reason in TAKEN_OUT_REASONS:
+                self.metrics.taken_out.inc(0, job=name, reason=reason)
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self.lag = LagWindow(config.heartbeat_timeout)
@@ -398,6 +400,7 @@ class CoordinatorRuntime:
         for rid, why in hung.items():
             log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
                       extra={"event": "hang", "job": job.state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=job.state.name, reason="hung")
         for rid, why in stragglers.items():
             try:
                 rec, expected = job.state.admin_record(rid, cordoned=True)
@@ -408,6 +411,7 @@ class CoordinatorRuntime:
             job.state.mark_hung(rid, why, self.clock())
             log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
                       extra={"event": "straggler", "job": job.state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=job.state.name, reason="straggler")
         if job.state.horizon_moved:
             job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
 

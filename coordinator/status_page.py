@@ -34,7 +34,8 @@ PAGE = r"""<!doctype html>
   th, td { text-align: left; padding: 5px 12px; border-bottom: 1px solid #eaeef2; vertical-align: top; }
   th { color: var(--muted); font-weight: 600; font-size: 12px; }
   td.num { font-variant-numeric: tabular-nums; }
-  tr.mismatch td { background: #ffebe9; }
+  tr.mismatch td, tr.hung td { background: #ffebe9; }
+  tr.hung-reason td { border-top: 0; padding-top: 0; }
   .state { padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; background: var(--muted); }
   .state.healthy { background: var(--ok); } .state.failed { background: var(--bad); }
   .state.catching-up, .state.joining { background: var(--warn); } .state.draining { background: #8250df; }
@@ -54,8 +55,8 @@ PAGE = r"""<!doctype html>
   <div class="cards" id="cards"></div>
   <div class="muted" id="decision" style="margin-bottom:12px"></div>
   <section><h2 id="replicas-title">Replicas</h2>
-    <table><thead><tr><th>replica</th><th>state</th><th>member</th><th>step</th><th>heartbeat</th><th>agent</th>
-      <th>catch-up</th><th>checksum</th><th>address</th><th></th></tr></thead>
+    <table><thead><tr><th>replica</th><th>state</th><th>member</th><th>step</th><th>phase</th><th>step time</th>
+      <th>straggler</th><th>heartbeat</th><th>agent</th><th>catch-up</th><th>checksum</th><th>address</th><th></th></tr></thead>
     <tbody id="replicas"></tbody></table>
   </section>
   <section><h2>Quorum history</h2>
@@ -70,7 +71,7 @@ PAGE = r"""<!doctype html>
 </main>
 <script>
 "use strict";
-const REFRESH_MS = 1000, REPLICAS_SHOWN = 500;
+const REFRESH_MS = 1000, REPLICAS_SHOWN = 500, REPLICA_COLUMNS = 13;
 const params = new URLSearchParams(location.search);
 let latest = null;
 
@@ -85,6 +86,7 @@ function el(tag, attrs, ...children) {
 function replace(id, ...children) { document.getElementById(id).replaceChildren(...children); }
 function mib(bytes) { return (bytes / 1048576).toFixed(bytes < 10485760 ? 1 : 0) + " MiB"; }
 function ago(seconds) { return seconds == null ? "-" : seconds < 60 ? seconds.toFixed(1) + " s ago" : Math.round(seconds / 60) + " min ago"; }
+function secs(s, digits) { return s == null ? "-" : s.toFixed(s < 10 ? digits || 2 : 1) + " s"; }
 function clock(unix) { return unix ? new Date(unix * 1000).toLocaleTimeString() : "-"; }
 
 function card(label, value, cls) {
@@ -121,6 +123,8 @@ function render(s) {
     card("quorum step", q.id ? q.step : "-"),
     card("committed step", s.committed_step || 0, s.state_lost_step ? "mismatch" : ""),
     card("replicas", counts),
+    card("hang limit", secs(s.hang_limit_s, 1)),
+    card("median step", secs(s.median_step_time_s)),
     el("div", {class: "card " + cs.verdict, id: "checksums", "data-verdict": cs.verdict},
       el("div", {class: "label", text: "checksums" + (cs.compared_step != null ? " @ step " + cs.compared_step : "")}),
       el("div", {class: "value", text: verdict})));
@@ -128,7 +132,7 @@ function render(s) {
   document.getElementById("replicas-title").textContent = "Replicas" +
     (s.total_replicas > s.replicas.length ? " (showing " + s.replicas.length + " of " + s.total_replicas + ", trouble first)" : "");
 
-  const rows = s.replicas.map(r => {
+  const rows = s.replicas.flatMap(r => {
     const mismatch = cs.mismatched[r.id];
     let catchUp = "-";
     if (r.catch_up_source) {
@@ -144,11 +148,15 @@ function render(s) {
     const action = s.admin.enabled && !s.follower && r.state !== "draining" && r.state !== "failed"
       ? el("button", {"data-drain": r.id, text: "drain"}) : "";
     const agent = r.agent_state ? r.agent_state + (r.restart_count ? " (" + r.restart_count + " restarts)" : "") : "-";
-    return el("tr", {"data-replica": r.id, "data-state": r.state, class: mismatch ? "mismatch" : ""},
+    const phase = r.phase ? r.phase + " " + secs(r.phase_age_s, 1) : "-";
+    const row = el("tr", {"data-replica": r.id, "data-state": r.state, class: (mismatch ? "mismatch " : "") + (r.hang_reason ? "hung" : "")},
       el("td", {}, el("code", {text: r.id}), r.cordoned ? el("span", {class: "muted", text: " cordoned"}) : ""),
       el("td", {}, el("span", {class: "state " + r.state, text: r.state})),
       el("td", {text: members.has(r.id) ? "yes" : "no"}),
       el("td", {class: "num", text: r.step}),
+      el("td", {"data-phase": r.phase || "", text: phase}),
+      el("td", {class: "num", text: secs(r.step_time_s)}),
+      el("td", {class: "num", text: r.straggler_score ? r.straggler_score.toFixed(1) + "x" : "-"}),
       el("td", {class: "num", text: ago(r.heartbeat_age_s)}),
       el("td", {text: agent}),
       el("td", {}, catchUp),
@@ -156,8 +164,11 @@ function render(s) {
         mismatch ? el("div", {class: "bad", text: "MISMATCH at step " + mismatch}) : ""),
       el("td", {}, el("code", {text: r.address})),
       el("td", {}, action));
+    // Why it was taken out (hung, or a straggler) is a sentence: a row of its own under the replica's.
+    return r.hang_reason ? [row, el("tr", {class: "hung hung-reason", "data-hang": r.id},
+      el("td", {colspan: REPLICA_COLUMNS, class: "bad", text: "TAKEN OUT: " + r.hang_reason}))] : [row];
   });
-  replace("replicas", ...(rows.length ? rows : [el("tr", {}, el("td", {colspan: 10, class: "muted",
+  replace("replicas", ...(rows.length ? rows : [el("tr", {}, el("td", {colspan: REPLICA_COLUMNS, class: "muted",
     text: s.follower ? "the leader serves the replicas" : "no replicas registered"}))]));
 
   replace("history", ...s.history.map(h => el("tr", {"data-quorum": h.id},

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import FthsdpError, InvalidRequest, NotFound, NotLeader, StoreError
 from coordinator.http_server import Request, Response
+from coordinator.progress_view import progress_view
 from coordinator.names import split_host_port
 from coordinator.runtime import CoordinatorRuntime
 from coordinator.status_page import PAGE
@@ -157,7 +158,7 @@ class WebApp:
 
     def _leader_view(self, name: str, limit: int | None) -> dict:
         status = self.runtime.status(pb.StatusRequest(job=name))
-        view = status_dict(status)
+        view = progress_view(status, status_dict(status))
         replicas = view["replicas"]
         counts: dict[str, int] = {}
         for r in replicas:
@@ -174,7 +175,7 @@ class WebApp:
 
     async def _follower_view(self, name: str) -> dict:
         status = await self.runtime.follower_status(pb.StatusRequest(job=name))
-        view = status_dict(status)
+        view = progress_view(status, status_dict(status))
         view.update(
             jobs=list(status.jobs), leading=False, follower=True, leader_page=self._leader_page(status.leader),
             now=time.time(), counts={}, total_replicas=0, checksums=checksum_summary([]), history=[],

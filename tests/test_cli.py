@@ -1,7 +1,9 @@
-"""User mistakes end with one clear line and a non-zero exit, never a traceback."""
+"""User mistakes end with one clear line and a non-zero exit, never a traceback;
+and what `fthsdp status` shows of hangs and stragglers."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,8 +11,12 @@ import sys
 
 import pytest
 
+from coordinator import cli, progress_view
 from coordinator.local_etcd import free_port
+from coordinator.status_view import status_dict
+from protos.fthsdp.v1 import coordinator_pb2 as pb
 from tests.processes import ROOT, CoordinatorProcess, _env
+from tests.test_metrics import hung_runtime, straggler_runtime
 
 
 def fthsdp(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -119,3 +125,82 @@ def test_console_script_and_module_entry_points():
     assert result.returncode == 0 and "coordinator" in result.stdout and "status" in result.stdout
     result = subprocess.run([sys.executable, "-m", "coordinator", "--help"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "--heartbeat-timeout" in result.stdout
+
+
+# ----- status: progress, hangs and stragglers -------------------------------------------
+
+class _Client:
+    """Answers `fthsdp status` from a runtime in this process."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def status(self, job: str) -> pb.StatusResponse:
+        return self.runtime.status(pb.StatusRequest(job=job))
+
+
+def status_output(runtime, monkeypatch, capsys, *flags: str) -> str:
+    monkeypatch.setattr(cli, "_client", lambda args, env: _Client(runtime))
+    assert cli.main(["status", *flags], env={}) == 0
+    return capsys.readouterr().out
+
+
+def progress_rows(out: str) -> dict[str, list[str]]:
+    """The rows of the progress table (below the replica table), split into cells."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["REPLICA", "PHASE"])
+    rows = {}
+    for line in lines[start + 1:]:
+        if " taken out: " in line:
+            break
+        rows[line.split()[0]] = line.split()[1:]
+    return rows
+
+
+def test_status_shows_the_hang_limit_phases_and_why_a_replica_was_taken_out(monkeypatch, capsys):
+    out = status_output(hung_runtime(), monkeypatch, capsys)
+    assert "hang limit 2.0s   median step time 0.20s" in out
+    assert progress_rows(out) == {
+        "r0": ["all-reduce", "6.0s", "0.20s", "0.4x"],
+        "r1": ["all-reduce", "6.0s", "0.20s", "0.4x"],
+        "r2": ["computing", "6.1s", "0.20s", "3.5x"],
+    }
+    taken_out = [line for line in out.splitlines() if " taken out: " in line]
+    assert len(taken_out) == 1 and taken_out[0].startswith("r2 taken out: hung: no progress at step 7 (computing for 6.1s)")
+    header = next(line for line in out.splitlines() if line.startswith("REPLICA  STATE"))  # the replica table is unchanged
+    assert header.split() == ["REPLICA", "STATE", "STEP", "HEARTBEAT", "ADDRESS", "RANKS", "CHECKSUM", "NOTE"]
+
+
+def test_status_json_has_the_progress_fields(monkeypatch, capsys):
+    view = json.loads(status_output(straggler_runtime(), monkeypatch, capsys, "--json"))
+    assert view["hang_limit_s"] == 2.0 and view["median_step_time_s"] == pytest.approx(0.4)
+    r = {replica["id"]: replica for replica in view["replicas"]}
+    assert (r["r2"]["phase"], r["r2"]["step_time_s"], r["r2"]["compute_time_s"]) == ("computing", 0.4, 0.35)
+    assert r["r2"]["straggler_score"] == 3.5 and r["r2"]["cordoned"] is True
+    assert r["r2"]["hang_reason"].startswith("straggler: compute 3.5x the other members' median for 10 steps")
+    assert r["r0"]["hang_reason"] is None
+
+
+def test_status_shows_dashes_for_what_a_replica_did_not_report():
+    status = pb.StatusResponse(job="j", hang_limit_s=300.0, replicas=[
+        pb.ReplicaStatus(replica_id="new", phase=pb.PHASE_SECTION, phase_age_s=42.0, step_time_s=12.5),
+        pb.ReplicaStatus(replica_id="old"),  # an older replica: no progress at all
+    ])
+    view = progress_view.progress_view(status, status_dict(status))
+    assert view["median_step_time_s"] is None and view["replicas"][1]["phase"] is None
+    lines = progress_view.progress_lines(view)
+    assert "hang limit 300.0s   median step time - (none reported yet)" in lines
+    assert [line.split() for line in lines[-2:]] == [["new", "section", "42.0s", "12.5s", "-"], ["old", "-", "-", "-", "-"]]
+    follower = pb.StatusResponse(follower=True)
+    assert progress_view.progress_lines(progress_view.progress_view(follower, status_dict(follower))) == []  # the leader knows
+
+
+def test_every_phase_has_a_word():
+    words = {progress_view.phase_word(value) for value in pb.Phase.values()}
+    assert words == {None, "computing", "all-reduce", "update", "section", "starting"}

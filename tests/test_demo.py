@@ -101,6 +101,34 @@ def test_demo_hang_on_etcd_is_found_by_the_heartbeat_timeout(tmp_path):
     assert summary["all_reached_final_step"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_demo_deadlock_is_taken_out_as_hung_restarted_and_caught_up(tmp_path):
+    """The victim's loop blocks after its backward pass, its heartbeats go on:
+    only the others' wait in the all-reduce tells (the demo's limit: 3 x the
+    median step, at least 2 s)."""
+    summary, output = _run_to_end(tmp_path, "--fail-mode", "deadlock", "--steps", "40", "--fail-step", "10")
+    f = summary["failure"]
+    assert f["replica"] == "r2" and f["mode"] == "deadlock" and f["step"] == 10
+    assert "r2 (hung: no progress at step 10" in f["detect_reason"], f["detect_reason"]
+    assert 1.5 < f["time_to_detect_s"] < 15, f
+    # Its agent ended it after the stack dump (the training thread blocked in train.py), restarted it; it caught up.
+    assert f["stacks_in"] == "logs/r2.log"
+    log = (tmp_path / "out" / "logs" / "r2.log").read_text()
+    assert "taken out by the coordinator" in log and "train.py" in log.split("taken out by the coordinator")[1]
+    assert f["restarted"] and f["restart_count"] >= 1
+    assert f["caught_up"] and f["catch_up_source"] in ("r0", "r1") and f["catch_up_bytes"] > 1_000_000
+    assert f["time_to_detect_s"] < f["time_to_rejoin_quorum_s"] <= f["time_to_recover_s"]
+    # The survivors kept committing: every step once, the stalled one among the two of them.
+    assert f["survivor_steps_skipped"] == 0
+    assert summary["all_reached_final_step"] and summary["final_steps"] == {"r0": 40, "r1": 40, "r2": 40}
+    assert [q["members"] for q in summary["quorum_history"]].count(["r0", "r1"]) >= 1
+    assert "r2 was deadlocked (its training loop blocked after the backward pass" in output
+    assert "the coordinator took it out as hung" in output
+    assert "its agent ended the hung process (stacks dumped in logs/r2.log) and restarted it" in output
+    assert "the survivors went on: 0 steps skipped" in output and "Traceback" not in output
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
                          ids=["ctrl-c", "sigterm"])

@@ -1,14 +1,24 @@
 """The coordinator's Prometheus endpoint, scraped over HTTP from a real
-coordinator with real (simulated-training) replica processes."""
+coordinator with real (simulated-training) replica processes; and what it
+shows of hangs and stragglers, from a runtime in this process fed with
+progress reports (the simulated replicas report none).
+
+``hung_runtime`` and ``straggler_runtime`` serve tests/test_cli.py and
+tests/test_web.py too."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import urllib.error
 import urllib.request
 
 import pytest
 
+from coordinator.config import CoordinatorConfig
+from coordinator.runtime import CoordinatorRuntime
+from coordinator.store.memory import MemoryStore
+from protos.fthsdp.v1 import coordinator_pb2 as pb
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.waiting import wait_until
 
@@ -19,7 +29,10 @@ def scrape(url: str) -> dict[str, float]:
     """{'name{labels}': value} of every sample."""
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = response.read().decode()
+        return samples_of(response.read().decode())
+
+
+def samples_of(text: str) -> dict[str, float]:
     samples = {}
     for line in text.splitlines():
         if line.startswith("#") or not line:
@@ -47,6 +60,12 @@ def test_metrics_follow_the_quorum(tmp_path):
         assert m['fthsdp_watch_streams{job="default"}'] == 2
         assert m['fthsdp_state_lost_step{job="default"}'] == 0  # the replicas never step: nothing to lose
         assert m['fthsdp_committed_step{job="default"}'] == 0
+        assert m['fthsdp_hang_limit_seconds{job="default"}'] == 300  # the ceiling: no step time reported
+        assert m['fthsdp_median_step_seconds{job="default"}'] == 0
+        assert m['fthsdp_replicas_taken_out_total{job="default",reason="hung"}'] == 0  # there from the start
+        # Simulated replicas report progress but no compute: a series each, no score.
+        scores = {name: v for name, v in m.items() if name.startswith("fthsdp_straggler_score")}
+        assert len(scores) == 2 and set(scores.values()) == {0}
         beats = m['fthsdp_heartbeats_total{job="default"}']
         wait_until(lambda: scrape(url)['fthsdp_heartbeats_total{job="default"}'] > beats, 10, message="heartbeats counted")
 
@@ -75,3 +94,123 @@ def test_metrics_endpoint_is_read_only(tmp_path):
         assert e.value.code == 404
     finally:
         c.stop()
+
+
+# ----- hangs and stragglers, in process ------------------------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def joined_runtime(n: int = 3, jobs: tuple[str, ...] = ("default",), **settings) -> tuple[CoordinatorRuntime, FakeClock, dict]:
+    """A leading runtime, no decision loop and no processes: replicas r0..r{n-1}
+    of the first job registered and formed quorum 1 at time 0.5. The hang
+    limit is at its 2 s floor for step times of 0.2 s."""
+    clock = FakeClock()
+    config = CoordinatorConfig(job=jobs, min_replicas=1, join_settle=0.0, hang_floor=2.0, **settings)
+    runtime = CoordinatorRuntime(config, MemoryStore(), "coord:1", clock=clock, wall=lambda: 1000.0)
+    runtime.leading = True  # what start() sets once it loaded the jobs; the tests drive evaluate() themselves
+    job = runtime.jobs[config.job[0]]
+    sessions = {}
+    for i in range(n):
+        req = pb.RegisterRequest(job=job.state.name, replica_id=f"r{i}", address=f"h{i}:1", world_size=1)
+        sessions[f"r{i}"] = (await runtime.register(req)).session_id
+    clock.t = 0.1
+    for rid in sessions:
+        report(runtime, sessions, rid, 0)
+    clock.t = 0.5
+    await runtime.evaluate(job)
+    assert job.state.quorum is not None and len(job.state.quorum.members) == n
+    return runtime, clock, sessions
+
+
+def report(runtime: CoordinatorRuntime, sessions: dict, rid: str, step: int, progress: pb.Progress | None = None) -> None:
+    job = next(iter(runtime.jobs))
+    runtime.heartbeat(pb.HeartbeatRequest(job=job, replica_id=rid, session_id=sessions[rid], step=step, progress=progress))
+
+
+def hung_runtime() -> CoordinatorRuntime:
+    """r0 and r1 have waited 6 s in the all-reduce of step 7 while r2 computes
+    (at a third of their speed): past the 2 s limit, r2 is taken out as hung."""
+
+    async def scenario() -> CoordinatorRuntime:
+        runtime, clock, sessions = await joined_runtime()
+        clock.t = 10.0
+        for rid, phase, age, compute in (("r0", pb.PHASE_ALLREDUCE, 6.0, 0.1), ("r1", pb.PHASE_ALLREDUCE, 6.0, 0.1),
+                                         ("r2", pb.PHASE_COMPUTE, 6.1, 0.35)):
+            report(runtime, sessions, rid, 7, pb.Progress(phase=phase, phase_age_s=age, step=7, step_time_s=0.2,
+                                                          compute_time_s=compute))
+        await runtime.evaluate(runtime.jobs["default"])
+        return runtime
+
+    return asyncio.run(scenario())
+
+
+def straggler_runtime() -> CoordinatorRuntime:
+    """r2 computes 3.5 times as long as the others, step after step, under a
+    policy of 2x for 10 steps: the runtime cordons it and takes it out at step 11."""
+
+    async def scenario() -> CoordinatorRuntime:
+        runtime, clock, sessions = await joined_runtime(straggler_multiple=2.0, straggler_steps=10)
+        job = runtime.jobs["default"]
+        for step in range(1, 13):
+            clock.t += 0.3
+            for rid, compute in (("r0", 0.1), ("r1", 0.1), ("r2", 0.35)):
+                report(runtime, sessions, rid, step, pb.Progress(phase=pb.PHASE_COMPUTE, phase_age_s=0.0, step=step,
+                                                                 step_time_s=0.4, compute_time_s=compute))
+            await runtime.evaluate(job)
+            if job.state.replicas["r2"].hung_reason:
+                break
+        assert step == 11 and job.state.replicas["r2"].cordoned
+        return runtime
+
+    return asyncio.run(scenario())
+
+
+def test_metrics_show_the_hang_limit_step_times_and_a_hung_replica_taken_out():
+    m = samples_of(hung_runtime().metrics.render())
+    assert m['fthsdp_hang_limit_seconds{job="default"}'] == 2.0  # 5 x 0.2 s, at the floor
+    assert m['fthsdp_median_step_seconds{job="default"}'] == 0.2
+    assert m['fthsdp_replica_step_seconds{job="default",replica="r2"}'] == 0.2
+    assert m['fthsdp_straggler_score{job="default",replica="r2"}'] == 3.5  # 0.35 s over the others' 0.1 s
+    assert m['fthsdp_straggler_score{job="default",replica="r0"}'] == pytest.approx(0.1 / 0.225, rel=1e-5)
+    assert m['fthsdp_replicas_taken_out_total{job="default",reason="hung"}'] == 1
+    assert m['fthsdp_replicas_taken_out_total{job="default",reason="straggler"}'] == 0
+
+
+def test_metrics_count_a_straggler_taken_out():
+    m = samples_of(straggler_runtime().metrics.render())
+    assert m['fthsdp_replicas_taken_out_total{job="default",reason="straggler"}'] == 1
+    assert m['fthsdp_replicas_taken_out_total{job="default",reason="hung"}'] == 0
+    assert m['fthsdp_straggler_score{job="default",replica="r2"}'] == 3.5
+    assert m['fthsdp_median_step_seconds{job="default"}'] == pytest.approx(0.4)
+
+
+def test_a_replica_that_left_takes_its_series_with_it():
+    async def scenario() -> CoordinatorRuntime:
+        runtime, clock, sessions = await joined_runtime(n=2)
+        clock.t = 1.0
+        for rid in sessions:
+            report(runtime, sessions, rid, 1, pb.Progress(phase=pb.PHASE_COMPUTE, step=1, step_time_s=0.2))
+        assert 'fthsdp_replica_step_seconds{job="default",replica="r1"}' in samples_of(runtime.metrics.render())
+        await runtime.leave(pb.LeaveRequest(job="default", replica_id="r1", session_id=sessions["r1"]))
+        return runtime
+
+    m = samples_of(asyncio.run(scenario()).metrics.render())
+    assert 'fthsdp_replica_step_seconds{job="default",replica="r0"}' in m
+    assert not any('replica="r1"' in name for name in m)
+
+
+def test_each_metric_is_one_group_with_several_jobs():
+    """The exposition format wants a metric's samples together under one
+    HELP and TYPE; the gauges are produced job by job."""
+    runtime, _, _ = asyncio.run(joined_runtime(jobs=("a", "b")))
+    names = [line.split("{")[0].split(" ")[0] for line in runtime.metrics.render().splitlines() if not line.startswith("#")]
+    families = [re.sub(r"_(bucket|sum|count)$", "", n) if n.startswith("fthsdp_quorum_formation") else n for n in names]
+    groups = [name for i, name in enumerate(families) if i == 0 or families[i - 1] != name]
+    assert len(groups) == len(set(groups)), groups
+    assert families.count("fthsdp_hang_limit_seconds") == 2

@@ -4,6 +4,7 @@ headless Chromium (Debian's `chromium`, installed by `make etcd`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import CoordinatorConfig
+from coordinator.http_server import Request, serve_http
 from coordinator.web import WebApp, checksum_summary, history_view
 from tests.processes import CoordinatorProcess, ReplicaProcess
+from tests.test_metrics import hung_runtime, straggler_runtime
 from tests.waiting import wait_until
 
 TOKEN = "web-test-token-0123456789"
@@ -330,6 +333,99 @@ class _Banner(HTMLParser):
         a = dict(attrs)
         if a.get("id") == "state-lost":
             self.step = a.get("data-step", "")
+
+
+# ----- hangs and stragglers, from a runtime in this process --------------------------------
+
+def api_status(runtime, query: str = "") -> dict:
+    app = WebApp(runtime, runtime.config, "")
+    params = dict(p.split("=") for p in query.split("&")) if query else {}
+    response = asyncio.run(app.handle(Request("GET", "/api/status", params, {})))
+    assert response.status == 200, response.body
+    return json.loads(response.body)
+
+
+def test_status_api_shows_progress_and_why_a_replica_was_taken_out():
+    s = api_status(hung_runtime())
+    assert (s["hang_limit_s"], s["median_step_time_s"]) == (2.0, 0.2)
+    r = {replica["id"]: replica for replica in s["replicas"]}
+    assert {k: r["r2"][k] for k in ("phase", "phase_age_s", "step_time_s", "compute_time_s", "straggler_score")} == {
+        "phase": "computing", "phase_age_s": 6.1, "step_time_s": 0.2, "compute_time_s": 0.35, "straggler_score": 3.5}
+    assert r["r2"]["hang_reason"].startswith("hung: no progress at step 7 (computing for 6.1s) while r0 waited 6.0s")
+    assert (r["r0"]["phase"], r["r0"]["hang_reason"]) == ("all-reduce", None)
+    assert [x["id"] for x in api_status(hung_runtime(), "limit=1")["replicas"]] == ["r2"]  # taken out: trouble first
+
+
+def test_status_api_says_why_a_straggler_was_taken_out():
+    r2 = next(r for r in api_status(straggler_runtime())["replicas"] if r["id"] == "r2")
+    assert r2["hang_reason"].startswith("straggler: compute 3.5x") and r2["cordoned"] and r2["state"] == "failed"
+
+
+class _Progress(HTMLParser):
+    """Per replica of a dumped DOM: its phase cell and the taken-out row under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.row_class: dict[str, str] = {}
+        self.phases: dict[str, str] = {}
+        self.taken_out: dict[str, str] = {}
+        self.cards: dict[str, str] = {}
+        """The cards' values by label."""
+        self._replica = self._label = ""
+        self._text: dict | None = None
+        self._card = ""
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and "data-replica" in a:
+            self._replica = a["data-replica"]
+            self.row_class[self._replica] = a.get("class", "")
+        if tag == "td" and "data-phase" in a:
+            self.phases[self._replica] = a["data-phase"]
+        if tag == "tr" and "data-hang" in a:
+            self._text = self.taken_out
+            self._replica = a["data-hang"]
+        if tag == "div" and a.get("class") in ("label", "value"):
+            self._card = a["class"]
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._text = None
+        if tag == "div":
+            self._card = ""
+
+    def handle_data(self, data):
+        if self._text is not None:
+            self._text[self._replica] = self._text.get(self._replica, "") + data
+        if self._card == "label":
+            self._label = data
+        elif self._card == "value":
+            self.cards[self._label] = data
+
+
+def test_the_page_shows_phases_the_hang_limit_and_why_a_replica_was_taken_out(tmp_path):
+    binary = chromium()
+    runtime = hung_runtime()
+
+    async def render() -> str:
+        server = await serve_http(WebApp(runtime, runtime.config, "").handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:  # chromium runs in a thread: the server answers it meanwhile, on this loop
+            return (await asyncio.to_thread(run_chromium, binary, tmp_path / "profile", "--dump-dom",
+                                            f"http://127.0.0.1:{port}/")).stdout
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    dom = asyncio.run(render())
+    page = _Progress()
+    page.feed(dom)
+    assert page.phases == {"r0": "all-reduce", "r1": "all-reduce", "r2": "computing"}, dom[-3000:]
+    assert "hung" in page.row_class["r2"] and "hung" not in page.row_class["r0"]
+    assert page.taken_out["r2"].startswith("TAKEN OUT: hung: no progress at step 7 (computing for 6.1s)")
+    assert set(page.taken_out) == {"r2"}
+    assert (page.cards["hang limit"], page.cards["median step"]) == ("2.0 s", "0.20 s")
+    assert "3.5x" in dom and "computing 6.1 s" in dom
 
 
 # ----- pure parts ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coordinator.errors import ConfigError
 
-FAIL_MODES = ("kill", "hang")
+FAIL_MODES = ("kill", "hang", "deadlock")
 STEPS_AFTER_FAILURE = 20
 """Steps the survivors must still have to take after the failure: the
 restarted replica needs a few seconds (a few steps) to catch up before they
@@ -34,7 +34,11 @@ class DemoConfig:
     """kill: SIGKILL the replica's training process (its agent restarts it, it
     catches up from a peer). hang: SIGSTOP it (the coordinator finds it silent
     after the heartbeat timeout), then SIGKILL it once the survivors went on
-    without it, as a watchdog would."""
+    without it, as a watchdog would. deadlock: its training loop blocks after
+    the backward pass (examples/gpt/train.py --fail-how deadlock), the process
+    and its heartbeat threads alive; the coordinator takes it out as hung once
+    the others waited for it past the hang limit, and its agent ends it (after
+    a stack dump into its log) and restarts it."""
 
     live: bool = True
     """A live terminal view (rich); False: plain log lines."""
@@ -62,7 +66,7 @@ class DemoConfig:
         if not -1 <= self.fail_replica < self.replicas:
             raise ConfigError(f"--fail-replica must be in [0, {self.replicas}) (or -1 for the last), got {self.fail_replica}")
         if self.fail_mode not in FAIL_MODES:
-            raise ConfigError(f"--fail-mode must be kill or hang, got {self.fail_mode!r}")
+            raise ConfigError(f"--fail-mode must be kill, hang or deadlock, got {self.fail_mode!r}")
         if self.store not in ("memory", "etcd") and not self.store.startswith("etcd://"):
             raise ConfigError(f"--store: expected memory, etcd or etcd://HOST:PORT, got {self.store!r}")
         if self.out and Path(self.out).exists() and not Path(self.out).is_dir():

@@ -118,6 +118,8 @@ class Recorder:
         self.steps: dict[str, list[StepLine]] = {r: [] for r in replica_ids}
         self.starts: dict[str, list[RankStart]] = {r: [] for r in replica_ids}
         self.done: dict[str, int] = {}
+        self.failing: dict[str, dict] = {}
+        """A rank's own line as it fails on purpose ({"failing": HOW, "step": N, ...})."""
         self.coordinator_address = ""
         self.samples: list[StatusSample] = []
         self.events: list[tuple[float, str]] = []
@@ -139,6 +141,10 @@ class Recorder:
         elif "done" in obj:
             with self._changed:
                 self.done[replica] = int(obj["done"])
+                self._changed.notify_all()
+        elif "failing" in obj:
+            with self._changed:
+                self.failing[replica] = obj
                 self._changed.notify_all()
 
     def coordinator_line(self, text: str, t_read: float) -> None:
@@ -222,4 +228,6 @@ class Failure:
     quorum_before: int
     killed_t: float = 0.0
     """When the training process was SIGKILLed: at once for kill, after the
-    coordinator dropped it for hang."""
+    coordinator dropped it for hang; for deadlock, when its agent had ended it."""
+    stacks_in: str = ""
+    """deadlock: the log holding the stack dump of the process taken out (empty: none found)."""

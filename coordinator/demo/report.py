@@ -79,7 +79,8 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
     fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(11, 8), gridspec_kw={"height_ratios": [3, 2]})
     title = f"fthsdp demo: {len(rec.replica_ids)} replicas of the example GPT"
     if failure:
-        title += f", {failure.replica} {'killed' if failure.mode == 'kill' else 'hung'} after step {failure.step}"
+        what = {"kill": "killed", "deadlock": "deadlocked"}.get(failure.mode, "hung")
+        title += f", {failure.replica} {what} after step {failure.step}"
     fig.suptitle(title)
 
     for replica in rec.replica_ids:

@@ -5,8 +5,11 @@
    ``examples/gpt/train.py`` (one rank on the CPU).
 3. Once the failing replica committed ``--fail-step``, its training process
    is SIGKILLed (``kill``) or SIGSTOPped (``hang``; SIGKILLed once the
-   coordinator dropped it, as a watchdog would). Its agent restarts it (the
-   warm standby takes over), it catches up from a healthy peer and rejoins.
+   coordinator dropped it, as a watchdog would), or its training loop blocks
+   after the next backward pass (``deadlock``, train.py ``--fail-how
+   deadlock``: alive and heartbeating; the coordinator takes it out as hung,
+   its agent ends it after a stack dump). Its agent restarts it (the warm
+   standby takes over), it catches up from a healthy peer and rejoins.
 4. Every replica trains to ``--steps``; then the summary, ``summary.json`` and
    ``demo.png`` in ``--out``.
 
@@ -38,9 +41,18 @@ from coordinator.errors import ConfigError
 TRAIN_SCRIPT = ROOT / "examples" / "gpt" / "train.py"
 COORDINATOR_FLAGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s")
 """A hang is found after 2 s of silence (the default 5 s would only make the demo longer)."""
-AGENT_FLAGS = ("--standby", "--standby-delay", "2s", "--restart-backoff", "0", "--stop-timeout", "5s")
+DEADLOCK_FLAGS = ("--hang-floor", "2s", "--hang-multiple", "3")
+"""--fail-mode deadlock: a member is hung once the others waited for it 3 x the
+median step, at least 2 s (the defaults, 5 x and 10 s, would only make the demo
+longer). Not for hang: there the heartbeat timeout is to find the stopped process."""
+AGENT_FLAGS = ("--standby", "--standby-delay", "2s", "--restart-backoff", "0", "--stop-timeout", "5s",
+               "--hang-grace", "1s")
 """--restart-backoff 0: the demo's replicas fail within a minute of starting,
-which the agent would otherwise take for a crash loop and wait a second."""
+which the agent would otherwise take for a crash loop and wait a second.
+--hang-grace 1s: a deadlocked rank ignores its SIGTERM (its loop never reaches
+the step boundary where it would leave); SIGKILL it after 1 s, not 5."""
+ENDED_TIMEOUT = 30.0
+"""The agent ends a rank taken out as hung within --hang-grace of the notice."""
 START_TIMEOUT = 180.0
 """Three replicas importing torch at once on a small machine take a while."""
 RECOVERY_TIMEOUT = 120.0
@@ -209,16 +221,19 @@ class _Scenario:
         self.coordinator = self.children.start("coordinator", Children.python(
             "coordinator.cli", "coordinator", "--bind", "127.0.0.1:0", "--store", self.store,
             "--min-replicas", str(max(1, cfg.replicas - 1)), *COORDINATOR_FLAGS,
+            *(DEADLOCK_FLAGS if cfg.fail_mode == "deadlock" else ()),
         ), on_line=rec.coordinator_line)
         address = self._wait(lambda: rec.coordinator_address, 60, "the coordinator's start")
         rec.event(f"coordinator serving on {address} (store: {self.store})")
         self.client = CoordinatorClient([address], timeout=2.0)
         self.poller = StatusPoller(self.client, rec).start()
         for replica in cfg.replica_ids:
+            deadlock = ("--fail-at-step", str(cfg.fail_step), "--fail-how", "deadlock")
             self.agents[replica] = self.children.start(replica, Children.python(
                 "coordinator.cli", "agent", "--coordinator", address, "--replica-id", replica,
                 "--num-replicas", str(cfg.replicas), *AGENT_FLAGS,
                 "--", sys.executable, str(TRAIN_SCRIPT), "--steps", str(cfg.steps), "--log-every", "1",
+                *(deadlock if cfg.fail_mode == "deadlock" and replica == cfg.victim else ()),
             ), on_line=lambda text, t, r=replica: rec.rank_line(r, text, t), stops_first=True)
         rec.event(f"started {cfg.replicas} agents, each training examples/gpt/train.py")
 
@@ -228,15 +243,20 @@ class _Scenario:
         ids = set(cfg.replica_ids)
         self._wait(lambda: rec.latest() and set(rec.latest().members) == ids and all(rec.starts[r] for r in ids),
                    START_TIMEOUT, "the first quorum of every replica")
-        self._wait(lambda: (line := rec.last_step(victim)) and line.step >= cfg.fail_step,
-                   cfg.fail_step * SECONDS_PER_STEP_BOUND, f"{victim} reaching step {cfg.fail_step}")
-        self.failure = failure = self._inject(victim)
+        if cfg.fail_mode == "deadlock":
+            self.failure = failure = self._deadlocked(victim)
+        else:
+            self._wait(lambda: (line := rec.last_step(victim)) and line.step >= cfg.fail_step,
+                       cfg.fail_step * SECONDS_PER_STEP_BOUND, f"{victim} reaching step {cfg.fail_step}")
+            self.failure = failure = self._inject(victim)
         self._wait(lambda: (s := rec.latest()) and s.quorum_id > failure.quorum_before and victim not in s.members,
                    RECOVERY_TIMEOUT, f"the coordinator dropping {victim}")
         dropped = rec.latest()
         rec.event(f"the coordinator dropped {victim}: quorum {dropped.quorum_id} of {', '.join(dropped.members)}")
         if cfg.fail_mode == "hang":
             self._kill_hung(failure)
+        elif cfg.fail_mode == "deadlock":
+            self._ended_by_agent(failure)
 
         def survivors_done() -> bool:
             return all(r in rec.done for r in ids - {victim})
@@ -272,9 +292,41 @@ class _Scenario:
         rec.event(f"{signal.Signals(sig).name} {victim}'s training process (pid {start.pid}) after step {step}")
         return failure
 
+    def _deadlocked(self, victim: str) -> Failure:
+        """The victim's training loop blocked itself (train.py --fail-how
+        deadlock, after its backward pass): the failure is its own line."""
+        rec, cfg = self.rec, self.config
+        line = self._wait(lambda: rec.failing.get(victim), cfg.fail_step * SECONDS_PER_STEP_BOUND,
+                          f"{victim} deadlocking after step {cfg.fail_step}")
+        start, quorum = rec.starts[victim][-1], rec.latest().quorum_id
+        t = float(line["t"])
+        failure = Failure(victim, "deadlock", start.pid, int(line["step"]), t, t + rec.wall_offset, quorum)
+        rec.event(f"{victim}'s training loop (pid {start.pid}) deadlocked after the backward pass of step "
+                  f"{failure.step + 1}; the process and its heartbeats live on")
+        return failure
+
+    def _ended_by_agent(self, failure: Failure) -> None:
+        """The coordinator took the deadlocked replica out as hung and told its
+        agent, which ends the process (its stacks are dumped into its log first)."""
+        def gone() -> bool:
+            try:
+                os.kill(failure.pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        self._wait(gone, ENDED_TIMEOUT, f"{failure.replica}'s agent ending the hung process {failure.pid}")
+        failure.killed_t = time.monotonic()
+        log = self.children.logdir / f"{failure.replica}.log"
+        if log.is_file() and "taken out by the coordinator" in log.read_text(errors="replace"):
+            failure.stacks_in = f"logs/{log.name}"
+        dump = f"; its stacks are in {failure.stacks_in}" if failure.stacks_in else ""
+        self.rec.event(f"{failure.replica}'s agent ended the hung process {failure.pid}{dump}; it restarts it")
+
     def _kill_hung(self, failure: Failure) -> None:
         """The coordinator dropped the silent replica; its process is still
-        stopped and would stay so: kill it, as a watchdog (or an operator) would."""
+        stopped and would stay so: kill it, as a watchdog (or an operator) would
+        (its agent, told by the coordinator, would too after --hang-grace)."""
         failure.killed_t = time.monotonic()
         try:
             os.kill(failure.pid, signal.SIGKILL)

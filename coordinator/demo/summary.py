@@ -107,6 +107,7 @@ def _failure_figures(rec: Recorder, failure: Failure) -> dict:
     fig["rejoin_reason"] = back.quorum_reason if back else ""
     restarts = [s.replicas[victim].restart_count for s in after if victim in s.replicas]
     fig["restart_count"] = max(restarts, default=0)
+    fig["stacks_in"] = failure.stacks_in
 
     restart = next((s for s in rec.starts[victim] if s.t > failure.t), None)
     report = (restart.catch_up or {}) if restart else {}
@@ -136,6 +137,13 @@ def _failure_figures(rec: Recorder, failure: Failure) -> dict:
     return fig
 
 
+HOW = {
+    "kill": "killed (SIGKILL)",
+    "hang": "hung (SIGSTOP, later SIGKILLed)",
+    "deadlock": "deadlocked (its training loop blocked after the backward pass, process and heartbeats alive)",
+}
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -145,18 +153,24 @@ def summary_text(s: dict, out_dir: str) -> str:
     lines = ["", f"Summary (JSON: {out_dir}/summary.json, report: {out_dir}/demo.png, logs: {out_dir}/logs/)"]
     f = s["failure"]
     if f:
-        how = "killed (SIGKILL)" if f["mode"] == "kill" else "hung (SIGSTOP, later SIGKILLed)"
+        how = HOW.get(f["mode"], f["mode"])
         if f["detected"]:
-            lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator formed quorum "
-                         f"{f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later ({short_reason(f['detect_reason'])})")
+            taken = " as hung" if f["mode"] == "deadlock" else ""
+            lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator took it out{taken}, forming "
+                         f"quorum {f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later "
+                         f"({short_reason(f['detect_reason'])})")
         else:
             lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator never dropped it")
         if f["restarted"]:
             source = f"from {f['catch_up_source']} " if f["catch_up_source"] else ""
             snap = f" of step {f['snapshot_step']}" if f["snapshot_step"] is not None else ""
             replayed = f["replayed_steps"] or 0
-            lines.append(f"  its agent restarted it; it caught up {source}({_mib(f['catch_up_bytes'])} snapshot{snap}, "
-                         f"{replayed} step{'s' if replayed != 1 else ''} replayed)")
+            ended = ""
+            if f["mode"] == "deadlock":
+                ended = f"its agent ended the hung process (stacks dumped in {f['stacks_in']}) and restarted it" \
+                    if f.get("stacks_in") else "its agent ended the hung process and restarted it"
+            lines.append(f"  {ended or 'its agent restarted it'}; it caught up {source}({_mib(f['catch_up_bytes'])} "
+                         f"snapshot{snap}, {replayed} step{'s' if replayed != 1 else ''} replayed)")
         if f["time_to_recover_s"] is not None:
             lines.append(f"  back in quorum {f['quorum_rejoined']} {f['time_to_rejoin_quorum_s']:.1f} s after the failure, "
                          f"training again from step {f['first_step_trained_again']}: time to recover {f['time_to_recover_s']:.1f} s")

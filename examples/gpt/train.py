@@ -9,8 +9,10 @@ then the loop, where fthsdp adds three calls. Each replica trains on
 is out), or, with ``--global-batch G``, every step trains on the same G
 samples whatever the quorum: the replicas training the step split them
 (``ft.participation()``), so the survivors take a missing replica's share.
-``--fail-at-step`` makes this replica die (SIGKILL), hang (SIGSTOP) or exit
-with an error at that step, once (not after its agent restarted it).
+``--fail-at-step`` makes this replica die (SIGKILL), hang (SIGSTOP), exit
+with an error, or deadlock (its loop blocks after the backward pass, the
+process and its heartbeat threads alive) at that step, once (not after its
+agent restarted it).
 ``--samples N`` trains until the job as a whole has trained on N samples
 rather than for ``--steps``; ``--decay-lr`` decays the learning rate over the
 run (by samples with ``--samples``); ``--eval-every K`` prints the loss on
@@ -25,6 +27,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -51,7 +54,7 @@ p.add_argument("--seed", type=int, default=0)
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 p.add_argument("--log-every", type=int, default=10)
 p.add_argument("--fail-at-step", type=int, default=-1)
-p.add_argument("--fail-how", choices=("kill", "hang", "exit"), default="kill")
+p.add_argument("--fail-how", choices=("kill", "hang", "exit", "deadlock"), default="kill")
 p.add_argument("--samples", type=int, default=0, help="also stop once the job trained on this many samples (0: no limit)")
 p.add_argument("--eval-every", type=int, default=0, help="validation loss every this many steps and at the end (0: never)")
 p.add_argument("--eval-batches", type=int, default=20, help="held-out batches of --batch-size per validation loss")
@@ -150,7 +153,8 @@ print(json.dumps({"replica": ft.replica_id, "params": n_params, "quorum": ft.quo
                   "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
 started = time.monotonic()
 while ft.step < args.steps and samples_trained() < (args.samples or float("inf")) and not ft.stopped:
-    if ft.step == args.fail_at_step and first_start:
+    failing = ft.step == args.fail_at_step and first_start
+    if failing and args.fail_how != "deadlock":
         print(json.dumps({"failing": args.fail_how, "step": ft.step}), flush=True)
         if args.fail_how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -163,6 +167,9 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
     x, y, counters.replica_batch = get_batch()  # before allreduce_gradients(), as the lr
     _, loss = model(x.to(args.device), y.to(args.device))
     loss.backward()
+    if failing and args.fail_how == "deadlock":  # blocks for good; the heartbeat threads go on
+        print(json.dumps({"failing": "deadlock", "step": ft.step, "t": time.monotonic()}), flush=True)
+        threading.Event().wait()
     result = ft.allreduce_gradients()  # the average over the quorum, redone among survivors on a failure
     if result is None:  # drained: the quorum went on without this replica
         break
@@ -180,5 +187,4 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
 if args.eval_every and ft.step % args.eval_every != 0 and not ft.stopped:  # the end, unless just evaluated
     report_val_loss()
 print(json.dumps({"done": ft.step, "drained": ft.stopped, "samples": samples_trained()}), flush=True)
-ft.close()  # leave the job: the other replicas go on without this one
-os._exit(0)  # abandoned collectives (if any) would otherwise hold the exit until their timeout
+ft.close()  # leave the job: the other replicas go on without this one; the script then ends normally
