@@ -262,10 +262,8 @@ class Manager:
         self.clock.begin(self.step)
 
     def section(self, name: str, timeout: float | None = None):
-        """``with ft.section("eval"):`` marks work that may take long
-        (evaluation, a checkpoint): inside, the coordinator allows it
-        ``timeout`` seconds (default: its --section-timeout) before counting
-        this replica hung, instead of the job's hang limit."""
+        """``with ft.section("eval"):`` marks work that may take long (evaluation, a checkpoint): the
+        coordinator then allows ``timeout`` seconds (default: its --section-timeout), not the hang limit."""
         return self.clock.section(name, timeout)
 
     def _admitted(self) -> None:
@@ -396,7 +394,8 @@ class Manager:
         self.step = result.step  # a joiner that closed a gap of several steps is further on
         self._sentinel = gradient_sample(self._params[0])
         # A snapshot taken at the last boundary must be copied before the update changes the state.
-        self.source.wait_copied(self.config.timeout)
+        with self.clock.section("snapshot copy", None):  # serving a joiner may take long: not a hang
+            self.source.wait_copied(self.config.timeout)
         return result
 
     def commit(self) -> bool:
@@ -444,7 +443,8 @@ class Manager:
         drain, snapshot, top, neg_bottom = self.group.max(int(drain), int(self.source.wanted), proposal, -proposal)
         self._proposal = top if top == -neg_bottom else 0
         if snapshot:
-            self.source.take(self.step, self.state.capture())
+            with self.clock.section("snapshot", None):
+                self.source.take(self.step, self.state.capture())
             self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
         else:
             self.source.expire()  # a joiner that died without releasing its snapshot
