@@ -162,6 +162,8 @@ class TrainState:
         ``step`` without its data: hyperparameters and the small registered state."""
         small = {}
         for name, obj in self.extra.items():
+            if name in self.unrecorded:
+                continue  # large once, large for good (an EMA of the weights): no state_dict() every step
             state = obj.state_dict()
             if _tensor_nbytes(state) > SMALL_STATE_BYTES:
                 self.unrecorded.add(name)
@@ -195,6 +197,8 @@ class TrainState:
         }
         extra = {}
         for name, obj in self.extra.items():
+            if name in self.unrecorded:
+                continue  # large once, large for good (an EMA of the weights): no state_dict() every step
             state = obj.state_dict()
             # A small state is decoupled now (the loop may change it before
             # the copy runs); a large one changes only inside update().
