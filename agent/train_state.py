@@ -197,8 +197,6 @@ class TrainState:
         }
         extra = {}
         for name, obj in self.extra.items():
-            if name in self.unrecorded:
-                continue  # large once, large for good (an EMA of the weights): no state_dict() every step
             state = obj.state_dict()
             # A small state is decoupled now (the loop may change it before
             # the copy runs); a large one changes only inside update().

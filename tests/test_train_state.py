@@ -85,6 +85,9 @@ def test_large_registered_state_is_not_recorded_but_known():
     assert state.unrecorded == {"ema"}
     small = decode_blob(state.inputs(0).inputs)
     assert set(small) == {"counter"}
+    assert set(decode_blob(state.inputs(1).inputs)) == {"counter"}  # known large from then on
+    # Not recorded per step, but it travels in every snapshot.
+    assert set(state.capture()["extra"]) == {"ema", "counter"}
 
 
 def test_a_snapshot_carries_the_registered_state():
