@@ -101,6 +101,25 @@ def limit_for(report: Report, limit: float, rules: HangRules) -> float:
     return limit
 
 
+STUCK_MARGIN = 10.0
+
+
+def stuck_after(limit: float) -> float:
+    """How long a member may wait alone in an all-reduce (every other member
+    left it or is past it): well beyond the hang limit plus the margin after
+    which a live member gives up waiting (agent/hang_notice.py)."""
+    return 2 * limit + STUCK_MARGIN
+
+
+def _lowest_other_steps(processes: list[tuple[str, Report]]) -> dict[str, int]:
+    """For each process, the lowest step among the others (absent: no other)."""
+    steps = sorted((r.step, rid) for rid, r in processes)
+    if len(steps) < 2:
+        return {}
+    (low, low_id), (second, _) = steps[0], steps[1]
+    return {rid: second if rid == low_id else low for rid, _ in processes}
+
+
 def find_hung(
     members: Mapping[str, Mapping[int, Report]], limit: float, rules: HangRules
 ) -> dict[str, str]:
@@ -134,8 +153,17 @@ def find_hung(
                     longest[w.step] = (start, rid, w)
         if not longest:
             continue
+        lowest_other = _lowest_other_steps(processes)
         for rid, x in processes:
             if rid in out or x.phase == pb.PHASE_UNSPECIFIED:
+                continue
+            alone = lowest_other.get(rid, x.step + 1) > x.step  # every other is past its step, or none
+            if x.phase == pb.PHASE_ALLREDUCE and alone and x.age >= stuck_after(limit):
+                # Alone in an all-reduce nobody else is in, for far longer than
+                # any live member waits before it gives up: its own training
+                # thread is stuck there (the others left it, or moved on).
+                out[rid] = (f"hung{f' (rank {rank})' if rank else ''}: alone in the all-reduce of step {x.step} "
+                            f"for {x.age:.1f}s (limit {stuck_after(limit):.1f}s)")
                 continue
             waits = [v for step, v in longest.items()
                      if step > x.step or step == x.step and x.phase != pb.PHASE_ALLREDUCE]

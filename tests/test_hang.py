@@ -55,6 +55,14 @@ HUNG_CASES = [
      {"a": {0: r(A, 99.0, 7)}, "c": {0: r(S, 99.0, 7, section="ckpt")}}, set()),
     ("an older replica that reports no phase is never judged",
      {"a": {0: r(A, 60.0, 7)}, "c": {0: r(N, 0.0, 7)}}, set()),
+    ("every member stuck in the same all-reduce: nobody to blame, whatever the wait",
+     {"a": {0: r(A, 600.0, 7)}, "b": {0: r(A, 600.0, 7)}}, set()),
+    ("a member left alone in an all-reduce long after the others gave up is stuck in it",
+     {"c": {0: r(A, 20.0, 7)}}, {"c"}),
+    ("... or left behind in it by members that moved on",
+     {"a": {0: r(C, 0.5, 9)}, "c": {0: r(A, 25.0, 7)}}, {"c"}),
+    ("... not before 2 x the limit + 10 s",
+     {"c": {0: r(A, 19.0, 7)}}, set()),
     ("rank 1 of a group hung: its peers of rank 1 wait while every rank 0 moved on",
      {"a": {0: r(U, 6.0, 7), 1: r(A, 6.0, 7)}, "c": {0: r(U, 6.0, 7), 1: r(C, 6.0, 7)}}, {"c"}),
     ("a group whose rank 0 waits inside its own FSDP collective for a hung rank 1",
@@ -67,7 +75,7 @@ def test_find_hung(what, members, hung):
     verdict = find_hung(members, 5.0, RULES)
     assert set(verdict) == hung
     for rid in hung:
-        assert verdict[rid].startswith("hung") and "no progress at step 7" in verdict[rid]
+        assert verdict[rid].startswith("hung") and ("no progress at step 7" in verdict[rid] or "alone in" in verdict[rid])
 
 
 def test_the_reason_says_who_waited_and_where_the_hung_one_is():
