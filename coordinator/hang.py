@@ -183,13 +183,22 @@ def find_hung(
 
 
 def straggler_scores(compute_times: Mapping[str, float]) -> dict[str, float]:
-    """Each member's compute time over the median of the others' (0: unknown)."""
-    known = {rid: t for rid, t in compute_times.items() if t > 0}
+    """Each member's compute time over the median of the others' (0: unknown).
+
+    One sort for all (10,000 members report at once): without member i, the
+    sorted times are the sorted list with position i left out, so the
+    median of the others is read off next to the middle."""
+    known = sorted((t, rid) for rid, t in compute_times.items() if t > 0)
     out = {rid: 0.0 for rid in compute_times}
-    if len(known) < 2:
+    n = len(known)
+    if n < 2:
         return out
-    for rid, t in known.items():
-        others = statistics.median(v for other, v in known.items() if other != rid)
+    times = [t for t, _ in known]
+    for i, (t, rid) in enumerate(known):
+        def without(j: int) -> float:  # the j-th smallest of the others
+            return times[j] if j < i else times[j + 1]
+        k = n - 1  # the others
+        others = without(k // 2) if k % 2 else (without(k // 2 - 1) + without(k // 2)) / 2
         out[rid] = t / others if others > 0 else 0.0
     return out
 

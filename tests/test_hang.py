@@ -4,6 +4,8 @@ how a JobState applies them: pure logic with made-up times, no processes."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.step_clock import StepClock
 from coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
@@ -215,3 +217,16 @@ def test_step_clock_reports_phases_and_medians_without_sections():
     p = sc.progress()
     assert p.compute_time_s == pytest.approx(0.3)  # the 5 s sections are not compute
     assert p.step_time_s == pytest.approx(5.8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from([f"r{i}" for i in range(12)]),
+                       st.one_of(st.just(0.0), st.floats(0.01, 10.0)), max_size=12))
+def test_straggler_scores_are_each_time_over_the_others_median(times):
+    """The one-sort computation equals the definition, member by member."""
+    import statistics
+
+    known = {rid: t for rid, t in times.items() if t > 0}
+    expected = {rid: (t / statistics.median(v for o, v in known.items() if o != rid)
+                      if t > 0 and len(known) >= 2 else 0.0) for rid, t in times.items()}
+    assert straggler_scores(times) == pytest.approx(expected)
