@@ -2,7 +2,7 @@
 how fast a failure reaches every survivor, and quorum formation.
 
     python benchmarks/coordinator_scale.py [--replicas 100,1000,10000] [--clients 4] [--seconds 10] [--budget 5000]
-        [--calls session|separate] [--per-connection 1] [--coordinator-logs DIR]
+        [--calls session|separate] [--per-connection 1] [--coordinator-logs DIR] [--progress real,no-compute,none]
 
 One coordinator process (embedded store, default settings but for the
 heartbeat flags below). ``--clients`` processes simulate the replicas with
@@ -11,7 +11,8 @@ one Session call (``--calls separate``: Register, Watch and HeartbeatStream,
 three calls), registers on it, is pushed the quorum and its place in it (no
 member list) and heartbeats on it at the interval the coordinator asks for
 (1 s, stretched past ``--budget`` heartbeats/s; 0 keeps 1 Hz whatever the
-count), random phase. A tenth of the heartbeats ask for an
+count), random phase, each carrying a ``Progress`` as the agent's do
+(``--progress``: see SimulatedStep). A tenth of the heartbeats ask for an
 answer: their round trip is the latency. After all replicas are members, the
 table records heartbeat latency p50/p99, heartbeats sent per second and the
 coordinator's CPU (user + system from /proc, as a share of one core) over
@@ -47,6 +48,41 @@ sys.path.insert(0, str(ROOT))
 
 ACK_SHARE = 0.1
 """Share of heartbeats that ask for an answer: their round trip is the latency."""
+
+
+STEP_TIME = 1.0
+"""The simulated job's step time: every replica steps in lockstep on the
+shared CLOCK_MONOTONIC (step k from k * STEP_TIME on), so that the
+coordinator's hang look sees what it sees in a real job."""
+
+
+class SimulatedStep:
+    """What one simulated replica reports of its step (agent/step_clock.py):
+    computing for ``compute`` seconds of each step (its own, 0.6-0.8 s), then
+    in the all-reduce, waiting for the others, until the next step begins.
+    Only in ``Progress``: the heartbeat's committed ``step`` stays 0, as
+    before, so that joining is what it was (a replica whose step moved on
+    before it was a member would count as needing a catch-up it never does).
+    ``mode`` "no-compute" leaves out the compute time (no straggler scores),
+    "none" sends no progress at all (replicas before hang detection)."""
+
+    def __init__(self, pb, mode: str) -> None:
+        self.pb, self.mode = pb, mode
+        self.compute = random.uniform(0.6, 0.8)
+        self.step_time = STEP_TIME * random.uniform(0.98, 1.02)  # its median of recent step times
+
+    def step(self, now: float) -> int:
+        return int(now // STEP_TIME)
+
+    def progress(self, now: float):
+        if self.mode == "none":
+            return None
+        within = now % STEP_TIME
+        computing = within < self.compute
+        return self.pb.Progress(
+            phase=self.pb.PHASE_COMPUTE if computing else self.pb.PHASE_ALLREDUCE,
+            phase_age_s=within if computing else within - self.compute, step=self.step(now),
+            step_time_s=self.step_time, compute_time_s=0.0 if self.mode == "no-compute" else self.compute)
 
 
 REFUSED = ("NOT_FOUND", "FAILED_PRECONDITION")
@@ -96,7 +132,8 @@ async def answers(beats, pending: deque, out: dict) -> None:
         pass
 
 
-async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event,
+                  sim: SimulatedStep):
     reply = await register(grpc, stub, pb, rid, out)
     if reply is None:
         return
@@ -118,7 +155,8 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
         try:
             if ack:
                 pending.append(start)
-            await beats.write(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, ack=ack))
+            await beats.write(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, ack=ack,
+                                                  progress=sim.progress(start)))
             out["sent"].append(start)
         except Exception as e:  # noqa: BLE001
             code = e.code() if isinstance(e, grpc.aio.AioRpcError) else await beats.code() if beats.done() else None
@@ -146,7 +184,8 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
     beats.cancel()
 
 
-async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event):
+async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event,
+                          sim: SimulatedStep):
     # The same replica on one Session call (Register, heartbeats and Watch together).
     register = pb.SessionRequest(register=pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
     while not stop.is_set():
@@ -189,7 +228,8 @@ async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asy
                 ack = random.random() < ACK_SHARE
                 if ack:
                     pending.append(start)
-                await call.write(pb.SessionRequest(heartbeat=pb.HeartbeatRequest(ack=ack)))
+                beat = pb.HeartbeatRequest(ack=ack, progress=sim.progress(start))
+                await call.write(pb.SessionRequest(heartbeat=beat))
                 out["sent"].append(start)
                 await asyncio.sleep(max(0.0, pace["interval"] - (time.monotonic() - start)))
         except Exception as e:  # noqa: BLE001 - the session ended: open a new one, as an agent does
@@ -201,7 +241,8 @@ async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asy
             call.cancel()
 
 
-async def client_main(address: str, first: int, count: int, victim: int, per_connection: int, session: bool = False) -> None:
+async def client_main(address: str, first: int, count: int, victim: int, per_connection: int, session: bool = False,
+                      progress: str = "real") -> None:
     import grpc
 
     from coordinator.client import CHANNEL_OPTIONS
@@ -227,12 +268,14 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
     if session:
         calls = [c.stream_stream("/fthsdp.v1.Coordinator/Session", request_serializer=pb.SessionRequest.SerializeToString) for c in channels]
         tasks = [
-            asyncio.create_task(session_replica(grpc, calls[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent))
+            asyncio.create_task(session_replica(grpc, calls[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent,
+                                                SimulatedStep(pb, progress)))
             for k, i in enumerate(range(first, first + count))
         ]
     else:
         tasks = [
-            asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent))
+            asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out, stop, i == victim,
+                                        go_silent, SimulatedStep(pb, progress)))
             for k, i in enumerate(range(first, first + count))
         ]
     loop = asyncio.get_running_loop()
@@ -268,7 +311,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def run(n: int, clients: int, seconds: float, budget: float, per_connection: int, log_dir: Path | None = None,
-        session: bool = False) -> dict:
+        session: bool = False, progress: str = "real") -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = open(log_dir / f"coordinator-{n}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     coordinator = subprocess.Popen(
@@ -284,7 +327,7 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
     first = 0
     for k, count in enumerate(per):
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection), str(int(session))],
+            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection), str(int(session)), progress],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
         first += count
     try:
@@ -351,6 +394,9 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
         "members": members,
         "join_time": formed,
         "interval": m['fthsdp_heartbeat_interval_seconds{job="default"}'],
+        "hang_limit": m.get('fthsdp_hang_limit_seconds{job="default"}', float("nan")),
+        "median_step": m.get('fthsdp_median_step_seconds{job="default"}', float("nan")),
+        "taken_out": sum(v for k, v in m.items() if k.startswith("fthsdp_replicas_taken_out_total")),
     }
 
 
@@ -367,23 +413,28 @@ def main() -> None:
     p.add_argument("--calls", choices=("session", "separate"), default="session",
                    help="session: each simulated replica on one Session call, as the agent does; separate: "
                         "Register + Watch + HeartbeatStream, three calls (what agents did before)")
-    p.add_argument("--client", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument("--progress", default="real",
+                   help="comma-separated, each run in turn at every size: real: heartbeats carry a Progress as the agent's "
+                        "(agent/step_clock.py: lockstep 1 s steps, computing then in the all-reduce, with step and compute "
+                        "times); no-compute: the same without compute times (no straggler scores); none: no Progress")
+    p.add_argument("--client", nargs=7, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
-        address, first, count, victim, per_connection, session = args.client
-        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection), session == "1"))
+        address, first, count, victim, per_connection, session, progress = args.client
+        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection), session == "1", progress))
         return
-    print("\n| replicas | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
+    print("\n| replicas | progress | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
           " coordinator CPU (cores) | clients CPU (cores) | worst loop lag: coordinator / clients | stream closed → every survivor told | quorums formed (mean formation) |"
-          " Watch bytes (whole run) | registrations retried | dropped and registered again | errors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in (int(x) for x in args.replicas.split(",")):
-        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs, args.calls == "session")
+          " Watch bytes (whole run) | registrations retried | dropped and registered again | errors | hang limit (median step) | taken out as hung |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, mode in ((int(x), mode) for x in args.replicas.split(",") for mode in args.progress.split(",")):
+        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs, args.calls == "session", mode)
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
-        print(f"| {n} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
+        print(f"| {n} | {mode} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
               f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {r['client_cpu']:.2f} | {r['coordinator_lag']:.2f} / {r['client_lag']:.2f} s | {told} | "
               f"{r['formations']:.0f} ({r['formation_mean'] * 1e3:.1f} ms) | {r['watch_bytes'] / 1e6:.0f} MB | "
-              f"{r['register_retries']} | {r['reregistered']} | {r['errors']} |", flush=True)
+              f"{r['register_retries']} | {r['reregistered']} | {r['errors']} | {r['hang_limit']:.3g} s ({r['median_step']:.2g} s) | "
+              f"{r['taken_out']:.0f} |", flush=True)
         if r["last_error"]:
             print(f"  (last heartbeat error at {n}: {r['last_error']})", flush=True)
 

@@ -16,7 +16,9 @@ per GPU-hour; Llama 3 405B, 419 interruptions in 54 days on 16,384 GPUs =
   failed replica out for 10 minutes in a job of 8 replicas;
 - fthsdp: this project's measured costs (benchmarks/README.md) scaled to a
   405B model in 128-GPU replicas: detection (milliseconds for a crash, the
-  heartbeat timeout for a hang), fan-out of the new quorum, the FTAR retry of
+  heartbeat timeout for a hang that stops its node, the hang limit plus two
+  heartbeat intervals for a hang of a live loop, ``--live-hang-share`` of
+  the hangs, default 0), fan-out of the new quorum, the FTAR retry of
   the interrupted all-reduce, the catch-up transfer at 400 Gb/s, the admission
   step, the batch at (R - out)/R while replicas are out, failures during
   recoveries (a replica failing again, a joiner's source failing);
@@ -50,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.goodput import calibration as cal  # noqa: E402
 from benchmarks.goodput import inputs, report  # noqa: E402
-from benchmarks.goodput.modes import GPU_COUNTS, MODES, run_cell  # noqa: E402
+from benchmarks.goodput.modes import _SHAPE, GPU_COUNTS, MODES, run_cell  # noqa: E402
 
 DEFAULT_PNG = ROOT / "benchmarks" / "goodput.png"
 
@@ -87,6 +89,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
     p.add_argument("--step-s", type=float, default=w.step_s, help="training step, seconds")
     p.add_argument("--hang-fraction", type=float, default=w.hang_fraction, help="share of failures that hang")
     p.add_argument("--heartbeat-timeout", type=float, default=w.heartbeat_timeout_s, help="seconds")
+    p.add_argument("--live-hang-share", type=float, default=w.live_hang_share,
+                   help="share of the hangs that hang a live training loop (seen by the hang verdict, not the "
+                        "heartbeat timeout); default 0: every hang stops its node (fthsdp-pessimistic: 1)")
+    p.add_argument("--hang-floor", type=float, default=w.hang_floor_s, help="the coordinator's --hang-floor, seconds")
+    p.add_argument("--hang-multiple", type=float, default=w.hang_multiple, help="the coordinator's --hang-multiple")
+    p.add_argument("--heartbeat-interval", type=float, default=w.heartbeat_interval_s, help="seconds")
     a = p.parse_args(argv)
     try:
         a.gpu_list = [gpu_count(x.strip()) for x in a.gpus.split(",") if x.strip()]
@@ -100,7 +108,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
         p.error("--failures and --days must be positive, --checkpoint-min not negative")
     try:
         workload = dataclasses.replace(w, replica_gpus=a.replica_gpus, nic_gbps=a.nic_gbps, step_s=a.step_s,
-                                       hang_fraction=a.hang_fraction, heartbeat_timeout_s=a.heartbeat_timeout)
+                                       hang_fraction=a.hang_fraction, heartbeat_timeout_s=a.heartbeat_timeout,
+                                       live_hang_share=a.live_hang_share, hang_floor_s=a.hang_floor,
+                                       hang_multiple=a.hang_multiple, heartbeat_interval_s=a.heartbeat_interval)
     except ValueError as e:
         p.error(str(e))
     return a, workload
@@ -113,8 +123,7 @@ def prediction(cells, workload: inputs.Workload) -> list[str]:
         if c.requested != cal.PUBLISHED_GPUS or not c.mode.startswith("fthsdp"):
             continue
         w = workload if c.mode == "fthsdp" else dataclasses.replace(
-            inputs.PESSIMISTIC, replica_gpus=workload.replica_gpus, nic_gbps=workload.nic_gbps,
-            step_s=workload.step_s)
+            inputs.PESSIMISTIC, **{f: getattr(workload, f) for f in _SHAPE})
         k = inputs.fthsdp_costs(c.replicas, w)
         mttf = cal.mttf_minutes(c.calibration.rate_per_gpu_hour, c.gpus) * 60
         out_loss = (c.result.replica_out_s or 0) / (mttf * c.replicas)
@@ -123,7 +132,8 @@ def prediction(cells, workload: inputs.Workload) -> list[str]:
             f"{report.pct(c.result.effective)} ± {100 * report.standard_error(c):.1f}, goodput with the steady cost "
             f"{report.pct(c.goodput)}. Per failure "
             f"(every {report.duration(mttf)}): failure stall {k.mean_failure_stall_s:.1f} s "
-            f"({k.hang_fraction:.0%} hangs at {k.hang_stall_s:.1f} s, crashes {k.crash_stall_s:.2f} s), serving "
+            f"({k.hang_fraction:.0%} hangs, {k.live_hang_share:.0%} of them in a live loop at {k.live_hang_stall_s:.1f} s, "
+            f"the rest at {k.hang_stall_s:.1f} s; crashes {k.crash_stall_s:.2f} s), serving "
             f"the joiner {k.serve_stall_s:.1f} s, admission {k.admission_stall_s:.1f} s; the replica out "
             f"{report.duration(c.result.replica_out_s or 0)} costs {report.pct(out_loss)}; every step takes "
             f"{report.pct(k.steady_factor - 1)} longer (the cross-replica all-reduce is not overlapped).")

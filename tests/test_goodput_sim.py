@@ -159,6 +159,31 @@ def test_silent_failures_leave_by_heartbeat_timeout():
     assert shrinks and all("(heartbeat timeout)" in s for s in shrinks)
 
 
+def test_live_loop_hangs_leave_by_the_hang_verdict():
+    live = dataclasses.replace(inputs.Workload(), hang_fraction=1.0, live_hang_share=1.0)
+    r = _run(5, gpus=2048, failures=10, workload=live).result
+    shrinks = [q.reason for q in r.quorum_changes if q.reason.startswith("members leaving")]
+    assert shrinks and all("(hung: no progress" in s for s in shrinks)
+    # The hang limit (max(10 s, 5 x 6 s)) plus two heartbeat intervals, and the shrink's own costs.
+    costs = inputs.fthsdp_costs(16, live)
+    assert costs.live_hang_detect_s == pytest.approx(32.0)
+    assert costs.live_hang_stall_s - costs.crash_stall_s == pytest.approx(32.0 - 0.01)
+    assert costs.mean_failure_stall_s == pytest.approx(costs.live_hang_stall_s)
+
+
+def test_live_hang_share_zero_leaves_the_default_run_as_it_was():
+    # No extra draw: the stopped-node model's runs are unchanged by the new parameter.
+    a = _run(3, gpus=2048, failures=10)
+    b = _run(3, gpus=2048, failures=10, workload=dataclasses.replace(inputs.Workload(), hang_floor_s=1.0))
+    assert a.result == b.result
+
+
+@pytest.mark.parametrize("floor, multiple, expected", [(10.0, 5.0, 32.0), (1.0, 3.0, 20.0), (40.0, 5.0, 42.0)])
+def test_live_hang_detection_follows_the_hang_settings(floor, multiple, expected):
+    w = dataclasses.replace(inputs.Workload(), hang_floor_s=floor, hang_multiple=multiple)
+    assert w.live_hang_detect_s == pytest.approx(expected)
+
+
 def test_fthsdp_loses_less_than_the_published_figures_at_100k():
     fthsdp = run_cell("fthsdp", cal.PUBLISHED_GPUS, K, seed=0, failures=15).result
     assert fthsdp.effective > 0.95
@@ -184,7 +209,8 @@ def test_costs(got, expected):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("hang_fraction", 1.5), ("replica_gpus", 0), ("nic_gbps", 0), ("replacement_s", -1), ("serve_gbps", 0.0)],
+    [("hang_fraction", 1.5), ("replica_gpus", 0), ("nic_gbps", 0), ("replacement_s", -1), ("serve_gbps", 0.0),
+     ("live_hang_share", -0.1), ("hang_floor_s", 0.0)],
 )
 def test_workload_rejects_nonsense(field, value):
     with pytest.raises(ValueError, match=field):

@@ -214,10 +214,20 @@ class ReplicatedSim:
     def _on_failure(self, now: float) -> None:
         self.failures += 1
         r = self.rng.choice(self.replicas)
-        if r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None:
+        if r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None and r.down_since is None:
             r.down_since = now
             r.token += 1
-            if self.rng.random() < self.costs.hang_fraction:
+            live = self.costs.live_hang_share  # no draw at 0 or 1: the default runs stay as they were
+            if self.rng.random() >= self.costs.hang_fraction:
+                hang = None
+            else:
+                hang = "live" if live >= 1 or (live > 0 and self.rng.random() < live) else "stopped"
+            if hang == "live":
+                # A live loop hung: it heartbeats on; the survivors wait in the
+                # all-reduce until the coordinator's hang verdict takes it out.
+                self._stall(now, self.costs.live_hang_stall_s)
+                self._push(now + self.costs.live_hang_detect_s, "verdict", r.replica_id, r.token)
+            elif hang == "stopped":
                 # Silent: the survivors block in the all-reduce until the heartbeat timeout.
                 self._stall(now, self.costs.hang_stall_s)
                 r.hung_since = now
@@ -240,7 +250,8 @@ class ReplicatedSim:
 
     def _on_register(self, now: float, r: _Replica) -> None:
         r.restarted = r.member  # a member that registers anew lost its state
-        r.failed_at = r.disconnected_at = r.hung_since = None
+        r.failed_at = r.disconnected_at = r.hung_since = r.hung_at = None
+        r.hung_reason = ""
         r.registered_at = now
         r.step = int(now / self.step_s)
         if self.costs.catch_up_s <= 0:  # it registers up to date
@@ -289,6 +300,9 @@ class ReplicatedSim:
             if token != r.token:
                 continue  # stale: the replica failed again or its transfer restarted
             if kind == "detect":
+                self._decide(when)
+            elif kind == "verdict":
+                r.hung_at, r.hung_reason = when, "hung: no progress while the others waited"
                 self._decide(when)
             elif kind == "register":
                 self._on_register(when, r)

@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from benchmarks.goodput import calibration as cal
+from coordinator.hang import HangRules, job_limit
 
 GB = 1e9
 MIN = 60.0
@@ -83,8 +84,22 @@ class Workload:
     heartbeat_timeout_s: float = 5.0
     """fthsdp's default heartbeat timeout: how long a silent failure takes to see."""
     hang_fraction: float = 0.5
-    """Share of failures that are silent hangs (seen only by the heartbeat timeout);
-    the rest crash or lose the node and are seen in milliseconds. Assumed."""
+    """Share of failures that are silent hangs; the rest crash or lose the node
+    and are seen in milliseconds. Assumed."""
+    live_hang_share: float = 0.0
+    """Share of those hangs that hang a live training loop (process and heartbeat
+    thread alive: a deadlocked data loader, a stuck collective inside the replica),
+    seen by the coordinator's hang verdict (coordinator/hang.py); the rest stop the
+    node (heartbeats stop too) and are seen by the heartbeat timeout. Assumed 0
+    (every hang a stopped node): no source here splits the two (ByteRobust,
+    arXiv 2509.16293, puts hangs at ~10% of incidents, without the split)."""
+    hang_floor_s: float = 10.0
+    """The coordinator's --hang-floor."""
+    hang_multiple: float = 5.0
+    """The coordinator's --hang-multiple: the hang limit is this x the median step, at least the floor."""
+    heartbeat_interval_s: float = 1.0
+    """The coordinator's --heartbeat-interval: a live hang is seen about two
+    intervals after the limit (the waiter's and the hung member's reports)."""
     replacement_s: float = 10 * MIN
     """Failure -> the replica's replacement process registers (a healthy host found,
     the process started): not measured; taken as the synchronous restart's 10 min."""
@@ -106,13 +121,23 @@ class Workload:
                 raise ValueError(f"Workload.{name} must be positive")
         if self.replica_gpus < 1:
             raise ValueError("Workload.replica_gpus must be at least 1")
-        if not 0 <= self.hang_fraction <= 1:
-            raise ValueError("Workload.hang_fraction must be within [0, 1]")
+        for name in ("hang_fraction", "live_hang_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"Workload.{name} must be within [0, 1]")
+        for name in ("hang_floor_s", "hang_multiple", "heartbeat_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Workload.{name} must be positive")
         for name in ("replacement_s", "comm_rebuild_s", "catchup_slowdown_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Workload.{name} must not be negative")
         if self.serve_gbps is not None and not self.serve_gbps > 0:
             raise ValueError("Workload.serve_gbps must be positive")
+
+    @property
+    def live_hang_detect_s(self) -> float:
+        """A live loop's hang -> the coordinator's verdict: the hang limit at this step time, plus two intervals."""
+        limit = job_limit(self.step_s, HangRules(multiple=self.hang_multiple, floor=self.hang_floor_s))
+        return limit + 2 * self.heartbeat_interval_s
 
     @property
     def snapshot_per_gpu(self) -> float:
@@ -129,12 +154,14 @@ class Workload:
 
 PESSIMISTIC = Workload(
     hang_fraction=1.0,
+    live_hang_share=1.0,
     comm_rebuild_s=30.0,
     serve_gbps=100.0,
     catchup_slowdown_steps=(Measured().catchup_step_ratio - 1) * Measured().catchup_steps,
     admission_step_ratio=Measured().longest_step_ratio,
 )
-"""Every unmeasured cost at a bad value: all failures silent, 30 s to rebuild a
+"""Every unmeasured cost at a bad value: all failures hangs of a live loop (the
+slowest to see: the hang limit, not the heartbeat timeout), 30 s to rebuild a
 communicator, snapshots served at 100 Gb/s, members slowed during a catch-up as
 on the 2-core CPU machine, admission steps as long as the longest measured."""
 
@@ -161,19 +188,27 @@ class RecoveryCosts:
     """The coordinator's heartbeat timeout (the quorum rules')."""
     steady_factor: float = 1.0
     """Step time / a synchronous job's step without failures (1: no steady cost)."""
+    live_hang_stall_s: float = 0.0
+    """Whole-job stall when a member's training loop hangs in a live process (seen at the hang verdict)."""
+    live_hang_share: float = 0.0
+    """Share of hangs that are hangs of a live loop (the rest stop the node)."""
+    live_hang_detect_s: float = 0.0
+    """A live loop's hang -> the coordinator takes the member out."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             if getattr(self, f.name) < 0:
                 raise ValueError(f"RecoveryCosts.{f.name} must not be negative")
-        if not 0 <= self.hang_fraction <= 1:
-            raise ValueError("RecoveryCosts.hang_fraction must be within [0, 1]")
+        for name in ("hang_fraction", "live_hang_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"RecoveryCosts.{name} must be within [0, 1]")
         if self.steady_factor < 1:
             raise ValueError("RecoveryCosts.steady_factor must be at least 1")
 
     @property
     def mean_failure_stall_s(self) -> float:
-        return (1 - self.hang_fraction) * self.crash_stall_s + self.hang_fraction * self.hang_stall_s
+        hang = (1 - self.live_hang_share) * self.hang_stall_s + self.live_hang_share * self.live_hang_stall_s
+        return (1 - self.hang_fraction) * self.crash_stall_s + self.hang_fraction * hang
 
 
 def published_costs() -> RecoveryCosts:
@@ -218,6 +253,11 @@ def fthsdp_costs(replicas: int, w: Workload = Workload(), m: Measured = Measured
         crash_stall_s=m.crash_stall_s + shrink,
         hang_stall_s=max(0.0, hang) + shrink,
         hang_fraction=w.hang_fraction,
+        # The survivors wait in the all-reduce until the verdict (failover.py, "loop hung":
+        # the stall was the limit plus 0.2-0.8 s at a 0.2 s heartbeat interval).
+        live_hang_stall_s=w.live_hang_detect_s + shrink,
+        live_hang_share=w.live_hang_share,
+        live_hang_detect_s=w.live_hang_detect_s,
         restart_s=w.replacement_s,
         # The snapshot, then each replayed step costs a step (waiting for the boundary).
         catch_up_s=transfer + m.steps_replayed * w.step_s,
@@ -245,6 +285,11 @@ def input_rows(replicas: int, w: Workload = Workload(), m: Measured = Measured()
          f"{c.hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s at {w.heartbeat_timeout_s:g} s",
          "failover.py, node hung; + (timeout - 1 s)"),
         ("share of failures that hang", f"{w.hang_fraction:.0%}", "assumed"),
+        ("share of hangs in a live loop (heartbeats go on)", f"{w.live_hang_share:.0%}",
+         "assumed (no source splits stopped nodes from live loops)"),
+        ("live loop hung: survivors' stall", f"{c.live_hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s",
+         f"hang limit max({w.hang_floor_s:g} s, {w.hang_multiple:g} x {w.step_s:g} s step) + 2 x {w.heartbeat_interval_s:g} s "
+         "heartbeat (failover.py, loop hung: the limit + 0.2-0.8 s at 0.2 s)"),
         (f"failure -> all survivors told, {replicas} replicas", f"{m.fanout_s(replicas) * 1000:.0f} ms",
          f"coordinator_scale.py: {m.fanout_100_s * 1000:.0f} ms @100, {m.fanout_1000_s * 1000:.0f} ms @1,000; power law"),
         ("FTAR retry: redo the step's all-reduce", f"{allreduce_s(w, replicas):.2f} s",

@@ -118,5 +118,7 @@ def run_cell(
     return Cell(mode, job_gpus, replicas, calibration, result, costs.steady_factor, requested=gpus)
 
 
-# The job's shape, shared by both fthsdp variants (the pessimistic one changes only costs).
-_SHAPE = ("params", "snapshot_bytes_per_param", "grad_bytes_per_param", "replica_gpus", "nic_gbps", "step_s")
+# The job's shape and the coordinator's hang settings, shared by both fthsdp
+# variants (the pessimistic one changes only costs).
+_SHAPE = ("params", "snapshot_bytes_per_param", "grad_bytes_per_param", "replica_gpus", "nic_gbps", "step_s",
+          "hang_floor_s", "hang_multiple", "heartbeat_interval_s")
