@@ -74,21 +74,28 @@ def test_a_failed_shard_rank_takes_its_replica_out_and_the_other_trains_on(tmp_p
         r0.read_until(lambda line: line.get("step") == 5)
         os.kill(victim, sig)
         r0.finish(timeout=180)
+        if sig == signal.SIGSTOP:
+            # Dropped for silence with its connections open: its agent ends it
+            # (agent/hang_watch.py), SIGKILL after --hang-grace.
+            wait_until(lambda: not _running(victim), 60, message="the agent ended the stopped rank")
+            assert "taken out by the coordinator" in r1.log_path.read_text()
     finally:
-        stopped_gone = False
-        if victim is not None and sig == signal.SIGSTOP:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                stopped_gone = True
+        if victim is not None and sig == signal.SIGSTOP and _running(victim):
+            os.kill(victim, signal.SIGCONT)
         r1.stop()
         c.stop()
     assert sorted(r0.steps) == list(range(1, 201)), "r0 lost or repeated a step"
     assert r0.steps[200]["contributors"] == 1
     assert detected_by in c.log_path.read_text()
-    if sig == signal.SIGSTOP:
-        # Dropped for silence with its connections open: its agent ended it (agent/hang_watch.py).
-        assert stopped_gone and "taken out by the coordinator" in r1.log_path.read_text()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie awaiting its agent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
