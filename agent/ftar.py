@@ -21,6 +21,10 @@ completed it, all redo it among themselves from their intact local
 gradients. Either way every survivor commits the same result, and the
 average divides by the number of replicas whose gradients it contains.
 
+The phases of a step (find the group, agree, the data all-reduce, a
+broadcast, a request to a joiner's caller) and the way from one to the next
+are a pure state machine: agent/step_protocol.py.
+
 Growth. A quorum that only adds replicas (a joiner admitted) abandons
 nothing: the members build its group in the background while they keep
 training in the old one, and switch at a step boundary they all agree on. A
@@ -47,19 +51,16 @@ import torch.distributed as dist
 
 from agent.ftar_decisions import (
     CONTROL_SLOTS,
-    FOLLOW_HEAL,
     IN_PHASE,
     JOIN_IN_PHASE,
     MAX_SLOT_PROPOSAL,
-    NO_GRADIENT,
-    REPLAY_TO_BEFORE_HEAD,
-    SERVE_LAST,
-    TAKE_LAST,
+    Action,
     AgreeRow,
     FtarError,
     agree_action,
     slot_switch,
 )
+from agent.step_protocol import Outcome, Phase, after
 from agent.quorum_groups import DONE, Evicted, FtarTimeout, QuorumGroups, QuorumTracker, _Group
 
 __all__ = [
@@ -133,6 +134,8 @@ class FTAR:
         self.groups = QuorumGroups(tracker, job, shard_rank, timeout)
         self._phase_contributors: int | None = None
         """How many members contribute to the step the last agree settled (None: all)."""
+        self._first_contributor = 0
+        """The group rank whose ``first_only`` elements the step's sum carries (see ``operation``)."""
         self._last: StepResult | None = None
         self._last_step = -1
         self.members_step = -1
@@ -171,6 +174,7 @@ class FTAR:
         proposal: int | None = None,
         control_slots: bool = False,
         idle: Callable[[], None] | None = None,
+        first_only: tuple[int, int] | None = None,
     ) -> Generator[Request, int | None, StepResult]:
         """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
         A generator: it yields what this replica must do before it can go on
@@ -200,6 +204,12 @@ class FTAR:
         joiner replays a step they committed meanwhile, if there is one, on
         this thread: one step at a time, so that it joins their next
         collective at most one replayed step late).
+
+        ``first_only``: the elements ``[start, stop)`` of the buffer are summed
+        from one member only, the first that contributes a gradient (group
+        rank 0 unless a joiner without one holds it); the others zero them
+        before the data all-reduce, so that the sum is that member's values
+        exactly (batch-norm statistics: agent/running_buffers.py).
         """
         if refill is None:
             original = buffer.detach().clone()
@@ -213,9 +223,14 @@ class FTAR:
         abandoned = 0
         joining: int | None = None  # the members' step this joiner replays to during the all-reduce
         self._settle_switch(deadline)
+        phase, action, arg, result = Phase.FIND_GROUP, None, 0, None
         while True:
-            group = self.groups.current_group(deadline)
-            if self.groups.in_step(group):
+            # Run the phase (one collective, or one request to the caller); agent/step_protocol.py
+            # decides what follows from how it ended.
+            if phase is Phase.FIND_GROUP:
+                group = self.groups.current_group(deadline)
+                outcome = Outcome.IN_STEP if self.groups.in_step(group) else Outcome.NEW_GROUP
+            elif phase is Phase.DATA:
                 buf = buffers.pop() if buffers else refill()
                 if joining is not None:
                     yield EnterStep(joining)
@@ -223,60 +238,73 @@ class FTAR:
                 if slots:
                     d = p - group.quorum_id if 0 < p - group.quorum_id <= MAX_SLOT_PROPOSAL else 0
                     buf[numel:] = torch.tensor([d, d * d], dtype=buf.dtype)
+                if first_only is not None and group.rank != self._first_contributor:
+                    buf[first_only[0] : first_only[1]].zero_()
                 work = self._start(group, buf, dist.ReduceOp.SUM)
                 control = None if slots else self._start_control(group, p)
                 if joining is not None:
                     step, joining = (yield ReplayTo(joining)), None
                 if self.groups.wait_work(work, group, deadline) == DONE:
+                    outcome = Outcome.COMPLETED
                     contributors = self._phase_contributors or group.size
                     self._phase_contributors = None  # every member contributes from the next step on
+                    self._first_contributor = 0
                     if slots:
                         self._switch_from_slots(group, buf[numel:])
                     else:
                         self._controls.append(control)
                     total = buf[:numel] if control_slots else buf
-                    self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
+                    result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
                     self._last_step = step
-                    return self._last
-                self.groups.retire(group)
+                else:
+                    self.groups.retire(group)
+                    outcome = Outcome.ABANDONED
+            elif phase is Phase.AGREE:
+                # A joiner waiting for the members in a new group replays what
+                # they commit meanwhile, between polls of the agree.
+                rows = self._agree(group, step, numel, structure_hash, deadline, contributes, None if contributes else idle)
+                if rows is None:
+                    outcome = Outcome.ABANDONED
+                else:
+                    outcome = Outcome.AGREED
+                    action, arg = agree_action(step, contributes, [[int(x) for x in r] for r in rows], group.quorum_id)
+                    joining = self._settle_agree(group, rows, step, action, arg)
+            elif phase is Phase.CLOSE_GAP:
+                # Admitted while still replaying: close the gap from the catch-up source.
+                step, outcome = (yield CloseGap(step, arg)), Outcome.ANSWERED
+            elif phase is Phase.FOLLOW_HEAL:
+                outcome = self._outcome(self._broadcast(group, buffer.new_empty(numel), arg, deadline))
+            elif phase is Phase.TAKE_LAST:
+                result = self._catch_up_step(group, rows, step, buffer.new_empty(numel), arg, deadline)
+                outcome = Outcome.ABANDONED if result is None else Outcome.COMPLETED
+            elif phase is Phase.SERVE_LAST:
+                outcome = self._outcome(self._serve_last_step(group, step, buffer.new_empty(numel), arg, deadline))
+            if outcome is Outcome.ABANDONED:
                 abandoned += 1
-                continue
-            # A joiner waiting for the members in a new group replays what
-            # they commit meanwhile, between polls of the agree.
-            rows = self._agree(group, step, numel, structure_hash, deadline, contributes, None if contributes else idle)
-            if rows is None:
-                abandoned += 1
-                continue
-            action, arg = agree_action(step, contributes, [[int(x) for x in r] for r in rows], group.quorum_id)
-            if action == NO_GRADIENT:
+            phase = after(phase, outcome, action if phase is Phase.AGREE else None)
+            if phase is Phase.DONE:
+                return dataclasses.replace(result, abandoned=abandoned)
+            if phase is Phase.NO_GRADIENT:
                 # Nothing to sum: not a step; the caller runs it again with a gradient.
                 log.warning("quorum %d: no member has a gradient for step %d", group.quorum_id, step)
                 self.groups.mark_in_step(None)  # the next call agrees again: the members' steps may differ
                 return StepResult(buffer.new_zeros(numel), 0, group.quorum_id, abandoned, step)
-            if action == IN_PHASE:
-                self.members_step = step
-                self._phase_contributors = arg
-                self.groups.mark_in_step(group)  # the data all-reduce comes next
-            elif action == JOIN_IN_PHASE:
-                self.members_step = arg
-                self._phase_contributors = sum(1 for r in rows if AgreeRow(*r).contributes)
-                self.groups.mark_in_step(group)
-                joining = arg
-            elif action == REPLAY_TO_BEFORE_HEAD:
-                # Admitted while still replaying: close the gap from the catch-up source.
-                step = yield CloseGap(step, arg)
-            elif action == FOLLOW_HEAL:
-                if self._broadcast(group, buffer.new_empty(numel), arg, deadline) is None:
-                    abandoned += 1
-            elif action == TAKE_LAST:
-                result = self._catch_up_step(group, rows, step, buffer.new_empty(numel), arg, deadline)
-                if result is not None:
-                    return dataclasses.replace(result, abandoned=abandoned)
-                abandoned += 1
-            elif action == SERVE_LAST:
-                if self._serve_last_step(group, step, buffer.new_empty(numel), arg, deadline) is None:
-                    abandoned += 1
-            # AGAIN, and after every action but TAKE_LAST: agree again.
+
+    @staticmethod
+    def _outcome(done: str | None) -> Outcome:
+        return Outcome.COMPLETED if done == DONE else Outcome.ABANDONED
+
+    def _settle_agree(self, group: _Group, rows, step: int, action: Action, arg: int) -> int | None:
+        """What an agree settles for the data all-reduce that may follow;
+        returns the members' step a joiner replays to during it (None: none)."""
+        if action not in (IN_PHASE, JOIN_IN_PHASE):
+            return None
+        named = [AgreeRow(*(int(x) for x in r)) for r in rows]
+        self._first_contributor = next(i for i, r in enumerate(named) if r.contributes)
+        self._phase_contributors = arg if action == IN_PHASE else sum(1 for r in named if r.contributes)
+        self.members_step = step if action == IN_PHASE else arg
+        self.groups.mark_in_step(group)  # the data all-reduce comes next
+        return arg if action == JOIN_IN_PHASE else None
 
     def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None):
         """All-gather every member's (step, size, model hash, last result's

@@ -124,8 +124,10 @@ class LastGap:
             inputs = self._source(head).inputs()
         except CatchUpError as e:
             raise self._lost(head, e) from e
+        if inputs.step < head:  # it left the quorum (drained, or taken out) before the members' step
+            raise self._lost(head, CatchUpError(f"it stopped at step {inputs.step}, before the quorum's {head}"))
         if inputs.step != head:
-            raise FtarError(f"the catch-up source is at step {inputs.step}, the quorum at {head}")
+            raise FtarError(f"the catch-up source is at step {inputs.step}, ahead of the quorum's {head}")
         self._join_inputs = inputs
         return None
 

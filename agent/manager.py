@@ -351,16 +351,20 @@ class Manager:
         shards = [_local(g) for g in grads]
 
         spare = shards[0].new_zeros(CONTROL_SLOTS)  # FTAR's switch proposals ride along
+        running = self.state.running
+        grad_numel = sum(g.numel() for g in shards)
+        first_only = (grad_numel, grad_numel + running.numel()) if running.stats else None
 
         def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
-            flat = torch.cat([g.reshape(-1) for g in shards] + [spare])
+            stats = running.pieces(spare.dtype, spare.device) if first_only else []
+            flat = torch.cat([g.reshape(-1) for g in shards] + stats + [spare])
             return flat if contributes else flat.zero_()
 
         proposal, self._proposal = self._proposal, 0
         try:
             result = self.ftar.allreduce(
                 self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
-                control_slots=True, idle=self.gap.while_waiting, serve=self._serve,
+                control_slots=True, idle=self.gap.while_waiting, serve=self._serve, first_only=first_only,
             )
         except Evicted:
             if self._drain.is_set():  # drained: the quorum went on without us
@@ -381,12 +385,7 @@ class Manager:
             require_state_held(self.replica_id, self.step, self.ftar.members_step)
             self._sentinel = None
             return result
-        offset = 0
-        for g in shards:
-            n = g.numel()
-            # One pass per gradient: divide the sum straight into it.
-            torch.div(result.total[offset : offset + n].view_as(g), result.contributors, out=g)
-            offset += n
+        self.replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
         if self.gap.taken is not None:
             self._inputs = self.gap.taken  # a joiner entered the members' step with their inputs
         if self._inputs.step != result.step:

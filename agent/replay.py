@@ -58,8 +58,11 @@ class Replayer:
         finally:
             self.in_update = self.replaying = False
 
-    def set_gradients(self, total: torch.Tensor, contributors: int) -> None:
-        """Every gradient := its slice of ``total`` / ``contributors`` (in place when it exists)."""
+    def apply_sum(self, total: torch.Tensor, contributors: int) -> None:
+        """A step's sum, live or replayed: every gradient := its slice of
+        ``total`` / ``contributors`` (one pass, in place when it exists), then
+        the batch-norm statistics := the first contributor's, which follow
+        (agent/running_buffers.py)."""
         offset = 0
         for p in self.params:
             if p.grad is None:
@@ -69,9 +72,12 @@ class Replayer:
             piece = total[offset : offset + n].view_as(grad)
             torch.div(piece.to(grad.device) if piece.device != grad.device else piece, contributors, out=grad)
             offset += n
+        if self.state.running.stats:
+            self.state.running.load(total[offset:])
 
     def numel(self) -> int:
-        return sum(local(p).numel() for p in self.params)
+        """Elements of a logged sum: the gradients, then the batch-norm statistics."""
+        return sum(local(p).numel() for p in self.params) + self.state.running.numel()
 
     def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
         """Apply one logged step, exactly as the members did."""
@@ -83,7 +89,7 @@ class Replayer:
             self.state.apply_inputs(entry)
         except StateCodecError as e:
             raise CatchUpError(f"the inputs of step {entry.step}: {e}") from e
-        self.set_gradients(total, entry.contributors)
+        self.apply_sum(total, entry.contributors)
         with self.updating(entry.contributors, replay=True):
             self.update()
         self.step += 1

@@ -15,7 +15,10 @@ The replay contract. A step has two parts:
    stepped at the top of the loop). When the all-reduce starts the manager
    records the step's inputs: the optimizer's numeric hyperparameters and
    the state of every *small* registered object (at most ``SMALL_STATE_BYTES``
-   of tensors; a scheduler, a GradScaler, a sampler, counters).
+   of tensors; a scheduler, a GradScaler, a sampler, counters) and the
+   batch counts of batch-norm layers. Their running statistics, which every
+   forward pass changes, travel in the all-reduce itself: every member and
+   every replay takes the first contributor's (agent/running_buffers.py).
 2. *The update*, the one function the script hands over (``update=``): what
    turns the averaged gradients into the next state (unscale, clip,
    ``optimizer.step()``, ``scheduler.step()``, an EMA, ``zero_grad``).
@@ -28,7 +31,8 @@ the rules are: ``optimizer.step()`` runs only inside ``update`` (checked: an
 ``ApiMisuse`` otherwise), the gradients are not changed between the
 all-reduce and ``commit()`` (checked on a sample of elements), and a
 registered object larger than ``SMALL_STATE_BYTES`` (an EMA of the weights)
-changes only inside ``update``. A replay that breaks them anyway is caught by
+changes only inside ``update``, and so does every module buffer other than
+batch-norm statistics. A replay that breaks them anyway is caught by
 the per-part checksum a joiner compares with its source, whose error names
 the part that differs.
 """
@@ -43,6 +47,7 @@ from typing import Protocol
 import torch
 
 from agent.checksum import tensor_bytes, model_crc, optimizer_crc
+from agent.running_buffers import RunningBuffers
 from agent.state_codec import StateCodecError, dtype_from_name, dtype_name, flatten, local, unflatten
 from coordinator.errors import FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
@@ -133,6 +138,8 @@ class TrainState:
         self.model = model
         self.optimizer = optimizer
         self.extra = check_registered(extra)
+        self.running = RunningBuffers(model)
+        """Batch-norm running statistics: kept equal across replicas (agent/running_buffers.py)."""
         self.unrecorded: set[str] = {n for n, obj in self.extra.items() if _tensor_nbytes(obj.state_dict()) > SMALL_STATE_BYTES}
         """Registered objects too large to record with each step (see the module docstring)."""
 
@@ -169,6 +176,8 @@ class TrainState:
                 self.unrecorded.add(name)
                 continue
             small[name] = state
+        if self.running.counts:
+            small["model"] = self.running.count_state()  # a reserved name: no registered object has it
         return cpb.LogEntry(step=step, hyperparams_json=self.hyperparams(), inputs=encode_blob(small))
 
     def apply_inputs(self, entry: cpb.LogEntry) -> None:
@@ -179,6 +188,12 @@ class TrainState:
         small = decode_blob(entry.inputs)
         if not isinstance(small, dict):
             raise StateCodecError("the recorded inputs are not a dict")
+        counts = small.pop("model", None)
+        if counts is not None or self.running.counts:
+            try:
+                self.running.load_counts(counts if isinstance(counts, dict) else {})
+            except (ValueError, RuntimeError) as e:
+                raise StateCodecError(f"the recorded batch-norm counts: {e}") from e
         unknown = sorted(set(small) - set(self.extra))
         if unknown:
             raise StateCodecError(f"the source records state {unknown} that this replica does not register")
@@ -263,7 +278,8 @@ def explain_mismatch(mine: Mapping[str, str], theirs: Mapping[str, str], step: i
             hints.append(
                 f"{name}: replaying update() on the members' averaged gradients gave another result; does the loop "
                 "change the gradients, the model or the optimizer outside the update passed to Manager, or does "
-                "update() read state that is not registered (state=...)?"
+                "update() read state that is not registered (state=...), or does the forward pass change a "
+                "module buffer other than batch-norm running statistics?"
             )
         elif name in unrecorded:
             hints.append(

@@ -23,12 +23,13 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", required=True)
+    p.add_argument("--names", default="plain", help="the model, as tests/ftar_worker.py's --names")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=60))
-    model = make_model(args.hidden, args.seed)
-    ddp = DistributedDataParallel(model)
+    model = make_model(args.hidden, args.seed, args.names)
+    ddp = DistributedDataParallel(model)  # broadcast_buffers: rank 0's batch-norm statistics before each forward
     optimizer = make_optimizer(model)
     for step in range(args.steps):
         x, y = batch(step, args.rank, args.hidden, args.seed)

@@ -29,6 +29,8 @@ def make_model(hidden: int, seed: int, names: str = "plain") -> torch.nn.Module:
     layers = [torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden)]
     if names == "renamed":  # the same sizes under other names: a different model
         return torch.nn.Sequential(collections.OrderedDict(zip(("a", "act", "b"), layers)))
+    if names == "batchnorm":  # running statistics that every forward pass changes
+        return torch.nn.Sequential(*layers[:2], torch.nn.BatchNorm1d(hidden), layers[2])
     return torch.nn.Sequential(*layers)
 
 
@@ -65,7 +67,10 @@ class Ema:
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
         for k, v in model.state_dict().items():
-            self.shadow[k].lerp_(v, 1 - self.decay)
+            if v.is_floating_point():
+                self.shadow[k].lerp_(v, 1 - self.decay)
+            else:  # a batch count: the latest, as torch.optim.swa_utils does for buffers
+                self.shadow[k].copy_(v)
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "shadow": self.shadow}
@@ -161,7 +166,7 @@ def main() -> int:
     p.add_argument("--section-s", type=float, default=3.0)
     p.add_argument("--slow", type=float, default=0.0, help="seconds of extra compute per step (a straggler)")
     p.add_argument("--save", default="")
-    p.add_argument("--names", choices=("plain", "renamed"), default="plain")
+    p.add_argument("--names", choices=("plain", "renamed", "batchnorm"), default="plain")
     p.add_argument("--corrupt-at", type=int, default=-1, help="silently perturb a weight after this step")
     p.add_argument("--loop", choices=("plain", "full"), default="plain",
                    help="full: accumulation, autocast + GradScaler, clipping, a scheduler, an EMA (see full_loop)")

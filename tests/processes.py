@@ -244,14 +244,14 @@ class AgentProcess(WorkerProcess):
         self.env = {"FTHSDP_FTAR_TIMEOUT": "30", "FTHSDP_CHECKSUM_EVERY": "1", **(env or {})}
 
 
-def start_ddp_oracle(tmp: Path, world: int, steps: int, hidden: str) -> list[subprocess.Popen]:
+def start_ddp_oracle(tmp: Path, world: int, steps: int, hidden: str, *extra: str) -> list[subprocess.Popen]:
     """tests/ddp_worker.py on ``world`` ranks: torch DDP, the equivalence tests'
     oracle; rank r saves its final parameters to tmp/ddp{r}.pt."""
     init = f"file://{tmp / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
     return [
         subprocess.Popen(
             [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(world), "--init", init,
-             "--steps", str(steps), "--hidden", hidden, "--save", str(tmp / f"ddp{r}.pt")],
+             "--steps", str(steps), "--hidden", hidden, "--save", str(tmp / f"ddp{r}.pt"), *extra],
             cwd=ROOT, env=_env(),
         )
         for r in range(world)

@@ -4,6 +4,7 @@ own DistributedDataParallel reaches with world size N on the same data."""
 from __future__ import annotations
 
 
+import pytest
 import torch
 
 from tests.processes import CoordinatorProcess, WorkerProcess, start_ddp_oracle
@@ -11,13 +12,17 @@ from tests.processes import CoordinatorProcess, WorkerProcess, start_ddp_oracle
 N, STEPS, HIDDEN = 3, 12, "96"
 
 
-def test_same_parameters_as_ddp(tmp_path):
-    oracle = start_ddp_oracle(tmp_path, N, STEPS, HIDDEN)
+@pytest.mark.parametrize("model", ["plain", "batchnorm"])
+def test_same_parameters_as_ddp(tmp_path, model):
+    """With batch norm, DDP's replica 0 sets every replica's running
+    statistics before each forward pass (broadcast_buffers); fthsdp's first
+    contributor does, in the all-reduce: the same statistics."""
+    oracle = start_ddp_oracle(tmp_path, N, STEPS, HIDDEN, "--names", model)
     coordinator = CoordinatorProcess(tmp_path, "--min-replicas", str(N)).start()
     try:
         workers = [
             WorkerProcess(tmp_path, coordinator.address, f"r{r}", r, "--steps", str(STEPS), "--wait-for", str(N),
-                          "--hidden", HIDDEN, "--save", str(tmp_path / f"ft{r}.pt")).start()
+                          "--hidden", HIDDEN, "--names", model, "--save", str(tmp_path / f"ft{r}.pt")).start()
             for r in range(N)
         ]
         for w in workers:
