@@ -231,7 +231,11 @@ LOGS: Path | None = None
 """--logs: a folder for every process's stderr (the runs append to it)."""
 
 
-def rejoin(name: str, standby: bool) -> dict:
+def rejoin(name: str, standby: bool, pin: bool = False) -> dict:
+    """``pin``: the members r0 and r1 on CPU 0, r2 (killed, restarted, the
+    joiner) on CPU 1, as on a cluster where the joiner has its own host: the
+    members' step during the catch-up then shows what serving it costs them,
+    not the joiner's own replay competing with them for the same cores."""
     cfg = CONFIGS[name]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **cfg["env"]}
     coordinator = subprocess.Popen(
@@ -240,7 +244,8 @@ def rejoin(name: str, standby: bool) -> dict:
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT, start_new_session=True)
     address = coordinator.stdout.readline().split("listening on ")[1].split()[0]
     procs = [
-        Proc([sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
+        Proc([*(["taskset", "-c", "1" if i == 2 else "0"] if pin else []),
+              sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
               "--num-replicas", "3", "--restart-backoff", "0", *(["--standby", "--standby-delay", "3s"] if standby and i == 2 else []),
               "--", sys.executable, *cfg["command"]], env, stderr_path=LOGS / f"rejoin-r{i}.log" if LOGS else None)
         for i in range(3)
@@ -305,15 +310,16 @@ def rejoin(name: str, standby: bool) -> dict:
     }
 
 
-def rejoin_table(configs: list[str], repeat: int = 1) -> None:
-    print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin\n")
+def rejoin_table(configs: list[str], repeat: int = 1, pin: bool = False) -> None:
+    print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin"
+          + (" (members on CPU 0, the joiner on CPU 1)" if pin else "") + "\n")
     print("| state | restart | members' steady step (3 replicas) | failure step | members' mean step during the catch-up (ratio) |"
           " such steps | longest of them (ratio, during) | the admission step (ratio) | snapshot: load time | steps replayed |"
           " kill → catch-up starts | kill → first committed step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in configs:
         for standby in [True, False] * repeat:
-            r = rejoin(name, standby)
+            r = rejoin(name, standby, pin)
             during = (f"{r['during'] * 1e3:.0f} ms ({r['during'] / r['steady']:.2f}×)" if r["steps_during"]
                       else "none")
             print(f"| {name} | {'warm standby' if standby else 'cold'} | {r['steady'] * 1e3:.0f} ms | "
@@ -393,6 +399,8 @@ def main() -> None:
     p.add_argument("--logs", type=Path, help="a folder for the rejoin runs' logs (stderr of every agent and rank)")
     p.add_argument("--skip-transfer", action="store_true")
     p.add_argument("--only-large", action="store_true", help="leave out examples/gpt")
+    p.add_argument("--pin", action="store_true",
+                   help="rejoin: the two members on CPU 0, the replica killed and restarted on CPU 1 (Linux taskset)")
     args = p.parse_args()
     global LOGS
     if args.logs:
@@ -405,7 +413,9 @@ def main() -> None:
     if not args.skip_transfer:
         transfer(args.mib, args.trials, args.tls)
     configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)[1:] if args.only_large else list(CONFIGS)
-    rejoin_table(configs, args.repeat)
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--pin needs 2 CPUs")
+    rejoin_table(configs, args.repeat, args.pin)
     if not args.skip_torchft:
         torchft_restart()
     return None
