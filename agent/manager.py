@@ -67,7 +67,8 @@ from agent.replica_group import ReplicaGroup
 from agent.standby import wait_for_activation
 from agent.step_clock import StepClock
 from agent.state_codec import local as _local
-from agent.train_state import ApiMisuse, TrainState, check_gradient, default_update, gradient_sample, step_outside_update
+from agent.train_state import ApiMisuse, TrainState, check_dense, check_gradient, default_update, gradient_sample
+from agent.train_state import step_outside_update
 from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
 from protos.fthsdp.v1 import catchup_pb2 as cpb
@@ -348,6 +349,7 @@ class Manager:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
         grads = [p.grad for p in self._params]
+        check_dense(grads)
         shards = [_local(g) for g in grads]
 
         spare = shards[0].new_zeros(CONTROL_SLOTS)  # FTAR's switch proposals ride along

@@ -311,6 +311,15 @@ def step_outside_update() -> ApiMisuse:
     )
 
 
+def check_dense(grads: list[torch.Tensor]) -> None:
+    """FTAR sums one flat dense tensor: a sparse gradient has no place in it."""
+    if any(g.is_sparse for g in grads):
+        raise ApiMisuse(
+            "a parameter has a sparse gradient (torch.nn.Embedding(sparse=True)?): fthsdp all-reduces dense "
+            "gradients only; build the module with sparse=False"
+        )
+
+
 def gradient_sample(param: torch.Tensor) -> torch.Tensor:
     """A copy of the first elements of ``param``'s gradient (this rank's shard)."""
     return local(param.grad).reshape(-1)[:SENTINEL].clone()

@@ -84,12 +84,13 @@ def members(client: CoordinatorClient) -> set[str]:
 
 
 def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: float, steps_after: int,
-             seed: int) -> dict:
+             seed: int, model: str = "plain") -> dict:
+    """``model``: tests/ftar_worker.py's --names (``batchnorm``: running statistics in the all-reduce)."""
     rng = random.Random(seed)
     env = {"FTHSDP_CATCH_UP_MAX_RATE": str(8 << 20)}
     agents = [
         AgentProcess(tmp, coordinator_address, f"r{i}", i, replicas, "--steps", "1000000", "--wait-for", str(replicas),
-                     "--hidden", "256", "--loop", "full", agent_args=("--max-restarts", "1000"), env=env).start()
+                     "--hidden", "256", "--loop", "full", "--names", model, agent_args=("--max-restarts", "1000"), env=env).start()
         for i in range(replicas)
     ]
     watched = [Watched(a) for a in agents]

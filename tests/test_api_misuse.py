@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agent.manager import ApiMisuse, Manager, ManagerConfig
-from agent.train_state import check_gradient, gradient_sample
+from agent.train_state import check_dense, check_gradient, gradient_sample
 from coordinator.errors import ConfigError
 from tests.processes import CoordinatorProcess, WorkerProcess
 
@@ -35,6 +35,14 @@ def test_gradients_left_as_the_allreduce_left_them_pass_even_overflowed(value):
     if value == value and value != float("inf"):
         with pytest.raises(ApiMisuse, match="gradients changed"):
             check_gradient(weight, sample)
+
+
+def test_sparse_gradients_are_named():
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(ApiMisuse, match="sparse gradient"):
+        check_dense([emb.weight.grad])
+    check_dense([torch.zeros(3)])
 
 
 def test_allreduce_twice_in_a_step():

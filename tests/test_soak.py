@@ -11,11 +11,11 @@ from tests.processes import CoordinatorProcess
 from tests.soak import dump, run_soak, table
 
 
-def soak(tmp_path, replicas: int, seconds: float, seed: int) -> dict:
+def soak(tmp_path, replicas: int, seconds: float, seed: int, model: str = "plain") -> dict:
     c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
                            "--join-timeout", "2s", "--min-replicas", "1").start()
     try:
-        result = run_soak(tmp_path, c.address, replicas, seconds, steps_after=10, seed=seed)
+        result = run_soak(tmp_path, c.address, replicas, seconds, steps_after=10, seed=seed, model=model)
     finally:
         c.stop()
     dump(result, tmp_path / "soak.json")
@@ -36,4 +36,5 @@ def test_soak_short(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_soak_long(tmp_path):
-    soak(tmp_path, replicas=4, seconds=180, seed=int(os.environ.get("FTHSDP_SOAK_SEED", "2")))
+    soak(tmp_path, replicas=4, seconds=180, seed=int(os.environ.get("FTHSDP_SOAK_SEED", "2")),
+         model=os.environ.get("FTHSDP_SOAK_MODEL", "plain"))
