@@ -40,27 +40,45 @@ COUNT_NAME = "num_batches_tracked"
 """The integer count, recorded with the step's inputs."""
 
 
+class _Buffer:
+    """One buffer, looked up on its module at each use: ``model.to(device)``
+    after the manager was built replaces buffer tensors (not parameters)."""
+
+    def __init__(self, module: torch.nn.Module, attr: str) -> None:
+        self.module, self.attr = module, attr
+
+    def get(self) -> torch.Tensor:
+        return local(getattr(self.module, self.attr))
+
+
 class RunningBuffers:
     """The running statistics of a model's normalisation layers, in a fixed order."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.stats: list[tuple[str, torch.Tensor]] = []
-        """(qualified name, buffer) of every floating-point running statistic."""
-        self.counts: list[tuple[str, torch.Tensor]] = []
-        """(qualified name, buffer) of every batch count."""
+        self._stats: list[tuple[str, _Buffer]] = []
+        self._counts: list[tuple[str, _Buffer]] = []
         for prefix, module in model.named_modules():
             if not getattr(module, "track_running_stats", False) or getattr(module, "running_mean", None) is None:
                 continue
             for name in STAT_NAMES:
                 buf = getattr(module, name, None)
                 if isinstance(buf, torch.Tensor) and buf.is_floating_point():
-                    self.stats.append((_qualified(prefix, name), buf))
-            count = getattr(module, COUNT_NAME, None)
-            if isinstance(count, torch.Tensor):
-                self.counts.append((_qualified(prefix, COUNT_NAME), count))
+                    self._stats.append((_qualified(prefix, name), _Buffer(module, name)))
+            if isinstance(getattr(module, COUNT_NAME, None), torch.Tensor):
+                self._counts.append((_qualified(prefix, COUNT_NAME), _Buffer(module, COUNT_NAME)))
+
+    @property
+    def stats(self) -> list[tuple[str, torch.Tensor]]:
+        """(qualified name, this rank's tensor) of every floating-point running statistic."""
+        return [(name, b.get()) for name, b in self._stats]
+
+    @property
+    def counts(self) -> list[tuple[str, torch.Tensor]]:
+        """(qualified name, this rank's tensor) of every batch count."""
+        return [(name, b.get()) for name, b in self._counts]
 
     def __bool__(self) -> bool:
-        return bool(self.stats or self.counts)
+        return bool(self._stats or self._counts)
 
     def numel(self) -> int:
         """Elements the statistics take at the end of the flat gradient buffer."""

@@ -81,16 +81,21 @@ class Ema:
             self.shadow[k].copy_(v)
 
 
-def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, replaying=lambda: False, delayed: int = 10):
+def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, replaying=lambda: False, delayed: int = 10,
+              variant: str = "adamw"):
     """The loop PyTorch's docs describe: AdamW with weight decay on 2-D
     parameters only, accumulation over micro-batches, autocast + GradScaler,
     clip_grad_norm_, a warmup + cosine LambdaLR stepped after optimizer.step(),
-    an EMA of the weights, a registered data position."""
+    an EMA of the weights, a registered data position. ``variant="sgd"``:
+    the same shape from torch's other building blocks: SGD with Nesterov
+    momentum, SequentialLR (LinearLR warmup, then CosineAnnealingLR),
+    clip_grad_value_, and torch.optim.swa_utils.AveragedModel as the EMA."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3
-    )
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    if variant == "sgd":
+        return _sgd_loop(model, amp, groups, replay_delay, replaying, delayed)
+    optimizer = torch.optim.AdamW(groups, lr=1e-3)
 
     def lr_lambda(step: int) -> float:
         import math
@@ -120,6 +125,13 @@ def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, repla
         ema.update(model)
         optimizer.zero_grad(set_to_none=True)
 
+    state = {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}
+    return optimizer, update, state, micro_batches(model, scaler, dtype, data)
+
+
+def micro_batches(model, scaler, dtype, data):
+    """The forward and backward passes of a step: two micro-batches, autocast, the scaler."""
+
     def forward_backward(step: int, replica_rank: int, hidden: int, seed: int, die_forward) -> torch.Tensor:
         losses = []
         for micro in range(2):
@@ -133,8 +145,37 @@ def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, repla
             losses.append(loss.detach())
         return sum(losses)
 
-    state = {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}
-    return optimizer, update, state, forward_backward
+    return forward_backward
+
+
+def _sgd_loop(model, amp, groups, replay_delay, replaying, delayed):
+    from torch.optim import lr_scheduler, swa_utils
+
+    optimizer = torch.optim.SGD(groups, lr=0.05, momentum=0.9, nesterov=True)
+    scheduler = lr_scheduler.SequentialLR(optimizer, [
+        lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=5),
+        lr_scheduler.CosineAnnealingLR(optimizer, T_max=200, eta_min=1e-3),
+    ], milestones=[5])
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3, enabled=dtype is torch.float16)
+    ema = swa_utils.AveragedModel(model, multi_avg_fn=swa_utils.get_ema_multi_avg_fn(0.99), use_buffers=True)
+    data = DataPosition()
+    forward_backward = micro_batches(model, scaler, dtype, data)
+    slowed = [delayed]
+
+    def update() -> None:
+        if replay_delay and replaying() and slowed[0] > 0:
+            slowed[0] -= 1
+            time.sleep(replay_delay)  # --replay-delay: a replay slow enough to fail a source during it
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        ema.update_parameters(model)
+        optimizer.zero_grad(set_to_none=True)
+
+    return optimizer, update, {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}, forward_backward
 
 
 def die() -> None:
@@ -171,6 +212,7 @@ def main() -> int:
     p.add_argument("--loop", choices=("plain", "full"), default="plain",
                    help="full: accumulation, autocast + GradScaler, clipping, a scheduler, an EMA (see full_loop)")
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="fp16", help="autocast dtype of --loop full")
+    p.add_argument("--variant", choices=("adamw", "sgd"), default="adamw", help="--loop full's building blocks")
     p.add_argument("--replay-delay", type=float, default=0.0,
                    help="seconds each of the first 10 replayed steps of --loop full takes")
     p.add_argument("--misuse", choices=("none", "step-outside", "clip-outside", "ema-outside"), default="none",
@@ -183,7 +225,8 @@ def main() -> int:
 
     model = make_model(args.hidden, args.seed, args.names)
     if args.loop == "full":
-        optimizer, update, state, forward_backward = full_loop(model, args.amp, args.replay_delay, lambda: ft.replaying)
+        optimizer, update, state, forward_backward = full_loop(model, args.amp, args.replay_delay, lambda: ft.replaying,
+                                                               variant=args.variant)
     else:
         optimizer, update, state, forward_backward = make_optimizer(model), None, None, None
     first_incarnation = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"

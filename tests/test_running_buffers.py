@@ -54,3 +54,14 @@ def test_inputs_carry_the_counts_and_restore_them():
     entry = TrainState(a, opt_a).inputs(7)
     TrainState(b, opt_b).apply_inputs(entry)
     assert int(b[1].num_batches_tracked) == int(a[1].num_batches_tracked) == 1
+
+
+def test_buffers_replaced_by_a_later_to_are_followed():
+    """``model.to(...)`` after the manager was built replaces buffer tensors
+    (parameters keep theirs): the statistics are looked up at each use."""
+    m = model()
+    r = RunningBuffers(m)
+    m.double()
+    assert r.stats[0][1] is m[1].running_mean and r.stats[0][1].dtype is torch.float64
+    r.load(torch.full((r.numel(),), 2.0))
+    assert torch.equal(m[1].running_mean, torch.full((6,), 2.0, dtype=torch.float64))
