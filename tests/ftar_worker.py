@@ -110,7 +110,14 @@ def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, repla
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3, enabled=dtype is torch.float16)
     ema = Ema(model)
     data = DataPosition()
+    update = make_update(optimizer, scaler, scheduler, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0),
+                         lambda: ema.update(model), replay_delay, replaying, delayed)
+    state = {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}
+    return optimizer, update, state, micro_batches(model, scaler, dtype, data)
 
+
+def make_update(optimizer, scaler, scheduler, clip, average, replay_delay, replaying, delayed):
+    """The update fthsdp runs at commit and a joiner replays: unscale, clip, step, schedule, average."""
     slowed = [delayed]
 
     def update() -> None:
@@ -118,15 +125,14 @@ def full_loop(model: torch.nn.Module, amp: str, replay_delay: float = 0.0, repla
             slowed[0] -= 1
             time.sleep(replay_delay)  # --replay-delay: a replay slow enough to fail a source during it
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        clip()
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
-        ema.update(model)
+        average()
         optimizer.zero_grad(set_to_none=True)
 
-    state = {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}
-    return optimizer, update, state, micro_batches(model, scaler, dtype, data)
+    return update
 
 
 def micro_batches(model, scaler, dtype, data):
@@ -161,20 +167,8 @@ def _sgd_loop(model, amp, groups, replay_delay, replaying, delayed):
     ema = swa_utils.AveragedModel(model, multi_avg_fn=swa_utils.get_ema_multi_avg_fn(0.99), use_buffers=True)
     data = DataPosition()
     forward_backward = micro_batches(model, scaler, dtype, data)
-    slowed = [delayed]
-
-    def update() -> None:
-        if replay_delay and replaying() and slowed[0] > 0:
-            slowed[0] -= 1
-            time.sleep(replay_delay)  # --replay-delay: a replay slow enough to fail a source during it
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        ema.update_parameters(model)
-        optimizer.zero_grad(set_to_none=True)
-
+    update = make_update(optimizer, scaler, scheduler, lambda: torch.nn.utils.clip_grad_value_(model.parameters(), 0.05),
+                         lambda: ema.update_parameters(model), replay_delay, replaying, delayed)
     return optimizer, update, {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}, forward_backward
 
 
