@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 
-from coordinator import replica_status
+from coordinator import replica_status, silence, watch_events
 from coordinator.errors import InvalidRequest, NotFound, StaleSession
 from coordinator.hang import HangRules
 from coordinator.progress import ProgressBook
@@ -48,6 +48,8 @@ class JobState:
         self._decided_at = float("-inf")
         self._expiry_bound = (0.0, float("-inf"))
         """(timeout, t): no heartbeat timeout runs out before t (see needs_decision)."""
+        self._silent: set[str] = set()
+        """Non-members whose heartbeat timeout ran out (see notice_silent_outsiders)."""
         self.dirty = True
         """Something the decision reads changed since it last found the
         quorum settled. While not dirty, only time (a heartbeat timeout)
@@ -149,6 +151,9 @@ class JobState:
         entry.state_checksum, entry.checksum_step = "", 0
         entry.open_watches = 0  # streams of the old session no longer count
         entry.restarted = member is not None and quorum_id < member.joined_quorum_id
+        # Its timeout may run out before any the last scan saw (or none was left to see).
+        timeout, bound = self._expiry_bound
+        self._expiry_bound = (timeout, min(bound, now + timeout))
         if member is not None and not entry.restarted:
             self.committed_step = max(self.committed_step, step)  # a member back after a failover
         if record_revision is not None:
@@ -334,30 +339,37 @@ class JobState:
         the quorum was last found settled, or a heartbeat timeout ran out. At
         10,000 replicas a decision costs tens of milliseconds; this check a
         scan of floats."""
+        ran_out = self._ran_out(now)
         if self.dirty:
             return True
         if (self.joiners_moved or self.unsettled) and now >= self.poll_at:
             return True
-        # A heartbeat timeout that ran out since the last decision (those that
-        # ran out before it were part of it). Replicas loaded from the store
-        # after a restart count too: they have no session yet, but a timeout.
-        # The scan runs only once the earliest expiry it found is reached:
-        # heartbeats only push expiries later, and a replica registering
-        # later expires later (the coordinator ticks 10 times a second; at
-        # 10,000 replicas a scan per tick was a tenth of its CPU).
-        timeout, since = self.rules.heartbeat_timeout, self._decided_at
-        if timeout == self._expiry_bound[0] and now < self._expiry_bound[1]:
-            return False
-        expiries = [(e.view_heartbeat() + timeout, rid) for rid, e in self.replicas.items()]
-        self._expiry_bound = (timeout, min((x for x, _ in expiries if x > now), default=float("inf")))
         # A member's timeout is decided on at once; anyone else's (a joiner,
         # or a replica whose heartbeats never got through) at the poll time.
-        ran_out = [rid for x, rid in expiries if since < x <= now]
         if any(rid in self._members for rid in ran_out):
             return True
         if ran_out:
             self.joiners_moved = True
         return self.joiners_moved and now >= self.poll_at
+
+    def _ran_out(self, now: float) -> list[str]:
+        """Replicas whose heartbeat timeout ran out since the last decision
+        (those that ran out before it were part of it); every silent one
+        outside the quorum is kept for ``notice_silent_outsiders``. Replicas loaded from the
+        store after a restart count too: they have no session yet, but a
+        timeout. The scan runs only once the earliest expiry it found is
+        reached: heartbeats only push expiries later, and a replica
+        registering later expires later (the coordinator ticks 10 times a
+        second; at 10,000 replicas a scan per tick was a tenth of its CPU)."""
+        timeout, since = self.rules.heartbeat_timeout, self._decided_at
+        if timeout == self._expiry_bound[0] and now < self._expiry_bound[1]:
+            return []
+        expiries = [(e.view_heartbeat() + timeout, rid) for rid, e in self.replicas.items()]
+        self._expiry_bound = (timeout, min((x for x, _ in expiries if x > now), default=float("inf")))
+        # Outsiders silent by now, whenever their timeout ran out: a decision
+        # since then counted them out, but gave no notice.
+        self._silent.update(rid for x, rid in expiries if x <= now and rid not in self._members)
+        return [rid for x, rid in expiries if since < x <= now]
 
     def set_pace(self, heartbeat_timeout: float, join_settle: float) -> None:
         """Adopt a stretched heartbeat timeout and join settle (the runtime's
@@ -399,16 +411,21 @@ class JobState:
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
 
     def _notice_silent(self, quorum: Quorum) -> None:
-        """Members dropped for silence (no other reason left) whose session
-        still stands (a stopped process keeps its connections open): their
-        agents must end them."""
-        kept = set(quorum.member_ids)
-        for rid in self._members:
-            e = self.replicas.get(rid)
-            if rid not in kept and e is not None and e.session_id is not None and not e.notice and e.hung_at is None \
-                    and e.disconnected_at is None and e.failed_at is None and not e.restarted \
-                    and e.diverged_at is None and not e.drain_requested:
-                e.notice = f"taken out of quorum {quorum.id}: no heartbeat for {self.rules.heartbeat_timeout:g}s (stopped?)"
+        """Members dropped for silence alone, their session open: their agents must end them (coordinator/silence.py)."""
+        noticed = silence.dropped_members(self.replicas, self._members, set(quorum.member_ids), quorum.id,
+                                          self.rules.heartbeat_timeout)
+        for rid, why in noticed.items():
+            self.replicas[rid].notice = why
+
+    def notice_silent_outsiders(self, now: float) -> dict[str, str]:
+        """Replicas outside the quorum whose heartbeats ran out with their
+        session open (a stopped joiner): given a notice, as a silent member
+        is; returns the newly noticed ones (their watchers must be told)."""
+        candidates, self._silent = self._silent, set()
+        noticed = silence.silent_outsiders(self.replicas, candidates, self._members, self.rules.heartbeat_timeout, now)
+        for rid, why in noticed.items():
+            self.replicas[rid].notice = why
+        return noticed
 
     def lost_step_now(self, now: float) -> int:
         """The step at which the state is lost as of ``now`` (0: not lost),
@@ -432,36 +449,12 @@ class JobState:
         return replica_status.statuses(self, now)
 
     def watch_event(self, replica_id: str, leader: str) -> pb.WatchEvent:
-        """What is particular to one watcher (its place in the quorum,
-        catch-up source and drain flag) and the latest reason; the quorum is
-        added by the runtime."""
-        event = pb.WatchEvent(leader=leader, reason=self.reason, state_lost_step=self.state_lost_step)
-        rank = self._ranks.get(replica_id) if replica_id else None
-        entry = self.replicas.get(replica_id) if replica_id else None
-        # The place is for the incarnation that trains in the quorum, known
-        # once it registered with this coordinator saying so: a restarted
-        # member stays listed until the next quorum drops it (never, while
-        # the state is lost), and after a coordinator restart a listed
-        # replica's watcher may be a fresh process; neither may take the
-        # old place and train on from its own step.
-        if rank is not None and entry is not None and entry.session_id is not None and not entry.restarted:
-            event.place.rank = rank
-        event.hang_limit_s = self.hang_horizon
-        if entry is not None:
-            event.drain_requested = entry.drain_requested
-            if entry.notice:
-                event.hang.CopyFrom(pb.HangNotice(reason=entry.notice, restart_count=entry.restart_count, step=entry.step))
-            source = self.catch_up.get(replica_id)
-            if source is not None:
-                event.catch_up.CopyFrom(
-                    pb.CatchUp(
-                        source_replica_id=source.replica_id,
-                        source_address=source.address,
-                        source_step=source.step,
-                        source_catch_up_addresses=source.catch_up_addresses,
-                    )
-                )
-        return event
+        """What is particular to one watcher (coordinator/watch_events.py)."""
+        return watch_events.own_event(self, replica_id, leader)
+
+    def rank_of(self, replica_id: str) -> int | None:
+        """A member's position in the current quorum: its rank in the FTAR group."""
+        return self._ranks.get(replica_id)
 
     # ----- helpers -------------------------------------------------------------------
 

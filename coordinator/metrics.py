@@ -83,8 +83,9 @@ class Metrics:
         )
         self.epochs = Counter("fthsdp_leader_changes_total", "Times this coordinator took a job over (start, restart or failover), by job.")
         self.taken_out = Counter("fthsdp_replicas_taken_out_total",
-                                 "Members taken out of the quorum by the hang detection (reason hung: no progress "
-                                 "while others waited for it) or the straggler policy, by job and reason.")
+                                 "Replicas taken out by the hang detection (reason hung: no progress while others "
+                                 "waited for it), the straggler policy, or told to end for silence outside the "
+                                 "quorum (silent: a stopped joiner), by job and reason.")
         self.gauges: Callable[[], Iterable[tuple[str, str, dict[str, str], float]]] = lambda: ()
 
     def render(self) -> str:

@@ -347,7 +347,9 @@ class CoordinatorRuntime:
                 log.warning("job %s: replica %s's state checksum disagrees at step %d; it must catch up", job.state.name, rid, step)
             await self._take_out_hung(job)
             self._pace(job)
-            if not job.state.needs_decision(self.clock()):
+            due = job.state.needs_decision(self.clock())
+            self._notice_silent_outsiders(job)
+            if not due:
                 return
             began, now = time.perf_counter(), self.clock()
             decision = job.state.evaluate(now)
@@ -414,6 +416,16 @@ class CoordinatorRuntime:
             self.metrics.taken_out.inc(job=job.state.name, reason="straggler")
         if job.state.horizon_moved:
             job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
+
+    def _notice_silent_outsiders(self, job: ServedJob) -> None:
+        """A stopped joiner's agent is told to end it, as a stopped member's is (coordinator/silence.py)."""
+        noticed = job.state.notice_silent_outsiders(self.clock())
+        for rid, why in noticed.items():
+            log.error("job %s: replica %s must be ended: %s", job.state.name, rid, why,
+                      extra={"event": "silent", "job": job.state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=job.state.name, reason="silent")
+        if noticed:
+            job.notify()
 
     def _pace(self, job: ServedJob) -> None:
         """Stretch the heartbeat interval (and timeout) to the budget; watchers

@@ -19,8 +19,13 @@ per watcher.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coordinator import quorum_delta
 from protos.fthsdp.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from coordinator.job import JobState
 
 FULL, HEADER, SAME, DELTA = "full", "header", "same", "delta"
 
@@ -78,3 +83,36 @@ class WatchEvents:
                 self._joined.clear()
             event = self._joined[key] = self._shared[kind] + own
         return event
+
+
+def own_event(state: "JobState", replica_id: str, leader: str) -> pb.WatchEvent:
+    """What is particular to one watcher (its place in the quorum,
+    catch-up source and drain flag) and the latest reason; the quorum is
+    added by the runtime."""
+    event = pb.WatchEvent(leader=leader, reason=state.reason, state_lost_step=state.state_lost_step)
+    rank = state.rank_of(replica_id) if replica_id else None
+    entry = state.replicas.get(replica_id) if replica_id else None
+    # The place is for the incarnation that trains in the quorum, known
+    # once it registered with this coordinator saying so: a restarted
+    # member stays listed until the next quorum drops it (never, while
+    # the state is lost), and after a coordinator restart a listed
+    # replica's watcher may be a fresh process; neither may take the
+    # old place and train on from its own step.
+    if rank is not None and entry is not None and entry.session_id is not None and not entry.restarted:
+        event.place.rank = rank
+    event.hang_limit_s = state.hang_horizon
+    if entry is not None:
+        event.drain_requested = entry.drain_requested
+        if entry.notice:
+            event.hang.CopyFrom(pb.HangNotice(reason=entry.notice, restart_count=entry.restart_count, step=entry.step))
+        source = state.catch_up.get(replica_id)
+        if source is not None:
+            event.catch_up.CopyFrom(
+                pb.CatchUp(
+                    source_replica_id=source.replica_id,
+                    source_address=source.address,
+                    source_step=source.step,
+                    source_catch_up_addresses=source.catch_up_addresses,
+                )
+            )
+    return event

@@ -17,7 +17,7 @@ import pytest
 
 from coordinator.client import CoordinatorClient
 from tests.processes import CoordinatorProcess, WorkerProcess
-from tests.test_catchup import cluster, members, status_of  # noqa: F401 - a fixture
+from tests.test_catchup import SLOW, cluster, members, status_of, wait_transfer_started  # noqa: F401 - a fixture
 from tests.test_overlapping_failures import assert_one_state_per_step
 from tests.waiting import wait_until
 
@@ -151,6 +151,37 @@ def test_a_stopped_rank_is_killed_by_its_agent_and_restarted(cluster):
     restarted_and_back(c, ["r2"], timeout=60)
     train_on_and_stop([r0, r1, r2])
     assert "no heartbeat" in r2.log_path.read_text()
+
+
+def rank_pids(agent) -> list[int]:
+    """The agent's child processes (its ranks), from /proc."""
+    pid = agent.proc.pid
+    text = open(f"/proc/{pid}/task/{pid}/children").read()
+    return [int(x) for x in text.split()]
+
+
+def test_a_joiner_stopped_while_it_catches_up_is_ended_by_its_agent_and_restarted(cluster):
+    """SIGSTOP of a restarted replica's rank in the middle of its snapshot
+    transfer: it is no member, so no quorum drops it and nobody waits for it;
+    its heartbeats stop with its session open, the coordinator tells its
+    agent, which ends it, and the next incarnation catches up and rejoins."""
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "1", *TIGHT)
+    r0, r1, r2 = (agent(c, i, 3, env={**LONG_FTAR, **SLOW}, agent_args=("--hang-grace", "1s")) for i in range(3))
+    os.kill(r2.read_until(lambda line: "admitted" in line)["pid"], signal.SIGKILL)
+    r0.read_until(lambda line: line.get("step", 0) >= 10)
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: status_of(client, "r2")[1].restart_count >= 1, 30, message="r2 restarted")
+        wait_transfer_started(client, "r2")
+        (pid,) = rank_pids(r2)
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda: status_of(client, "r2")[1].restart_count >= 2, 30,
+                   message="the stopped joiner ended by its agent and restarted")
+        assert members(client) == {"r0", "r1"}
+    restarted_and_back(c, ["r2"], timeout=90)
+    train_on_and_stop([r0, r1, r2])
+    log = c.log_path.read_text()
+    assert "replica r2 must be ended: no heartbeat for 1s while outside the quorum, catching up" in log, log[-3000:]
 
 
 def test_a_straggler_is_taken_out_and_cordoned_under_the_policy(bare):
