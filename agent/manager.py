@@ -355,7 +355,7 @@ class Manager:
         spare = shards[0].new_zeros(CONTROL_SLOTS)  # FTAR's switch proposals ride along
         running = self.state.running
         grad_numel = sum(g.numel() for g in shards)
-        first_only = (grad_numel, grad_numel + running.numel()) if running.stats else None
+        first_only = (grad_numel, grad_numel + running.numel()) if running.carries else None
 
         def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
             stats = running.pieces(spare.dtype, spare.device) if first_only else []

@@ -72,7 +72,7 @@ class Replayer:
             piece = total[offset : offset + n].view_as(grad)
             torch.div(piece.to(grad.device) if piece.device != grad.device else piece, contributors, out=grad)
             offset += n
-        if self.state.running.stats:
+        if self.state.running.carries:
             self.state.running.load(total[offset:])
 
     def numel(self) -> int:

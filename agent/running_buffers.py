@@ -80,6 +80,11 @@ class RunningBuffers:
     def __bool__(self) -> bool:
         return bool(self._stats or self._counts)
 
+    @property
+    def carries(self) -> bool:
+        """Whether the all-reduce carries statistics (checked every step: no list built)."""
+        return bool(self._stats)
+
     def numel(self) -> int:
         """Elements the statistics take at the end of the flat gradient buffer."""
         return sum(local(b).numel() for _, b in self.stats)

@@ -355,9 +355,9 @@ class JobState:
     def _ran_out(self, now: float) -> list[str]:
         """Replicas whose heartbeat timeout ran out since the last decision
         (those that ran out before it were part of it); every silent one
-        outside the quorum is kept for ``notice_silent_outsiders``. Replicas loaded from the
-        store after a restart count too: they have no session yet, but a
-        timeout. The scan runs only once the earliest expiry it found is
+        outside the quorum is kept for ``notice_silent_outsiders``. Replicas
+        loaded from the store after a restart count too: they have no session
+        yet, but a timeout. The scan runs only once the earliest expiry it found is
         reached: heartbeats only push expiries later, and a replica
         registering later expires later (the coordinator ticks 10 times a
         second; at 10,000 replicas a scan per tick was a tenth of its CPU)."""
@@ -368,7 +368,8 @@ class JobState:
         self._expiry_bound = (timeout, min((x for x, _ in expiries if x > now), default=float("inf")))
         # Outsiders silent by now, whenever their timeout ran out: a decision
         # since then counted them out, but gave no notice.
-        self._silent.update(rid for x, rid in expiries if x <= now and rid not in self._members)
+        self._silent.update(rid for x, rid in expiries if x <= now and rid not in self._members
+                            and self.replicas[rid].session_id is not None and not self.replicas[rid].notice)
         return [rid for x, rid in expiries if since < x <= now]
 
     def set_pace(self, heartbeat_timeout: float, join_settle: float) -> None:
