@@ -9,6 +9,7 @@ every ``checksum_every`` steps.
 from __future__ import annotations
 
 import hashlib
+import json
 import zlib
 
 import torch
@@ -66,19 +67,60 @@ def structure_hash(model: torch.nn.Module) -> int:
 
 CHECKSUM_STRIDES = (1, 10, 100, 1000, 10000)
 
+MAX_INPUTS = 512
+"""Bytes of a step's recorded inputs sent with its checksum (StepChecksum.inputs):
+every heartbeat carries up to one per stride."""
+
+
+def cap_inputs(inputs: str, limit: int = MAX_INPUTS) -> str:
+    """A step's inputs (TrainState.hyperparams(): a JSON list of each param
+    group's numeric hyperparameters) cut to at most ``limit`` bytes, still
+    valid JSON: the first groups that fit ("" if none does or it is not
+    such a list). A divergence is named from the groups sent."""
+    if len(inputs) <= limit:
+        return inputs
+    try:
+        groups = json.loads(inputs)
+    except ValueError:
+        return ""
+    if not isinstance(groups, list):
+        return ""
+    while groups:
+        groups.pop()
+        text = json.dumps(groups, separators=(",", ":"))
+        if len(text) <= limit:
+            return text if groups else ""
+    return ""
+
+
+class RecentChecksums(dict):
+    """{step: checksum} to report, and ``inputs``: {step: the inputs of the
+    step that produced that state} (agent/membership.py sends both)."""
+
+    def __init__(self, checksums: dict[int, str], inputs: dict[int, str]) -> None:
+        super().__init__(checksums)
+        self.inputs = inputs
+
 
 class StridedHistory:
     """The latest checksum at each stride of 1, 10, 100... checksum periods,
     sent with every heartbeat: replicas whose heartbeats sample different
-    steps still report some steps in common for the coordinator to compare."""
+    steps still report some steps in common for the coordinator to compare.
+    Each goes with the inputs of the step that produced it (the optimizer's
+    hyperparameters), so that the coordinator can say which differ when
+    the states do (coordinator/divergence.py)."""
 
     def __init__(self, every: int) -> None:
         self.every = every
-        self._latest: dict[int, tuple[int, str]] = {}
+        self._latest: dict[int, tuple[int, str, str]] = {}
 
-    def record(self, step: int, checksum: str) -> dict[int, str]:
-        """Note ``checksum`` at ``step``; returns {step: checksum} to report."""
+    def record(self, step: int, checksum: str, inputs: str = "") -> RecentChecksums:
+        """Note ``checksum`` at ``step``, produced by a step whose inputs were
+        ``inputs`` (TrainState.hyperparams(); capped at MAX_INPUTS bytes);
+        returns {step: checksum} to report, with ``.inputs``."""
+        inputs = cap_inputs(inputs)
         for level in CHECKSUM_STRIDES:
             if step % (self.every * level) == 0:
-                self._latest[level] = (step, checksum)
-        return dict(self._latest.values())
+                self._latest[level] = (step, checksum, inputs)
+        latest = self._latest.values()
+        return RecentChecksums({s: c for s, c, _ in latest}, {s: i for s, _, i in latest if i})

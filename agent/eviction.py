@@ -47,7 +47,8 @@ class EvictionWatch:
         with self.tracker.cond:
             while not self.stopped():
                 if self._out():
-                    self.evicted = f"replica {self.tracker.replica_id} was taken out of quorum {self.tracker.quorum.id}"
+                    self.evicted = (f"replica {self.tracker.replica_id} was taken out of quorum {self.tracker.quorum.id}"
+                                    f"{self.tracker.out_because()}")
                     break
                 self.tracker.cond.wait(1.0)
         if not self.evicted:

@@ -25,6 +25,10 @@ members ever waiting for it:
    the last step or two the joiner may still lack are closed inside FTAR's
    first collective in the new quorum.
 
+A job that finished (every member of its last quorum left finished) has
+nothing to join: the coordinator says so in its push and ``run`` raises
+``JobFinished`` on every rank of the group (agent/job_finished.py).
+
 The source dying mid-transfer makes the coordinator name another source; the
 joiner starts over from it (a snapshot from another replica is at another
 step, so the bytes already received cannot be reused; an interrupted
@@ -39,6 +43,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agent.catchup_client import CatchUpError, SourceClient
+from agent.job_finished import JobFinished, finished_step
 from agent.replay import ReplayMismatch
 from agent.snapshot import state_from_bytes
 from coordinator.errors import FthsdpError
@@ -117,6 +122,8 @@ class Joiner:
                 source = self.source
             else:
                 plan = self.group.broadcast_json(self._plan(deadline, failed) if self.group.rank == 0 else None)
+                if plan.get("finished"):  # every rank raises, not only rank 0, which saw it
+                    raise JobFinished(self.m.config.job, plan["finished"])
                 if plan["admitted"]:
                     return True
                 source = plan["source"]
@@ -134,6 +141,8 @@ class Joiner:
         membership, tracker = self.m.membership, self.m.tracker
 
         def usable(event) -> bool:
+            if finished_step(event):
+                return True
             if event.HasField("place") and event.quorum.member_count >= self.min_members:
                 return True
             source = event.catch_up.source_replica_id
@@ -144,6 +153,8 @@ class Joiner:
         lost_seen = 0
         while True:
             latest = membership.latest
+            if finished_step(latest):  # nothing left to train: no admission or source will come
+                return {"admitted": False, "finished": finished_step(latest)}
             lost = latest.state_lost_step if latest is not None else 0
             if lost:
                 # Every replica holding the job's state is gone: no source
@@ -162,6 +173,8 @@ class Joiner:
                 break
             except TimeoutError:
                 continue
+        if finished_step(event):
+            return {"admitted": False, "finished": finished_step(event)}
         if event.HasField("place") and event.quorum.member_count >= self.min_members:
             return {"admitted": True}
         cu = event.catch_up

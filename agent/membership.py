@@ -59,7 +59,8 @@ class Membership:
         self.state_checksum = ""
         self.checksum_step = 0
         self.recent_checksums: dict[int, str] = {}
-        """Checksums at earlier steps, sent with each heartbeat (see the proto)."""
+        """Checksums at earlier steps, sent with each heartbeat (see the proto);
+        an ``agent.checksum.RecentChecksums`` also carries each one's step inputs."""
         self.catch_up_addresses: list[str] = []
         """This replica's catch-up servers, one per shard rank, sent when registering."""
         self.catch_up_progress: tuple[int, int] = (0, 0)
@@ -139,7 +140,8 @@ class Membership:
             self.client.call(
                 "Leave",
                 pb.LeaveRequest(
-                    job=self.job, replica_id=self.replica_id, session_id=self._session, reason=reason, failed=failed
+                    job=self.job, replica_id=self.replica_id, session_id=self._session, reason=reason, failed=failed,
+                    step=self.step,
                 ),
             )
         finally:
@@ -226,12 +228,19 @@ class Membership:
                 ready=self.ready,
                 state_checksum=self.state_checksum,
                 checksum_step=self.checksum_step,
-                recent_checksums=[pb.StepChecksum(step=s, checksum=c) for s, c in list(self.recent_checksums.items())],
+                recent_checksums=self._recent(),
                 catch_up_bytes=done,
                 catch_up_total_bytes=total,
                 catching_up=self.catching_up,
                 progress=self.progress() if self.progress else None,
             ))
+
+    def _recent(self) -> list[pb.StepChecksum]:
+        """The recent checksums to report, each with the inputs of the step
+        that produced it when known (agent/checksum.py's ``RecentChecksums``)."""
+        recent = self.recent_checksums
+        inputs = getattr(recent, "inputs", {})
+        return [pb.StepChecksum(step=s, checksum=c, inputs=inputs.get(s, "")) for s, c in list(recent.items())]
 
     def _session_loop(self) -> None:
         """Deliver the session's events; when it ends, register again on a new

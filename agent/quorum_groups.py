@@ -53,9 +53,13 @@ class QuorumTracker:
         self.cond = threading.Condition()
         self.quorum: pb.Quorum | None = None
         self._ranks: dict[int, int] = {}
+        self.divergence = ""
+        """Why the coordinator took this replica out for a checksum mismatch, if it did (named by ``Evicted``)."""
 
     def update(self, event: pb.WatchEvent) -> None:
         with self.cond:
+            if event.HasField("divergence"):
+                self.divergence = event.divergence.reason
             if event.HasField("place"):
                 self._ranks[event.quorum.id] = event.place.rank
                 for old in sorted(self._ranks)[:-KEEP_PLACES]:
@@ -63,6 +67,10 @@ class QuorumTracker:
             if self.quorum is None or event.quorum.id > self.quorum.id:
                 self.quorum = event.quorum
             self.cond.notify_all()
+
+    def out_because(self) -> str:
+        """What ``Evicted`` adds to its message: why this replica was taken out, when known."""
+        return f": checksum mismatch: {self.divergence}" if self.divergence else ""
 
     def newest_id(self) -> int:
         return self.quorum.id if self.quorum is not None else 0
@@ -209,7 +217,8 @@ class QuorumGroups:
             with self.tracker.cond:
                 quorum = self.tracker.quorum
             if quorum is None or not self.tracker.includes_me(quorum):
-                raise Evicted(f"the newest quorum ({quorum.id if quorum else 'none'}) does not include this replica")
+                raise Evicted(f"the newest quorum ({quorum.id if quorum else 'none'}) does not include this replica"
+                              f"{self.tracker.out_because()}")
             group, switch_to, self._switch_to = self._group, self._switch_to, 0
             if group is not None and group.quorum_id == quorum.id:
                 return group
@@ -269,7 +278,7 @@ class QuorumGroups:
     def _build(self, quorum: pb.Quorum) -> _Group:
         rank = self.tracker.rank_in(quorum)
         if rank is None:
-            raise Evicted(f"quorum {quorum.id} does not include this replica")
+            raise Evicted(f"quorum {quorum.id} does not include this replica{self.tracker.out_because()}")
         host, port = quorum.first_member_address.rsplit(":", 1)
         timeout = datetime.timedelta(seconds=self.timeout)
         store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)

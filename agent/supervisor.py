@@ -28,12 +28,14 @@ import logging
 import os
 import queue
 import select
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from agent import standby
+from agent import outcome, standby
 from agent.config import MAX_BACKOFF, AgentConfig
 from agent.hang_watch import HangWatch
 from agent.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
@@ -49,6 +51,9 @@ FLUSH_TIMEOUT = 3.0
 """How long an exiting agent waits for its last reports to go out."""
 STABLE_UPTIME = 60.0
 """A group that ran this long before failing is not crash-looping: it restarts without back-off."""
+DIVERGENCE_SETTLE = 1.0
+"""After a failure, seconds to wait at most for the coordinator's push that took the replica out
+(it carries a checksum-mismatch verdict, if any) to reach the agent's stream."""
 
 
 class AgentState(enum.IntEnum):
@@ -73,10 +78,15 @@ class AgentState(enum.IntEnum):
     * FAILED: a rank died, or the coordinator took the replica out as hung
       (agent/hang_watch.py); the ranks are SIGTERMed (SIGKILLed after
       --stop-timeout, or --hang-grace for a hang). Reported before they are stopped.
+      A replica the coordinator took out for a checksum mismatch twice in a
+      row after catching up is not restarted: GAVE_UP, "gave up: <why>"
+      (coordinator/divergence.py).
     * RESTARTING: waiting out the back-off; a SIGTERM ends the wait.
     * DRAINING: the agent was asked to stop; ranks got SIGTERM and leave the
       quorum at their next step boundary.
     * SUCCEEDED and GAVE_UP are final: the agent exits 0 and 1 respectively.
+      A rank that exits 0 because its job finished before it arrived
+      (agent/job_finished.py) ends the agent as SUCCEEDED, "job finished at step N".
     """
 
     STARTING = pb.AGENT_STATE_STARTING
@@ -239,6 +249,8 @@ class Supervisor:
         """The warm standby group (--standby): each rank with the pipe that activates it."""
         self._fast_failures = 0
         self._running_since = 0.0
+        self._outcome_dir: str | None = None
+        """A private folder for the ranks' outcome files (agent/outcome.py)."""
         self._hangs: HangWatch | None = None
         """The coordinator's hang notices for this replica (agent/hang_watch.py)."""
 
@@ -258,6 +270,8 @@ class Supervisor:
         try:
             return self._supervise()
         finally:
+            if self._outcome_dir is not None:
+                shutil.rmtree(self._outcome_dir, ignore_errors=True)
             self._retire_standby()
             if any(rank.poll() is None for rank in self._ranks):  # only on an unexpected exception
                 stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
@@ -287,13 +301,29 @@ class Supervisor:
             if failure is None and self._stop.requested:
                 return self._drain()
             if failure is None:
-                self._transition(AgentState.SUCCEEDED, "every local rank exited 0")
+                finished = self._hangs.finished_step if self._hangs is not None else 0
+                if finished:  # a rank that arrived after the end: success, never a restart
+                    log.info("replica %s: succeeded (job finished at step %d); nothing to restart",
+                             cfg.replica_id, finished)
+                ended = outcome.describe([outcome.read(self._outcome_path(self.restart_count, r.local_rank))
+                                          for r in self._ranks])  # drained by the coordinator, say
+                ended = ended or (f"job finished at step {finished}" if finished else "")
+                self._transition(AgentState.SUCCEEDED, "every local rank exited 0" + (f" ({ended})" if ended else ""))
                 return 0
             self._transition(AgentState.FAILED, failure)  # reported before the others are stopped
             hung = self._hangs is not None and self._hangs.notice_for(self.restart_count) is not None
             stop_ranks(self._ranks, cfg.hang_grace if hung else cfg.stop_timeout, cfg.monitor_interval)
             if self._stop.requested:
                 return self._stop_without_restart()
+            diverged = self._hangs.divergence_for(self.restart_count, DIVERGENCE_SETTLE) if self._hangs else None
+            if diverged is not None and diverged.give_up:
+                # Another catch-up would replay the members' steps and diverge again in the loop's own state.
+                log.error("replica %s gave up: %s", cfg.replica_id, diverged.reason)
+                self._transition(AgentState.GAVE_UP, f"gave up: {diverged.reason}")
+                return 1
+            if diverged is not None:
+                log.warning("replica %s was taken out for a checksum mismatch (%d in a row after catching up): %s",
+                            cfg.replica_id, diverged.strikes, diverged.reason)
             if self.restart_count >= cfg.max_restarts:
                 self._transition(AgentState.GAVE_UP, f"{failure}; no restarts left (--max-restarts {cfg.max_restarts})")
                 return 1
@@ -308,6 +338,12 @@ class Supervisor:
                 return self._stop_without_restart()
             self.restart_count += 1
 
+    def _outcome_path(self, restart: int, local_rank: int) -> str:
+        """Where rank ``local_rank`` of incarnation ``restart`` says how it ended (agent/outcome.py)."""
+        if self._outcome_dir is None:
+            self._outcome_dir = tempfile.mkdtemp(prefix=f"fthsdp-agent-{self.config.replica_id}-")
+        return os.path.join(self._outcome_dir, f"rank{local_rank}-restart{restart}.json")
+
     def _start_ranks(self) -> None:
         if self._activate_standby():
             return
@@ -315,6 +351,7 @@ class Supervisor:
         envs = rank_environments(self.config, self.restart_count, port, self.env)
         self._ranks = []
         for local_rank, env in enumerate(envs):
+            env = {**env, outcome.ENV: self._outcome_path(self.restart_count, local_rank)}
             self._ranks.append(Rank(local_rank, self.command, env))
         log.info("started %d rank(s) (MASTER_ADDR=%s MASTER_PORT=%d)", len(envs), self.config.master_addr, port)
 
@@ -328,7 +365,9 @@ class Supervisor:
             for local_rank, env in enumerate(envs):
                 read_end, write_end = os.pipe()
                 try:
-                    rank = Rank(local_rank, self.command, {**env, standby.ENV: str(read_end)}, pass_fds=(read_end,))
+                    env = {**env, standby.ENV: str(read_end),
+                           outcome.ENV: self._outcome_path(self.restart_count + 1, local_rank)}
+                    rank = Rank(local_rank, self.command, env, pass_fds=(read_end,))
                 except OSError:
                     os.close(write_end)
                     raise

@@ -1,4 +1,4 @@
-"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, demo.
+"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, reopen-job, demo.
 
 This is the only place that reads the environment (FTHSDP_*) and the only
 place that turns errors into exit codes: a user mistake ends with one line on
@@ -127,6 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the step given up: the one `fthsdp status` says the state was lost at")
     p.set_defaults(run=_run_give_up)
 
+    text = "reopen a job whose members all finished, so that quorums form again (see fthsdp status)"
+    p = sub.add_parser("reopen-job", help=text, description=(
+        "Reopen a finished job: once every member of its last quorum left finished, the coordinator forms no "
+        "quorum and tells every replica that arrives that the job is finished (it exits 0). Reopening clears "
+        "that mark: the replicas there are form a quorum and start over from the state they hold. Refused "
+        "unless the job finished at exactly --step."))
+    _add_client_flags(p)
+    p.add_argument("--step", type=int, required=True, metavar="N",
+                   help="the step the job finished at, as `fthsdp status` shows it")
+    p.set_defaults(run=_run_reopen)
+
     _add_demo_parser(sub)
     return parser
 
@@ -227,17 +238,33 @@ def _run_admin(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return 0
 
 
-def _run_give_up(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def _operator() -> str:
+    """Who runs this command, for the coordinator's record: user@host."""
     import getpass
     import socket
 
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        return f"uid {os.getuid()}@{socket.gethostname()}"
+
+
+def _run_reopen(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    job = _job_name(args, env)
+    if args.step <= 0:
+        raise ConfigError(f"--step must be the step the job finished at (see fthsdp status), got {args.step}")
+    with _client(args, env) as client:
+        finished = client.reopen_job(job, args.step, requested_by=_operator())
+    print(f"{f'job {job}: ' if job else ''}reopened (it had finished at step {finished.step}); "
+          "the coordinator forms quorums again")
+    return 0
+
+
+def _run_give_up(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     job = _job_name(args, env)
     if args.step <= 0:
         raise ConfigError(f"--step must be the step whose state was lost (see fthsdp status), got {args.step}")
-    try:
-        who = f"{getpass.getuser()}@{socket.gethostname()}"
-    except (KeyError, OSError):  # no user name in a bare container
-        who = f"uid {os.getuid()}@{socket.gethostname()}"
+    who = _operator()
     with _client(args, env) as client:
         give_up = client.give_up_state(job, args.step, requested_by=who)
     print(f"{f'job {job}: ' if job else ''}state at step {give_up.step} given up; "

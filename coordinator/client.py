@@ -157,6 +157,12 @@ class CoordinatorClient:
         request = pb.GiveUpStateRequest(job=job, step=step, requested_by=requested_by)
         return self.call("GiveUpState", request).give_up
 
+    def reopen_job(self, job: str, step: int, requested_by: str = "") -> pb.JobFinished:
+        """Reopen a job that finished at exactly ``step``; raises
+        RequestRejected (FAILED_PRECONDITION) if it did not."""
+        request = pb.ReopenJobRequest(job=job, step=step, requested_by=requested_by)
+        return self.call("ReopenJob", request).finished
+
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()

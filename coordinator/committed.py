@@ -30,6 +30,13 @@ replicas at step 0 are never taken for the job.
 A coordinator taking a job over loads the record (``load``); a stored
 quorum newer than the record (a crash between the two writes) vouches for
 its own step as well.
+
+The finished mark. When every member of the last quorum left and at least
+one left "finished" (``JobState.finish_mark``), the record is written with
+``finished`` set *before* the decision is applied (``mark_finished``): a
+coordinator restart still knows the job is done, and a replica that
+arrives later is told so instead of starting the job over alone. Only an
+operator's reopen (``reopen``, `fthsdp reopen-job`) clears it.
 """
 
 from __future__ import annotations
@@ -41,10 +48,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.codec import decode
-from coordinator.errors import LostOwnership, StateNotLost, StoreError
+from coordinator.errors import JobNotFinished, LostOwnership, StateNotLost, StoreError
 from coordinator.keys import JobKeys
 from coordinator.quorum import Quorum
-from coordinator.status_view import give_up_hint
+from coordinator.status_view import give_up_hint, reopen_hint
 from coordinator.store import Store
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
@@ -58,6 +65,9 @@ WRITE_EVERY = 1.0
 
 RETRY_AFTER = 5.0
 """Seconds before a failed write is tried again (the store is likely down)."""
+
+KEEP = object()
+"""``CommittedRecord.write``: keep the finished mark as stored."""
 
 
 @dataclasses.dataclass
@@ -76,6 +86,8 @@ class CommittedRecord:
     retry_at: float = float("-inf")
     """After a failed write: not before then."""
     last_give_up: pb.GiveUp | None = None
+    finished: pb.JobFinished | None = None
+    """The stored finished mark (None: the job is not finished)."""
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
     """Serialises the writes: the periodic one runs outside the job's lock,
     so that a slow store holds up no registration."""
@@ -89,6 +101,7 @@ class CommittedRecord:
         if msg is not None:
             self.stored, self.revision, self.quorum_id = msg.step, item.revision, msg.quorum_id
             self.last_give_up = msg.last_give_up if msg.HasField("last_give_up") else None
+            self.finished = msg.finished if msg.HasField("finished") else None
         step = self.stored
         # A quorum stored after the record was (or by a version without the
         # record at all) holds members at its step; one the record names
@@ -109,18 +122,22 @@ class CommittedRecord:
         return step != self.stored and now - self.written_at >= WRITE_EVERY
 
     def write(self, store: Store, step: int, quorum_id: int, unix_ms: int,
-              give_up: pb.GiveUp | None = None) -> pb.CommittedStep | None:
-        """Store ``step`` (blocking: call in a thread). Returns None on
-        success, or what another coordinator wrote meanwhile (its revision
-        is adopted, so the next write can succeed)."""
+              give_up: pb.GiveUp | None = None, finished: pb.JobFinished | None | object = KEEP) -> pb.CommittedStep | None:
+        """Store ``step`` (blocking: call in a thread), with the finished mark
+        as it is unless ``finished`` is given (None clears it). Returns None
+        on success, or what another coordinator wrote meanwhile (its
+        revision is adopted, so the next write can succeed)."""
         last = give_up if give_up is not None else self.last_give_up
+        mark = self.finished if finished is KEEP else finished
         msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms)
         if last is not None:
             msg.last_give_up.CopyFrom(last)
+        if mark is not None:
+            msg.finished.CopyFrom(mark)
         result = store.compare_and_set(self.keys.committed, msg.SerializeToString(), self.revision)
         if result.succeeded:
             self.stored, self.quorum_id, self.revision = step, quorum_id, result.current.revision
-            self.last_give_up = last
+            self.last_give_up, self.finished = last, mark
             return None
         if result.current is None:
             self.revision, self.stored, self.quorum_id = 0, 0, 0
@@ -159,6 +176,12 @@ def _adopt(record: CommittedRecord, state: JobState, theirs: pb.CommittedStep) -
         state.give_up_state(theirs.step)
     else:
         state.committed_step = max(state.committed_step, theirs.step)
+    # A finish or a reopen the other coordinator stored is as current as its step.
+    record.finished = theirs.finished if theirs.HasField("finished") else None
+    if record.finished is not None:
+        state.finished = record.finished
+    elif state.finished is not None:
+        state.reopen()
     log.warning("job %s: the committed step was written by another coordinator (step %d%s)",
                 state.name, theirs.step, ", after a give-up" if newer else "")
 
@@ -191,6 +214,48 @@ async def give_up(record: CommittedRecord, store: Store, state: JobState, reques
                "requested_by": request.requested_by, "peer": peer, "quorum_id": quorum_id},
     )
     return record_msg
+
+
+async def mark_finished(record: CommittedRecord, store: Store, state: JobState, mark: pb.JobFinished,
+                        now: float) -> None:
+    """Store the finished mark (with the committed step reset: the state
+    ended with the members) before the decision that finished the job is
+    applied; the caller holds the job's lock. Raises StoreError (the
+    decision is then taken again on the next tick) or LostOwnership."""
+    async with record.lock:
+        theirs = await asyncio.to_thread(record.write, store, 0, mark.quorum_id, mark.unix_ms, None, mark)
+        if theirs is not None:
+            _adopt(record, state, theirs)
+            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                                "deciding again")
+        record.written_at = now
+
+
+async def reopen(record: CommittedRecord, store: Store, state: JobState, request: pb.ReopenJobRequest, peer: str,
+                 wall: Callable[[], float]) -> pb.JobFinished:
+    """Reopen a job finished at exactly ``request.step``: refused
+    (JobNotFinished) otherwise; the cleared mark is stored before it is
+    applied. The caller holds the job's lock."""
+    mark = state.finished
+    if mark is None or mark.step != request.step:
+        raise JobNotFinished(
+            f"job {state.name!r} is not finished; nothing to reopen" if mark is None else
+            f"job {state.name!r} finished at step {mark.step}, not {request.step}; {reopen_hint(state.name, mark.step)} "
+            "if that is meant")
+    quorum_id = state.quorum.id if state.quorum else 0
+    async with record.lock:
+        theirs = await asyncio.to_thread(record.write, store, state.committed_step, quorum_id, int(wall() * 1000),
+                                         None, None)
+        if theirs is not None:
+            _adopt(record, state, theirs)
+            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                                "look at the status and try again")
+        state.reopen()
+    log.warning("job %s: reopened by %s (from %s); it had finished at step %d; quorums form again",
+                state.name, request.requested_by or "an unnamed operator", peer or "an unknown address", mark.step,
+                extra={"event": "job_reopened", "job": state.name, "step": mark.step,
+                       "requested_by": request.requested_by, "peer": peer})
+    return mark
 
 
 def _refusal(state: JobState, step: int, lost: int) -> str:

@@ -39,6 +39,11 @@ class StateNotLost(FthsdpError):
     (gRPC FAILED_PRECONDITION): nothing is given up."""
 
 
+class JobNotFinished(FthsdpError):
+    """A reopen of a job that is not finished, or not at the step named
+    (gRPC FAILED_PRECONDITION): nothing is reopened."""
+
+
 class StoreError(FthsdpError):
     """The state store failed."""
 

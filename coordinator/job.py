@@ -9,14 +9,16 @@ store before applying them, and the gRPC servicer is a thin layer above that.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import secrets
 
-from coordinator import replica_status, silence, watch_events
+from coordinator import divergence, replica_status, silence, watch_events
 from coordinator.errors import InvalidRequest, NotFound, StaleSession
 from coordinator.hang import HangRules
 from coordinator.progress import ProgressBook
 from coordinator.quorum import CatchUpSource, Decision, Quorum, Rules, decide, find_diverged
 from coordinator.replica_entry import ReplicaEntry, seed_entries
+from coordinator.status_view import finished_reason
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 
@@ -75,6 +77,12 @@ class JobState:
         """From the latest decision: the committed step no live replica holds (0: not lost)."""
         self.state_lost = ""
         """From the latest decision, while lost: what remains."""
+        self.finished: pb.JobFinished | None = None
+        """Set once every member of the last quorum left finished (stored,
+        coordinator/committed.py): no quorum forms, and every watcher is
+        told, until an operator reopens the job (``reopen``)."""
+        self._left: dict[str, str] = {}
+        """Why each member of the current quorum that left on purpose left ("finished", "drained")."""
 
     # ----- loading after a (re)start -------------------------------------------------
 
@@ -143,8 +151,10 @@ class JobState:
         entry.heard_from, entry.beating = True, False
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
         entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
+        entry.divergence, entry.caught_up = None, False  # its mismatch and strikes stay: see check_checksums
         self.progress.forget(replica_id)
         entry.checksums.clear()
+        entry.inputs.clear()
         # Every other rank of the group must ping within a heartbeat timeout
         # of the registration, or the group counts as silent.
         entry.rank_heartbeats = {rank: now for rank in range(1, world_size)}
@@ -174,6 +184,7 @@ class JobState:
         catch_up_progress: tuple[int, int] = (0, 0),
         catching_up: bool = False,
         progress: pb.Progress | None = None,
+        recent_inputs: dict[int, str] | None = None,
     ) -> pb.HeartbeatResponse:
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now, progress)
@@ -201,8 +212,13 @@ class JobState:
         if recent:
             entry.checksums.update(recent)
             self.checksums_dirty = True
+        if recent_inputs:
+            # Interned: every replica reports the same few strings at a step.
+            entry.inputs.update({s: sys.intern(v) for s, v in recent_inputs.items()})
         while len(entry.checksums) > CHECKSUM_HISTORY:
                 del entry.checksums[min(entry.checksums)]
+        while len(entry.inputs) > CHECKSUM_HISTORY:
+            del entry.inputs[min(entry.inputs)]
         return pb.HeartbeatResponse(
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
         )
@@ -232,7 +248,7 @@ class JobState:
             entry.disconnected_at = now
             self.dirty = True
 
-    def leave(self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "") -> bool:
+    def leave(self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "", step: int = 0) -> bool:
         """End a session. Returns True if the replica is gone for good (its
         record should be deleted); a failed replica stays listed as failed.
         A reason "failed: ..." is a failure too (a training script that
@@ -245,6 +261,10 @@ class JobState:
         if failed or reason.startswith("failed"):
             entry.failed_at = now
             return False
+        if replica_id in self._members:
+            self._left[replica_id] = reason
+            if not entry.restarted:  # its state, as its heartbeats would have said
+                self.committed_step = max(self.committed_step, step)
         del self.replicas[replica_id]
         self.catch_up.pop(replica_id, None)
         self.progress.forget(replica_id)
@@ -285,9 +305,11 @@ class JobState:
 
     # ----- decisions -----------------------------------------------------------------
 
-    def check_checksums(self) -> dict[str, int]:
+    def check_checksums(self) -> dict[str, pb.Divergence]:
         """Flag members whose state disagrees with the others'; returns the
-        newly flagged ones with the step of the disagreement."""
+        newly flagged ones with the verdict their watchers are told: the
+        step, why (the step inputs that differ, coordinator/divergence.py)
+        and whether their agent should give up."""
         if self.quorum is None or not self.checksums_dirty:
             return {}  # at 10,000 replicas, not a scan every tick for nothing new
         self.checksums_dirty = False
@@ -297,14 +319,37 @@ class JobState:
             for rid, e in self.replicas.items()
             if rid in members and e.session_id is not None and not e.restarted
         }
+        diverged = find_diverged(reports, members)
         flagged = {}
-        for rid, step in find_diverged(reports, members).items():
+        for rid, step in diverged.items():
             entry = self.replicas[rid]
             if entry.diverged_at is None:
                 entry.diverged_at = step
-                flagged[rid] = step
+                flagged[rid] = entry.divergence = self._verdict(entry, step, reports, diverged)
                 self.dirty = True
+        for rid in reports:
+            entry = self.replicas[rid]
+            if entry.strikes and rid not in diverged and self._agreed_since_admission(rid, reports):
+                entry.strikes, entry.mismatch = 0, ""  # a stretch without a mismatch: the catch-up worked
         return flagged
+
+    def _verdict(self, entry: ReplicaEntry, step: int, reports, diverged: dict[str, int]) -> pb.Divergence:
+        mine = entry.checksums.get(step)
+        agreeing = {o: self.replicas[o].inputs.get(step, "") for o, h in reports.items()
+                    if o not in diverged and h.get(step) not in (None, mine)}
+        why = divergence.explain(entry.replica_id, step, entry.inputs.get(step, ""), divergence.members_inputs(agreeing))
+        entry.strikes, give_up = divergence.strike(entry.strikes, entry.caught_up)
+        entry.mismatch = divergence.gave_up(why, entry.strikes) if give_up else why
+        return pb.Divergence(reason=entry.mismatch, step=step, restart_count=entry.restart_count,
+                             strikes=entry.strikes, give_up=give_up)
+
+    def _agreed_since_admission(self, rid: str, reports) -> bool:
+        member = self._members.get(rid)
+        if member is None:
+            return False
+        mine = reports[rid]
+        agreed = (s for s, c in mine.items() if any(o != rid and h.get(s) == c for o, h in reports.items()))
+        return divergence.resets(member.step, agreed)
 
     def check_progress(self, now: float) -> tuple[dict[str, str], dict[str, str]]:
         """Take out the hung members (coordinator/hang.py); returns them and the
@@ -385,6 +430,10 @@ class JobState:
                 self._decided_at = float("-inf")
 
     def _decide(self, now: float) -> Decision:
+        if self.finished is not None:
+            # Nothing left to train: nobody is admitted nor named a source;
+            # arrivals are told (WatchEvent.finished) and exit.
+            return Decision(None, finished_reason(self.name, self.finished.step), self.finished.step, {}, settled=True)
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
         return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step)
@@ -394,6 +443,34 @@ class JobState:
         self.dirty = self.joiners_moved = False
         self.unsettled, self._decided_at = not decision.settled, now
         return decision
+
+    def finish_mark(self, decision: Decision, unix_ms: int) -> pb.JobFinished | None:
+        """The finished mark to store before ``decision`` is applied, or None.
+
+        A job is finished when the state ended on purpose (every member of
+        the last quorum left, none failed: ``Decision.state_ended``) and at
+        least one of them left "finished": it reached the end of the
+        script. Members that all left "drained" (an operator moving the
+        job) end the state without finishing it: the next replicas start
+        over. A member that leaves "finished" while others train on
+        finishes nothing: the quorum drops it and goes on."""
+        if not decision.state_ended or self.quorum is None or self.finished is not None:
+            return None
+        if not any(self._left.get(rid) == "finished" for rid in self.quorum.member_ids):
+            return None
+        return pb.JobFinished(step=self.committed_step, unix_ms=unix_ms, quorum_id=self.quorum.id)
+
+    def finish(self, mark: pb.JobFinished, decision: Decision) -> Decision:
+        """Adopt a stored finished mark; returns what to apply instead of
+        ``decision`` (which may have admitted a late arrival)."""
+        self.finished = mark
+        return dataclasses.replace(decision, members=None, catch_up={}, settled=True,
+                                   reason=finished_reason(self.name, mark.step))
+
+    def reopen(self) -> None:
+        """Adopt a stored reopen: quorums form again, from the replicas there are."""
+        self.finished = None
+        self.dirty = True
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:
         """Adopt a decision once its quorum (if any) is safely in the store."""
@@ -408,6 +485,10 @@ class JobState:
                     entry.restarted, entry.ready_since = False, None
             self.committed_step = max(self.committed_step, quorum.step)  # what its members hold
         self.catch_up = dict(decision.catch_up)
+        for rid in self.catch_up:
+            entry = self.replicas.get(rid)
+            if entry is not None:
+                entry.caught_up = True  # behind the members: what it trains on comes from a catch-up
         self.reason = decision.reason
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
 
@@ -481,6 +562,7 @@ class JobState:
         self.quorum, self.quorum_revision = quorum, revision
         self._members = {m.replica_id: m for m in quorum.members} if quorum else {}
         self._ranks = {rid: rank for rank, rid in enumerate(self._members)}  # the list's order
+        self._left = {rid: why for rid, why in self._left.items() if rid in self._members}
         self.dirty = self.checksums_dirty = True
 
     def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:

@@ -53,6 +53,16 @@ class ReplicaEntry:
     """Taken out for making no progress, or as a straggler (coordinator/hang.py)."""
     notice: str = ""
     """What its watchers (its node agents) are told: why it must be ended."""
+    inputs: dict[int, str] = dataclasses.field(default_factory=dict)
+    """The step inputs reported with ``checksums`` (StepChecksum.inputs), by step."""
+    caught_up: bool = False
+    """This incarnation was named a catch-up source: it rejoined behind the members."""
+    divergence: pb.Divergence | None = None
+    """The checksum-mismatch verdict on this incarnation, told to its watchers (coordinator/divergence.py)."""
+    mismatch: str = ""
+    """Why its state last disagreed with the members' (kept across incarnations, for status)."""
+    strikes: int = 0
+    """Mismatch evictions in a row after catching up (kept across incarnations)."""
 
     def view_heartbeat(self) -> float:
         """The replica is as alive as its most silent rank."""

@@ -50,6 +50,8 @@ def statuses(job: "JobState", now: float) -> list[pb.ReplicaStatus]:
             catch_up_total_bytes=e.catch_up_progress[1],
             straggler_score=round(job.progress.scores.get(rid, 0.0), 3),
             hang_reason=e.hung_reason,
+            mismatch_reason=e.mismatch,
+            mismatch_strikes=e.strikes,
         )
         report = job.progress.rank0(rid)
         if report is not None:

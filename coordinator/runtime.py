@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from coordinator import committed
 from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
-from coordinator.errors import LostOwnership, NotLeader, StoreUnavailable, UnknownJob
+from coordinator.errors import LostOwnership, NotLeader, StoreError, StoreUnavailable, UnknownJob
 from coordinator.gauges import job_gauges
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
@@ -106,6 +106,7 @@ class CoordinatorRuntime:
             records[rec.replica_id] = (rec, item.revision)
         committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
         job.state.load(quorum, revision, records, self.clock(), committed_step)
+        job.state.finished = job.committed.finished
         self.metrics.epochs.inc(job=job.state.name)
         job.set_quorum(quorum_to_pb(quorum))
         if quorum is not None:
@@ -119,6 +120,9 @@ class CoordinatorRuntime:
             len(records),
             self.store.description,
         )
+        if job.state.finished is not None:
+            log.info("job %s: finished at step %d (stored); no quorum forms until an operator reopens it",
+                     job.state.name, job.state.finished.step)
 
     def _bump_epoch(self, keys: JobKeys) -> int:
         while True:
@@ -179,11 +183,12 @@ class CoordinatorRuntime:
         was_ready = job.state.replicas.get(req.replica_id)
         was_ready = was_ready is not None and was_ready.ready_since is not None
         recent = {c.step: c.checksum for c in req.recent_checksums}
+        inputs = {c.step: c.inputs for c in req.recent_checksums if c.inputs}
         self.metrics.heartbeats.inc(job=job.state.name)
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
-            req.progress if req.HasField("progress") else None,
+            req.progress if req.HasField("progress") else None, inputs,
         )
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
@@ -225,7 +230,7 @@ class CoordinatorRuntime:
         async with job.lock:
             entry = job.state.replicas.get(req.replica_id)
             revision = entry.record_revision if entry is not None else 0
-            gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock(), req.reason)
+            gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock(), req.reason, req.step)
             if gone and revision:
                 await self._store(self.store.compare_and_delete, job.keys.replica(req.replica_id), revision)
         log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given")
@@ -281,7 +286,18 @@ class CoordinatorRuntime:
             response.quorum.CopyFrom(job.quorum_pb)
         if job.committed.last_give_up is not None:
             response.last_give_up.CopyFrom(job.committed.last_give_up)
+        if job.state.finished is not None:
+            response.finished.CopyFrom(job.state.finished)
         return response
+
+    async def reopen_job(self, req: pb.ReopenJobRequest, peer: str) -> pb.ReopenJobResponse:
+        """Reopen a job finished at exactly ``req.step`` (coordinator/committed.py)."""
+        job = self.job(req.job)
+        async with job.lock:
+            mark = await committed.reopen(job.committed, self.store, job.state, req, peer, self.wall)
+        job.notify()
+        self.wake()
+        return pb.ReopenJobResponse(finished=mark)
 
     async def give_up_state(self, req: pb.GiveUpStateRequest, peer: str) -> pb.GiveUpStateResponse:
         """Start a job over whose state is lost at exactly ``req.step`` (coordinator/committed.py)."""
@@ -343,8 +359,13 @@ class CoordinatorRuntime:
         async with job.lock:
             if self._stopped:
                 return
-            for rid, step in job.state.check_checksums().items():
-                log.warning("job %s: replica %s's state checksum disagrees at step %d; it must catch up", job.state.name, rid, step)
+            for rid, verdict in job.state.check_checksums().items():
+                log.warning("job %s: replica %s's state checksum disagrees at step %d: %s; %s", job.state.name, rid,
+                            verdict.step, verdict.reason,
+                            "its agent gives up" if verdict.give_up else "it is taken out and must catch up",
+                            extra={"event": "checksum_mismatch", "job": job.state.name, "replica": rid,
+                                   "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
+                                   "give_up": verdict.give_up})
             await self._take_out_hung(job)
             self._pace(job)
             due = job.state.needs_decision(self.clock())
@@ -357,6 +378,22 @@ class CoordinatorRuntime:
             # a twentieth of the loop; anything urgent (a member lost) marks the
             # job dirty and is decided on the next tick regardless.
             job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
+            mark = job.state.finish_mark(decision, int(self.wall() * 1000))
+            if mark is not None:
+                # Stored before anything is applied or pushed: a coordinator
+                # restart must still know, and a late arrival never be admitted.
+                try:
+                    await committed.mark_finished(job.committed, self.store, job.state, mark, self.clock())
+                except (StoreError, LostOwnership) as e:
+                    pending = f"the job finished at step {mark.step}; storing that is pending ({e})"
+                    self._log_reason(job, pending)
+                    job.state.reason, job.state.dirty = pending, True
+                    return
+                decision = job.state.finish(mark, decision)
+                log.info("job %s: finished at step %d: every member of quorum %d left, finished; no quorum forms "
+                         "until an operator reopens it", job.state.name, mark.step, mark.quorum_id,
+                         extra={"event": "job_finished", "job": job.state.name, "step": mark.step,
+                                "quorum_id": mark.quorum_id})
             quorum, revision = None, job.state.quorum_revision
             if not decision.changes_quorum:
                 job.change_since = None
@@ -391,8 +428,9 @@ class CoordinatorRuntime:
             # A new reason alone wakes nobody: at 10,000 watchers every push
             # counts; each event carries the latest reason anyway. A state
             # loss does: the replicas must know why they wait.
-            ended = step_before if decision.state_ended else 0
-            if committed.report_transition(job.state, lost_before, ended) or quorum is not None or before != job.state.catch_up:
+            ended = step_before if decision.state_ended and mark is None else 0
+            if (committed.report_transition(job.state, lost_before, ended) or quorum is not None
+                    or before != job.state.catch_up or mark is not None):
                 job.notify()
 
     async def _take_out_hung(self, job: ServedJob) -> None:

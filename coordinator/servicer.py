@@ -17,6 +17,7 @@ from coordinator import session_stream, validation
 from coordinator.errors import (
     FthsdpError,
     InvalidRequest,
+    JobNotFinished,
     LostOwnership,
     NotFound,
     NotLeader,
@@ -35,6 +36,7 @@ STATUS_OF = (
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (StaleSession, grpc.StatusCode.FAILED_PRECONDITION),
     (StateNotLost, grpc.StatusCode.FAILED_PRECONDITION),
+    (JobNotFinished, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (LostOwnership, grpc.StatusCode.ABORTED),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),  # clients move on to the next coordinator
@@ -253,3 +255,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         validation.check_job_field(request.job, allow_empty=True)
         validation.check_give_up(request)
         return await self.runtime.give_up_state(request, context.peer() or "")
+
+    @_edge
+    async def ReopenJob(self, request, context):
+        validation.check_job_field(request.job, allow_empty=True)
+        validation.check_reopen(request)
+        return await self.runtime.reopen_job(request, context.peer() or "")

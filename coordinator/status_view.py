@@ -32,6 +32,28 @@ def state_lost_line(job: str, step: int, remains: str) -> str:
     return f"STATE LOST at step {step}: {remains} (waiting; {give_up_hint(job, step)})"
 
 
+def reopen_hint(job: str, step: int) -> str:
+    """The command that reopens a finished job, as status, the log and the replicas say it."""
+    return f"`fthsdp reopen-job --job {job} --step {step}` reopens it"
+
+
+def finished_reason(job: str, step: int) -> str:
+    """Why no quorum forms while the job is finished (the decision's reason)."""
+    return (f"job {job} finished at step {step}: every member of its last quorum left finished; "
+            f"no quorum forms until an operator reopens it ({reopen_hint(job, step)}).")
+
+
+def finished_line(job: str, step: int) -> str:
+    return f"FINISHED at step {step}: every member left finished (no quorum forms; {reopen_hint(job, step)})"
+
+
+def _finished_dict(status: pb.StatusResponse) -> dict | None:
+    if not status.HasField("finished"):
+        return None
+    f = status.finished
+    return {"step": f.step, "time": f.unix_ms / 1000, "quorum_id": f.quorum_id}
+
+
 def _give_up_dict(status: pb.StatusResponse) -> dict | None:
     if not status.HasField("last_give_up"):
         return None
@@ -51,6 +73,7 @@ def status_dict(status: pb.StatusResponse) -> dict:
         "state_lost_step": status.state_lost_step,
         "state_lost_reason": status.state_lost_reason,
         "last_give_up": _give_up_dict(status),
+        "finished": _finished_dict(status),
         "quorum": {
             "id": status.quorum.id if has_quorum else 0,
             "members": [m.replica_id for m in status.quorum.members] if has_quorum else [],
@@ -75,6 +98,9 @@ def status_dict(status: pb.StatusResponse) -> dict:
                 "agent_state": AGENT_STATE_NAMES.get(r.agent_state),
                 "restart_count": r.restart_count,
                 "checksum_mismatch_step": r.checksum_mismatch_step or None,
+                "mismatch_reason": r.mismatch_reason or None,
+                "mismatch_strikes": r.mismatch_strikes,
+                "agent_detail": r.agent_detail or None,
             }
             for r in status.replicas
         ],
@@ -91,6 +117,7 @@ def status_table(status: pb.StatusResponse) -> str:
     lines = [
         f"job {d['job']}   leader {d['leader']} (epoch {d['epoch']})   committed step {d['committed_step']}",
         *([state_lost_line(d["job"], d["state_lost_step"], d["state_lost_reason"])] if d["state_lost_step"] else []),
+        *([finished_line(d["job"], d["finished"]["step"])] if d["finished"] else []),
         f"quorum {q['id'] or '-'}: {', '.join(q['members']) or 'none'}" + (f" at step {q['step']}" if q["id"] else ""),
         f"decision: {d['reason']}",
         "",
@@ -120,4 +147,20 @@ def status_table(status: pb.StatusResponse) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    lines += verdict_lines(d["replicas"])
     return "\n".join(lines)
+
+
+def verdict_lines(replicas: list[dict]) -> list[str]:
+    """Below the replica table, a line each (sentences, not a column that
+    would widen every row): why a replica's state disagreed with the
+    members', and an agent that gave up and why."""
+    lines = []
+    for r in replicas:
+        if r["mismatch_reason"]:
+            strikes = r["mismatch_strikes"]
+            count = f" ({strikes} in a row after catching up)" if strikes else ""
+            lines.append(f"{r['id']} checksum mismatch{count}: {r['mismatch_reason']}")
+        if r["agent_state"] == "gave-up" and r["agent_detail"]:
+            lines.append(f"{r['id']} GAVE UP (its agent does not restart it): {r['agent_detail']}")
+    return [""] + lines if lines else []

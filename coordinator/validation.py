@@ -9,6 +9,8 @@ from protos.fthsdp.v1 import coordinator_pb2 as pb
 MAX_WORLD_SIZE = 1 << 20
 MAX_SHORT_TEXT = 128
 MAX_REASON = 1024
+MAX_STEP_INPUTS = 512
+"""StepChecksum.inputs: agent/checksum.py's MAX_INPUTS."""
 
 
 def check_size(request, limit: int) -> None:
@@ -94,6 +96,7 @@ def check_heartbeat(req) -> None:
     for item in req.recent_checksums:
         _non_negative("recent_checksums.step", item.step)
         _short("recent_checksums.checksum", item.checksum)
+        _short("recent_checksums.inputs", item.inputs, MAX_STEP_INPUTS)
 
 
 def check_watch(req) -> None:
@@ -106,6 +109,7 @@ def check_watch(req) -> None:
 def check_leave(req) -> None:
     check_session(req)
     _short("reason", req.reason, MAX_REASON)
+    _non_negative("step", req.step)
 
 
 def check_agent_event(req) -> None:
@@ -115,6 +119,12 @@ def check_agent_event(req) -> None:
     _non_negative("node_rank", req.node_rank)
     _non_negative("restart_count", req.restart_count)
     _short("detail", req.detail, MAX_REASON)
+
+
+def check_reopen(req) -> None:
+    if req.step <= 0:
+        raise InvalidRequest(f"step must be the step the job finished at (StatusResponse.finished.step), got {req.step}")
+    _short("requested_by", req.requested_by)
 
 
 def check_give_up(req) -> None:

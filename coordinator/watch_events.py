@@ -101,8 +101,12 @@ def own_event(state: "JobState", replica_id: str, leader: str) -> pb.WatchEvent:
     if rank is not None and entry is not None and entry.session_id is not None and not entry.restarted:
         event.place.rank = rank
     event.hang_limit_s = state.hang_horizon
+    if state.finished is not None:
+        event.finished.CopyFrom(state.finished)
     if entry is not None:
         event.drain_requested = entry.drain_requested
+        if entry.divergence is not None:
+            event.divergence.CopyFrom(entry.divergence)
         if entry.notice:
             event.hang.CopyFrom(pb.HangNotice(reason=entry.notice, restart_count=entry.restart_count, step=entry.step))
         source = state.catch_up.get(replica_id)

@@ -211,6 +211,9 @@ def main() -> int:
                    help="seconds each of the first 10 replayed steps of --loop full takes")
     p.add_argument("--misuse", choices=("none", "step-outside", "clip-outside", "ema-outside"), default="none",
                    help="break the replay contract (README, the training API) in the way named")
+    p.add_argument("--lr-from-counter", action="store_true",
+                   help="set the learning rate before each step from a counter of the loop's own, 0 at every "
+                        "process start, instead of from ft.step: a replica that rejoins diverges after its catch-up")
     p.add_argument("--corrupt-first-replay", action="store_true",
                    help="perturb a weight while replaying the first catch-up (a replay that does not reproduce the state)")
     args = p.parse_args()
@@ -248,7 +251,11 @@ def main() -> int:
     ft.start(wait_for_replicas=args.wait_for)
     print(json.dumps({"admitted": ft.quorum_id, "pid": os.getpid(), "t": time.monotonic(),
                       "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)
+    own_steps = 0  # --lr-from-counter: what a loop that keeps its own count has
     while ft.step < args.steps and not ft.stopped:
+        if args.lr_from_counter:
+            for group in optimizer.param_groups:
+                group["lr"] = 1e-3 / (1 + 0.01 * own_steps)  # recorded as the step's input at the all-reduce
         dying = ft.step == args.die_at
         hanging = first_incarnation and (ft.step == args.hang_at or hang_asked.is_set())
         if hanging and args.hang_in == "data":
@@ -285,6 +292,7 @@ def main() -> int:
             die()
         if not ft.commit():  # the update (by default optimizer.step(), zero_grad), then the boundary
             continue  # no member contributed: the step is run again
+        own_steps += 1
         if ft.step == args.corrupt_at:
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] += 1e-3

@@ -118,6 +118,16 @@ def test_give_up_state_is_refused_in_one_line_unless_the_state_is_lost(tmp_path)
     assert missing.returncode == 2 and "the following arguments are required: --step" in missing.stderr
 
 
+def test_reopen_job_is_refused_in_one_line_unless_the_job_finished(tmp_path):
+    proc = CoordinatorProcess(tmp_path).start()
+    try:
+        refused = fthsdp("reopen-job", "--coordinator", proc.address, "--step", "40")
+        one_line_error(refused, 1, "job 'default' is not finished; nothing to reopen")
+    finally:
+        proc.stop()
+    one_line_error(fthsdp("reopen-job", "--coordinator", proc.address, "--step", "0"), 2, "--step must be")
+
+
 def test_console_script_and_module_entry_points():
     script = shutil.which("fthsdp", path=os.path.dirname(sys.executable))
     assert script, "pip install should put the fthsdp console script beside python"

@@ -10,7 +10,7 @@ from deploy_files import known_variables
 from test_deploy import subcommand_flags
 
 OPERATIONS = README.parent / "docs" / "operations.md"
-SUBCOMMAND = re.compile(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon|give-up-state|demo)\b(.*?)(?:`|$| -- )")
+SUBCOMMAND = re.compile(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon|give-up-state|reopen-job|demo)\b(.*?)(?:`|$| -- )")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 

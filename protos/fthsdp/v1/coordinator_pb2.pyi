@@ -155,12 +155,14 @@ class RegisterResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class StepChecksum(_message.Message):
-    __slots__ = ("step", "checksum")
+    __slots__ = ("step", "checksum", "inputs")
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     checksum: str
-    def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
+    inputs: str
+    def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress")
@@ -251,7 +253,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +265,8 @@ class WatchEvent(_message.Message):
     STATE_LOST_STEP_FIELD_NUMBER: _ClassVar[int]
     HANG_FIELD_NUMBER: _ClassVar[int]
     HANG_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    DIVERGENCE_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -274,7 +278,33 @@ class WatchEvent(_message.Message):
     state_lost_step: int
     hang: HangNotice
     hang_limit_s: float
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ...) -> None: ...
+    finished: JobFinished
+    divergence: Divergence
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ...) -> None: ...
+
+class JobFinished(_message.Message):
+    __slots__ = ("step", "unix_ms", "quorum_id")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    unix_ms: int
+    quorum_id: int
+    def __init__(self, step: _Optional[int] = ..., unix_ms: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
+
+class Divergence(_message.Message):
+    __slots__ = ("reason", "step", "restart_count", "strikes", "give_up")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STRIKES_FIELD_NUMBER: _ClassVar[int]
+    GIVE_UP_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    step: int
+    restart_count: int
+    strikes: int
+    give_up: bool
+    def __init__(self, reason: _Optional[str] = ..., step: _Optional[int] = ..., restart_count: _Optional[int] = ..., strikes: _Optional[int] = ..., give_up: _Optional[bool] = ...) -> None: ...
 
 class HangNotice(_message.Message):
     __slots__ = ("reason", "restart_count", "step")
@@ -287,18 +317,20 @@ class HangNotice(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., restart_count: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "reason", "failed")
+    __slots__ = ("job", "replica_id", "session_id", "reason", "failed", "step")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
     reason: str
     failed: bool
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., reason: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
+    step: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., reason: _Optional[str] = ..., failed: _Optional[bool] = ..., step: _Optional[int] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()
@@ -331,7 +363,7 @@ class StatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step", "catch_up_bytes", "catch_up_total_bytes", "phase", "phase_age_s", "step_time_s", "compute_time_s", "straggler_score", "hang_reason")
+    __slots__ = ("replica_id", "state", "step", "heartbeat_age_s", "address", "state_checksum", "checksum_step", "world_size", "cordoned", "catch_up_source", "agent_state", "restart_count", "agent_detail", "checksum_mismatch_step", "catch_up_bytes", "catch_up_total_bytes", "phase", "phase_age_s", "step_time_s", "compute_time_s", "straggler_score", "hang_reason", "mismatch_reason", "mismatch_strikes")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +386,8 @@ class ReplicaStatus(_message.Message):
     COMPUTE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_SCORE_FIELD_NUMBER: _ClassVar[int]
     HANG_REASON_FIELD_NUMBER: _ClassVar[int]
+    MISMATCH_REASON_FIELD_NUMBER: _ClassVar[int]
+    MISMATCH_STRIKES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     state: ReplicaState
     step: int
@@ -376,10 +410,12 @@ class ReplicaStatus(_message.Message):
     compute_time_s: float
     straggler_score: float
     hang_reason: str
-    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., straggler_score: _Optional[float] = ..., hang_reason: _Optional[str] = ...) -> None: ...
+    mismatch_reason: str
+    mismatch_strikes: int
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., straggler_score: _Optional[float] = ..., hang_reason: _Optional[str] = ..., mismatch_reason: _Optional[str] = ..., mismatch_strikes: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +430,7 @@ class StatusResponse(_message.Message):
     LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
     HANG_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -408,7 +445,8 @@ class StatusResponse(_message.Message):
     last_give_up: GiveUp
     hang_limit_s: float
     median_step_time_s: float
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ...) -> None: ...
+    finished: JobFinished
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")
@@ -447,6 +485,22 @@ class GiveUpStateRequest(_message.Message):
     requested_by: str
     resume_step: int
     def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., requested_by: _Optional[str] = ..., resume_step: _Optional[int] = ...) -> None: ...
+
+class ReopenJobRequest(_message.Message):
+    __slots__ = ("job", "step", "requested_by")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step: int
+    requested_by: str
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., requested_by: _Optional[str] = ...) -> None: ...
+
+class ReopenJobResponse(_message.Message):
+    __slots__ = ("finished",)
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    finished: JobFinished
+    def __init__(self, finished: _Optional[_Union[JobFinished, _Mapping]] = ...) -> None: ...
 
 class GiveUpStateResponse(_message.Message):
     __slots__ = ("give_up",)
@@ -499,13 +553,15 @@ class GiveUp(_message.Message):
     def __init__(self, step: _Optional[int] = ..., unix_ms: _Optional[int] = ..., requested_by: _Optional[str] = ..., peer: _Optional[str] = ..., coordinator: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
 
 class CommittedStep(_message.Message):
-    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up")
+    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up", "finished")
     STEP_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     step: int
     quorum_id: int
     updated_unix_ms: int
     last_give_up: GiveUp
-    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
+    finished: JobFinished
+    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ...) -> None: ...

@@ -90,6 +90,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.FromString,
                 _registered_method=True)
+        self.ReopenJob = channel.unary_unary(
+                '/fthsdp.v1.Coordinator/ReopenJob',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -180,6 +185,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReopenJob(self, request, context):
+        """Admin: reopen a finished job (see ReopenJobRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +249,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GiveUpState,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.SerializeToString,
+            ),
+            'ReopenJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReopenJob,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -537,6 +554,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/GiveUpState',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReopenJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Coordinator/ReopenJob',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
