@@ -10,6 +10,15 @@ member waiting in the all-reduce of step S waits for every member that has
 not arrived there; once it has waited longer than the hang limit, the ones
 it waits for are hung, and the waiting ones are never the ones blamed.
 
+Two things keep a healthy member from being blamed. A wait counts only
+within the quorum it is waited in: after a take-out the survivors redo the
+step in a new quorum without re-entering the all-reduce (their reports go
+on counting from their first arrival), and what they waited before the
+change was a wait for the member taken out, not for the ones left. And
+only a member that has itself made no progress for the limit is hung: one
+whose latest report shows it in its phase for less (it just committed,
+entered its update, came back from a section) is moving, whoever waits.
+
 Everything here is a pure function of the reports and the time (tested
 table-driven in tests/test_hang.py); ``coordinator.progress`` keeps the
 reports and applies the verdicts.
@@ -121,7 +130,8 @@ def _lowest_other_steps(processes: list[tuple[str, Report]]) -> dict[str, int]:
 
 
 def find_hung(
-    members: Mapping[str, Mapping[int, Report]], limit: float, rules: HangRules
+    members: Mapping[str, Mapping[int, Report]], limit: float, rules: HangRules,
+    quorum_since: float = float("-inf"),
 ) -> dict[str, str]:
     """The members that others have waited for longer than the limit, with why.
 
@@ -134,9 +144,17 @@ def find_hung(
     hung once its latest report shows it so behind a waiter that, by then,
     had waited past the process's limit (the waiter's reported wait plus the
     time between the two reports: it cannot have stopped waiting while the
-    other had not arrived). Processes that report no phase (an older
-    replica) are never judged. Linear in the processes (10,000 members wait
-    at once in a large job): only the longest waiter at each step matters.
+    other had not arrived), and shows it in its phase for that long itself.
+
+    ``quorum_since`` (coordinator-monotonic) is when the members waited for
+    last changed: a wait counts from then at the earliest, since before it
+    the waiter waited in an older quorum, for other members (the survivors
+    of a take-out redo the step without re-entering the all-reduce, so
+    their reports count from their first arrival).
+
+    Processes that report no phase (an older replica) are never judged.
+    Linear in the processes (10,000 members wait at once in a large job):
+    only the longest waiter at each step matters.
     """
     by_rank: dict[int, list[tuple[str, Report]]] = {}
     for rid, ranks in members.items():
@@ -148,7 +166,7 @@ def find_hung(
         longest: dict[int, tuple[float, str, Report]] = {}
         for rid, w in processes:
             if w.phase == pb.PHASE_ALLREDUCE:
-                start = w.received - w.age
+                start = max(w.received - w.age, quorum_since)
                 if w.step not in longest or start < longest[w.step][0]:
                     longest[w.step] = (start, rid, w)
         if not longest:
@@ -162,6 +180,7 @@ def find_hung(
                 # Alone in an all-reduce nobody else is in, for far longer than
                 # any live member waits before it gives up: its own training
                 # thread is stuck there (the others left it, or moved on).
+                # Its own wait, whatever the quorum: nobody else is blamed by it.
                 out[rid] = (f"hung{f' (rank {rank})' if rank else ''}: alone in the all-reduce of step {x.step} "
                             f"for {x.age:.1f}s (limit {stuck_after(limit):.1f}s)")
                 continue
@@ -171,8 +190,8 @@ def find_hung(
                 continue
             start, wid, w = min(waits, key=lambda v: v[0])
             waited, own_limit = x.received - start, limit_for(x, limit, rules)
-            if waited < own_limit:
-                continue
+            if waited < own_limit or x.age < own_limit:
+                continue  # not waited for long enough, or it moved on to its phase lately: it makes progress
             where = f"in section {x.section!r}" if x.phase == pb.PHASE_SECTION else PHASE_NAMES.get(x.phase, "somewhere")
             rank_text = f" (rank {rank})" if rank else ""
             out[rid] = (

@@ -41,6 +41,11 @@ class ProgressBook:
         """The job's hang limit at the last look."""
         self.horizon = rules.ceiling
         """The longest a member could go without progress at the last look (a section may exceed the limit)."""
+        self._waited_among: frozenset[str] | None = None
+        """The members at the last look: the ones a waiter waits for (None: no look yet)."""
+        self._waits_since = float("-inf")
+        """When they last changed: a wait counts from then (coordinator/hang.py find_hung).
+        Before any change was seen (a new coordinator's first look), the waits count whole."""
         self._slow_since: dict[str, int] = {}
         self._fresh = False
         self._next_look = float("-inf")
@@ -64,18 +69,29 @@ class ProgressBook:
 
     def look(self, members: Iterable[str], steps: dict[str, int], now: float) -> tuple[dict[str, str], dict[str, str]]:
         """The members that are hung and those the straggler policy takes out,
-        each with why. ``members``: the current quorum's live members;
-        ``steps``: their committed steps (for the straggler count)."""
+        each with why. ``members``: the current quorum's live members (when
+        they change, the waits under way start over); ``steps``: their
+        committed steps (for the straggler count)."""
         if not self.due(now):
             return {}, {}
         self._fresh = False
         self._next_look = now + min(CHECK_EVERY, self.limit / 8)
+        members = list(members)
+        among = frozenset(members)
+        if among != self._waited_among:
+            if self._waited_among is not None:
+                # A new quorum, or a member taken out that the next one drops:
+                # the waits under way were for others. Seen at the first look
+                # after the change, never before it, so a wait is never counted
+                # longer than it lasted in the quorum it is waited in.
+                self._waits_since = now
+            self._waited_among = among
         members = [rid for rid in members if rid in self.reports]
         first = {rid: self.reports[rid][0] for rid in members if 0 in self.reports[rid]}
         self.median_step = median_step_time(first)
         self.limit = job_limit(self.median_step, self.rules)
         reports = {rid: self.reports[rid] for rid in members}
-        hung = find_hung(reports, self.limit, self.rules)
+        hung = find_hung(reports, self.limit, self.rules, quorum_since=self._waits_since)
         # The longest any member may now go without progress: what a replica
         # waiting in the all-reduce waits at least, for a verdict, before it gives up.
         self.horizon = max([self.limit] + [limit_for(r, self.limit, self.rules)

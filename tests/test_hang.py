@@ -14,6 +14,7 @@ from coordinator.quorum import Rules
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 C, A, U, S, N = pb.PHASE_COMPUTE, pb.PHASE_ALLREDUCE, pb.PHASE_UPDATE, pb.PHASE_SECTION, pb.PHASE_UNSPECIFIED
+P = pb.PHASE_STARTING
 RULES = HangRules(multiple=5.0, floor=2.0, ceiling=60.0, section_timeout=100.0)
 
 
@@ -69,6 +70,12 @@ HUNG_CASES = [
      {"a": {0: r(U, 6.0, 7), 1: r(A, 6.0, 7)}, "c": {0: r(U, 6.0, 7), 1: r(C, 6.0, 7)}}, {"c"}),
     ("a group whose rank 0 waits inside its own FSDP collective for a hung rank 1",
      {"a": {0: r(A, 6.0, 7), 1: r(A, 6.0, 7)}, "c": {0: r(C, 6.0, 7), 1: r(C, 6.0, 7)}}, {"c"}),
+    ("a member that just entered its update is moving, however long the other waited",
+     {"a": {0: r(A, 6.0, 7)}, "c": {0: r(U, 0.0, 7)}}, set()),
+    ("... and so is one that just began its step",
+     {"a": {0: r(A, 6.0, 8)}, "c": {0: r(C, 0.1, 7)}}, set()),
+    ("... or came back from a section",
+     {"a": {0: r(A, 60.0, 7)}, "c": {0: r(C, 4.9, 7)}}, set()),
 ]
 
 
@@ -78,6 +85,47 @@ def test_find_hung(what, members, hung):
     assert set(verdict) == hung
     for rid in hung:
         assert verdict[rid].startswith("hung") and ("no progress at step 7" in verdict[rid] or "alone in" in verdict[rid])
+
+
+# A take-out and the survivors' redo: c was taken out as hung while a and b
+# waited in the all-reduce of step 7; the new quorum of a and b (and, in some
+# cases, j, a joiner admitted with it) formed at 10.0 - `since_quorum`. The
+# survivors redo step 7 without re-entering the all-reduce, so their reports
+# count their wait from their arrival in the old quorum. Limit 5 s.
+REDO_CASES = [
+    ("the survivor first done with the redo is not blamed by the one waiting since the old quorum",
+     {"a": {0: r(A, 6.3, 7)}, "b": {0: r(U, 0.0, 7)}}, 0.3, set()),
+    ("... in its update for a while either, while the new quorum is younger than the limit",
+     {"a": {0: r(A, 11.0, 7)}, "b": {0: r(U, 5.5, 7)}}, 4.0, set()),
+    ("... but it is, stuck in its update once the new quorum has waited for it past the limit",
+     {"a": {0: r(A, 12.0, 7)}, "b": {0: r(U, 5.5, 7)}}, 5.5, {"b"}),
+    ("both survivors in the redo: nobody to blame",
+     {"a": {0: r(A, 6.3, 7)}, "b": {0: r(A, 6.2, 7)}}, 0.3, set()),
+    ("a joiner admitted with the new quorum, long in its catch-up, is not blamed at once",
+     {"a": {0: r(A, 6.3, 7)}, "b": {0: r(A, 6.2, 7)}, "j": {0: r(P, 40.0, 7)}}, 0.3, set()),
+    ("... only once the new quorum has waited for it past the limit",
+     {"a": {0: r(A, 11.0, 7)}, "b": {0: r(A, 10.9, 7)}, "j": {0: r(P, 45.0, 7)}}, 5.0, {"j"}),
+    ("... in every rank of a group: rank 1's peers waited since the old quorum too",
+     {"a": {0: r(U, 0.0, 7), 1: r(A, 6.3, 7)}, "b": {0: r(U, 0.0, 7), 1: r(U, 0.0, 7)}}, 0.3, set()),
+    ("a wait that began in the new quorum counts whole",
+     {"a": {0: r(A, 5.0, 8)}, "b": {0: r(C, 5.2, 8)}}, 9.0, {"b"}),
+    ("a report from before the change says nothing of the new quorum",
+     {"a": {0: r(A, 20.0, 7)}, "j": {0: r(P, 40.0, 7, received=9.0)}}, 0.5, set()),
+    ("alone in the all-reduce long past any member's wait: stuck, whatever the quorum",
+     {"a": {0: r(A, 25.0, 7)}}, 0.3, {"a"}),
+]
+
+
+@pytest.mark.parametrize("what, members, since_quorum, hung", REDO_CASES, ids=[c[0] for c in REDO_CASES])
+def test_find_hung_after_a_take_out(what, members, since_quorum, hung):
+    verdict = find_hung(members, 5.0, RULES, quorum_since=10.0 - since_quorum)
+    assert set(verdict) == hung, verdict
+
+
+def test_the_reason_counts_the_wait_in_the_quorum_it_is_waited_in():
+    verdict = find_hung({"a": {0: r(A, 30.0, 7)}, "j": {0: r(P, 40.0, 7)}}, 5.0, RULES, quorum_since=4.0)
+    assert verdict == {"j": "hung: no progress at step 7 (starting for 40.0s) while a waited 6.0s in the "
+                            "all-reduce of step 7 (limit 5.0s)"}
 
 
 def test_the_reason_says_who_waited_and_where_the_hung_one_is():
@@ -131,6 +179,22 @@ def joined_job(n=3, hang_rules=RULES):
     return job, sessions
 
 
+def adopt(job, now, quorum_id):
+    """The next decision, stored and applied as the runtime does; returns its members."""
+    from coordinator.quorum import Quorum
+
+    decision = job.evaluate(now)
+    assert decision.members is not None, decision.reason
+    job.apply(decision, Quorum(quorum_id, decision.members), quorum_id)
+    return [m.replica_id for m in decision.members]
+
+
+def report_all(job, s, t, phase=C, age=0.0, step=7, ids=("r0", "r1", "r2")):
+    """The replicas ``ids`` report the same progress at ``t`` (by default: they just began step 7)."""
+    for rid in ids:
+        job.heartbeat(rid, s[rid], step, False, "", 0, t, progress=progress(phase, age, step, step_time_s=0.2))
+
+
 def test_a_job_takes_out_the_hung_member_and_tells_its_watchers():
     job, s = joined_job()
     job.heartbeat("r0", s["r0"], 7, False, "", 0, 10.0, progress=progress(A, 6.0, 7, step_time_s=0.2))
@@ -148,6 +212,43 @@ def test_a_job_takes_out_the_hung_member_and_tells_its_watchers():
     # A new incarnation starts clean.
     job.register("r2", "h:2", 1, 0, 0, 11.0, restart_count=3)
     assert not job.watch_event("r2", "leader").HasField("hang")
+
+
+def test_the_survivors_redo_after_a_take_out_blames_none_of_them():
+    """The failure of issue 20: r2 taken out while r0 and r1 waited in the
+    all-reduce of step 7; in the new quorum r0 finished the redo first and
+    entered its update, while r1 still reported its wait since the old quorum."""
+    job, s = joined_job()
+    report_all(job, s, 10.0, A, 6.0, ids=("r0", "r1"))
+    job.heartbeat("r2", s["r2"], 7, False, "", 0, 10.0, progress=progress(C, 6.1, 7, step_time_s=0.2))
+    assert set(job.check_progress(10.0)[0]) == {"r2"}
+    assert adopt(job, 10.1, 2) == ["r0", "r1"]
+    job.heartbeat("r1", s["r1"], 7, False, "", 0, 10.5, progress=progress(A, 6.5, 7, step_time_s=0.2))
+    job.heartbeat("r0", s["r0"], 7, False, "", 0, 10.6, progress=progress(U, 0.0, 7, step_time_s=0.2))
+    assert job.check_progress(10.6) == ({}, {})
+    # Once the new quorum is older than the limit, a member stuck in its update is hung again.
+    job.heartbeat("r1", s["r1"], 7, False, "", 0, 13.0, progress=progress(A, 9.0, 7, step_time_s=0.2))
+    job.heartbeat("r0", s["r0"], 7, False, "", 0, 13.1, progress=progress(U, 2.5, 7, step_time_s=0.2))
+    hung, _ = job.check_progress(13.1)
+    assert set(hung) == {"r0"} and "r1 waited 2.5s in the all-reduce of step 7" in hung["r0"]
+
+
+def test_a_joiner_admitted_after_a_long_catch_up_is_not_blamed_for_the_wait_before():
+    job, s = joined_job(2)
+    report_all(job, s, 1.0, ids=("r0", "r1"))
+    assert job.check_progress(1.0) == ({}, {})
+    s["r2"] = job.register("r2", "h:2", 1, 7, 0, 1.0)
+    job.heartbeat("r2", s["r2"], 7, True, "", 0, 2.0, progress=progress(P, 10.0, 7))
+    assert adopt(job, 2.0, 2) == ["r0", "r1", "r2"]
+    # The members had waited in the all-reduce of step 7 since before the joiner was admitted.
+    report_all(job, s, 2.2, A, 1.2, ids=("r0", "r1"))
+    job.heartbeat("r2", s["r2"], 7, False, "", 0, 2.2, progress=progress(P, 10.2, 7))
+    assert job.check_progress(2.2) == ({}, {})
+    job.heartbeat("r2", s["r2"], 7, False, "", 0, 3.5, progress=progress(P, 11.5, 7))
+    assert job.check_progress(3.5) == ({}, {})  # waited 2.5 s in all (past the limit), 1.3 s of it for the joiner
+    report_all(job, s, 5.0, A, 4.0, ids=("r0", "r1"))
+    job.heartbeat("r2", s["r2"], 7, False, "", 0, 5.0, progress=progress(P, 13.0, 7))
+    assert set(job.check_progress(5.0)[0]) == {"r2"}  # 2.8 s in the quorum that waits for it, past the limit
 
 
 def test_a_member_dropped_for_silence_with_its_session_open_gets_a_notice():

@@ -49,7 +49,11 @@ def hsdp_agent(tmp_path, address: str, k: int, *args: str, agent_args: tuple[str
 
 
 def fast_coordinator(tmp_path) -> CoordinatorProcess:
-    return CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "1s",
+    # A stopped rank is found by the heartbeat timeout: short, but not so
+    # short that a loaded 2-core machine's pause in a healthy rank's heartbeat
+    # thread drops it (the product's default is 5 s; the hang limit keeps its
+    # default 10 s floor here).
+    return CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "2s",
                               "--heartbeat-interval", "200ms").start()
 
 
