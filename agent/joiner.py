@@ -16,14 +16,14 @@ members ever waiting for it:
    and it starts over from a fresh snapshot.
 3. Ready. Verified and within ``READY_GAP`` steps of the source's head (or
    no longer gaining on it: members whose steps take about as long as a
-   replay; they then wait once, at the admission, for the rest),
-   ``Manager.start()`` returns. The training loop's first
-   ``allreduce_gradients()`` then tells the coordinator it is ready (an
-   immediate heartbeat) and follows the log until a quorum admits it: the
-   members never wait for the joiner's forward and backward pass. That step
-   contributes no gradient (it was computed on a state since replayed past);
-   the last step or two the joiner may still lack are closed inside FTAR's
-   first collective in the new quorum.
+   replay; they then wait once, at the admission, for the rest), it tells
+   the coordinator it is ready (an immediate heartbeat) and follows the log
+   until a quorum admits it. ``Manager.start()`` then takes the replica's
+   first step in the quorum without a gradient (its state has none for the
+   members' step), closing the last step or two it may still lack inside
+   FTAR's first collective in the new quorum, and returns at the members'
+   next step: the members never wait for the joiner's forward and backward
+   pass, and the training loop never sees its step jump.
 
 A job that finished (every member of its last quorum left finished) has
 nothing to join: the coordinator says so in its push and ``run`` raises
@@ -60,6 +60,8 @@ STALLED_ROUNDS = 5
 RETRY_SAME_SOURCE_AFTER = 2.0
 """Seconds before a source that failed is tried again if the coordinator names no other."""
 LOG_BATCH_BYTES = 256 << 20
+SWITCH_WAIT = 10.0
+"""Seconds an admitted joiner whose source was lost waits for the coordinator to name the next."""
 
 
 @dataclasses.dataclass
@@ -91,6 +93,14 @@ class CatchUpFailed(FthsdpError):
     """The replay does not reproduce the members' state (the message names the part that differs)."""
 
 
+class Drained(FthsdpError):
+    """A drain was asked for while this replica caught up or waited for admission: it leaves instead."""
+
+
+class _DrainAsked(CatchUpError):
+    """Ends a snapshot transfer early: the replica drains instead."""
+
+
 class Joiner:
     def __init__(self, manager: "Manager") -> None:
         self.m = manager
@@ -109,21 +119,26 @@ class Joiner:
 
     # ----- the procedure -------------------------------------------------------------
 
-    def run(self, deadline: float, min_members: int = 1, until_admitted: bool = False) -> bool:
+    def run(self, timeout: float, min_members: int = 1, until_admitted: bool = False) -> bool:
         """Catch up until this replica is ready to join (or, with
         ``until_admitted``, until a quorum includes it); returns whether a
         quorum includes it. A replica that is up to date is admitted into a
-        quorum of at least ``min_members`` without catching up. ``self.client``
-        stays open for the last gap."""
+        quorum of at least ``min_members`` without catching up. ``timeout``:
+        seconds to wait each time for a source to be named (or the
+        admission). ``self.client`` stays open for the last gap. Raises
+        ``Drained`` once a drain is asked for."""
         self.min_members = min_members
         failed: dict[str, float] = {}
         while True:
             if self.client is not None:  # ready before: follow the same source on
                 source = self.source
             else:
+                deadline = time.monotonic() + timeout
                 plan = self.group.broadcast_json(self._plan(deadline, failed) if self.group.rank == 0 else None)
                 if plan.get("finished"):  # every rank raises, not only rank 0, which saw it
                     raise JobFinished(self.m.config.job, plan["finished"])
+                if plan.get("drained"):
+                    raise Drained(f"drained while {'catching up' if self.report is not None else 'waiting for admission'}")
                 if plan["admitted"]:
                     return True
                 source = plan["source"]
@@ -132,8 +147,9 @@ class Joiner:
                     self._catch_up(source, plan["addresses"], deadline)
                 return self._follow(source, until_admitted)
             except CatchUpError as e:
-                log.warning("catch-up from %s failed: %s; trying again", source, e)
-                failed[source] = time.monotonic()
+                if not self.m.lifecycle.drain_requested:  # (a drain ends the catch-up: the plan says so next)
+                    log.warning("catch-up from %s failed: %s; trying again", source, e)
+                    failed[source] = time.monotonic()
             self._reset()
 
     def _plan(self, deadline: float, failed: dict[str, float]) -> dict:
@@ -142,6 +158,8 @@ class Joiner:
 
         def usable(event) -> bool:
             if finished_step(event):
+                return True
+            if event.drain_requested or self.m.lifecycle.drain_requested:
                 return True
             if event.HasField("place") and event.quorum.member_count >= self.min_members:
                 return True
@@ -152,6 +170,8 @@ class Joiner:
 
         lost_seen = 0
         while True:
+            if self.m.lifecycle.drain_requested:  # SIGTERM: no push wakes the wait below
+                return {"drained": True}
             latest = membership.latest
             if finished_step(latest):  # nothing left to train: no admission or source will come
                 return {"admitted": False, "finished": finished_step(latest)}
@@ -175,6 +195,8 @@ class Joiner:
                 continue
         if finished_step(event):
             return {"admitted": False, "finished": finished_step(event)}
+        if event.drain_requested or self.m.lifecycle.drain_requested:
+            return {"drained": True}
         if event.HasField("place") and event.quorum.member_count >= self.min_members:
             return {"admitted": True}
         cu = event.catch_up
@@ -212,7 +234,12 @@ class Joiner:
                 manifest = self.client.manifest(step)
             if manifest.structure_hash != m.structure:
                 raise CatchUpError(f"source {source} trains a different model (structure hash differs)")
-            data = self.client.fetch(manifest, progress=lambda n: m.report_progress(n, manifest.total_bytes))
+            def progress(done: int) -> None:
+                if m.lifecycle.drain_requested:  # leave now, not after the rest of the transfer
+                    raise _DrainAsked("a drain was asked for during the transfer")
+                m.report_progress(done, manifest.total_bytes)
+
+            data = self.client.fetch(manifest, progress=progress)
             m.load_snapshot(state_from_bytes(manifest, data), step)
         except CatchUpError as e:
             error, ok = str(e), 0
@@ -248,8 +275,9 @@ class Joiner:
                         # Deterministic: the same loop replays the same way
                         # from any source, so trying again would not help.
                         raise CatchUpFailed(f"{e} (the replay contract: README, the training API)") from e
-            admitted, changed, near = 0, 0, 0
+            admitted, changed, near, drained = 0, 0, 0, 0
             if group.rank == 0:
+                drained = int(m.lifecycle.drain_requested)
                 latest = m.membership.latest  # one event for both: the quorum and the assignment change together
                 admitted = int(latest is not None and latest.HasField("place"))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
@@ -259,7 +287,9 @@ class Joiner:
                 # at the admission, rather than the joiner chasing them forever.
                 stalled = len(gaps) > STALLED_ROUNDS and gaps[-1] >= gaps[-1 - STALLED_ROUNDS]
                 near = int(self.verified and (gaps[-1] <= READY_GAP or stalled))
-            admitted, changed, near = group.max(admitted, changed, near)
+            admitted, changed, near, drained = group.max(admitted, changed, near, drained)
+            if drained and not admitted:
+                raise Drained(f"drained while catching up, at step {m.step}")
             if admitted:
                 report.admitted = time.monotonic()
                 return True
@@ -294,6 +324,32 @@ class Joiner:
         """A connection to the last source, for the last gap inside FTAR."""
         if self.client is None and self.source_address:
             self.client = self.m.source_client(self.source_address)
+        return self.client
+
+    def switch_source(self, wait: float = SWITCH_WAIT) -> SourceClient | None:
+        """The source was lost during the last gap (this replica admitted, its
+        first step not committed): connect to the next source the coordinator
+        names for it (it names one for a member still catching up), waiting
+        up to ``wait`` seconds. None if none came. Each rank switches on its
+        own: rank k of any member holds shard k's log."""
+        lost = self.source
+
+        def named(event) -> bool:
+            cu = event.catch_up
+            return (bool(cu.source_replica_id) and cu.source_replica_id != lost
+                    and len(cu.source_catch_up_addresses) == self.group.size)
+
+        try:
+            event = self.m.membership.wait_for(named, wait)
+        except TimeoutError:
+            return None
+        cu = event.catch_up
+        if self.client is not None:
+            self.client.close()  # (no snapshot to release: the new source never took one for us)
+        self.snapshot_step = -1
+        self.source, self.source_address = cu.source_replica_id, cu.source_catch_up_addresses[self.group.rank]
+        self.client = self.m.source_client(self.source_address)
+        log.info("the catch-up source %s was lost during the last gap; closing it from %s", lost, self.source)
         return self.client
 
     def finish(self) -> None:

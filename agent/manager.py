@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from agent import catchup_tls
+from agent import catchup_tls, outcome
 from agent.catchup_client import SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
@@ -57,7 +57,9 @@ from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, S
 from agent.last_gap import LastGap, StateNotHeld, require_state_held
 from agent.grad_log import GradientLog
 from agent.hang_notice import HangNotices
-from agent.joiner import CatchUpReport, Joiner
+from agent.job_finished import JobFinished
+from agent.joiner import CatchUpReport, Drained, Joiner
+from agent.lifecycle import Ending, Lifecycle, ending_for_eviction
 from agent.manager_config import ManagerConfig
 from agent.membership import Membership
 from agent.eviction import EvictionWatch
@@ -99,13 +101,13 @@ class Manager:
         self._update = update if update is not None else default_update(optimizer)
         if not callable(self._update):
             raise ConfigError(f"update must be a function of no arguments, got a {type(self._update).__name__}")
-        self.stopped = False
+        self.lifecycle = Lifecycle()
+        """Starting, training or stopped, and how it stopped (agent/lifecycle.py)."""
         self.last: StepResult | None = None
         self._params = [p for p in model.parameters() if p.requires_grad]
         self.structure = structure_hash(model)
         self._reduced = False
         self._history = StridedHistory(config.checksum_every)
-        self._drain = threading.Event()
         self.group: ReplicaGroup | None = None
         self.log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
         self.replayer = Replayer(self.state, self._params, self._update, self.log)
@@ -113,7 +115,6 @@ class Manager:
         self._server: CatchUpServer | None = None
         self._joiner: Joiner | None = None
         self._checksum_wanted = False
-        self._following = False
         self._admission_timeout = 120.0
         self.catch_up: CatchUpReport | None = None
         """How this replica caught up in ``start()``; None if it started up to date."""
@@ -135,7 +136,8 @@ class Manager:
         """The recorded inputs of the step in progress (logged with its sum at commit)."""
         self.gap = LastGap(self.replayer, self.source, config.timeout, config.replica_id,
                            client=lambda: self._joiner.gap_client() if self._joiner is not None else None,
-                           moved=self._moved)
+                           moved=self._moved,
+                           switch=lambda: self._joiner.switch_source() if self._joiner is not None else None)
         """Closes a joiner's last gap inside FTAR (agent/last_gap.py)."""
         self._sentinel: torch.Tensor | None = None
         """A copy of the first gradient elements right after the all-reduce: checked at commit."""
@@ -148,12 +150,22 @@ class Manager:
 
     @property
     def step(self) -> int:
-        """The step this replica's state is at: the next step to train."""
+        """The step this replica's state is at: the next step to train. ``start()``
+        returns at the step this replica trains next as a member (a joiner has
+        taken its first step in the quorum by then); from there every committed
+        iteration advances it by exactly one, so a loop that counts its own
+        iterations stays in step with it."""
         return self.replayer.step
 
     @step.setter
     def step(self, value: int) -> None:
         self.replayer.step = value
+
+    @property
+    def stopped(self) -> bool:
+        """True once this replica left the job (drained, finished, taken out:
+        ``lifecycle.ending``); the loop should end, and the script exit 0."""
+        return self.lifecycle.stopped
 
     @property
     def contributors(self) -> int:
@@ -200,7 +212,7 @@ class Manager:
         leave fewer (``StepResult.contributors``); a joiner's first step has none of its."""
         if self.group is None:
             raise ApiMisuse("participation() before start(): the replica is in no quorum yet")
-        return self._quorums.participation(self.membership.training_quorum_id, self._following)
+        return self._quorums.participation(self.membership.training_quorum_id, False)
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -212,20 +224,22 @@ class Manager:
         return SourceClient(address, self.config.token, timeout=self.config.timeout, tls=self._source_tls)
 
     def start(self, wait_for_replicas: int = 1, admission_timeout: float = 120.0) -> None:
-        """Register, and return once this replica can train: for a fresh job,
-        once a quorum of ``wait_for_replicas`` members includes it (a fresh
-        job passes its replica count so that every replica starts at step 0
-        together); for a replica behind the quorum, once it caught up from a
-        peer and asked to join. Its first ``allreduce_gradients()`` then waits
-        for the admission, replaying the steps the members take meanwhile, so
-        that the members never wait for this replica's forward pass."""
+        """Register, and return once this replica is a member of the quorum, at
+        the step it trains next: for a fresh job, once a quorum of
+        ``wait_for_replicas`` members includes it (a fresh job passes its
+        replica count so that every replica starts at step 0 together); for a
+        replica behind the quorum, once it caught up from a peer, was admitted,
+        and took its first step in the quorum (without a gradient of its own:
+        the members never wait for this replica's forward pass). A drain asked
+        for meanwhile, or a job that finished before this replica came, returns
+        with ``stopped`` true."""
         if self.config.shard_count > 1 and not dist.is_initialized():
             raise ConfigError(
                 f"this replica group has {self.config.shard_count} ranks: call torch.distributed.init_process_group() "
                 "(the group's own world, for FSDP) before Manager.start()"
             )
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self._drain.set())
+            signal.signal(signal.SIGTERM, lambda *_: self.lifecycle.request_drain("SIGTERM"))
         cfg = self.config
         timeout = datetime.timedelta(seconds=cfg.timeout)
         if self.leader:
@@ -236,6 +250,8 @@ class Manager:
             cfg.coordinator, cfg.job, cfg.replica_id, self.address or "unused:0", cfg.shard_count, 0,
             token=cfg.token, tls=cfg.tls,
         )
+        # First: a drain is known before the quorum that no longer includes this replica.
+        self.membership.add_listener(self._on_event)
         self.membership.add_listener(self.tracker.update)
         self.membership.add_listener(self._quorums.record)
         self.membership.add_listener(self.hangs)
@@ -253,19 +269,41 @@ class Manager:
             self.membership.observe(cfg.shard_rank)
         self._admission_timeout = admission_timeout
         self._joiner = Joiner(self)
-        admitted = self._joiner.run(time.monotonic() + admission_timeout, min_members=wait_for_replicas)
+        self.clock.working(pb.PHASE_STARTING, self.step)
+        try:
+            self._joiner.run(admission_timeout, min_members=wait_for_replicas, until_admitted=True)
+        except Drained as e:
+            self.catch_up = self._joiner.report
+            self._joiner.finish()
+            self._leave(Ending.DRAINED, str(e))
+            return
+        except JobFinished as e:  # nothing left to train: the script's loop ends and it exits 0
+            log.warning("%s", e)  # the one line: "job default finished at step 500"
+            self.catch_up = self._joiner.report
+            self._joiner.finish()
+            self._leave(Ending.JOB_FINISHED, str(e))
+            return
         self.catch_up = self._joiner.report
-        if admitted:
-            self._admitted()
-        else:
-            self._following = True
-            log.info("replica %s caught up to step %d; joining at its first all-reduce", cfg.replica_id, self.step)
+        self._admitted()
+        if self._joiner is not None:
+            self._join()
+        if not self.stopped:
+            self.lifecycle.joined()
         self.clock.begin(self.step)
 
     def section(self, name: str, timeout: float | None = None):
         """``with ft.section("eval"):`` marks work that may take long (evaluation, a checkpoint): the
         coordinator then allows ``timeout`` seconds (default: its --section-timeout), not the hang limit."""
         return self.clock.section(name, timeout)
+
+    def _on_event(self, event: pb.WatchEvent) -> None:
+        """The coordinator's push (its watch thread): a drain asked there (`fthsdp drain`, the admin endpoint)."""
+        if event.drain_requested:
+            self.lifecycle.request_drain("the coordinator")
+
+    def _drain_requested(self) -> bool:
+        latest = self.membership.latest if self.membership is not None else None
+        return self.lifecycle.drain_requested or (latest is not None and latest.drain_requested)
 
     def _admitted(self) -> None:
         if self._joiner is not None and not self._joiner.source_address:
@@ -275,26 +313,52 @@ class Manager:
         self.membership.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id, self.step)
         if self.config.shard_count > 1 and self._eviction is None:
-            self._eviction = EvictionWatch(self.tracker, self.config.shard_rank, lambda: self.stopped, self._drain)
+            self._eviction = EvictionWatch(self.tracker, self.config.shard_rank, lambda: self.stopped,
+                                           self.lifecycle.drain_event)
+
+    def _join(self) -> None:
+        """A joiner's first step in the quorum, taken inside ``start()`` so that
+        the loop never sees its step jump. Its state has no gradient for the
+        members' step (it has just replayed up to it, or a step or two short):
+        it joins their all-reduce with zeros, replays what it still lacks
+        while that runs, and applies their sum through ``update`` as a replay
+        does. ``start()`` then returns at the members' next step, which this
+        replica trains with them, with its own gradient."""
+        result = self._reduce(contributes=False)
+        if result is None:
+            return  # drained as it joined
+        if result.contributors == 0:
+            # Every member was lost as this replica joined: it goes on alone
+            # only if it reached their step (then the loop trains that step).
+            require_state_held(self.replica_id, self.step, self.ftar.members_step)
+            return
+        self._apply(result, replayed=True)
 
     def close(self, reason: str = "finished", failed: bool = False) -> None:
         """Leave the job (the others go on without this replica) and stop;
         ``failed``: it leaves because the script failed (the coordinator
         then counts it lost, not finished)."""
-        if not self.stopped:
-            self.stopped = True
-            if self._step_hook is not None:
-                self._step_hook.remove()
-                self._step_hook = None
-            if self.membership is not None:
-                try:
-                    self.membership.leave(reason, failed=failed)
-                except FthsdpError as e:
-                    log.warning("could not tell the coordinator that this replica leaves: %s", e)
-                    self.membership.close()
-            if self._server is not None:
-                self._server.close()
-            self.ftar.groups.release()  # so that the script exits normally, even past a hung peer
+        self._leave(Ending.FAILED if failed else Ending.DRAINED if reason == "drained" else Ending.FINISHED, reason)
+
+    def _leave(self, ending: Ending, detail: str) -> None:
+        """The one way to STOPPED: tell the coordinator, let the catch-up server and the groups go."""
+        if not self.lifecycle.stop(ending, detail):
+            return
+        if ending not in (Ending.FINISHED, Ending.JOB_FINISHED):
+            log.info("replica %s stopped (%s): %s", self.config.replica_id, ending.value, detail)
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        if self.membership is not None:
+            try:
+                self.membership.leave(_leave_reason(ending, detail), failed=not ending.success)
+            except FthsdpError as e:
+                log.warning("could not tell the coordinator that this replica leaves: %s", e)
+                self.membership.close()
+        if self._server is not None:
+            self._server.close()
+        self.ftar.groups.release()  # so that the script exits normally, even past a hung peer
+        outcome.write(self.config.outcome_file, ending.value, detail)
 
     def _guard_step(self, optimizer, args, kwargs) -> None:
         """An optimizer step pre-hook: a step outside the update is one a joiner would not replay."""
@@ -318,10 +382,9 @@ class Manager:
 
         With FSDP (HSDP), each rank all-reduces its own gradient shards with
         the same rank of the other replica groups. Returns None, leaving the
-        gradients alone, once this replica has been drained out of the quorum.
-        A result with ``contributors == 0`` is a step nobody contributed a
-        gradient to (a joiner left alone): ``commit()`` does not commit it
-        and the loop runs the step again.
+        gradients alone, once this replica has left the quorum (drained:
+        ``stopped`` is then true). Never moves ``step``: the sum is always
+        the one of the step this replica trains.
         """
         if self.stopped:
             return None
@@ -330,16 +393,21 @@ class Manager:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
         if self.group is None:
             raise ApiMisuse("allreduce_gradients() before start()")
-        contributes = True
-        if self._following:
-            # Caught up, not yet admitted: follow the members until a quorum
-            # includes this replica. The gradients just computed are then for
-            # a step the state has moved past: this step contributes none.
-            self.clock.working(pb.PHASE_STARTING, self.step)
-            self._joiner.run(time.monotonic() + self._admission_timeout, until_admitted=True)
-            self._following, contributes = False, False
-            self._admitted()
-        # From here on this replica, a member, waits for the others (not while it followed them as a joiner).
+        step = self.step
+        result = self._reduce(contributes=True)
+        if result is None:
+            return None
+        if result.step != step:
+            raise FtarError(f"internal: replica {self.replica_id} trained step {step} but the quorum summed step "
+                            f"{result.step}")
+        self._reduced = True
+        self.last = result
+        return result
+
+    def _reduce(self, contributes: bool) -> StepResult | None:
+        """The step's fault-tolerant all-reduce (agent/ftar.py); None if this
+        replica was dropped from the quorum because it drains."""
+        # From here on this replica, a member, waits for the others.
         self.clock.arrive(self.step)
         # The step's inputs, as a joiner will restore them before replaying its update.
         self._inputs = self.state.inputs(self.step)
@@ -368,9 +436,10 @@ class Manager:
                 self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
                 control_slots=True, idle=self.gap.while_waiting, serve=self._serve, first_only=first_only,
             )
-        except Evicted:
-            if self._drain.is_set():  # drained: the quorum went on without us
-                self.stopped = True
+        except Evicted as e:
+            ending = ending_for_eviction(self._drain_requested())
+            self._leave(ending, "the quorum went on without it" if ending is Ending.DRAINED else str(e))
+            if ending is Ending.DRAINED:
                 return None
             raise
         if not contributes and self.config.shard_count > 1:
@@ -381,10 +450,7 @@ class Manager:
                 raise FtarError(f"the ranks of replica {self.replica_id} joined the quorum at steps {-neg_bottom}..{top}")
         for p, grad in zip(self._params, grads):
             p.grad = grad  # a joiner's replays inside FTAR reset the gradients; the result goes here
-        self._reduced = True
-        self.last = result
         if result.contributors == 0:  # the members were all lost as this joiner joined
-            require_state_held(self.replica_id, self.step, self.ftar.members_step)
             self._sentinel = None
             return result
         self.replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
@@ -392,7 +458,7 @@ class Manager:
             self._inputs = self.gap.taken  # a joiner entered the members' step with their inputs
         if self._inputs.step != result.step:
             raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step {result.step}")
-        self.step = result.step  # a joiner that closed a gap of several steps is further on
+        self.step = result.step  # a joiner replayed up to the members' step inside FTAR
         self._sentinel = gradient_sample(self._params[0])
         # A snapshot taken at the last boundary must be copied before the update changes the state.
         with self.clock.section("snapshot copy", None):  # serving a joiner may take long: not a hang
@@ -401,23 +467,23 @@ class Manager:
 
     def commit(self) -> bool:
         """Run the step's update on the averaged gradients, then mark the step
-        boundary. Returns False when the step is not committed (no member
-        contributed a gradient to it: the loop runs it again)."""
+        boundary (``step`` advances by one). Returns False when nothing was
+        committed: this replica has left the quorum (``stopped``)."""
         if self.stopped:
             return False
         if not self._reduced:
             raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
         self._raise_if_evicted()
         self._reduced = False
-        last = self.last
-        if last.contributors == 0:
-            self.optimizer.zero_grad(set_to_none=True)
-            log.warning("step %d: no member contributed a gradient (quorum %d); it is run again", self.step, last.quorum_id)
-            self.clock.begin(self.step)
-            return False
+        self._apply(self.last, replayed=False)
+        return True
+
+    def _apply(self, last: StepResult, replayed: bool) -> None:
+        """The update on the step's sum, then the step boundary: the log,
+        the checksum, a snapshot for a joiner, a growth switch, a drain."""
         self.clock.working(pb.PHASE_UPDATE, self.step)
         check_gradient(self._params[0], self._sentinel)
-        with self.replayer.updating(last.contributors):
+        with self.replayer.updating(last.contributors, replay=replayed):
             self._update()
         self.step += 1
         m = self.membership
@@ -429,19 +495,18 @@ class Manager:
         checksum = combine_hex(parts) if parts else ""
         if periodic:
             m.state_checksum, m.checksum_step = checksum, self.step
-            m.recent_checksums = self._history.record(self.step, checksum)
+            m.recent_checksums = self._history.record(self.step, checksum, self._inputs.hyperparams_json)
         self._checksum_wanted = False
         self.log.append(
             self._inputs, last.total, last.contributors, last.quorum_id, checksum,
             json.dumps(parts, separators=(",", ":")) if parts else "",
         )
-        latest = m.latest
-        drain = self._drain.is_set() or (latest is not None and latest.drain_requested)
         # Every rank of the group must stop, snapshot, or propose a switch to
         # a growth quorum at the same step boundary (the ranks' proposals
         # must be equal, so that every shard's group switches at one step).
         proposal = self.ftar.growth_ready()
-        drain, snapshot, top, neg_bottom = self.group.max(int(drain), int(self.source.wanted), proposal, -proposal)
+        drain, snapshot, top, neg_bottom = self.group.max(int(self._drain_requested()), int(self.source.wanted),
+                                                          proposal, -proposal)
         self._proposal = top if top == -neg_bottom else 0
         if snapshot:
             with self.clock.section("snapshot", None):
@@ -454,9 +519,8 @@ class Manager:
             self._joiner = None
         if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
-            self.close("drained")
+            self._leave(Ending.DRAINED, f"drained after step {self.step} (asked by {self.lifecycle.drain_asked_by or 'another rank'})")
         self.clock.begin(self.step)
-        return True
 
     def _serve(self, request):
         """FTAR's requests of a joiner (agent/last_gap.py): its own work, not a wait for the others."""
@@ -470,9 +534,11 @@ class Manager:
         """Another rank of this group died and the coordinator took the group
         out: this rank's state is lost with it (agent/eviction.py)."""
         watch = self._eviction
-        if watch is not None and watch.evicted and not self._drain.is_set():
+        if watch is not None and watch.evicted and not self._drain_requested():
             watch.acknowledged.set()
-            raise Evicted(f"{watch.evicted}: its state must be caught up again (its agent restarts the group)")
+            why = f"{watch.evicted}: its state must be caught up again (its agent restarts the group)"
+            self._leave(Ending.EVICTED, why)
+            raise Evicted(why)
 
     # ----- catch-up (agent/joiner.py, agent/replay.py, agent/last_gap.py) ------------------
 
@@ -498,3 +564,10 @@ class Manager:
     def checksum(self) -> str:
         """The last periodic state checksum reported ("" before the first)."""
         return self.membership.state_checksum if self.membership is not None else ""
+
+
+def _leave_reason(ending: Ending, detail: str) -> str:
+    """What the coordinator records: the script's own words for a close, else the ending named first."""
+    if ending in (Ending.FINISHED, Ending.FAILED) or detail.startswith(ending.value):
+        return detail
+    return f"{ending.value}: {detail}"

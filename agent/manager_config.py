@@ -84,6 +84,11 @@ class ManagerConfig:
     """How often the node agent restarted this replica group before this
     process (FTHSDP_RESTART_COUNT): names the incarnation that a hang notice is for."""
 
+    outcome_file: str = ""
+    """Where this process writes how it ended (drained, finished, ...) for its
+    node agent (FTHSDP_OUTCOME_FILE, set by `fthsdp agent`; agent/outcome.py);
+    "": nowhere."""
+
     def __post_init__(self) -> None:
         if not self.coordinator:
             raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
@@ -122,6 +127,7 @@ class ManagerConfig:
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
                 restart_count=int(get("RESTART_COUNT", "0")),
+                outcome_file=get("OUTCOME_FILE", ""),
             )
         except ValueError as e:
             raise ConfigError(f"bad FTHSDP_* setting: {e}") from e

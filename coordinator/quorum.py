@@ -48,6 +48,9 @@ The rules, in order:
    named source among the members (all up to date: they train in lockstep,
    whatever step their last heartbeat reported), sticky while that source
    stays a member, spread so that no source serves more joiners than it must.
+   So does a member still catching up (admitted, its first step in the
+   quorum not committed yet), which is never a source itself: if its source
+   is lost during that step, it closes its gap from the next one.
 8. Committed state. ``committed_step`` is the newest step any member of a
    quorum reported (coordinator/committed.py; 0 for a new job or after a
    give-up). Once no member of the previous quorum continues and it is > 0,
@@ -292,10 +295,15 @@ def decide(
             sources = staying
         else:
             sources = [i for i in ready if alive[i].step >= head]
-        sources = [i for i in sources if not alive[i].drain_requested]
         admitted = {m.replica_id for m in members} if members is not None else set()
+        # A member admitted from a catch-up takes its first step with the
+        # members' sum, closing its last gap from its source's log; if that
+        # source is lost meanwhile it needs another, not a restart.
+        in_quorum = admitted if members is not None else set(staying)
+        joining = sorted(i for i in in_quorum if i in alive and alive[i].catching_up)
+        sources = [i for i in sources if not alive[i].drain_requested and i not in joining]
         behind = [i for i in eligible if (alive[i].step < head or alive[i].catching_up) and i not in admitted]
-        catch_up = _assign_sources(behind, sources, alive, prev_catch_up or {})
+        catch_up = _assign_sources(behind + joining, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending, catch_up)
         lost_step = committed_step if lost else 0
         return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended)

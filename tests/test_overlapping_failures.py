@@ -116,12 +116,13 @@ def source_of(joiner) -> str:
     return found[-1] if found else ""
 
 
-def kill_source_when(coordinator, worker, mark: str, *joiner_args: str):
+def kill_source_when(coordinator, worker, mark: str, *joiner_args: str, member_args: tuple[str, ...] = ()):
     """Three replicas, r2 killed and restarted; its source is SIGKILLed as
     soon as the joiner's log shows ``mark``. The joiner must get another
-    source within seconds and the remaining member must never crash."""
+    source within seconds, without a restart (a plain worker: it would
+    exit), and the remaining member must never crash."""
     c = coordinator("--min-replicas", "1")
-    workers = [worker(c, i, 3, *LOOP) for i in range(3)]
+    workers = [worker(c, i, 3, *LOOP, *member_args) for i in range(3)]
     workers[0].read_until(lambda line: line.get("step", 0) >= 12)
     workers[2].kill()
     workers[2].collect_after_exit()
@@ -154,8 +155,15 @@ def test_source_killed_during_the_replay(cluster):
 
 
 def test_source_killed_during_the_admission(cluster):
+    """Admitted, the joiner takes its first step in the quorum inside
+    start(), closing its last gap from its source's log while the members
+    arrive (slow steps here, so that the kill lands inside that step): it
+    closes the gap from the next source the coordinator names instead."""
     coordinator, _, worker = cluster
-    kill_source_when(coordinator, worker, "joining at its first all-reduce")
+    joiner = kill_source_when(coordinator, worker, "admitted in quorum", member_args=("--slow", "0.4"))
+    text = joiner.log_path.read_text()
+    assert "was lost during the last gap" in text, text[-3000:]
+    assert "StateNotHeld" not in text
 
 
 @pytest.mark.slow
