@@ -42,7 +42,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -53,7 +52,7 @@ from agent.catchup_client import SourceClient
 from agent.catchup_server import CatchUpServer
 from agent.catchup_source import CatchUpSource
 from agent.checksum import StridedHistory, structure_hash
-from agent.ftar import CONTROL_SLOTS, FTAR, Evicted, FtarError, QuorumTracker, StepResult
+from agent.ftar import FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.last_gap import LastGap, StateNotHeld, require_state_held
 from agent.grad_log import GradientLog
 from agent.hang_notice import HangNotices
@@ -67,9 +66,9 @@ from agent.participation import Participation, QuorumRecord
 from agent.replay import Replayer, combine_hex
 from agent.replica_group import ReplicaGroup
 from agent.standby import wait_for_activation
+from agent.step_buffer import StepBuffer
 from agent.step_clock import StepClock
-from agent.state_codec import local as _local
-from agent.train_state import ApiMisuse, TrainState, check_dense, check_gradient, default_update, gradient_sample
+from agent.train_state import ApiMisuse, TrainState, check_gradient, default_update, gradient_sample
 from agent.train_state import step_outside_update
 from coordinator.credentials import TlsFiles
 from coordinator.errors import ConfigError, FthsdpError
@@ -413,28 +412,13 @@ class Manager:
         self._inputs = self.state.inputs(self.step)
         self.source.publish_inputs(self._inputs)
         self.gap.taken = None
-        for p in self._params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
-        grads = [p.grad for p in self._params]
-        check_dense(grads)
-        shards = [_local(g) for g in grads]
-
-        spare = shards[0].new_zeros(CONTROL_SLOTS)  # FTAR's switch proposals ride along
-        running = self.state.running
-        grad_numel = sum(g.numel() for g in shards)
-        first_only = (grad_numel, grad_numel + running.numel()) if running.carries else None
-
-        def flatten() -> torch.Tensor:  # the gradients stay intact, so a redo can flatten again
-            stats = running.pieces(spare.dtype, spare.device) if first_only else []
-            flat = torch.cat([g.reshape(-1) for g in shards] + stats + [spare])
-            return flat if contributes else flat.zero_()
-
+        buffer = StepBuffer(self._params, self.state.running, contributes)
         proposal, self._proposal = self._proposal, 0
         try:
             result = self.ftar.allreduce(
-                self.step, flatten(), self.structure, refill=flatten, contributes=contributes, proposal=proposal,
-                control_slots=True, idle=self.gap.while_waiting, serve=self._serve, first_only=first_only,
+                self.step, buffer.flatten(), self.structure, refill=buffer.flatten, contributes=contributes,
+                proposal=proposal, control_slots=True, idle=self.gap.while_waiting, serve=self._serve,
+                first_only=buffer.first_only,
             )
         except Evicted as e:
             ending = ending_for_eviction(self._drain_requested())
@@ -448,8 +432,7 @@ class Manager:
             top, neg_bottom = self.group.max(result.step, -result.step)
             if top != -neg_bottom:
                 raise FtarError(f"the ranks of replica {self.replica_id} joined the quorum at steps {-neg_bottom}..{top}")
-        for p, grad in zip(self._params, grads):
-            p.grad = grad  # a joiner's replays inside FTAR reset the gradients; the result goes here
+        buffer.restore()  # the result goes into the step's gradients
         if result.contributors == 0:  # the members were all lost as this joiner joined
             self._sentinel = None
             return result
