@@ -231,7 +231,9 @@ def test_every_holder_lost_the_job_waits_until_an_operator_gives_the_state_up(cl
                    60, message="the state reported lost and the fresh replicas waiting")
         status = client.status()
         lost = status.state_lost_step
-        assert 0 < lost <= reached and "no live replica holds it" in status.state_lost_reason
+        # A replica prints a step after commit() returns, and reports it from inside commit(): one
+        # killed in between had committed (and reported) a step more than it printed.
+        assert 0 < lost <= reached + 1 and "no live replica holds it" in status.state_lost_reason
         assert not status.quorum.members or members(client) <= {"r0", "r1"} and not any(
             "step" in line for f in fresh for line in f.history)
         refused = give_up(c, lost - 1)
