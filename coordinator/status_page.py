@@ -20,6 +20,7 @@ PAGE = r"""<!doctype html>
   .banner.follower { background: #fff8c5; border: 1px solid #d4a72c; }
   .banner.error { background: #ffebe9; border: 1px solid var(--bad); }
   .banner.lost { background: var(--bad); color: #fff; font-size: 16px; font-weight: 600; }
+  .banner.finished { background: #ddf4ff; border: 1px solid #54aeff; font-size: 16px; font-weight: 600; }
   .banner.lost code { font-size: 14px; background: rgba(255,255,255,.2); padding: 1px 4px; border-radius: 3px; }
   .cards { display: flex; gap: 12px; flex-wrap: wrap; margin-bottom: 12px; }
   .card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; min-width: 120px; }
@@ -113,6 +114,11 @@ function render(s) {
       "holding it returns; ", el("code", {text: "fthsdp give-up-state --job " + s.job + " --step " + s.state_lost_step}),
       " starts over."));
   }
+  if (s.finished) {  // nothing trains until an operator reopens the job
+    banners.push(el("div", {class: "banner finished", id: "finished", "data-step": s.finished.step},
+      "FINISHED at step " + s.finished.step + ": every member of the last quorum left finished. No quorum forms; ",
+      el("code", {text: "fthsdp reopen-job --job " + s.job + " --step " + s.finished.step}), " reopens it."));
+  }
   replace("banner", ...banners);
   const q = s.quorum, members = new Set(q.members), cs = s.checksums;
   const counts = Object.entries(s.counts || {}).map(([k, v]) => v + " " + k).join(", ") || "none";
@@ -164,9 +170,16 @@ function render(s) {
         mismatch ? el("div", {class: "bad", text: "MISMATCH at step " + mismatch}) : ""),
       el("td", {}, el("code", {text: r.address})),
       el("td", {}, action));
-    // Why it was taken out (hung, or a straggler) is a sentence: a row of its own under the replica's.
-    return r.hang_reason ? [row, el("tr", {class: "hung hung-reason", "data-hang": r.id},
-      el("td", {colspan: REPLICA_COLUMNS, class: "bad", text: "TAKEN OUT: " + r.hang_reason}))] : [row];
+    // Why it was taken out (hung, a straggler, a checksum mismatch) or given up is a sentence: a row of its own.
+    const why = (cls, attr, text) => el("tr", {class: cls, [attr]: r.id},
+      el("td", {colspan: REPLICA_COLUMNS, class: "bad", text: text}));
+    const out = [row];
+    if (r.hang_reason) out.push(why("hung hung-reason", "data-hang", "TAKEN OUT: " + r.hang_reason));
+    if (r.mismatch_reason) out.push(why("mismatch mismatch-reason", "data-mismatch", "CHECKSUM MISMATCH" +
+      (r.mismatch_strikes ? " (" + r.mismatch_strikes + " in a row after catching up)" : "") + ": " + r.mismatch_reason));
+    if (r.agent_state === "gave-up" && r.agent_detail) out.push(why("hung gave-up", "data-gave-up",
+      "GAVE UP (its agent does not restart it): " + r.agent_detail));
+    return out;
   });
   replace("replicas", ...(rows.length ? rows : [el("tr", {}, el("td", {colspan: REPLICA_COLUMNS, class: "muted",
     text: s.follower ? "the leader serves the replicas" : "no replicas registered"}))]));

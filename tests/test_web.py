@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import CoordinatorConfig
-from coordinator.http_server import Request, serve_http
+from coordinator.http_server import Request, Response, serve_http
 from coordinator.web import WebApp, checksum_summary, history_view
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.test_metrics import hung_runtime, straggler_runtime
@@ -471,3 +471,73 @@ def test_leader_page_assumes_the_same_port():
     assert page(9100, "[fd00::7]:29510") == "http://[fd00::7]:9100/"
     assert page(0, "10.0.0.7:29510") is None  # each coordinator picked its own port
     assert page(9100, "") is None
+
+
+class _Verdicts(HTMLParser):
+    """The page's banners and the reason rows under the replicas, by id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[tuple[str, str], str] = {}
+        self.finished = ""
+        self._at: tuple[str, str] | None = None
+        self._in_finished = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for attr in ("data-mismatch", "data-gave-up"):
+            if tag == "tr" and attr in a:
+                self._at = (attr, a[attr])
+        if tag == "div" and a.get("id") == "finished":
+            self._in_finished = True
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._at = None
+        if tag == "div":
+            self._in_finished = False
+
+    def handle_data(self, data):
+        if self._at is not None:
+            self.rows[self._at] = self.rows.get(self._at, "") + data
+        if self._in_finished:
+            self.finished += data
+
+
+def test_the_page_shows_a_finished_job_and_why_a_replica_was_given_up(tmp_path):
+    """The status JSON of a real runtime, with what a finished job and a
+    replica given up after two mismatches add: a banner naming the reopen
+    command, and the reasons in rows of their own."""
+    binary = chromium()
+    runtime = hung_runtime()
+    app = WebApp(runtime, runtime.config, "")
+
+    async def render() -> str:
+        real = await app.handle(Request("GET", "/api/status", {}, {}))
+        status = json.loads(real.body)
+        status["finished"] = {"step": 500, "time": 0.0, "quorum_id": 6}
+        r2 = next(r for r in status["replicas"] if r["id"] == "r2")
+        r2.update(agent_state="gave-up", agent_detail="gave up: r2's lr at step 160 was 0.0009, the members' 0.0002",
+                  mismatch_reason="r2's lr at step 160 was 0.0009, the members' 0.0002", mismatch_strikes=2)
+
+        async def handle(request: Request):
+            if request.path == "/api/status":
+                return Response(200, json.dumps(status).encode(), "application/json")
+            return await app.handle(request)
+
+        server = await serve_http(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return (await asyncio.to_thread(run_chromium, binary, tmp_path / "profile", "--dump-dom",
+                                            f"http://127.0.0.1:{port}/")).stdout
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    page = _Verdicts()
+    page.feed(asyncio.run(render()))
+    assert page.finished.startswith("FINISHED at step 500") and "fthsdp reopen-job --job default --step 500" in page.finished
+    assert page.rows[("data-mismatch", "r2")] == (
+        "CHECKSUM MISMATCH (2 in a row after catching up): r2's lr at step 160 was 0.0009, the members' 0.0002")
+    assert page.rows[("data-gave-up", "r2")].startswith("GAVE UP (its agent does not restart it): gave up: r2's lr")
+    assert {rid for _, rid in page.rows} == {"r2"}
