@@ -22,8 +22,12 @@ The rules, in order:
    and its id does not change; this is also how a restarted coordinator keeps
    the quorum its replicas are training in.
 3. Shrink now. A lost or draining member is removed at once: the survivors are
-   blocked in the all-reduce with it, so waiting costs training time. Replicas
-   ready to join are admitted in the same change.
+   blocked in the all-reduce with it, so waiting costs training time. So is
+   one the others cannot reach over the data path (``unreachable``); it is
+   alive, but admitted again only once it reaches them. Replicas ready to
+   join are admitted in the same change. A collective among healthy members
+   that is stuck anyway (a reset connection) is mended by regrouping them:
+   the same members in a new quorum, with a new group (``regroup``).
 4. Split-brain guard. If more than half of the members went *silent* (heartbeat
    timeout or stream loss rather than an explicit failure, drain or restart),
    that looks more like the coordinator being cut off from them than like that
@@ -165,6 +169,10 @@ class ReplicaView:
     hung_at: float | None = None
     hung: str = ""
     """Taken out for making no progress while others waited (coordinator/hang.py)."""
+    unreachable: str = ""
+    """Why it cannot train with the members (e.g. "unreachable from r0, r1":
+    their collectives cannot reach it over the data path, coordinator/stuck.py).
+    Alive, but never a member, a source or admitted until it reaches them again."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +201,9 @@ class Decision:
     state_ended: bool = False
     """Every member left on purpose (finished, drained) holding the committed
     step: the state ended with them and the committed step starts over."""
+    regroup: bool = False
+    """The new quorum regroups the members of the last one (a collective
+    among them was stuck): every member leaves the old group at once."""
 
     @property
     def changes_quorum(self) -> bool:
@@ -232,12 +243,16 @@ def decide(
     rules: Rules,
     prev_catch_up: Mapping[str, str] | None = None,
     committed_step: int = 0,
+    regroup: str = "",
 ) -> Decision:
     """Decide the next quorum; see the module docstring for the rules.
 
     ``prev_catch_up`` maps replica ids to their current source ids, so that a
     joiner is not moved to another source while its transfer runs.
     ``committed_step`` is the job's newest committed step (rule 8).
+    ``regroup``: why the members of ``prev`` must form a new quorum among
+    themselves although none is lost (a collective among them is stuck:
+    coordinator/stuck.py); "" for none.
     """
     alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules) is None}
     prev_ids = set(prev.member_ids) if prev else set()
@@ -248,7 +263,7 @@ def decide(
     # Lists keep a stable order for the reasons; sets answer "in" (10,000 replicas).
     continuing = sorted(i for i in prev_ids if i in alive and not (alive[i].restarted or alive[i].diverged))
     continuing_set = set(continuing)
-    staying = [i for i in continuing if not alive[i].drain_requested]
+    staying = [i for i in continuing if not (alive[i].drain_requested or alive[i].unreachable)]
     # No member carries the state on: only replicas that hold it may (rule 8),
     # unless every member left on purpose (a Leave that was no failure: the
     # job finished, or was drained), which ends the state rather than loses it.
@@ -263,7 +278,8 @@ def decide(
     head = max((alive[i].step for i in head_pool), default=committed_step)
 
     outsiders = sorted(i for i in alive if i not in continuing_set and not alive[i].drain_requested)
-    eligible = [i for i in outsiders if not alive[i].cordoned and not alive[i].diverged and alive[i].beating]
+    eligible = [i for i in outsiders
+                if not (alive[i].cordoned or alive[i].diverged or alive[i].unreachable) and alive[i].beating]
     # Members a restarted coordinator presumes alive report no step: no vouching for a fresh one.
     up_to = head if ended else max(head, committed_step)
     ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
@@ -283,7 +299,8 @@ def decide(
                 out.append(Member(i, r.address, r.world_size, r.step, next_id))
         return tuple(out)
 
-    def result(ids: Sequence[str] | None, reason: str, settled: bool = False, lost: str = "") -> Decision:
+    def result(ids: Sequence[str] | None, reason: str, settled: bool = False, lost: str = "",
+               regrouped: bool = False) -> Decision:
         next_id = (prev.id if prev else 0) + 1
         members = new_members(ids, next_id) if ids is not None else None
         # The sources are the members (of the new quorum, or those that stay):
@@ -306,7 +323,7 @@ def decide(
         catch_up = _assign_sources(behind + joining, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending, catch_up)
         lost_step = committed_step if lost else 0
-        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended)
+        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended, regrouped)
 
     def state_lost() -> Decision:
         what = _remains(alive, committed_step)
@@ -314,6 +331,8 @@ def decide(
 
     if prev is not None:
         leaving = sorted(prev_ids - set(staying))
+        if not leaving and regroup:
+            return result(staying + ready, f"regrouping the members of quorum {prev.id}: {regroup}.", regrouped=True)
         if not leaving and not ready:
             return result(None, f"quorum {prev.id} unchanged: all {len(prev_ids)} members healthy.", settled=not pending)
         if leaving:
@@ -323,7 +342,8 @@ def decide(
                 r = replicas.get(i)
                 loss = lost_at(r, now, rules) if r is not None else (now, "left", True)
                 if loss is None:
-                    why[i] = "restarted" if r.restarted else "checksum mismatch" if r.diverged else "draining"
+                    why[i] = ("restarted" if r.restarted else "checksum mismatch" if r.diverged
+                              else r.unreachable if r.unreachable else "draining")
                     continue
                 why[i] = loss[1]
                 if not loss[2]:

@@ -63,6 +63,9 @@ class ReplicaEntry:
     """Why its state last disagreed with the members' (kept across incarnations, for status)."""
     strikes: int = 0
     """Mismatch evictions in a row after catching up (kept across incarnations)."""
+    unreachable: str = ""
+    """Why the members cannot reach it over the data path (coordinator/stuck.py);
+    kept across incarnations until its probes reach every member again."""
 
     def view_heartbeat(self) -> float:
         """The replica is as alive as its most silent rank."""
@@ -90,6 +93,7 @@ class ReplicaEntry:
             drain_requested=self.drain_requested,
             hung_at=self.hung_at,
             hung=self.hung_reason,
+            unreachable=self.unreachable,
         )
 
     def record(self, registered_unix_ms: int = 0) -> pb.ReplicaRecord:

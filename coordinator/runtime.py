@@ -497,7 +497,8 @@ class CoordinatorRuntime:
             created_unix_ms=int(self.wall() * 1000),
             reason=decision.reason,
             epoch=job.epoch,
-            last_drop_id=next_last_drop_id(prev, new_id, members),
+            # A regroup drops nobody, but its members must leave the old group at once.
+            last_drop_id=new_id if decision.regroup else next_last_drop_id(prev, new_id, members),
         )
         data = quorum_to_pb(quorum).SerializeToString()
         result = await self._store(self.store.compare_and_set, job.keys.quorum, data, job.state.quorum_revision)

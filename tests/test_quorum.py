@@ -242,7 +242,45 @@ CASES = [
         "waiting for arrivals to settle (join_settle 0.5s) before admitting b",
         rules=dataclasses.replace(RULES, join_settle=0.5),
     ),
+    Case(
+        "a member the others cannot reach is dropped at once, with why",
+        quorum("a", "b", "c"),
+        table(alive("a"), alive("b"), alive("c", unreachable="unreachable from a, b")),
+        ("a", "b"),
+        "members leaving: c (unreachable from a, b)",
+    ),
+    Case(
+        "an unreachable replica is neither admitted nor given a source while it stays so",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("c", 100, ready_since=NOW - 5, unreachable="unreachable from a, b"),
+              alive("d", 50, unreachable="unreachable from a")),
+        None,
+        "quorum 7 unchanged",
+    ),
+    Case(
+        "once it reaches them again it catches up like any joiner",
+        quorum("a", "b"),
+        table(alive("a"), alive("b"), alive("c", 50)),
+        None,
+        "quorum 7 unchanged",
+        catch_up={"c": "a"},
+    ),
 ]
+
+
+def test_regroup_forms_the_same_members_in_a_new_quorum() -> None:
+    prev = quorum("a", "b", "c")
+    views = table(alive("a"), alive("b"), alive("c"))
+    decision = decide(prev, views, NOW, RULES, regroup="every member waited 12s in the all-reduce of step 100")
+    assert decision.regroup and tuple(m.replica_id for m in decision.members) == ("a", "b", "c")
+    assert decision.members == prev.members  # the same incarnations: nobody is a joiner
+    assert "regrouping the members of quorum 7: every member waited 12s" in decision.reason
+
+
+def test_a_loss_wins_over_a_regroup() -> None:
+    decision = decide(quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")), NOW, RULES,
+                      regroup="stuck")
+    assert not decision.regroup and tuple(m.replica_id for m in decision.members) == ("a", "b")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
