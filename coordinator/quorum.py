@@ -16,7 +16,13 @@ The rules, in order:
    that registers again as a new incarnation (a restarted process lost its
    state) leaves the quorum too, and comes back as a joiner; so does a member
    whose state checksum disagrees with the other members' at the same step
-   (see ``find_diverged``).
+   (see ``find_diverged``). A coordinator that just started (a restart, a
+   failover) has heard from nobody: every replica loaded from the store has
+   a grace to reconnect (``reconnect_by``) and is neither lost nor silent
+   meanwhile. Once every other member is back (or lost for its own
+   reasons), the one still missing is judged at once, by its heartbeat
+   timeout counted from the coordinator's start; at the end of the grace,
+   every one still missing is.
 2. Fast path. If every member of the current quorum is alive, not draining and
    not restarted, and no replica is ready to join, the quorum stays as it is
    and its id does not change; this is also how a restarted coordinator keeps
@@ -33,7 +39,12 @@ The rules, in order:
    that looks more like the coordinator being cut off from them than like that
    many failures at once; the coordinator waits ``join_timeout`` before
    shrinking to the minority. The same guard keeps a first quorum from forming
-   out of a minority of the live replicas (torchft's rule).
+   out of a minority of the live replicas (torchft's rule). Silences that are
+   the coordinator's own (members not back yet after its start) are no
+   evidence either way: they do not count until judged (rule 1), and then
+   as silent since their heartbeat timeout ran out, counted from the start
+   (the grace the runtime gives, ``heartbeat_timeout + join_timeout``,
+   already covers the guard's wait).
 5. ``min_replicas``. No quorum with fewer members.
 6. Grow in batches. A replica joins once it has heartbeated since it
    registered (it is really listening: at 10,000 replicas a registration can
@@ -173,6 +184,10 @@ class ReplicaView:
     """Why it cannot train with the members (e.g. "unreachable from r0, r1":
     their collectives cannot reach it over the data path, coordinator/stuck.py).
     Alive, but never a member, a source or admitted until it reaches them again."""
+    reconnect_by: float | None = None
+    """Set while the replica has not reconnected since this coordinator
+    started (it was loaded from the store): the end of its grace to
+    reconnect (``lost_at``). ``last_heartbeat`` is then the coordinator's start."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,11 +225,19 @@ class Decision:
         return self.members is not None
 
 
-def lost_at(r: ReplicaView, now: float, rules: Rules) -> tuple[float, str, bool] | None:
+def lost_at(r: ReplicaView, now: float, rules: Rules, others_back: bool = False) -> tuple[float, str, bool] | None:
     """When and why a replica was lost, or None while it is alive.
 
     The third element says whether the loss was explicit (a report, a restart)
     rather than silence, which the split-brain guard treats differently.
+
+    A replica that has not reconnected since the coordinator started
+    (``reconnect_by`` set) is silent by the coordinator's doing, not its
+    own: until its grace ends it is neither lost nor silent, unless
+    ``others_back`` (no other member is still awaited: the coordinator
+    reaches the others, so its silence is the replica's). Once judged, it is
+    judged as any replica, by its heartbeat timeout counted from the
+    coordinator's start.
     """
     if r.failed_at is not None:
         return r.failed_at, "reported failed", True
@@ -223,9 +246,27 @@ def lost_at(r: ReplicaView, now: float, rules: Rules) -> tuple[float, str, bool]
     if rules.disconnect_is_failure and r.disconnected_at is not None:
         return r.disconnected_at, "stream closed", False
     expiry = r.last_heartbeat + rules.heartbeat_timeout
+    if r.reconnect_by is not None:
+        if now < r.reconnect_by and not others_back:
+            return None
+        if now >= expiry:
+            return expiry, "not reconnected since the coordinator started", False
+        return None
     if now >= expiry:
         return expiry, "heartbeat timeout", False
     return None
+
+
+def awaited_members(prev: Quorum | None, replicas: Mapping[str, ReplicaView]) -> frozenset[str]:
+    """Members of ``prev`` that have not reconnected since the coordinator started."""
+    if prev is None:
+        return frozenset()
+    return frozenset(i for i in prev.member_ids if (r := replicas.get(i)) is not None and r.reconnect_by is not None)
+
+
+def others_are_back(replica_id: str, awaited: frozenset[str]) -> bool:
+    """No member other than ``replica_id`` is still awaited (``awaited_members``)."""
+    return not awaited or (len(awaited) == 1 and replica_id in awaited)
 
 
 def holds_state(r: ReplicaView, committed_step: int) -> bool:
@@ -254,7 +295,11 @@ def decide(
     themselves although none is lost (a collective among them is stuck:
     coordinator/stuck.py); "" for none.
     """
-    alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules) is None}
+    # After a coordinator (re)start, members not yet back are judged only
+    # once every other member is (lost_at); the scan is cheap, and empty
+    # once they all reconnected.
+    awaited = awaited_members(prev, replicas)
+    alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules, others_are_back(i, awaited)) is None}
     prev_ids = set(prev.member_ids) if prev else set()
     prev_members = {m.replica_id: m for m in prev.members} if prev else {}
 
@@ -340,7 +385,7 @@ def decide(
             silent = []
             for i in leaving:
                 r = replicas.get(i)
-                loss = lost_at(r, now, rules) if r is not None else (now, "left", True)
+                loss = lost_at(r, now, rules, others_are_back(i, awaited)) if r is not None else (now, "left", True)
                 if loss is None:
                     why[i] = ("restarted" if r.restarted else "checksum mismatch" if r.diverged
                               else r.unreachable if r.unreachable else "draining")
@@ -481,9 +526,12 @@ def _summary(prev, alive, replicas, pending, catch_up) -> str:
     parts = [f"[{len(alive)} alive", f"{dead} lost", f"{sourced} catching up"]
     if sourced < len(pending):  # no source to catch up from (a lost state)
         parts.append(f"{len(pending) - sourced} with no source")
-    silent = sum(not r.beating for r in alive.values())
+    away = sum(r.reconnect_by is not None for r in alive.values())  # loaded from the store, not back yet
+    silent = sum(not r.beating for r in alive.values()) - away
     if silent:
         parts.append(f"{silent} registered, no heartbeat yet")
+    if away:
+        parts.append(f"{away} not reconnected yet")
     if prev is not None:
         parts.append(f"quorum {prev.id} has {len(prev.members)} members")
     return "; ".join(parts) + "]"

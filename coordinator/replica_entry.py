@@ -66,6 +66,10 @@ class ReplicaEntry:
     unreachable: str = ""
     """Why the members cannot reach it over the data path (coordinator/stuck.py);
     kept across incarnations until its probes reach every member again."""
+    reconnect_by: float | None = None
+    """Loaded from the store by a coordinator that just started: the end of
+    its grace to reconnect (``grant_reconnect_grace``); it counts only until
+    the replica registers again (``heard_from``)."""
 
     def view_heartbeat(self) -> float:
         """The replica is as alive as its most silent rank."""
@@ -94,6 +98,7 @@ class ReplicaEntry:
             hung_at=self.hung_at,
             hung=self.hung_reason,
             unreachable=self.unreachable,
+            reconnect_by=None if self.heard_from else self.reconnect_by,
         )
 
     def record(self, registered_unix_ms: int = 0) -> pb.ReplicaRecord:
@@ -111,9 +116,9 @@ def seed_entries(
     members: Mapping[str, Member], records: Mapping[str, tuple[pb.ReplicaRecord, int]], now: float
 ) -> dict[str, ReplicaEntry]:
     """The entries of a job loaded from the store after a (re)start: every
-    stored record and every member of the stored quorum, presumed alive
-    (heard from ``now``) for one heartbeat timeout, so that a coordinator
-    restart drops nobody who reconnects in time."""
+    stored record and every member of the stored quorum, as if heard from
+    ``now``, so that a heartbeat timeout counts from the coordinator's
+    start; ``grant_reconnect_grace`` then holds their judgment longer."""
     out = {}
     for rid, (rec, rev) in records.items():
         out[rid] = ReplicaEntry(
@@ -138,3 +143,33 @@ def seed_entries(
                 last_heartbeat=now,
             )
     return out
+
+
+def grant_reconnect_grace(entries: Mapping[str, ReplicaEntry], until: float) -> int:
+    """Give every replica not yet back (no session: loaded from the store)
+    until ``until`` to reconnect before the quorum decision judges it
+    (coordinator/quorum.py ``lost_at``); returns how many. A coordinator
+    that just started has heard from nobody: their silence is its own."""
+    count = 0
+    for entry in entries.values():
+        if entry.session_id is None and not entry.heard_from:
+            entry.reconnect_by = until
+            count += 1
+    return count
+
+
+AGENT_FAILED = frozenset({pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP})
+"""Agent states that say the replica's processes are gone."""
+
+
+def fail_awaited(entry: ReplicaEntry | None, agent_state: int, now: float) -> bool:
+    """Record an agent's failure report on a replica not back since the
+    coordinator started (it has no session for the report to end): its
+    processes are gone, so it is lost now rather than at the end of its
+    grace. Reports are not queued while no coordinator answers, so this
+    one is about now. Returns whether it was recorded."""
+    if entry is None or agent_state not in AGENT_FAILED or entry.heard_from or entry.reconnect_by is None:
+        return False
+    if entry.failed_at is None:
+        entry.failed_at = now
+    return True

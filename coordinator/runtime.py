@@ -23,6 +23,7 @@ from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import TAKEN_OUT_REASONS, Metrics
 from coordinator.quorum import Decision, Quorum, names, next_last_drop_id, settle_for
+from coordinator.replica_entry import fail_awaited, grant_reconnect_grace
 from coordinator.served_job import ServedJob
 from coordinator.store import Store
 from coordinator.watch_events import HEADER
@@ -70,6 +71,8 @@ class CoordinatorRuntime:
         """Whether this coordinator leads (``start()`` ran): only then does it serve replicas."""
         self.leader_hint = ""
         """The leader's address while this coordinator follows."""
+        self._grace_ends: dict[str, float] = {}
+        """By job: when the replicas loaded from the store must have reconnected (``_grant_grace``)."""
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -105,7 +108,9 @@ class CoordinatorRuntime:
             rec = decode(pb.ReplicaRecord, item.value, f"record {key}")
             records[rec.replica_id] = (rec, item.revision)
         committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
-        job.state.load(quorum, revision, records, self.clock(), committed_step)
+        now = self.clock()
+        job.state.load(quorum, revision, records, now, committed_step)
+        self._grant_grace(job, now)
         job.state.finished = job.committed.finished
         self.metrics.epochs.inc(job=job.state.name)
         job.set_quorum(quorum_to_pb(quorum))
@@ -123,6 +128,28 @@ class CoordinatorRuntime:
         if job.state.finished is not None:
             log.info("job %s: finished at step %d (stored); no quorum forms until an operator reopens it",
                      job.state.name, job.state.finished.step)
+
+    def _grant_grace(self, job: ServedJob, now: float) -> None:
+        """Every replica from the store gets a grace to reconnect before it
+        is judged (coordinator/quorum.py ``lost_at``): a restart or a failover
+        silenced them all, and after a long outage their clients take a while
+        to reconnect. It is what the rules would give silent members in any
+        case: their heartbeat timeout, then the split-brain guard's
+        join_timeout."""
+        grace = self.config.heartbeat_timeout + self.config.join_timeout
+        count = grant_reconnect_grace(job.state.replicas, now + grace)
+        if count:
+            self._grace_ends[job.state.name] = now + grace
+            log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
+                     "(sooner once every other member is back)", job.state.name, count, grace)
+
+    def _grace_over(self, job: ServedJob, now: float) -> None:
+        """At the end of the grace, decide again: nothing else may (a quorum
+        whose awaited members were presumed alive looked settled)."""
+        end = self._grace_ends.get(job.state.name)
+        if end is not None and now >= end:
+            del self._grace_ends[job.state.name]
+            job.state.dirty = True
 
     def _bump_epoch(self, keys: JobKeys) -> int:
         while True:
@@ -238,7 +265,10 @@ class CoordinatorRuntime:
 
     def agent_event(self, req: pb.AgentEventRequest) -> None:
         job = self.job(req.job)
-        failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, self.clock())
+        now = self.clock()
+        failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, now)
+        if not failed and fail_awaited(job.state.replicas.get(req.replica_id), req.state, now):
+            job.state.dirty = failed = True
         log.info(
             "job %s: agent of %s (node %d): %s%s",
             job.state.name,
@@ -368,6 +398,7 @@ class CoordinatorRuntime:
                                    "give_up": verdict.give_up})
             await self._take_out_hung(job)
             self._pace(job)
+            self._grace_over(job, self.clock())
             due = job.state.needs_decision(self.clock())
             self._notice_silent_outsiders(job)
             if not due:

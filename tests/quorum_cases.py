@@ -21,6 +21,18 @@ def silent(rid: str, since: float = 1.0, **kw) -> ReplicaView:
     return dataclasses.replace(alive(rid, **kw), last_heartbeat=NOW - RULES.heartbeat_timeout - since)
 
 
+GRACE = RULES.heartbeat_timeout + RULES.join_timeout
+"""The reconnection grace the runtime gives after a (re)start (coordinator/runtime.py)."""
+
+
+def awaited(rid: str, started: float, grace: float = GRACE, **kw) -> ReplicaView:
+    """Loaded from the store by a coordinator that started ``started``
+    seconds before NOW, and not reconnected since."""
+    start = NOW - started
+    return dataclasses.replace(alive(rid, **kw), last_heartbeat=start, registered_at=start, beating=False,
+                               reconnect_by=start + grace)
+
+
 def quorum(*ids: str, qid: int = 7) -> Quorum:
     return Quorum(qid, tuple(Member(i, f"{i}:1", 1, 100, 3) for i in ids), step=100)
 
