@@ -19,10 +19,14 @@ The rules, in order:
    (see ``find_diverged``). A coordinator that just started (a restart, a
    failover) has heard from nobody: every replica loaded from the store has
    a grace to reconnect (``reconnect_by``) and is neither lost nor silent
-   meanwhile. Once every other member is back (or lost for its own
-   reasons), the one still missing is judged at once, by its heartbeat
-   timeout counted from the coordinator's start; at the end of the grace,
-   every one still missing is.
+   meanwhile. An agent's failure report ends a replica's grace at once
+   (coordinator/replica_entry.py). Once every other member is back (lost
+   after it reconnected counts; failed before it did does not, until its
+   restart registers), the one still missing is judged by its heartbeat
+   timeout counted from the latest registration (or the start): the
+   clients back off while no coordinator answers, so a healthy one may
+   be that much later than the others. At the end of the grace, every
+   one still missing is judged.
 2. Fast path. If every member of the current quorum is alive, not draining and
    not restarted, and no replica is ready to join, the quorum stays as it is
    and its id does not change; this is also how a restarted coordinator keeps
@@ -42,9 +46,9 @@ The rules, in order:
    out of a minority of the live replicas (torchft's rule). Silences that are
    the coordinator's own (members not back yet after its start) are no
    evidence either way: they do not count until judged (rule 1), and then
-   as silent since their heartbeat timeout ran out, counted from the start
-   (the grace the runtime gives, ``heartbeat_timeout + join_timeout``,
-   already covers the guard's wait).
+   as silent since their heartbeat timeout ran out (the grace the runtime
+   gives, ``heartbeat_timeout + join_timeout``, already covers the guard's
+   wait).
 5. ``min_replicas``. No quorum with fewer members.
 6. Grow in batches. A replica joins once it has heartbeated since it
    registered (it is really listening: at 10,000 replicas a registration can
@@ -225,7 +229,7 @@ class Decision:
         return self.members is not None
 
 
-def lost_at(r: ReplicaView, now: float, rules: Rules, others_back: bool = False) -> tuple[float, str, bool] | None:
+def lost_at(r: ReplicaView, now: float, rules: Rules, others_back_at: float | None = None) -> tuple[float, str, bool] | None:
     """When and why a replica was lost, or None while it is alive.
 
     The third element says whether the loss was explicit (a report, a restart)
@@ -233,11 +237,10 @@ def lost_at(r: ReplicaView, now: float, rules: Rules, others_back: bool = False)
 
     A replica that has not reconnected since the coordinator started
     (``reconnect_by`` set) is silent by the coordinator's doing, not its
-    own: until its grace ends it is neither lost nor silent, unless
-    ``others_back`` (no other member is still awaited: the coordinator
-    reaches the others, so its silence is the replica's). Once judged, it is
-    judged as any replica, by its heartbeat timeout counted from the
-    coordinator's start.
+    own: until its grace ends it is neither lost nor silent, unless the
+    other members are back (``others_back_at``, see ``Awaited``: the latest
+    registration; None while some are still missing). Then it is judged as
+    a replica last heard from then (or at the coordinator's start) would be.
     """
     if r.failed_at is not None:
         return r.failed_at, "reported failed", True
@@ -247,8 +250,9 @@ def lost_at(r: ReplicaView, now: float, rules: Rules, others_back: bool = False)
         return r.disconnected_at, "stream closed", False
     expiry = r.last_heartbeat + rules.heartbeat_timeout
     if r.reconnect_by is not None:
-        if now < r.reconnect_by and not others_back:
+        if now < r.reconnect_by and others_back_at is None:
             return None
+        expiry = max(r.last_heartbeat, others_back_at or 0.0) + rules.heartbeat_timeout
         if now >= expiry:
             return expiry, "not reconnected since the coordinator started", False
         return None
@@ -257,16 +261,42 @@ def lost_at(r: ReplicaView, now: float, rules: Rules, others_back: bool = False)
     return None
 
 
-def awaited_members(prev: Quorum | None, replicas: Mapping[str, ReplicaView]) -> frozenset[str]:
-    """Members of ``prev`` that have not reconnected since the coordinator started."""
-    if prev is None:
-        return frozenset()
-    return frozenset(i for i in prev.member_ids if (r := replicas.get(i)) is not None and r.reconnect_by is not None)
+@dataclasses.dataclass(frozen=True)
+class Awaited:
+    """After a coordinator start: the members of the current quorum not back
+    yet, whether a replica failed before it reconnected, and the latest
+    registration since the start (what ``lost_at`` judges the last missing
+    member by)."""
 
+    ids: frozenset[str] = frozenset()
+    blocked: bool = False
+    """A replica failed (its agent said so) before it reconnected: until it
+    registers again, nothing tells how long the clients take to reconnect."""
+    last_back: float = 0.0
 
-def others_are_back(replica_id: str, awaited: frozenset[str]) -> bool:
-    """No member other than ``replica_id`` is still awaited (``awaited_members``)."""
-    return not awaited or (len(awaited) == 1 and replica_id in awaited)
+    @classmethod
+    def of(cls, prev: Quorum | None, replicas: Mapping[str, ReplicaView]) -> "Awaited":
+        members = prev.member_ids if prev is not None else ()
+        ids = frozenset(i for i in members if (r := replicas.get(i)) is not None and r.reconnect_by is not None
+                        and r.failed_at is None)
+        if not ids:
+            return cls()
+        blocked, last_back = False, 0.0
+        for r in replicas.values():
+            if r.reconnect_by is not None:
+                blocked = blocked or r.failed_at is not None
+            else:
+                last_back = max(last_back, r.registered_at)
+        return cls(ids, blocked, last_back)
+
+    def others_back_at(self, replica_id: str) -> float | None:
+        """For ``lost_at``: when the latest replica registered, if every member
+        but ``replica_id`` is back (None if some are not, or while blocked)."""
+        if not self.ids:
+            return self.last_back
+        if self.blocked or len(self.ids) > 1 or replica_id not in self.ids:
+            return None
+        return self.last_back
 
 
 def holds_state(r: ReplicaView, committed_step: int) -> bool:
@@ -296,10 +326,9 @@ def decide(
     coordinator/stuck.py); "" for none.
     """
     # After a coordinator (re)start, members not yet back are judged only
-    # once every other member is (lost_at); the scan is cheap, and empty
-    # once they all reconnected.
-    awaited = awaited_members(prev, replicas)
-    alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules, others_are_back(i, awaited)) is None}
+    # once every other member is (lost_at).
+    awaited = Awaited.of(prev, replicas)
+    alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules, awaited.others_back_at(i)) is None}
     prev_ids = set(prev.member_ids) if prev else set()
     prev_members = {m.replica_id: m for m in prev.members} if prev else {}
 
@@ -379,13 +408,16 @@ def decide(
         if not leaving and regroup:
             return result(staying + ready, f"regrouping the members of quorum {prev.id}: {regroup}.", regrouped=True)
         if not leaving and not ready:
-            return result(None, f"quorum {prev.id} unchanged: all {len(prev_ids)} members healthy.", settled=not pending)
+            # Members not back since the coordinator started are judged as
+            # time passes (rule 1): not settled until they are back.
+            return result(None, f"quorum {prev.id} unchanged: all {len(prev_ids)} members healthy.",
+                          settled=not pending and not awaited.ids)
         if leaving:
             why = {}
             silent = []
             for i in leaving:
                 r = replicas.get(i)
-                loss = lost_at(r, now, rules, others_are_back(i, awaited)) if r is not None else (now, "left", True)
+                loss = lost_at(r, now, rules, awaited.others_back_at(i)) if r is not None else (now, "left", True)
                 if loss is None:
                     why[i] = ("restarted" if r.restarted else "checksum mismatch" if r.diverged
                               else r.unreachable if r.unreachable else "draining")

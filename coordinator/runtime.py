@@ -71,8 +71,6 @@ class CoordinatorRuntime:
         """Whether this coordinator leads (``start()`` ran): only then does it serve replicas."""
         self.leader_hint = ""
         """The leader's address while this coordinator follows."""
-        self._grace_ends: dict[str, float] = {}
-        """By job: when the replicas loaded from the store must have reconnected (``_grant_grace``)."""
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -139,17 +137,8 @@ class CoordinatorRuntime:
         grace = self.config.heartbeat_timeout + self.config.join_timeout
         count = grant_reconnect_grace(job.state.replicas, now + grace)
         if count:
-            self._grace_ends[job.state.name] = now + grace
             log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
                      "(sooner once every other member is back)", job.state.name, count, grace)
-
-    def _grace_over(self, job: ServedJob, now: float) -> None:
-        """At the end of the grace, decide again: nothing else may (a quorum
-        whose awaited members were presumed alive looked settled)."""
-        end = self._grace_ends.get(job.state.name)
-        if end is not None and now >= end:
-            del self._grace_ends[job.state.name]
-            job.state.dirty = True
 
     def _bump_epoch(self, keys: JobKeys) -> int:
         while True:
@@ -398,7 +387,6 @@ class CoordinatorRuntime:
                                    "give_up": verdict.give_up})
             await self._take_out_hung(job)
             self._pace(job)
-            self._grace_over(job, self.clock())
             due = job.state.needs_decision(self.clock())
             self._notice_silent_outsiders(job)
             if not due:

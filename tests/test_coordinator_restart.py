@@ -18,26 +18,48 @@ import uuid
 
 import pytest
 
+from coordinator.keys import JobKeys
+from coordinator.store import open_store
+from protos.fthsdp.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess
 from tests.soak import Watched
-from tests.supervised import LOADED, SupervisedCoordinator, signal_process
+from tests.supervised import LOADED, SupervisedCoordinator, signal_process, stall_etcd
 from tests.waiting import wait_until
 
 IDS = ("r0", "r1", "r2")
-HEARTBEAT_TIMEOUT = 1.0
-RECOVERY_LIMIT = 6.0
-"""Seconds from the kill to every survivor's next commit without the victim
-("within a few seconds"): the others reconnect (their clients back off while
-the coordinator is down), then the victim is judged at once, or its restarted
-incarnation registers first."""
+HEARTBEAT_TIMEOUT = 3.0
+RECOVERY_LIMIT = 4.0
+"""Seconds from the kill, or from the survivors' return if later, to every
+survivor's next commit without the victim ("within a few seconds"): its
+agent reports it failed, or it is judged once the others are back. (The
+survivors' clients back off while no coordinator answers: after a long
+outage they come back seconds after the coordinator; see the report of
+issue 21 on coordinator/client.py.)"""
 
 
-def coordinator_args(etcd_url: str) -> tuple[str, ...]:
-    return ("--store", etcd_url, "--store-prefix", f"/fthsdp-test/{uuid.uuid4().hex[:12]}", "--leader-ttl", "2s",
-            "--heartbeat-interval", "200ms", "--heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s", "--join-settle", "0s")
+def coordinator_args(etcd_url: str, prefix: str) -> tuple[str, ...]:
+    return ("--store", etcd_url, "--store-prefix", prefix, "--leader-ttl", "2s",
+            "--heartbeat-interval", "500ms", "--heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s", "--join-settle", "0s")
+
+
+def committed_stored(etcd_url: str, prefix: str) -> int:
+    """The job's committed step as stored (it is written about once a second)."""
+    store = open_store(etcd_url)
+    try:
+        item = store.get(JobKeys(prefix, "default").committed)
+        return pb.CommittedStep.FromString(item.value).step if item is not None else 0
+    finally:
+        store.close()
 
 
 LEADS = re.compile(r"leader election: this coordinator \(\S+\) leads")
+
+
+def line_time(line: str) -> float:
+    """Seconds since midnight of a text log line (``2026-12-02 00:42:10,139 INFO ...``)."""
+    hms, ms = line.split(" ")[1].split(",")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return h * 3600 + m * 60 + sec + int(ms) / 1000
 
 
 def leader_loaded(coordinators, marks, pattern: re.Pattern = LOADED, timeout: float = 30.0):
@@ -58,8 +80,10 @@ def leader_loaded(coordinators, marks, pattern: re.Pattern = LOADED, timeout: fl
     return found["it"]
 
 
-def run_case(tmp_path, etcd_url: str, followers: int, restart_sec: float) -> dict:
-    args = coordinator_args(etcd_url)
+def run_case(tmp_path, etcd_url: str, followers: int, restart_sec: float, fault=None) -> dict:
+    """``fault(leader)``: what silences the leader (default: SIGKILL; its supervisor restarts it)."""
+    prefix = f"/fthsdp-test/{uuid.uuid4().hex[:12]}"
+    args = coordinator_args(etcd_url, prefix)
     coordinators = []
     for i in range(1 + followers):
         coordinators.append(SupervisedCoordinator(tmp_path / f"coordinator-{i}.log", *args,
@@ -70,9 +94,11 @@ def run_case(tmp_path, etcd_url: str, followers: int, restart_sec: float) -> dic
     watched = {a.replica_id: Watched(a) for a in agents}
     try:
         wait_until(lambda: min(w.last_step() for w in watched.values()) >= 5, 120, message="three replicas training")
+        # As in any job past its first second: a restarted replica at step 0 must not count as up to date.
+        wait_until(lambda: committed_stored(etcd_url, prefix) > 0, 20, interval=0.1, message="a committed step stored")
         leader, _, _ = leader_loaded(coordinators, [0] * len(coordinators), LEADS)
         marks = [c.log.count() for c in coordinators]
-        leader.kill()  # its supervisor starts it again after restart_sec; a follower may lead first
+        (fault or SupervisedCoordinator.kill)(leader)  # its supervisor starts it again; a follower may lead first
 
         now_leader, loaded_at, match = leader_loaded(coordinators, marks)
         started = time.monotonic()
@@ -92,10 +118,17 @@ def run_case(tmp_path, etcd_url: str, followers: int, restart_sec: float) -> dic
 
         wait_until(lambda: all(first_commit_without(s) is not None for s in survivors), 30,
                    message=f"the survivors {survivors} committing without {victim}")
-        recovery = max(first_commit_without(s) for s in survivors) - killed
+        committed_again = max(first_commit_without(s) for s in survivors)
         log = "\n".join(now_leader.log.lines()[loaded_at:])
+        # When the last survivor was back: its registration line, by the coordinator's wall clock.
+        back = max([killed] + [line_time(line) - line_time(now_leader.log.lines()[loaded_at]) + started
+                               for line in log.splitlines() for rid in survivors
+                               if f"replica {rid} registered" in line])
+        recovery = committed_again - max(killed, back)
         result = {"victim": victim, "reconnected_before_the_kill": sorted(registered), "recovery_s": recovery,
-                  "kill_after_start_s": killed - started, "grace": match.group(3)}
+                  "kill_to_commit_s": committed_again - killed, "survivors_back_after_start_s": back - started,
+                  "kill_after_start_s": killed - started, "grace": match.group(3),
+                  "starts": sum(c.starts for c in coordinators)}
         print(f"\n{result}")
         assert recovery < RECOVERY_LIMIT, f"{result}\n{log}"
         # No healthy replica dropped: every quorum change names only the victim
@@ -127,3 +160,15 @@ def test_a_supervised_coordinator_restarted_drops_no_healthy_replica(tmp_path, e
 @pytest.mark.timeout(180)
 def test_a_failover_drops_no_healthy_replica(tmp_path, etcd_url):
     run_case(tmp_path, etcd_url, followers=1, restart_sec=3.0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_coordinator_restarted_after_an_etcd_stall_drops_no_healthy_replica(tmp_path, private_etcd):
+    # The case reported in issue 21, shortened: etcd stops for 12 s, the
+    # coordinator's lease runs out and it exits, its supervisor restarts it
+    # every 0.5 s (each start fails while etcd is stopped), and the replicas'
+    # clients back off meanwhile.
+    result = run_case(tmp_path, private_etcd.url, followers=0, restart_sec=0.5,
+                      fault=lambda leader: stall_etcd(private_etcd, 12.0))
+    assert result["starts"] > 2, result  # the supervisor did restart it (the stall made it exit)

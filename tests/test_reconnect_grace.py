@@ -37,6 +37,11 @@ async def register(runtime: CoordinatorRuntime, rid: str, quorum_id: int = 0, st
     return session
 
 
+def beat(runtime: CoordinatorRuntime, rid: str, step: int = 41) -> None:
+    session = runtime.jobs["default"].state.replicas[rid].session_id
+    runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, step=step))
+
+
 async def trained_then_restarted(clock: Clock) -> tuple[CoordinatorRuntime, int]:
     """Three replicas in a quorum under one coordinator; then a new one on the
     same store (its restart), started at t=100. Returns it and the quorum id."""
@@ -67,7 +72,7 @@ def test_the_restarted_coordinator_says_how_long_each_replica_has(caplog):
             in caplog.text)
 
 
-def test_members_not_back_are_kept_past_their_timeout_and_the_last_one_judged_once_the_others_are():
+def test_members_not_back_are_kept_past_their_timeout_and_the_last_one_judged_after_the_others_are_back():
     async def scenario():
         clock = Clock()
         runtime, qid = await trained_then_restarted(clock)
@@ -79,7 +84,17 @@ def test_members_not_back_are_kept_past_their_timeout_and_the_last_one_judged_on
         await runtime.evaluate(job)
         assert job.state.quorum.id == qid, job.state.reason  # r2 is not the only one missing
         await register(runtime, "r1", qid, 40)
-        await runtime.evaluate(job)  # the others are back: r2 (killed meanwhile) is judged at once
+        await runtime.evaluate(job)  # the others are back: r2 has a heartbeat timeout from now
+        assert job.state.quorum.id == qid, job.state.reason
+        back = clock.t
+        for t in (back + 2.0, back + 4.0, back + CONFIG.heartbeat_timeout):
+            clock.t = t
+            for rid in ("r0", "r1"):
+                beat(runtime, rid)
+            await runtime.evaluate(job)
+            if t < back + CONFIG.heartbeat_timeout:
+                assert job.state.quorum.id == qid, job.state.reason
+        # and is judged when it runs out
         assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
         assert "r2 (not reconnected since the coordinator started)" in job.state.quorum.reason
     asyncio.run(scenario())
