@@ -21,8 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from coordinator.client import CoordinatorClient
+from coordinator.client import CoordinatorClient, parse_addresses
 from tests.processes import AgentProcess, _json_objects
+from tests.soak_control import ControlPlane
 from tests.waiting import wait_until
 
 
@@ -84,10 +85,14 @@ def members(client: CoordinatorClient) -> set[str]:
 
 
 def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: float, steps_after: int,
-             seed: int, model: str = "plain") -> dict:
-    """``model``: tests/ftar_worker.py's --names (``batchnorm``: running statistics in the all-reduce)."""
+             seed: int, model: str = "plain", control: ControlPlane | None = None,
+             control_every: tuple[float, float] = (10.0, 20.0)) -> dict:
+    """``model``: tests/ftar_worker.py's --names (``batchnorm``: running statistics in the all-reduce).
+    ``control``: also fault the control plane (tests/soak_control.py), once every ``control_every`` seconds."""
     rng = random.Random(seed)
-    env = {"FTHSDP_CATCH_UP_MAX_RATE": str(8 << 20)}
+    # The product's default: a survivor blocked with a member lost just before
+    # an etcd stall waits out the stall (up to 30 s) and the restart after it.
+    env = {"FTHSDP_CATCH_UP_MAX_RATE": str(8 << 20), "FTHSDP_FTAR_TIMEOUT": "60"}
     agents = [
         AgentProcess(tmp, coordinator_address, f"r{i}", i, replicas, "--steps", "1000000", "--wait-for", str(replicas),
                      "--hidden", "256", "--loop", "full", "--names", model, agent_args=("--max-restarts", "1000"), env=env).start()
@@ -96,11 +101,19 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
     watched = [Watched(a) for a in agents]
     kills: list[Kill] = []
     try:
-        with CoordinatorClient([coordinator_address]) as client:
+        with CoordinatorClient(parse_addresses(coordinator_address)) as client:
             wait_until(lambda: min(w.last_step() for w in watched) >= 5, 120, message="the soak's replicas training")
             end = time.monotonic() + fault_seconds
+            next_control = time.monotonic() + rng.uniform(*control_every)
             while time.monotonic() < end:
                 time.sleep(rng.uniform(0.3, 3.0))  # the faults' random schedule
+                if control is not None and time.monotonic() >= next_control and (
+                        not kills or time.monotonic() - kills[-1].t > 3.0):  # no member loss pending
+                    if control.inject(rng) is not None:
+                        next_control = time.monotonic() + rng.uniform(*control_every)
+                    continue
+                if control is not None and control.stalled.is_set():
+                    continue
                 victims = [rng.choice(watched)]
                 if rng.random() < 0.3:
                     victims.append(rng.choice(watched))
@@ -120,7 +133,9 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
                     overlapping = any(t - k.t < 1.0 for k in kills)
                     kills.append(Kill(t, rid, w.last_step(), overlapping))
                     w.pid = 0
-            # Faults over: everyone back in and training together.
+            # Faults over (a stall under way ends first): everyone back in and training together.
+            if control is not None:
+                wait_until(lambda: not control.busy(), 60, interval=0.1, message="the last etcd stall over")
             everyone = {w.agent.replica_id for w in watched}
             wait_until(lambda: members(client) == everyone, 180, message="every replica back in the quorum after the faults")
             target = max(w.last_step() for w in watched) + steps_after
@@ -131,6 +146,8 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
             a.stop()
     result = summarize(watched, kills, lost, target)
     result["kill_log"] = [dataclasses.asdict(k) for k in kills]
+    if control is not None:
+        result.update(control.summary())
     result["lines"] = {w.agent.replica_id: [[ln["step"], ln["incarnation"], ln.get("quorum"), ln.get("contributors"),
                                              ln["checksum"], round(ln["t"], 3)] for ln in w.steps()] for w in watched}
     return result
@@ -199,6 +216,18 @@ def table(result: dict) -> str:
         f"| {result['kills']} | {result['overlapping_kills']} | {f(result['recover_median_s'])} / {f(result['recover_max_s'])} "
         f"| {result['catch_ups']} | {f(result['catch_up_median_s'])} / {f(result['catch_up_max_s'])} "
         f"| {result['replica_steps_lost']} | {result['steps']} |"
+    )
+
+
+def control_table(result: dict) -> str:
+    """The control-plane faults of a run, with what the replicas saw."""
+    c = result["control_faults"]
+    return (
+        "| replica kills | coordinator kills | etcd stalls (total / longest) | etcd restarts | coordinator starts "
+        "| members dropped as not back after a restart | steps |\n|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"| {result['kills']} | {c['coordinator_kill']} | {c['etcd_stall']} ({result['etcd_stall_s']:g} / "
+        f"{result['etcd_stall_max_s']:g} s) | {c['etcd_restart']} | {result['coordinator_starts']} "
+        f"| {result['dropped_not_back']} | {result['steps']} |"
     )
 
 
