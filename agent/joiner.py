@@ -185,6 +185,12 @@ class Joiner:
                                 "or for an operator to give it up (fthsdp give-up-state): %s", lost, latest.reason)
                     lost_seen = lost
                 deadline = max(deadline, time.monotonic() + RETRY_SAME_SOURCE_AFTER)
+            elif latest is not None and latest.unreachable:
+                # The members cannot reach this replica over the data path
+                # (coordinator/stuck.py): no source comes until they can, and a
+                # restart would not mend a link (agent/reach_probe.py answers
+                # the coordinator's probes meanwhile).
+                deadline = max(deadline, time.monotonic() + RETRY_SAME_SOURCE_AFTER)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FthsdpError(f"replica {self.m.replica_id} was neither admitted nor given a catch-up source in time")

@@ -67,6 +67,7 @@ from agent.replay import Replayer, combine_hex
 from agent.replica_group import ReplicaGroup
 from agent.standby import wait_for_activation
 from agent.step_buffer import StepBuffer
+from agent.reach_probe import ReachProbes
 from agent.step_clock import StepClock
 from agent.train_state import ApiMisuse, TrainState, check_gradient, default_update, gradient_sample
 from agent.train_state import step_outside_update
@@ -254,6 +255,7 @@ class Manager:
         self.membership.add_listener(self.tracker.update)
         self.membership.add_listener(self._quorums.record)
         self.membership.add_listener(self.hangs)
+        self.membership.add_listener(ReachProbes(cfg.replica_id, cfg.shard_rank, self.membership.report_reach))
         self.membership.progress, self.membership.restart_count = self.clock.progress, cfg.restart_count
         self.ftar.groups.horizon = self.hangs.horizon
         self.group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))

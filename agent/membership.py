@@ -54,6 +54,8 @@ class Membership:
         self.address = address
         self.world_size = world_size
         self.step = step
+        self.shard_rank = 0
+        """The rank of the replica group this process is (``observe`` sets it for the others)."""
         self.ready = False
         self.catching_up = False
         self.state_checksum = ""
@@ -294,6 +296,12 @@ class Membership:
                     log.warning("watch stream ended: %s %s", code.name, e.details())
             # Back off a little so a coordinator that is down is not hammered.
             self._stop.wait(0.1)
+
+    def report_reach(self, probe_id: int, reached: list[str], unreached: list[str]) -> None:
+        """Answer the coordinator's probe ``probe_id`` for this rank (agent/reach_probe.py)."""
+        self.client.call("ReportReach", pb.ReachReportRequest(
+            job=self.job, replica_id=self.replica_id, session_id=self._session,
+            shard_rank=self.shard_rank, probe_id=probe_id, reached=reached, unreached=unreached))
 
     def add_listener(self, listener: Callable[[pb.WatchEvent], None]) -> None:
         """Call ``listener(event)`` on the watch thread for every event (keep it quick)."""

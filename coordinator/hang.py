@@ -201,6 +201,43 @@ def find_hung(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """A collective that every member is inside, making no progress."""
+
+    step: int
+    rank: int
+    waited: float
+    """The shortest wait among the members (within the current quorum)."""
+
+    def reason(self, members: int, limit: float) -> str:
+        rank = f" (rank {self.rank})" if self.rank else ""
+        return (f"all {members} members have waited {self.waited:.1f}s in the all-reduce of step {self.step}{rank} "
+                f"(limit {limit:.1f}s) with nobody to blame")
+
+
+def find_stuck(
+    members: Mapping[str, Mapping[int, Report]], limit: float, quorum_since: float = float("-inf"),
+) -> Stuck | None:
+    """A collective nobody can be blamed for: every member's rank-k process
+    is in the all-reduce of the same step, each having waited there for the
+    limit (counted within the current quorum, as in ``find_hung``). No
+    member is hung, every one waits: what fails is between them (a link
+    down, a connection reset), and coordinator/stuck.py mends or cuts it.
+    None with fewer than two members, or while any of them moves."""
+    if len(members) < 2:
+        return None
+    ranks = set.intersection(*(set(r) for r in members.values()))
+    for rank in sorted(ranks):
+        reports = [m[rank] for m in members.values()]
+        if any(r.phase != pb.PHASE_ALLREDUCE for r in reports) or len({r.step for r in reports}) > 1:
+            continue
+        waited = min(r.received - max(r.received - r.age, quorum_since) for r in reports)
+        if waited >= limit:
+            return Stuck(reports[0].step, rank, waited)
+    return None
+
+
 def straggler_scores(compute_times: Mapping[str, float]) -> dict[str, float]:
     """Each member's compute time over the median of the others' (0: unknown).
 

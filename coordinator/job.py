@@ -9,14 +9,17 @@ store before applying them, and the gRPC servicer is a thin layer above that.
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import secrets
+import sys
 
 from coordinator import divergence, replica_status, silence, watch_events
 from coordinator.errors import InvalidRequest, NotFound, StaleSession
 from coordinator.hang import HangRules
 from coordinator.progress import ProgressBook
 from coordinator.quorum import CatchUpSource, Decision, Quorum, Rules, decide, find_diverged
+from coordinator.reach_book import ReachBook
+from coordinator.stuck import Act
 from coordinator.replica_entry import ReplicaEntry, seed_entries
 from coordinator.status_view import finished_reason
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -24,6 +27,8 @@ from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 CHECKSUM_HISTORY = 32
 """Recent (step, checksum) reports kept per replica for comparison."""
+
+log = logging.getLogger("fthsdp.coordinator")
 
 _AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP)
 
@@ -36,7 +41,10 @@ class JobState:
         self.rules = rules
         self.progress = ProgressBook(hang_rules)  # every process's progress; the hang verdicts
         self.hang_horizon = hang_rules.ceiling  # what watchers were told of the longest a member may stall
-        self.horizon_moved = False  # the last check_progress moved the horizon: watchers must hear of it
+        self.horizon_moved = False  # the last check_progress changed what watchers are told: they must hear of it
+        self.reach = ReachBook()  # a stuck collective's regroup and probes (coordinator/stuck.py)
+        self._unreachable: set[str] = set()
+        """Replicas kept out as unreachable (``ReplicaEntry.unreachable``): asked to probe the members."""
         self.quorum: Quorum | None = None
         self.quorum_revision = 0
         self.replicas: dict[str, ReplicaEntry] = {}
@@ -355,19 +363,71 @@ class JobState:
         """Take out the hung members (coordinator/hang.py); returns them and the
         stragglers to take out (the caller cordons them first), with why."""
         self.horizon_moved = False
+        if self._unreachable:
+            self._unreachable &= {rid for rid in self._unreachable if rid in self.replicas and self.replicas[rid].unreachable}
+            marked = [rid for rid in sorted(self._unreachable) if self.replicas[rid].session_id is not None]
+            self.horizon_moved = self.reach.reprobe(marked, list(self._members), self._addresses(), now)
         if self.quorum is None or not self.progress.due(now):
             return {}, {}
         live = [rid for rid in self._members if self._live_member(rid)]
-        hung, stragglers = self.progress.look(live, {rid: self.replicas[rid].step for rid in live}, now)
+        hung, stragglers = self.progress.look(live, {rid: self.replicas[rid].step for rid in live}, now, self.quorum.id)
         for rid, why in hung.items():
             self.mark_hung(rid, why, now)
+        if not hung:
+            self._resolve_stuck(live, now)
         horizon = self.progress.horizon
         # Growth is pushed at once (the replicas' margin covers under a second);
         # shrinking is not urgent: at 10,000 watchers every push counts.
-        self.horizon_moved = horizon >= self.hang_horizon + 1.0 or horizon <= 0.9 * self.hang_horizon
-        if self.horizon_moved:
-            self.hang_horizon = horizon
+        if horizon >= self.hang_horizon + 1.0 or horizon <= 0.9 * self.hang_horizon:
+            self.hang_horizon, self.horizon_moved = horizon, True
         return hung, stragglers
+
+    def _addresses(self) -> dict[str, tuple[str, ...]]:
+        return {rid: self.replicas[rid].catch_up_addresses for rid in self._members if rid in self.replicas}
+
+    def _resolve_stuck(self, live: list[str], now: float) -> None:
+        """One step of a stuck collective's escalation: regroup, probe, take out (coordinator/stuck.py)."""
+        if len(live) < len(self._members):
+            return  # a member is being taken out anyway: the next quorum redoes the step without it
+        action = self.reach.look(self.progress.stuck, live, self.quorum.id, self.progress.low_step(live),
+                                 {rid: self.replicas[rid].world_size for rid in live}, self._addresses(), now,
+                                 self.progress.limit)
+        if action.act is Act.NOTHING:
+            return
+        extra = {"event": f"stuck_{action.act.value}", "job": self.name, "quorum_id": self.quorum.id,
+                 "reason": action.reason}
+        if action.act is Act.REGROUP:
+            self.dirty = True
+        elif action.act is Act.PROBE:
+            self.horizon_moved = True
+        for rid, why in action.take_out.items():
+            self.replicas[rid].unreachable = why
+            self._unreachable.add(rid)
+            self.dirty = True
+            log.error("job %s: replica %s taken out: %s", self.name, rid, why,
+                      extra={"event": "unreachable", "job": self.name, "replica": rid, "reason": why})
+        log.warning("job %s: quorum %d: %s", self.name, self.quorum.id, action.reason, extra=extra)
+
+    def reach_report(self, replica_id: str, shard_rank: int, probe_id: int,
+                     reached: list[str], unreached: list[str]) -> bool:
+        """One rank's answer to a probe; returns whether a replica kept out
+        as unreachable was let back (it reaches every member again)."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id is None:
+            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}")
+        if shard_rank >= entry.world_size:
+            raise InvalidRequest(f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
+        back = self.reach.answer(replica_id, shard_rank, probe_id, reached, unreached, entry.world_size)
+        if back is None or not entry.unreachable:
+            return False
+        if not back.reaches_all:
+            entry.unreachable = f"unreachable from {', '.join(back.unreached)} over the data path"
+            return False
+        log.info("job %s: replica %s reaches every member over the data path again; it may catch up",
+                 self.name, replica_id, extra={"event": "reachable", "job": self.name, "replica": replica_id})
+        entry.unreachable = ""
+        self.dirty = self.joiners_moved = True
+        return True
 
     def mark_hung(self, replica_id: str, why: str, now: float) -> None:
         """Take a member out (hung, or a straggler): the next decision drops it; its agents are told."""
@@ -436,7 +496,7 @@ class JobState:
             return Decision(None, finished_reason(self.name, self.finished.step), self.finished.step, {}, settled=True)
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
-        return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step)
+        return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step, self.reach.regroup)
 
     def evaluate(self, now: float) -> Decision:
         decision = self._decide(now)
@@ -479,6 +539,7 @@ class JobState:
         if quorum is not None:
             self._notice_silent(quorum)
             self.set_quorum(quorum, revision)
+            self.reach.quorum_changed()
             for m in quorum.members:
                 entry = self.replicas.get(m.replica_id)
                 if entry is not None and m.joined_quorum_id == quorum.id:

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from coordinator.hang import (
     HangRules,
     Report,
+    Stuck,
     find_hung,
+    find_stuck,
     job_limit,
     limit_for,
     median_step_time,
@@ -41,14 +43,16 @@ class ProgressBook:
         """The job's hang limit at the last look."""
         self.horizon = rules.ceiling
         """The longest a member could go without progress at the last look (a section may exceed the limit)."""
-        self._waited_among: frozenset[str] | None = None
-        """The members at the last look: the ones a waiter waits for (None: no look yet)."""
+        self._waited_among: tuple[int, frozenset[str]] | None = None
+        """The quorum and its members at the last look: the ones a waiter waits for (None: no look yet)."""
         self._waits_since = float("-inf")
         """When they last changed: a wait counts from then (coordinator/hang.py find_hung).
         Before any change was seen (a new coordinator's first look), the waits count whole."""
         self._slow_since: dict[str, int] = {}
         self._fresh = False
         self._next_look = float("-inf")
+        self.stuck: Stuck | None = None
+        """At the last look: a collective every member waits in with nobody to blame (coordinator/stuck.py)."""
 
     def forget(self, replica_id: str) -> None:
         """A new incarnation registered: its predecessor's reports say nothing of it."""
@@ -67,17 +71,19 @@ class ProgressBook:
         """Whether a look could find anything new: reports came since the last one, which was a while ago."""
         return self._fresh and now >= self._next_look
 
-    def look(self, members: Iterable[str], steps: dict[str, int], now: float) -> tuple[dict[str, str], dict[str, str]]:
+    def look(self, members: Iterable[str], steps: dict[str, int], now: float,
+             quorum_id: int = 0) -> tuple[dict[str, str], dict[str, str]]:
         """The members that are hung and those the straggler policy takes out,
-        each with why. ``members``: the current quorum's live members (when
-        they change, the waits under way start over); ``steps``: their
-        committed steps (for the straggler count)."""
+        each with why (and ``stuck``). ``members``: the current quorum's live
+        members (when they or the quorum change, the waits under way start
+        over: a regroup keeps the members but not the group); ``steps``:
+        their committed steps (for the straggler count)."""
         if not self.due(now):
             return {}, {}
         self._fresh = False
         self._next_look = now + min(CHECK_EVERY, self.limit / 8)
         members = list(members)
-        among = frozenset(members)
+        among = (quorum_id, frozenset(members))
         if among != self._waited_among:
             if self._waited_among is not None:
                 # A new quorum, or a member taken out that the next one drops:
@@ -92,6 +98,7 @@ class ProgressBook:
         self.limit = job_limit(self.median_step, self.rules)
         reports = {rid: self.reports[rid] for rid in members}
         hung = find_hung(reports, self.limit, self.rules, quorum_since=self._waits_since)
+        self.stuck = None if hung else find_stuck(reports, self.limit, self._waits_since)
         # The longest any member may now go without progress: what a replica
         # waiting in the all-reduce waits at least, for a verdict, before it gives up.
         self.horizon = max([self.limit] + [limit_for(r, self.limit, self.rules)
@@ -107,3 +114,8 @@ class ProgressBook:
             if why and rid not in hung:
                 stragglers[rid] = why
         return hung, stragglers
+
+    def low_step(self, members: Iterable[str]) -> int:
+        """The lowest step among the members' latest reports (any rank): past
+        a stuck step, the collective finished."""
+        return min((r.step for rid in members for r in self.reports.get(rid, {}).values()), default=-1)

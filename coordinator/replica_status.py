@@ -52,6 +52,7 @@ def statuses(job: "JobState", now: float) -> list[pb.ReplicaStatus]:
             hang_reason=e.hung_reason,
             mismatch_reason=e.mismatch,
             mismatch_strikes=e.strikes,
+            unreachable=e.unreachable,
         )
         report = job.progress.rank0(rid)
         if report is not None:

@@ -230,6 +230,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.AgentEventResponse()
 
     @_edge
+    async def ReportReach(self, request, context):
+        validation.check_job_field(request.job, allow_empty=True)
+        validation.check_reach_report(request)
+        job = self.runtime.job(request.job)
+        if job.state.reach_report(request.replica_id, request.shard_rank, request.probe_id,
+                                  list(request.reached), list(request.unreached)):
+            self.runtime.wake()  # a replica kept out may catch up now
+        return pb.ReachReportResponse()
+
+    @_edge
     async def Status(self, request, context):
         validation.check_job_field(request.job, allow_empty=True)
         if not self.runtime.leading:

@@ -175,6 +175,7 @@ function render(s) {
       el("td", {colspan: REPLICA_COLUMNS, class: "bad", text: text}));
     const out = [row];
     if (r.hang_reason) out.push(why("hung hung-reason", "data-hang", "TAKEN OUT: " + r.hang_reason));
+    if (r.unreachable) out.push(why("unreachable unreachable-reason", "data-unreachable", "KEPT OUT, WAITING: " + r.unreachable));
     if (r.mismatch_reason) out.push(why("mismatch mismatch-reason", "data-mismatch", "CHECKSUM MISMATCH" +
       (r.mismatch_strikes ? " (" + r.mismatch_strikes + " in a row after catching up)" : "") + ": " + r.mismatch_reason));
     if (r.agent_state === "gave-up" && r.agent_detail) out.push(why("hung gave-up", "data-gave-up",

@@ -101,6 +101,7 @@ def status_dict(status: pb.StatusResponse) -> dict:
                 "mismatch_reason": r.mismatch_reason or None,
                 "mismatch_strikes": r.mismatch_strikes,
                 "agent_detail": r.agent_detail or None,
+                "unreachable": r.unreachable or None,
             }
             for r in status.replicas
         ],
@@ -161,6 +162,8 @@ def verdict_lines(replicas: list[dict]) -> list[str]:
             strikes = r["mismatch_strikes"]
             count = f" ({strikes} in a row after catching up)" if strikes else ""
             lines.append(f"{r['id']} checksum mismatch{count}: {r['mismatch_reason']}")
+        if r.get("unreachable"):
+            lines.append(f"{r['id']} kept out, waiting: {r['unreachable']}")
         if r["agent_state"] == "gave-up" and r["agent_detail"]:
             lines.append(f"{r['id']} GAVE UP (its agent does not restart it): {r['agent_detail']}")
     return [""] + lines if lines else []

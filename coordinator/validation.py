@@ -121,6 +121,20 @@ def check_agent_event(req) -> None:
     _short("detail", req.detail, MAX_REASON)
 
 
+MAX_PROBE_NAMES = 100_000
+
+
+def check_reach_report(req) -> None:
+    check_replica_id(req.replica_id)
+    _non_negative("shard_rank", req.shard_rank)
+    if req.probe_id <= 0:
+        raise InvalidRequest(f"probe_id must be the id of a probe the coordinator asked for, got {req.probe_id}")
+    if len(req.reached) + len(req.unreached) > MAX_PROBE_NAMES:
+        raise InvalidRequest(f"a probe report names at most {MAX_PROBE_NAMES} replicas")
+    for rid in (*req.reached, *req.unreached):
+        check_replica_id(rid)
+
+
 def check_reopen(req) -> None:
     if req.step <= 0:
         raise InvalidRequest(f"step must be the step the job finished at (StatusResponse.finished.step), got {req.step}")

@@ -107,6 +107,10 @@ def own_event(state: "JobState", replica_id: str, leader: str) -> pb.WatchEvent:
         event.drain_requested = entry.drain_requested
         if entry.divergence is not None:
             event.divergence.CopyFrom(entry.divergence)
+        probe = state.reach.probe_for(replica_id, rank is not None)
+        if probe is not None:
+            event.probe.CopyFrom(probe)
+        event.unreachable = entry.unreachable
         if entry.notice:
             event.hang.CopyFrom(pb.HangNotice(reason=entry.notice, restart_count=entry.restart_count, step=entry.step))
         source = state.catch_up.get(replica_id)

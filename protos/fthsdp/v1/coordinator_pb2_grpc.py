@@ -95,6 +95,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobResponse.FromString,
                 _registered_method=True)
+        self.ReportReach = channel.unary_unary(
+                '/fthsdp.v1.Coordinator/ReportReach',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -192,6 +197,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportReach(self, request, context):
+        """A rank's answer to a ReachProbe (WatchEvent.probe).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +266,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReopenJob,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobResponse.SerializeToString,
+            ),
+            'ReportReach': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReach,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +598,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/ReopenJob',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReopenJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Coordinator/ReportReach',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportResponse.FromString,
             options,
             channel_credentials,
             insecure,
