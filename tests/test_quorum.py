@@ -437,6 +437,9 @@ RESTART_CASES = [
     Case("a non-member's record is not judged while a member is still missing",
          quorum("a", "b", "c"), table(alive("a"), awaited("b", 6), awaited("c", 6), awaited("j", 6)), None,
          "[4 alive; 0 lost"),
+    Case("no joiner is admitted while a member is not back: its step is not known",
+         quorum("a", "b"), table(alive("a", step=0), awaited("b", 2, step=0), alive("j", 0, registered_at=NOW - 1)),
+         None, "quorum 7 unchanged"),
     Case("members coming back keep their place, the same quorum (fast path)",
          quorum("a", "b"), table(alive("a"), alive("b", registered_at=NOW - 0.2)), None, "quorum 7 unchanged"),
 ]
