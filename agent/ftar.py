@@ -128,10 +128,12 @@ class FTAR:
         job: str,
         shard_rank: int = 0,
         timeout: float = 60.0,
+        host: str = "",
+        interface: str = "",
     ) -> None:
         self.tracker = tracker
         self.timeout = timeout
-        self.groups = QuorumGroups(tracker, job, shard_rank, timeout)
+        self.groups = QuorumGroups(tracker, job, shard_rank, timeout, host, interface)
         self._phase_contributors: int | None = None
         """How many members contribute to the step the last agree settled (None: all)."""
         self._first_contributor = 0

@@ -16,6 +16,9 @@ import sys
 
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
+STUCK_PROBE_WAIT = 5.0
+"""The coordinator's wait for probe answers (coordinator/stuck.py PROBE_WAIT)."""
+
 log = logging.getLogger("fthsdp.agent.manager")
 
 WAIT_MARGIN_INTERVALS = 3
@@ -38,7 +41,10 @@ class HangNotices:
     def __call__(self, event: pb.WatchEvent) -> None:
         if event.hang_limit_s:
             margin = WAIT_MARGIN_INTERVALS * (event.heartbeat_interval_s or 1.0) + 1.0
-            self._horizon = event.hang_limit_s + margin
+            # A collective stuck with every member inside is regrouped after
+            # one limit and probed after another (coordinator/stuck.py): its
+            # members wait out both before any gives up.
+            self._horizon = 2 * event.hang_limit_s + STUCK_PROBE_WAIT + margin
         if event.HasField("hang") and event.hang.restart_count == self.restart_count and not self.dumped:
             self.dumped = True
             log.error("replica %s rank %d: %s; its stacks follow", self.replica_id, self.shard_rank, event.hang.reason)

@@ -129,7 +129,8 @@ class Manager:
         self.membership: Membership | None = None
         """The replica's registration with the coordinator (from ``start()``)."""
         self._quorums = QuorumRecord(config.replica_id)
-        self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout)
+        self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
+                         host=config.host, interface=config.gloo_interface)
         self._proposal = 0
         """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
         self._inputs: cpb.LogEntry | None = None
@@ -263,7 +264,7 @@ class Manager:
         self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate, tls=tls).start()
         self.membership.catch_up_addresses = self.group.all_gather_strings(self._server.address)
         self._step_hook = self.optimizer.register_step_pre_hook(self._guard_step)
-        atexit.register(self.ftar.groups.release)  # a script that ends by an exception exits promptly too
+        atexit.register(lambda: self.ftar.groups.release(self._store))  # a script that ends by an exception exits promptly too
         if self.leader:
             self.membership.start()
         else:
@@ -358,7 +359,7 @@ class Manager:
                 self.membership.close()
         if self._server is not None:
             self._server.close()
-        self.ftar.groups.release()  # so that the script exits normally, even past a hung peer
+        self.ftar.groups.release(self._store)  # so that the script exits normally, even past a hung peer
         outcome.write(self.config.outcome_file, ending.value, detail)
 
     def _guard_step(self, optimizer, args, kwargs) -> None:

@@ -31,7 +31,12 @@ class ManagerConfig:
     """The nominal number of replicas, for data sharding."""
 
     host: str = "127.0.0.1"
-    """Address other replicas use to reach this one."""
+    """Address other replicas use to reach this one (FTHSDP_ADVERTISE_HOST):
+    its rendezvous store, catch-up server and cross-replica gloo pairs bind it."""
+
+    gloo_interface: str = ""
+    """GLOO_SOCKET_IFNAME, when set: the interface the cross-replica gloo
+    pairs use instead of ``host``'s (torch's own setting, honoured)."""
 
     timeout: float = 60.0
     """Longest wait for a collective or a quorum before giving up
@@ -116,6 +121,7 @@ class ManagerConfig:
                 replica_rank=int(get("REPLICA_RANK", "0")),
                 num_replicas=int(get("NUM_REPLICAS", "1")),
                 host=get("ADVERTISE_HOST", "127.0.0.1"),
+                gloo_interface=env.get("GLOO_SOCKET_IFNAME", ""),
                 timeout=float(get("FTAR_TIMEOUT", "60")),
                 checksum_every=int(get("CHECKSUM_EVERY", "10")),
                 shard_rank=int(env.get("RANK", "0") or 0),

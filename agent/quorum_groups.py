@@ -141,11 +141,16 @@ quorum, which ends the rare case of a member that never saw the old quorum
 class QuorumGroups:
     """The group of the quorum this replica trains in, and the waits on it."""
 
-    def __init__(self, tracker: QuorumTracker, job: str, shard_rank: int = 0, timeout: float = 60.0) -> None:
+    def __init__(self, tracker: QuorumTracker, job: str, shard_rank: int = 0, timeout: float = 60.0,
+                 host: str = "", interface: str = "") -> None:
         self.tracker = tracker
         self.job = job
         self.shard_rank = shard_rank
         self.timeout = timeout
+        self._host, self._interface = host, interface
+        """Where this rank's gloo pairs listen: the advertised host (the data
+        path), or GLOO_SOCKET_IFNAME's interface when set ("" and "": gloo's
+        default, the address the host name resolves to)."""
         self._group: _Group | None = None
         self._in_step_with = 0
         """The group whose members are known to be at the same step."""
@@ -258,7 +263,7 @@ class QuorumGroups:
             self._group = None
         self._in_step_with = 0
 
-    def release(self) -> None:
+    def release(self, *keep: object) -> None:
         """Leave every group to the process's exit (``Manager.close``).
 
         A group whose collective was abandoned with a hung peer cannot be
@@ -267,12 +272,16 @@ class QuorumGroups:
         interpreter's exit for up to the group timeout (``abort()`` does not
         help: ../shared/MEASUREMENTS.md). Each group is given one reference
         that is never dropped, so Python never destroys it, and the OS
-        reclaims its sockets and threads when the process ends."""
+        reclaims its sockets and threads when the process ends.
+
+        ``keep``: more objects to keep so, such as the rendezvous store this
+        process hosts. A build abandoned for a newer quorum may still wait on
+        it: destroyed at the interpreter's exit, it would fail that wait in a
+        thread Python no longer runs, which aborts the process."""
         groups = [self._group] + [g for _, g in self._abandoned]
         groups += [p.group for p in self._prebuilt.values() if p.ready()]
-        for group in groups:
-            if group is not None:
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(group.pg))
+        for kept in [g.pg for g in groups if g is not None] + [k for k in keep if k is not None]:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
         self._group, self._abandoned, self._prebuilt = None, [], {}
 
     def _build(self, quorum: pb.Quorum) -> _Group:
@@ -283,8 +292,22 @@ class QuorumGroups:
         timeout = datetime.timedelta(seconds=self.timeout)
         store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
-        pg = dist.ProcessGroupGloo(prefix, rank, quorum.member_count, timeout)
-        return _Group(quorum.id, rank, quorum.member_count, pg)
+        return _Group(quorum.id, rank, quorum.member_count, self._gloo(prefix, rank, quorum.member_count, timeout))
+
+    def _gloo(self, store, rank: int, size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
+        """A gloo group whose pairs use the data path. Gloo's default device
+        is the address the host name resolves to, which on many hosts is a
+        loopback or the management network, not the address peers were told
+        (FTHSDP_ADVERTISE_HOST). The device can only be chosen through the
+        group's options, which torch names ``_Options`` (its own new_group
+        uses them): there is no public spelling."""
+        if not (self._host or self._interface):
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(interface=self._interface) if self._interface
+                            else dist.ProcessGroupGloo.create_device(hostname=self._host)]
+        return dist.ProcessGroupGloo(store, rank, size, options)
 
     # ----- waiting -------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import Counter
 from collections.abc import Mapping
 
 from protos.fthsdp.v1 import coordinator_pb2 as pb
@@ -172,8 +173,14 @@ def find_hung(
         if not longest:
             continue
         lowest_other = _lowest_other_steps(processes)
+        inside = Counter(r.step for _, r in processes if r.phase == pb.PHASE_ALLREDUCE)
         for rid, x in processes:
             if rid in out or x.phase == pb.PHASE_UNSPECIFIED:
+                continue
+            if x.phase == pb.PHASE_ALLREDUCE and inside[x.step] > 1:
+                # Waiting with others in a collective that finished for some
+                # member already (a link failed in its last moments): they wait
+                # for each other, not hang; find_stuck sees it.
                 continue
             alone = lowest_other.get(rid, x.step + 1) > x.step  # every other is past its step, or none
             if x.phase == pb.PHASE_ALLREDUCE and alone and x.age >= stuck_after(limit):
@@ -220,21 +227,24 @@ def find_stuck(
     members: Mapping[str, Mapping[int, Report]], limit: float, quorum_since: float = float("-inf"),
 ) -> Stuck | None:
     """A collective nobody can be blamed for: every member's rank-k process
-    is in the all-reduce of the same step, each having waited there for the
-    limit (counted within the current quorum, as in ``find_hung``). No
-    member is hung, every one waits: what fails is between them (a link
-    down, a connection reset), and coordinator/stuck.py mends or cuts it.
+    is in the all-reduce, each having waited there for the limit (counted
+    within the current quorum, as in ``find_hung``). No member is hung,
+    every one waits: what fails is between them (a link down, a connection
+    reset), and coordinator/stuck.py mends or cuts it. Their steps may
+    differ by one: a link that fails in a collective's last moments leaves
+    it finished for some members and not for others (``step`` is the lower).
     None with fewer than two members, or while any of them moves."""
     if len(members) < 2:
         return None
     ranks = set.intersection(*(set(r) for r in members.values()))
     for rank in sorted(ranks):
         reports = [m[rank] for m in members.values()]
-        if any(r.phase != pb.PHASE_ALLREDUCE for r in reports) or len({r.step for r in reports}) > 1:
+        steps = [r.step for r in reports]
+        if any(r.phase != pb.PHASE_ALLREDUCE for r in reports) or max(steps) - min(steps) > 1:
             continue
         waited = min(r.received - max(r.received - r.age, quorum_since) for r in reports)
         if waited >= limit:
-            return Stuck(reports[0].step, rank, waited)
+            return Stuck(min(steps), rank, waited)
     return None
 
 

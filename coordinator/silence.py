@@ -22,7 +22,8 @@ from coordinator.replica_entry import ReplicaEntry
 def _may_notice(e: ReplicaEntry) -> bool:
     """Silent with its session open, and silence the only reason it is out."""
     return (e.session_id is not None and not e.notice and e.hung_at is None and e.disconnected_at is None
-            and e.failed_at is None and not e.restarted and e.diverged_at is None and not e.drain_requested)
+            and e.failed_at is None and not e.restarted and e.diverged_at is None and not e.drain_requested
+            and not e.unreachable)
 
 
 def dropped_members(replicas: Mapping[str, ReplicaEntry], previous: Iterable[str], kept: set[str],

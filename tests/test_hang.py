@@ -44,6 +44,8 @@ HUNG_CASES = [
      {"a": {0: r(A, 6.0, 8)}, "c": {0: r(U, 6.0, 7)}}, {"c"}),
     ("a member still in the all-reduce of the step before is behind too",
      {"a": {0: r(A, 6.0, 8)}, "c": {0: r(A, 9.0, 7)}}, {"c"}),
+    ("... but not two that wait in it together (it finished for one member only: find_stuck's case)",
+     {"a": {0: r(A, 6.0, 8)}, "b": {0: r(A, 9.0, 7)}, "c": {0: r(A, 9.0, 7)}}, set()),
     ("a member ahead of the waiter is not waited for",
      {"a": {0: r(A, 6.0, 7)}, "c": {0: r(C, 1.0, 8)}}, set()),
     ("the waiter's wait counts up to the member's report, not beyond",
