@@ -14,7 +14,8 @@ that its job finished (``finished_step``: a rank that exits 0 then ends the
 agent as SUCCEEDED, "job finished at step N"), and a checksum mismatch
 (``divergence_for``): one that says ``give_up`` (taken out twice in a row
 after catching up, coordinator/divergence.py) ends the agent as GAVE_UP
-instead of a restart that would repeat it.
+instead of a restart that would repeat it. And the faults an operator
+injected (``faults``: agent/injection.py): a ``kill`` is the agent's to carry out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from agent.injection import AgentFaults
 from coordinator.credentials import TlsFiles
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
@@ -43,6 +45,8 @@ class HangWatch:
         self._divergence: pb.Divergence | None = None
         self.finished_step = 0
         """The step at which the job finished, per the coordinator (0: not finished)."""
+        self.faults = AgentFaults(replica_id)
+        """Injected faults (`fthsdp inject`) the latest event carries."""
         self._placed: bool | None = None
         """Whether the latest event gave the replica a place in the quorum (None: no event yet)."""
         self._cond = threading.Condition()
@@ -69,6 +73,7 @@ class HangWatch:
                         self._divergence = event.divergence if event.HasField("divergence") else None
                         self.finished_step = event.finished.step if event.HasField("finished") else 0
                         self._placed = event.HasField("place")
+                        self.faults.update(event.injections)
                         self._cond.notify_all()
                     failing = False
             except grpc.RpcError as e:

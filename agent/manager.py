@@ -56,6 +56,7 @@ from agent.ftar import FTAR, Evicted, FtarError, QuorumTracker, StepResult
 from agent.last_gap import LastGap, StateNotHeld, require_state_held
 from agent.grad_log import GradientLog
 from agent.hang_notice import HangNotices
+from agent.injection import RankFaults
 from agent.job_finished import JobFinished
 from agent.joiner import CatchUpReport, Drained, Joiner
 from agent.lifecycle import Ending, Lifecycle, ending_for_eviction
@@ -148,6 +149,8 @@ class Manager:
         self.clock = StepClock()
         """Where this process is in its step, for the coordinator's hang verdicts (agent/step_clock.py)."""
         self.hangs = HangNotices(config.replica_id, config.shard_rank, config.restart_count)
+        self.faults = RankFaults(config.replica_id, config.shard_rank, config.restart_count)
+        """Injected hang and slow faults (`fthsdp inject`; agent/injection.py)."""
 
     @property
     def step(self) -> int:
@@ -256,6 +259,7 @@ class Manager:
         self.membership.add_listener(self.tracker.update)
         self.membership.add_listener(self._quorums.record)
         self.membership.add_listener(self.hangs)
+        self.membership.add_listener(self.faults)
         self.membership.add_listener(ReachProbes(cfg.replica_id, cfg.shard_rank, self.membership.report_reach))
         self.membership.progress, self.membership.restart_count = self.clock.progress, cfg.restart_count
         self.ftar.groups.horizon = self.hangs.horizon
@@ -396,6 +400,7 @@ class Manager:
         if self.group is None:
             raise ApiMisuse("allreduce_gradients() before start()")
         step = self.step
+        self.faults.at_step(step)  # an injected hang or slow step, in the step's compute time
         result = self._reduce(contributes=True)
         if result is None:
             return None

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from agent import outcome, standby
 from agent.config import MAX_BACKOFF, AgentConfig
 from agent.hang_watch import HangWatch
+from agent.injection import kill_ranks
 from agent.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
 from coordinator.credentials import read_token_file
 from coordinator.log_format import configure_logging
@@ -418,6 +419,9 @@ class Supervisor:
             if standby_due is not None and time.monotonic() >= standby_due:
                 standby_due = None  # once per start: a standby that dies is not restarted in a loop
                 self._spawn_standby()
+            kill = self._hangs.faults.kill_due(self.restart_count) if self._hangs is not None else None
+            if kill is not None:  # `fthsdp inject kill`: seen below as any crash is (agent/injection.py)
+                kill_ranks(self._ranks, kill, self.config.replica_id)
             hung = self._hangs.notice_for(self.restart_count) if self._hangs is not None else None
             if hung is not None:
                 log.error("the coordinator took replica %s out: %s; ending its ranks", self.config.replica_id, hung)

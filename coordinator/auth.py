@@ -7,6 +7,21 @@ without it with UNAUTHENTICATED before the call reaches the servicer, so a
 rejected call changes nothing. The standard health service stays open, so
 that probes need no secret. The catch-up transport between replicas takes
 the same token (agent/catchup_server.py).
+
+Admin calls (ADMIN_METHODS) may need a second secret, the admin token
+(``--admin-token-file``), carried in its own metadata key, ``fthsdp-admin-token``,
+besides the bearer token that every call carries: the job's token is in
+every agent's and every rank's hands, the admin token only in the operators'.
+The servicer checks it (``check_admin``) before it acts:
+
+* ``Inject`` always needs it; a coordinator without an admin token refuses
+  it (PERMISSION_DENIED), so no deployment gets fault injection by accident;
+* the other admin calls need it once one is configured, and work as before
+  without one (existing deployments keep working).
+
+A call without the admin token gets PERMISSION_DENIED (it may be a
+legitimate job client, not allowed this), one with another token
+UNAUTHENTICATED (a bad credential), as the bearer token's checks answer.
 """
 
 from __future__ import annotations
@@ -16,9 +31,49 @@ from collections.abc import Callable
 
 import grpc
 
+from coordinator.errors import FthsdpError
+
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 """Method prefixes served without a token (probes)."""
+
+ADMIN_METADATA = "fthsdp-admin-token"
+"""The metadata key of the admin token (lower case, as gRPC requires)."""
+ADMIN_METHODS = ("Drain", "Cordon", "GiveUpState", "ReopenJob", "Inject")
+"""Calls that need the admin token when one is configured."""
+ALWAYS_ADMIN = ("Inject",)
+"""Calls refused altogether without a configured admin token."""
+
+
+class PermissionDenied(FthsdpError):
+    """An admin call without the admin token, or one the coordinator has
+    turned off (gRPC PERMISSION_DENIED): nothing is done."""
+
+
+class Unauthenticated(FthsdpError):
+    """An admin call with a wrong admin token (gRPC UNAUTHENTICATED)."""
+
+
+def admin_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """The call metadata that presents the admin ``token`` (none for an empty one)."""
+    return ((ADMIN_METADATA, token),) if token else ()
+
+
+def check_admin(method: str, metadata, expected: str) -> None:
+    """Raise unless the call ``method`` with ``metadata`` (gRPC's
+    invocation metadata: key, value pairs) may act, given the configured
+    admin token ``expected`` ('' for none)."""
+    if method not in ADMIN_METHODS or (not expected and method not in ALWAYS_ADMIN):
+        return
+    if not expected:
+        raise PermissionDenied(f"{method} is off on this coordinator: it runs without an admin token; start it "
+                               "with --admin-token-file (FTHSDP_ADMIN_TOKEN_FILE) to allow it")
+    given = dict(metadata or ()).get(ADMIN_METADATA, "")
+    if not given:
+        raise PermissionDenied(f"{method} is an admin call: present the coordinator's admin token "
+                               "(fthsdp --admin-token-file FILE, or FTHSDP_ADMIN_TOKEN_FILE)")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise Unauthenticated(f"{method}: wrong admin token")
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):

@@ -1,4 +1,4 @@
-"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, reopen-job, demo.
+"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, reopen-job, inject, demo.
 
 This is the only place that reads the environment (FTHSDP_*) and the only
 place that turns errors into exit codes: a user mistake ends with one line on
@@ -70,6 +70,37 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", default=None, metavar="PEM", help="key of --tls-cert [env FTHSDP_TLS_KEY]")
 
 
+def _add_admin_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--admin-token-file", default=None, metavar="FILE",
+                   help="file holding the coordinator's admin token, for a coordinator that has one "
+                   "(--admin-token-file there) [env FTHSDP_ADMIN_TOKEN_FILE]")
+
+
+SLOW_SECONDS, SLOW_STEPS = 1.0, 20
+"""`fthsdp inject slow` without --seconds/--steps: a second more per step, for 20 steps."""
+
+
+def _add_inject_parser(sub) -> None:
+    text = "inject a fault into a running replica, to test the cluster's recovery (needs the admin token)"
+    p = sub.add_parser("inject", help=text, description=(
+        "Inject a fault into a running replica, to test how the job recovers: kill (its node agent SIGKILLs "
+        "its ranks; a crash, restarted as any crash), hang (its training loop blocks at its next step while "
+        "its heartbeats go on; the coordinator takes it out once the others waited past the hang limit, its "
+        "stacks are dumped and its agent restarts it) or slow (each of its next --steps steps takes --seconds "
+        "longer: a straggler). Carried out once, by the replica's current incarnation; recorded in the "
+        "coordinator's log, `fthsdp status` and the status page. Needs the coordinator's admin token."),
+        usage="fthsdp inject [options] --replica ID {kill,hang,slow} [--seconds S] [--steps N]")
+    _add_client_flags(p)
+    _add_admin_flag(p)
+    p.add_argument("--replica", required=True, metavar="ID", help="the replica to inject the fault into")
+    p.add_argument("fault", choices=("kill", "hang", "slow"), help="what to inject")
+    p.add_argument("--seconds", default=None, metavar="S",
+                   help=f"slow: seconds added to each step, e.g. 2 or 500ms (default {SLOW_SECONDS:g})")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help=f"slow: how many steps are slowed (default {SLOW_STEPS})")
+    p.set_defaults(run=_run_inject)
+
+
 def _add_demo_parser(sub) -> None:
     p = sub.add_parser(
         "demo",
@@ -114,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         _add_client_flags(p)
+        _add_admin_flag(p)
         p.add_argument("replica_id", metavar="REPLICA")
         p.set_defaults(run=_run_admin, admin=name)
 
@@ -125,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(p)
     p.add_argument("--step", type=int, required=True, metavar="N",
                    help="the step given up: the one `fthsdp status` says the state was lost at")
+    _add_admin_flag(p)
     p.set_defaults(run=_run_give_up)
 
     text = "reopen a job whose members all finished, so that quorums form again (see fthsdp status)"
@@ -136,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(p)
     p.add_argument("--step", type=int, required=True, metavar="N",
                    help="the step the job finished at, as `fthsdp status` shows it")
+    _add_admin_flag(p)
     p.set_defaults(run=_run_reopen)
 
+    _add_inject_parser(sub)
     _add_demo_parser(sub)
     return parser
 
@@ -197,16 +232,19 @@ async def _serve(config) -> int:
 
 def _client(args: argparse.Namespace, env: Mapping[str, str]):
     from coordinator.client import CoordinatorClient, parse_addresses
+    from coordinator.credentials import TlsFiles, read_token_file
 
     addresses = parse_addresses(args.coordinator or env.get("FTHSDP_COORDINATOR") or "127.0.0.1:29510")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
-    from coordinator.credentials import TlsFiles, read_token_file
-
     token = read_token_file(args.token_file or env.get("FTHSDP_TOKEN_FILE", ""))
     tls = TlsFiles(*(getattr(args, f"tls_{n}") or env.get(f"FTHSDP_TLS_{n.upper()}", "") for n in ("ca", "cert", "key")))
     tls.check()
-    return CoordinatorClient(addresses, timeout=args.timeout, token=token, tls=tls)
+    client = CoordinatorClient(addresses, timeout=args.timeout, token=token, tls=tls)
+    if hasattr(args, "admin_token_file"):  # an admin command
+        path = args.admin_token_file or env.get("FTHSDP_ADMIN_TOKEN_FILE", "")
+        client.use_admin_token(read_token_file(path, "--admin-token-file"))
+    return client
 
 
 def _job_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
@@ -269,6 +307,45 @@ def _run_give_up(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         give_up = client.give_up_state(job, args.step, requested_by=who)
     print(f"{f'job {job}: ' if job else ''}state at step {give_up.step} given up; "
           "the coordinator forms a quorum of the replicas there are")
+    return 0
+
+
+def inject_request(args: argparse.Namespace) -> dict:
+    """The InjectRequest fields of `fthsdp inject` (ConfigError for a usage mistake)."""
+    from coordinator.injection import KIND_OF
+    from coordinator.settings import parse_duration
+    from coordinator.validation import MAX_SLOW_SECONDS, MAX_SLOW_STEPS
+
+    if args.fault != "slow":
+        if args.seconds is not None or args.steps is not None:
+            raise ConfigError(f"--seconds and --steps are for a slow fault only, not {args.fault}")
+        return {"kind": KIND_OF[args.fault]}
+    seconds = SLOW_SECONDS if args.seconds is None else parse_duration(args.seconds, "--seconds")
+    steps = SLOW_STEPS if args.steps is None else args.steps
+    if not 0 < seconds <= MAX_SLOW_SECONDS:
+        raise ConfigError(f"--seconds must be above 0 and at most {MAX_SLOW_SECONDS:g}, got {seconds:g}")
+    if not 0 < steps <= MAX_SLOW_STEPS:
+        raise ConfigError(f"--steps must be between 1 and {MAX_SLOW_STEPS}, got {steps}")
+    return {"kind": KIND_OF["slow"], "seconds": seconds, "steps": steps}
+
+
+INJECT_OUTCOMES = {
+    "kill": "its node agent SIGKILLs its ranks and restarts them, as after any crash",
+    "hang": "its ranks block at their next step, heartbeats alive; the coordinator takes it out once the "
+            "others waited past the hang limit, and its agent restarts it",
+    "slow": "its next steps take longer before the all-reduce (a straggler; the others wait for it)",
+}
+
+
+def _run_inject(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from coordinator.injection import describe
+
+    job = _job_name(args, env)
+    fields = inject_request(args)
+    with _client(args, env) as client:
+        done = client.inject(job, args.replica, requested_by=_operator(), **fields)
+    print(f"{f'job {job}: ' if job else ''}replica {done.replica_id}: fault injected: {describe(done)} "
+          f"(id {done.id}, incarnation {done.restart_count}, at step {done.step}); {INJECT_OUTCOMES[args.fault]}")
     return 0
 
 

@@ -170,6 +170,22 @@ class CoordinatorClient:
         request = pb.ReopenJobRequest(job=job, step=step, requested_by=requested_by)
         return self.call("ReopenJob", request).finished
 
+    def use_admin_token(self, token: str) -> None:
+        """Present the coordinator's admin token on every further call
+        (coordinator/auth.py); '' presents none."""
+        from coordinator.auth import ADMIN_METADATA, admin_metadata
+
+        self._metadata = (*(m for m in self._metadata if m[0] != ADMIN_METADATA), *admin_metadata(token))
+
+    def inject(self, job: str, replica_id: str, kind: int, seconds: float = 0.0, steps: int = 0,
+               requested_by: str = "") -> pb.FaultInjection:
+        """Inject a fault into a running replica (needs the admin token:
+        ``use_admin_token``); raises RequestRejected (PERMISSION_DENIED,
+        UNAUTHENTICATED, NOT_FOUND, FAILED_PRECONDITION) when refused."""
+        request = pb.InjectRequest(job=job, replica_id=replica_id, kind=kind, seconds=seconds, steps=steps,
+                                   requested_by=requested_by)
+        return self.call("Inject", request).injection
+
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()

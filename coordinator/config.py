@@ -85,6 +85,9 @@ class CoordinatorConfig:
     token_file: str = ""
     """File holding the bearer token every client must present (gRPC metadata ``authorization: Bearer TOKEN``); calls without it get UNAUTHENTICATED and change nothing. The health service stays open for probes. Empty: no token."""
 
+    admin_token_file: str = ""
+    """File holding the admin token: admin calls (drain, cordon, give-up-state, reopen-job, inject; the status page's drain) must then present it (gRPC metadata ``fthsdp-admin-token``; over HTTP as the bearer token) besides the --token-file token. Fault injection (`fthsdp inject`) is refused without one. Empty: admin calls need only the --token-file token, and fault injection is off."""
+
     tls_cert: str = ""
     """PEM certificate chain of this coordinator: serve gRPC over TLS only (with --tls-key). Empty: plain text."""
 
@@ -95,7 +98,7 @@ class CoordinatorConfig:
     """PEM CA bundle: require every client to present a certificate signed by it (mutual TLS). Needs --tls-cert."""
 
     metrics_port: int = -1
-    """Serve HTTP on the --bind host: the status page at http://HOST:PORT/, its JSON at /api/status and Prometheus metrics at /metrics, all read-only and open; the one admin action (POST /api/replicas/ID/drain) needs the --token-file token and is off without one. 0 picks a free port, which the start-up line prints; -1: off."""
+    """Serve HTTP on the --bind host: the status page at http://HOST:PORT/, its JSON at /api/status and Prometheus metrics at /metrics, all read-only and open; the one admin action (POST /api/replicas/ID/drain) needs the --admin-token-file token if there is one, else the --token-file token, and is off without either. 0 picks a free port, which the start-up line prints; -1: off."""
 
     max_request_bytes: int = 65536
     """Larger requests are refused with INVALID_ARGUMENT."""
@@ -151,7 +154,10 @@ class CoordinatorConfig:
             raise ConfigError(f"--heartbeat-budget must not be negative (0: no limit), got {self.heartbeat_budget:g}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
-        read_token_file(self.token_file)  # readable and well-formed now, not at the first call
+        token = read_token_file(self.token_file)  # readable and well-formed now, not at the first call
+        if self.admin_token_file and read_token_file(self.admin_token_file, "--admin-token-file") == token:
+            raise ConfigError("--admin-token-file holds the same token as --token-file: every agent and rank has "
+                              "that one; give operators a token of their own")
         self.tls.check()
         if self.tls_ca and not self.tls_cert:
             raise ConfigError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key: the server side of TLS")

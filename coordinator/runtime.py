@@ -19,6 +19,7 @@ from coordinator.codec import decode, quorum_from_pb, quorum_to_pb
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import LostOwnership, NotLeader, StoreError, StoreUnavailable, UnknownJob
 from coordinator.gauges import job_gauges
+from coordinator.injection import InjectionBook
 from coordinator.keys import JobKeys
 from coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
 from coordinator.metrics import TAKEN_OUT_REASONS, Metrics
@@ -54,6 +55,8 @@ class CoordinatorRuntime:
         self.clock = clock
         self.wall = wall
         self.jobs = {name: ServedJob(name, config) for name in config.job}
+        self.injections = {name: InjectionBook() for name in config.job}
+        """Faults operators injected, by job (coordinator/injection.py)."""
         self.metrics = Metrics()
         self.metrics.gauges = lambda: job_gauges(self.jobs.values(), self.lag, self.clock())
         for name in self.jobs:  # every series exists from the start, at 0
@@ -230,6 +233,7 @@ class CoordinatorRuntime:
                 kind = events.kind_for(sees, sent_quorum)
                 own = job.state.watch_event(req.replica_id, self.leader)
                 own.heartbeat_interval_s = job.pacer.current.interval
+                self.injections[job.state.name].add_to(own, job.state, req.replica_id)
                 event = events.event(kind, own.SerializeToString())
                 if event is not last and event != last:
                     yield event
@@ -307,7 +311,15 @@ class CoordinatorRuntime:
             response.last_give_up.CopyFrom(job.committed.last_give_up)
         if job.state.finished is not None:
             response.finished.CopyFrom(job.state.finished)
+        response.injections.extend(self.injections[job.state.name].recent)
         return response
+
+    def inject(self, req: pb.InjectRequest, peer: str) -> pb.InjectResponse:
+        """Record a fault injection and push it to the replica's watchers (coordinator/injection.py)."""
+        job = self.job(req.job)
+        injection = self.injections[job.state.name].inject(job.state, req, peer, int(self.wall() * 1000))
+        job.notify()
+        return pb.InjectResponse(injection=injection)
 
     async def reopen_job(self, req: pb.ReopenJobRequest, peer: str) -> pb.ReopenJobResponse:
         """Reopen a job finished at exactly ``req.step`` (coordinator/committed.py)."""

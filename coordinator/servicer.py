@@ -14,6 +14,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from coordinator import session_stream, validation
+from coordinator.auth import PermissionDenied, Unauthenticated, check_admin
+from coordinator.credentials import read_token_file
 from coordinator.errors import (
     FthsdpError,
     InvalidRequest,
@@ -25,6 +27,7 @@ from coordinator.errors import (
     StateNotLost,
     StoreUnavailable,
 )
+from coordinator.injection import NotInjectable
 from coordinator.runtime import CoordinatorRuntime
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
@@ -37,6 +40,9 @@ STATUS_OF = (
     (StaleSession, grpc.StatusCode.FAILED_PRECONDITION),
     (StateNotLost, grpc.StatusCode.FAILED_PRECONDITION),
     (JobNotFinished, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotInjectable, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (LostOwnership, grpc.StatusCode.ABORTED),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),  # clients move on to the next coordinator
@@ -130,6 +136,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(self, runtime: CoordinatorRuntime, max_request_bytes: int) -> None:
         self.runtime = runtime
         self.max_request_bytes = max_request_bytes
+        self.admin_token = read_token_file(runtime.config.admin_token_file, "--admin-token-file")
+        """Admin calls must present it, when set (coordinator/auth.py)."""
+
+    def _admin(self, method: str, context) -> None:
+        check_admin(method, context.invocation_metadata(), self.admin_token)
 
     @_edge
     async def Register(self, request, context):
@@ -248,6 +259,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_edge
     async def Drain(self, request, context):
+        self._admin("Drain", context)
         validation.check_job_field(request.job, allow_empty=True)
         validation.check_replica_id(request.replica_id)
         await self.runtime.set_flags(request.job, request.replica_id, drain=True)
@@ -255,6 +267,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_edge
     async def Cordon(self, request, context):
+        self._admin("Cordon", context)
         validation.check_job_field(request.job, allow_empty=True)
         validation.check_replica_id(request.replica_id)
         await self.runtime.set_flags(request.job, request.replica_id, cordoned=request.cordoned)
@@ -262,12 +275,21 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_edge
     async def GiveUpState(self, request, context):
+        self._admin("GiveUpState", context)
         validation.check_job_field(request.job, allow_empty=True)
         validation.check_give_up(request)
         return await self.runtime.give_up_state(request, context.peer() or "")
 
     @_edge
     async def ReopenJob(self, request, context):
+        self._admin("ReopenJob", context)
         validation.check_job_field(request.job, allow_empty=True)
         validation.check_reopen(request)
         return await self.runtime.reopen_job(request, context.peer() or "")
+
+    @_edge
+    async def Inject(self, request, context):
+        self._admin("Inject", context)  # first: a refused call learns nothing of the job
+        validation.check_job_field(request.job, allow_empty=True)
+        validation.check_inject(request)
+        return self.runtime.inject(request, context.peer() or "")

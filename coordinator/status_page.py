@@ -47,6 +47,9 @@ PAGE = r"""<!doctype html>
   .admin { padding: 8px 12px; display: flex; gap: 8px; align-items: center; flex-wrap: wrap; }
   button { font: inherit; padding: 2px 10px; cursor: pointer; }
   code { font-size: 12px; }
+  .events { list-style: none; margin: 0; padding: 6px 12px; }
+  .events li { padding: 2px 0; border-bottom: 1px solid #eaeef2; }
+  .events li.fault_injected { color: var(--warn); font-weight: 600; }
 </style>
 </head>
 <body>
@@ -64,6 +67,7 @@ PAGE = r"""<!doctype html>
     <table><thead><tr><th>quorum</th><th>time</th><th>size</th><th>joined</th><th>left</th><th>reason</th></tr></thead>
     <tbody id="history"></tbody></table>
   </section>
+  <section><h2>Recent events</h2><ul class="events" id="events"></ul></section>
   <section><h2>Admin</h2>
     <div class="admin" id="admin"><span id="admin-why" class="muted"></span>
       <label id="token-box" hidden>token <input id="token" type="password" size="28" autocomplete="off"></label>
@@ -189,6 +193,11 @@ function render(s) {
     el("td", {text: "#" + h.id}), el("td", {text: clock(h.time)}), el("td", {class: "num", text: h.size}),
     el("td", {text: h.joined.join(", ") || "-"}), el("td", {text: h.left.join(", ") || "-"}),
     el("td", {text: h.reason}))));
+
+  // Quorum changes and injected faults (fthsdp inject), newest first.
+  const events = (s.events || []).map(e => el("li", {class: e.kind, "data-event": e.kind, "data-event-replica": e.replica || ""},
+    el("span", {class: "muted", text: clock(e.time) + "  "}), e.text));
+  replace("events", ...(events.length ? events : [el("li", {class: "muted", text: "none yet"})]));
 
   document.getElementById("admin-why").textContent = s.admin.why;
   document.getElementById("token-box").hidden = !s.admin.enabled;

@@ -62,6 +62,30 @@ def _give_up_dict(status: pb.StatusResponse) -> dict | None:
             "coordinator": g.coordinator, "quorum_id": g.quorum_id}
 
 
+FAULT_NAMES = {pb.FAULT_KIND_KILL: "kill", pb.FAULT_KIND_HANG: "hang", pb.FAULT_KIND_SLOW: "slow"}
+
+
+def injection_dict(i: pb.FaultInjection) -> dict:
+    """One injected fault as status JSON shows it."""
+    slow = i.kind == pb.FAULT_KIND_SLOW
+    return {"id": i.id, "replica": i.replica_id, "fault": FAULT_NAMES.get(i.kind, "unknown"),
+            "seconds": i.seconds if slow else None, "steps": i.steps if slow else None,
+            "restart_count": i.restart_count, "step": i.step, "time": i.unix_ms / 1000,
+            "requested_by": i.requested_by, "peer": i.peer}
+
+
+def fault_text(fault: str, seconds: float | None = None, steps: int | None = None) -> str:
+    """'kill', 'hang' or 'slow (+2s per step for 10 steps)'."""
+    return fault + (f" (+{seconds:g}s per step for {steps} steps)" if fault == "slow" else "")
+
+
+def injection_line(i: dict) -> str:
+    """``replica r1: fault injected: hang (asked by alice@host) at step 12``, as the coordinator logs it."""
+    who = i["requested_by"] or "an unnamed operator"
+    return (f"replica {i['replica']}: fault injected: {fault_text(i['fault'], i['seconds'], i['steps'])} "
+            f"(asked by {who}) at step {i['step']}")
+
+
 def status_dict(status: pb.StatusResponse) -> dict:
     """The documented JSON shape; extra keys may be added, none removed."""
     has_quorum = status.HasField("quorum")
@@ -81,6 +105,7 @@ def status_dict(status: pb.StatusResponse) -> dict:
             "reason": status.quorum.reason if has_quorum else "",
         },
         "reason": status.reason,
+        "injections": [injection_dict(i) for i in status.injections],
         "replicas": [
             {
                 "id": r.replica_id,
@@ -149,7 +174,20 @@ def status_table(status: pb.StatusResponse) -> str:
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     lines += verdict_lines(d["replicas"])
+    lines += injection_lines(d["injections"])
     return "\n".join(lines)
+
+
+INJECTIONS_SHOWN = 5
+"""The newest injected faults listed below the table (JSON has every one kept)."""
+
+
+def injection_lines(injections: list[dict]) -> list[str]:
+    if not injections:
+        return []
+    shown = injections[-INJECTIONS_SHOWN:]
+    more = f" (newest {len(shown)} of {len(injections)})" if len(injections) > len(shown) else ""
+    return ["", f"injected faults{more}:", *(f"  {injection_line(i)}" for i in shown)]
 
 
 def verdict_lines(replicas: list[dict]) -> list[str]:

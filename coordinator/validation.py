@@ -147,3 +147,24 @@ def check_give_up(req) -> None:
     _short("requested_by", req.requested_by)
     if req.resume_step:
         raise InvalidRequest("resume_step (resuming from a checkpoint) is not implemented yet; leave it 0 to start over")
+
+
+MAX_SLOW_SECONDS = 3600.0
+MAX_SLOW_STEPS = 1_000_000
+
+
+def check_inject(req) -> None:
+    check_replica_id(req.replica_id)
+    if req.kind not in (pb.FAULT_KIND_KILL, pb.FAULT_KIND_HANG, pb.FAULT_KIND_SLOW):
+        raise InvalidRequest(f"kind: {req.kind} is not a fault kind (kill, hang or slow)")
+    _short("requested_by", req.requested_by)
+    if req.kind != pb.FAULT_KIND_SLOW:
+        if req.seconds or req.steps:
+            raise InvalidRequest("seconds and steps are for a slow fault only; leave them 0")
+        return
+    # `not 0 < x <= limit` also refuses NaN.
+    if not 0 < req.seconds <= MAX_SLOW_SECONDS:
+        raise InvalidRequest(f"seconds (added to each step) must be above 0 and at most {MAX_SLOW_SECONDS:g}, "
+                             f"got {req.seconds:g}")
+    if not 0 < req.steps <= MAX_SLOW_STEPS:
+        raise InvalidRequest(f"steps (how many steps are slowed) must be between 1 and {MAX_SLOW_STEPS}, got {req.steps}")

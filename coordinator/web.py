@@ -7,7 +7,8 @@
 
 Reading is open, like the gRPC health service: a status page must work for
 whoever can reach the port. Changing anything needs ``Authorization: Bearer
-TOKEN`` with the token of ``--token-file``; without a configured token the
+TOKEN`` with the token of ``--admin-token-file`` if the coordinator has one,
+else the one of ``--token-file`` (coordinator/auth.py); without either the
 admin actions are off altogether, because an open POST on a port that a
 browser can reach could be triggered by any web page the operator visits (a
 bearer header cannot be forged cross-site, a form post can).
@@ -22,18 +23,21 @@ import time
 from collections.abc import Iterable
 
 from coordinator.config import CoordinatorConfig
+from coordinator.credentials import read_token_file
 from coordinator.errors import FthsdpError, InvalidRequest, NotFound, NotLeader, StoreError
 from coordinator.http_server import Request, Response
 from coordinator.progress_view import progress_view
 from coordinator.names import split_host_port
 from coordinator.runtime import CoordinatorRuntime
 from coordinator.status_page import PAGE
-from coordinator.status_view import status_dict
+from coordinator.status_view import injection_line, status_dict
 from protos.fthsdp.v1 import coordinator_pb2 as pb
 
 DRAIN_PATH = re.compile(r"^/api/replicas/([^/]+)/drain$")
 HISTORY_SHOWN = 50
 """Newest quorum changes in /api/status (the runtime keeps more)."""
+EVENTS_SHOWN = 30
+"""Newest events (quorum changes and injected faults) in /api/status's ``events``."""
 JSON = "application/json"
 
 
@@ -105,6 +109,22 @@ def _change(entry: dict, previous: dict | None) -> dict:
     }
 
 
+def recent_events(history: list[dict], injections: list[dict], limit: int = EVENTS_SHOWN) -> list[dict]:
+    """The page's "recent events": quorum changes (``history_view``'s) and
+    injected faults (``status_dict``'s), newest first, each with a sentence."""
+    events = [{"time": h["time"], "kind": "quorum_change", "quorum_id": h["id"], "replica": None,
+               "text": f"quorum #{h['id']}, {h['size']} members" + _moves(h) + f": {h['reason']}"} for h in history]
+    events += [{"time": i["time"], "kind": "fault_injected", "quorum_id": None, "replica": i["replica"],
+                "text": injection_line(i)} for i in injections]
+    events.sort(key=lambda e: e["time"], reverse=True)  # stable: equal times keep quorum changes first
+    return events[:limit]
+
+
+def _moves(h: dict) -> str:
+    moved = [f"{sign}{', '.join(ids)}" for sign, ids in (("+", h["joined"]), ("-", h["left"])) if ids]
+    return f" ({'; '.join(moved)})" if moved else ""
+
+
 def _trouble_first(replicas: list[dict], limit: int | None) -> list[dict]:
     """Replicas that need attention first, then by id; at most ``limit``."""
     ordered = sorted(replicas, key=lambda r: (r["state"] == "healthy", r["id"]))
@@ -115,7 +135,9 @@ class WebApp:
     def __init__(self, runtime: CoordinatorRuntime, config: CoordinatorConfig, token: str) -> None:
         self.runtime = runtime
         self.config = config
-        self._expected = f"Bearer {token}".encode() if token else b""
+        # An admin token, where there is one, is the only one that may act (coordinator/auth.py).
+        self._admin_token = read_token_file(config.admin_token_file, "--admin-token-file")
+        self._expected = f"Bearer {self._admin_token or token}".encode() if self._admin_token or token else b""
         self._history_views: dict[str, dict] = {}
 
     async def handle(self, request: Request) -> Response:
@@ -171,6 +193,7 @@ class WebApp:
                                  cache=self._history_views.setdefault(status.job, {})),
             admin=self._admin_state(),
         )
+        view["events"] = recent_events(view["history"], view["injections"])
         return view
 
     async def _follower_view(self, name: str) -> dict:
@@ -178,7 +201,7 @@ class WebApp:
         view = progress_view(status, status_dict(status))
         view.update(
             jobs=list(status.jobs), leading=False, follower=True, leader_page=self._leader_page(status.leader),
-            now=time.time(), counts={}, total_replicas=0, checksums=checksum_summary([]), history=[],
+            now=time.time(), counts={}, total_replicas=0, checksums=checksum_summary([]), history=[], events=[],
             admin=self._admin_state(),
         )
         return view
@@ -197,9 +220,12 @@ class WebApp:
         return f"http://{host}:{self.config.metrics_port}/"
 
     def _admin_state(self) -> dict:
+        if self._admin_token:
+            return {"enabled": True, "why": "needs the coordinator's admin token (--admin-token-file)"}
         if self._expected:
             return {"enabled": True, "why": "needs the coordinator's bearer token (--token-file)"}
-        return {"enabled": False, "why": "admin actions are off: the coordinator runs without --token-file"}
+        return {"enabled": False,
+                "why": "admin actions are off: the coordinator runs without --token-file or --admin-token-file"}
 
     # ----- admin ---------------------------------------------------------------------
 
@@ -218,7 +244,8 @@ class WebApp:
     def _refuse(self, request: Request) -> Response | None:
         """The answer to an admin request that may not act, or None if it may."""
         if not self._expected:
-            return _error(403, "admin actions are disabled: start the coordinator with --token-file to enable them")
+            return _error(403, "admin actions are disabled: start the coordinator with --token-file or "
+                          "--admin-token-file to enable them")
         given = request.headers.get("authorization", "")
         if not given:
             return _error(401, "missing bearer token (Authorization: Bearer TOKEN)", (("WWW-Authenticate", "Bearer"),))

@@ -25,6 +25,13 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHASE_SECTION: _ClassVar[Phase]
     PHASE_STARTING: _ClassVar[Phase]
 
+class FaultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAULT_KIND_UNSPECIFIED: _ClassVar[FaultKind]
+    FAULT_KIND_KILL: _ClassVar[FaultKind]
+    FAULT_KIND_HANG: _ClassVar[FaultKind]
+    FAULT_KIND_SLOW: _ClassVar[FaultKind]
+
 class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     AGENT_STATE_UNSPECIFIED: _ClassVar[AgentState]
@@ -47,6 +54,10 @@ PHASE_ALLREDUCE: Phase
 PHASE_UPDATE: Phase
 PHASE_SECTION: Phase
 PHASE_STARTING: Phase
+FAULT_KIND_UNSPECIFIED: FaultKind
+FAULT_KIND_KILL: FaultKind
+FAULT_KIND_HANG: FaultKind
+FAULT_KIND_SLOW: FaultKind
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_STATE_STARTING: AgentState
 AGENT_STATE_RUNNING: AgentState
@@ -253,7 +264,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence", "probe", "unreachable")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence", "probe", "unreachable", "injections")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +280,7 @@ class WatchEvent(_message.Message):
     DIVERGENCE_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    INJECTIONS_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -284,7 +296,54 @@ class WatchEvent(_message.Message):
     divergence: Divergence
     probe: ReachProbe
     unreachable: str
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ..., probe: _Optional[_Union[ReachProbe, _Mapping]] = ..., unreachable: _Optional[str] = ...) -> None: ...
+    injections: _containers.RepeatedCompositeFieldContainer[FaultInjection]
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ..., probe: _Optional[_Union[ReachProbe, _Mapping]] = ..., unreachable: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ...) -> None: ...
+
+class FaultInjection(_message.Message):
+    __slots__ = ("id", "replica_id", "kind", "seconds", "steps", "restart_count", "requested_by", "peer", "unix_ms", "step")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    replica_id: str
+    kind: FaultKind
+    seconds: float
+    steps: int
+    restart_count: int
+    requested_by: str
+    peer: str
+    unix_ms: int
+    step: int
+    def __init__(self, id: _Optional[int] = ..., replica_id: _Optional[str] = ..., kind: _Optional[_Union[FaultKind, str]] = ..., seconds: _Optional[float] = ..., steps: _Optional[int] = ..., restart_count: _Optional[int] = ..., requested_by: _Optional[str] = ..., peer: _Optional[str] = ..., unix_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class InjectRequest(_message.Message):
+    __slots__ = ("job", "replica_id", "kind", "seconds", "steps", "requested_by")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    kind: FaultKind
+    seconds: float
+    steps: int
+    requested_by: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., kind: _Optional[_Union[FaultKind, str]] = ..., seconds: _Optional[float] = ..., steps: _Optional[int] = ..., requested_by: _Optional[str] = ...) -> None: ...
+
+class InjectResponse(_message.Message):
+    __slots__ = ("injection",)
+    INJECTION_FIELD_NUMBER: _ClassVar[int]
+    injection: FaultInjection
+    def __init__(self, injection: _Optional[_Union[FaultInjection, _Mapping]] = ...) -> None: ...
 
 class ReachProbe(_message.Message):
     __slots__ = ("id", "targets")
@@ -459,7 +518,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., straggler_score: _Optional[float] = ..., hang_reason: _Optional[str] = ..., mismatch_reason: _Optional[str] = ..., mismatch_strikes: _Optional[int] = ..., unreachable: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished", "injections")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -475,6 +534,7 @@ class StatusResponse(_message.Message):
     HANG_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    INJECTIONS_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -490,7 +550,8 @@ class StatusResponse(_message.Message):
     hang_limit_s: float
     median_step_time_s: float
     finished: JobFinished
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ...) -> None: ...
+    injections: _containers.RepeatedCompositeFieldContainer[FaultInjection]
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")

@@ -100,6 +100,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportRequest.SerializeToString,
                 response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportResponse.FromString,
                 _registered_method=True)
+        self.Inject = channel.unary_unary(
+                '/fthsdp.v1.Coordinator/Inject',
+                request_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.InjectRequest.SerializeToString,
+                response_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.InjectResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -204,6 +209,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inject(self, request, context):
+        """Admin: inject a fault into a replica (see InjectRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -271,6 +283,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportReach,
                     request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportRequest.FromString,
                     response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportResponse.SerializeToString,
+            ),
+            'Inject': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inject,
+                    request_deserializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.InjectRequest.FromString,
+                    response_serializer=protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.InjectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -625,6 +642,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/ReportReach',
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportRequest.SerializeToString,
             protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.ReachReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Coordinator/Inject',
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.InjectRequest.SerializeToString,
+            protos_dot_fthsdp_dot_v1_dot_coordinator__pb2.InjectResponse.FromString,
             options,
             channel_credentials,
             insecure,

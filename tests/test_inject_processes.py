@@ -1,0 +1,171 @@
+"""`fthsdp inject` with real processes: two replicas of tests/ftar_worker.py
+train under `fthsdp agent`, an operator injects a fault into r1 with the
+command line, and the job recovers as from the real fault:
+
+* kill: r1's agent SIGKILLs its rank, which is restarted once (a crash like
+  any other to the coordinator), catches up, and trains on with one state
+  per step;
+* hang: r1's training thread blocks with its heartbeats alive; the
+  coordinator takes it out as hung, its stacks are dumped, its agent ends
+  and restarts it;
+* slow: r1's next steps take the injected seconds longer, and so do r0's
+  (they train in lockstep); then the pace is back, nobody restarted.
+
+Each injection is in the coordinator's log, `fthsdp status` and the status
+page's recent events (the page itself rendered by a headless Chromium).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from html.parser import HTMLParser
+
+import pytest
+
+from coordinator.client import CoordinatorClient
+from coordinator.http_server import serve_http
+from coordinator.web import WebApp
+from protos.fthsdp.v1 import coordinator_pb2 as pb
+from tests.test_catchup import cluster, members, status_of  # noqa: F401 - a fixture
+from tests.test_cli import fthsdp
+from tests.test_hangs import LONG_FTAR, TIGHT, train_on_and_stop
+from tests.test_metrics import hung_runtime
+from tests.test_web import chromium, page_url, run_chromium, status as page_status
+from tests.waiting import wait_until
+
+ADMIN_TOKEN = "inject-admin-token-0123"
+
+
+@pytest.fixture
+def admin_token(tmp_path) -> str:
+    path = tmp_path / "admin-token"
+    path.write_text(ADMIN_TOKEN + "\n")
+    return str(path)
+
+
+def start(cluster, admin_token, *coordinator_args, r1_agent_args=()):
+    coordinator, agent, _ = cluster
+    c = coordinator("--min-replicas", "1", "--metrics-port", "0", "--admin-token-file", admin_token,
+                    *coordinator_args)
+    r0 = agent(c, 0, 2, env=LONG_FTAR)
+    r1 = agent(c, 1, 2, env=LONG_FTAR, agent_args=r1_agent_args)
+    r1.read_until(lambda line: line.get("step", 0) >= 5)
+    return c, r0, r1
+
+
+def inject(c, admin_token, *argv: str) -> str:
+    done = fthsdp("inject", "--coordinator", c.address, "--admin-token-file", admin_token, "--replica", "r1", *argv)
+    assert done.returncode == 0, done.stderr
+    assert "replica r1: fault injected: " in done.stdout, done.stdout
+    return done.stdout
+
+
+def assert_recorded(c, fault: str) -> None:
+    """In the log, in `fthsdp status` and on the status page's recent events."""
+    assert f"replica r1: fault injected: {fault}" in c.log_path.read_text()
+    shown = fthsdp("status", "--coordinator", c.address)
+    assert shown.returncode == 0 and f"replica r1: fault injected: {fault}" in shown.stdout, shown.stdout
+    events = page_status(page_url(c))["events"]
+    assert any(e["kind"] == "fault_injected" and e["replica"] == "r1" and fault in e["text"] for e in events), events
+
+
+def back_after_restart(c, count: int = 1, timeout: float = 60) -> None:
+    with CoordinatorClient([c.address]) as client:
+        wait_until(lambda: members(client) == {"r0", "r1"} and status_of(client, "r1")[1].restart_count == count,
+                   timeout, message="r1 restarted, caught up and back in the quorum")
+
+
+def test_an_injected_kill_is_a_crash_restarted_once(cluster, admin_token):
+    c, r0, r1 = start(cluster, admin_token)
+    inject(c, admin_token, "kill")
+    back_after_restart(c)
+    train_on_and_stop([r0, r1])
+    text = r1.log_path.read_text()
+    assert "fault injected: kill (asked by" in text and "SIGKILLing its ranks" in text, text[-3000:]
+    assert text.count("-> FAILED (local rank 0 exited with signal SIGKILL)") == 1, text[-3000:]
+    assert text.count("-> RESTARTING") == 1
+    log = c.log_path.read_text()
+    assert "agent of r1 (node 0): failed (local rank 0 exited with signal SIGKILL)" in log  # as any crash
+    assert_recorded(c, "kill")
+
+
+@pytest.mark.slow
+def test_an_injected_hang_is_taken_out_as_hung_dumped_and_restarted(cluster, admin_token):
+    c, r0, r1 = start(cluster, admin_token, *TIGHT, r1_agent_args=("--hang-grace", "1s"))
+    inject(c, admin_token, "hang")
+    back_after_restart(c)
+    train_on_and_stop([r0, r1])
+    log = c.log_path.read_text()
+    assert "replica r1 taken out: hung: no progress at step" in log, log[-3000:]
+    text = r1.log_path.read_text()
+    assert "fault injected (hang" in text and "taken out by the coordinator (hung" in text, text[-3000:]
+    assert "Stacks of every thread" in text and "in at_step" in text  # blocked where the fault put it
+    assert_recorded(c, "hang")
+
+
+@pytest.mark.slow
+def test_an_injected_slow_fault_slows_the_steps_while_it_lasts(cluster, admin_token):
+    c, r0, r1 = start(cluster, admin_token)
+    before = time.monotonic()  # the steps' "t" is the same clock (CLOCK_MONOTONIC), in every process
+    inject(c, admin_token, "slow", "--seconds", "1", "--steps", "4")
+    r0.read_until(lambda line: sum(1 for s in r0.steps.values() if s["t"] > before) >= 14, timeout=90)
+    after = [s for s in sorted(r0.steps) if r0.steps[s]["t"] > before]
+    gaps = [r0.steps[s]["t"] - r0.steps[s - 1]["t"] for s in after if s - 1 in r0.steps]
+    slowed = [g for g in gaps if g >= 0.8]  # 1 s, less the skew between the two replicas
+    assert len(slowed) == 4, f"r0's step times after the injection: {[round(g, 2) for g in gaps]}"
+    tail = sorted(gaps[-5:])
+    assert tail[2] < 0.5, f"the pace is not back after the slow steps: {[round(g, 2) for g in gaps]}"
+    train_on_and_stop([r0, r1])
+    with CoordinatorClient([c.address]) as client:
+        assert status_of(client, "r1")[1].restart_count == 0  # a slow replica, no take-out (the policy is off)
+    assert "fault injected: slow (+1s per step for 4 steps)" in r1.log_path.read_text()
+    assert_recorded(c, "slow (+1s per step for 4 steps)")
+
+
+class _Events(HTMLParser):
+    """The items of the page's "Recent events" list: (kind, replica, text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[list[str]] = []
+        self._open = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "li" and "data-event" in a:
+            self.items.append([a["data-event"], a.get("data-event-replica", ""), ""])
+            self._open = True
+
+    def handle_endtag(self, tag):
+        if tag == "li":
+            self._open = False
+
+    def handle_data(self, data):
+        if self._open:
+            self.items[-1][2] += data
+
+
+@pytest.mark.slow
+def test_the_page_lists_an_injected_fault_among_the_recent_events(tmp_path):
+    binary = chromium()
+    runtime = hung_runtime()
+    runtime.inject(pb.InjectRequest(replica_id="r1", kind=pb.FAULT_KIND_SLOW, seconds=2, steps=5,
+                                    requested_by="alice@box"), "")
+
+    async def render() -> str:
+        server = await serve_http(WebApp(runtime, runtime.config, "").handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:  # chromium runs in a thread: the server answers it meanwhile, on this loop
+            return (await asyncio.to_thread(run_chromium, binary, tmp_path / "profile", "--dump-dom",
+                                            f"http://127.0.0.1:{port}/")).stdout
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    page = _Events()
+    page.feed(asyncio.run(render()))
+    injected = [item for item in page.items if item[0] == "fault_injected"]
+    assert len(injected) == 1 and injected[0][1] == "r1", page.items
+    assert "replica r1: fault injected: slow (+2s per step for 5 steps) (asked by alice@box)" in injected[0][2]
+    assert any(kind == "quorum_change" and "quorum #" in text for kind, _, text in page.items), page.items
