@@ -359,11 +359,12 @@ def decide(
     ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
     if guarded:
         ready = [i for i in ready if holds_state(alive[i], committed_step)]
-    if awaited.ids:
+    if any(i in alive for i in awaited.ids):
         # Members not back since the coordinator started have not said their
         # step (their entries have the one they were admitted at), so nobody
         # is vouched up to date by it: a restarted process at step 0 passed
-        # for one when the stored committed step lagged. Admit once they are back or judged.
+        # for one when the stored committed step lagged. Admit once they are
+        # back or judged (lost: no longer in ``alive``).
         ready = []
     ready_set = set(ready)
     pending = [i for i in eligible if i not in ready_set]

@@ -158,7 +158,7 @@ def test_finished_mark_is_stored_survives_a_restart_and_only_a_reopen_clears_it(
         clock.t = 8.0  # past the heartbeat timeout of r0 and r1, which a restart presumes alive (they left)
         beat(runtime, {"r2": r2}, "r2", 0)
         await runtime.evaluate(job)
-        assert [m.replica_id for m in job.state.quorum.members] == ["r2"]
+        assert [m.replica_id for m in job.state.quorum.members] == ["r2"], job.state.reason
         assert not job.state.watch_event("r2", "").HasField("finished")
 
     asyncio.run(scenario())
