@@ -15,6 +15,18 @@ replica fails in one of these ways:
   (coordinator/hang.py). Twice: under the coordinator's default hang
   settings (5 x the median step, at least 10 s) and tight ones
   (--hang-floor 1s --hang-multiple 3).
+- data link down: each replica runs in a network namespace of its own, with
+  a control link to the coordinator and a data link between replicas
+  (tests/netns.py; root and iproute2 needed); the victim's data link goes
+  down, every process alive: the stuck collective is regrouped, then probed,
+  and the victim taken out as unreachable (coordinator/stuck.py). Under the
+  default hang settings and a 3 s floor.
+- coordinator restarted: the coordinator (on etcd) is SIGKILLed and a new
+  one started on the same port, as a supervisor does; nobody fails, so the
+  stall should be none and nobody dropped.
+
+The "dropped" column counts healthy replicas the coordinator took out of a
+quorum (the victim excluded): 0 expected in every case.
 
 For the first surviving replica the table gives the gap between its last
 commit before the failure and its first commit after it, the normal step
@@ -28,11 +40,14 @@ verdict's latency: with the default floor of 10 s it is missed by design).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import re
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,12 +55,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jsonproc import Proc  # noqa: E402
+
+from coordinator.local_etcd import EtcdServer  # noqa: E402
+from tests.netns import NetLab, why_unavailable  # noqa: E402
 HANG_SETTINGS = {
     "loop hung (defaults: 10s floor 5x)": (),
     "loop hung (tight: 1s floor 3x)": ("--hang-floor", "1s", "--hang-multiple", "3"),
 }
 """The loop-hung cases and the coordinator's hang flags in each."""
-CASES = ("rank killed", "node lost", "node hung", *HANG_SETTINGS)
+LINK_SETTINGS = {
+    "data link down (defaults: 10s floor 5x)": (),
+    "data link down (3s floor)": ("--hang-floor", "3s"),
+}
+"""The network cases (namespaces) and the coordinator's hang flags in each."""
+CASES = ("rank killed", "node lost", "node hung", *HANG_SETTINGS, *LINK_SETTINGS, "coordinator restarted")
 DEADLOCK_AFTER = 10
 """The loop-hung victim blocks after the backward pass of the step after this one."""
 
@@ -55,58 +78,95 @@ def target(interval: float) -> float:
     return 3 * interval + 1.0
 
 
-def trial(case: str, heartbeat_timeout: str, rng: random.Random) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FTHSDP_FTAR_TIMEOUT": "60"}
-    coordinator = Proc([sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "2",
-                        "--heartbeat-interval", "200ms", "--heartbeat-timeout", heartbeat_timeout,
-                        *HANG_SETTINGS.get(case, ())], env, pump=False)
-    address = None
-    while address is None:
+def start_coordinator(argv: list[str], env: dict, log: Path) -> tuple[Proc, str]:
+    coordinator = Proc(argv, env, pump=False, stderr_path=log)
+    while True:
         line = coordinator.p.stdout.readline()
+        if not line and coordinator.p.poll() is not None:
+            raise RuntimeError(f"the coordinator exited: {log.read_text()[-2000:]}")
         if "listening on" in line:
-            address = line.split("listening on ")[1].split()[0]
-    agents = [
-        Proc([sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
-              "--num-replicas", "3", "--max-restarts", "0", "--", sys.executable, "examples/gpt/train.py",
-              "--steps", "40", "--log-every", "1",
-              *(("--fail-at-step", str(DEADLOCK_AFTER), "--fail-how", "deadlock") if i == 2 and case in HANG_SETTINGS
-                else ())], env)
-        for i in range(3)
-    ]
-    try:
-        victim_pid = agents[2].until(lambda x: "pid" in x)["pid"]
-        commits = {}
-        while len(commits) < 10:
-            x = agents[0].until(lambda x: "step" in x)
-            commits[x["step"]] = x["t"]
-        intervals = [commits[s] - commits[s - 1] for s in range(6, 11)]
-        if case in HANG_SETTINGS:  # the victim blocks itself: the failure is its own line's time
-            failed_at = agents[2].until(lambda x: "failing" in x)["t"]
+            return coordinator, line.split("listening on ")[1].split()[0]
+
+
+def dropped_healthy(log: Path, victim: str = "r2") -> int:
+    """Healthy replicas a quorum change took out (the victim excluded; one
+    that left on its own, at the end of its steps, is no drop)."""
+    leaving = re.findall(r"members leaving: ([^.\[]*)", log.read_text(errors="replace"))
+    return sum(1 for text in leaving for rid, why in re.findall(r"\b(r\d+) \(([^)]*)", text)
+               if rid != victim and why != "left")
+
+
+def trial(case: str, heartbeat_timeout: str, rng: random.Random, work: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FTHSDP_FTAR_TIMEOUT": "60"}
+    with contextlib.ExitStack() as stack:
+        lab = stack.enter_context(NetLab(3)) if case in LINK_SETTINGS else None
+        store = ()
+        if case == "coordinator restarted":
+            etcd = stack.enter_context(EtcdServer())
+            store = ("--store", etcd.url, "--store-prefix", f"/failover-{rng.randrange(1 << 30)}")
+        bind = f"{lab.control_host}:0" if lab else "127.0.0.1:0"
+        log = work / f"coordinator-{rng.randrange(1 << 30)}.log"
+        argv = [sys.executable, "-m", "coordinator", "--bind", bind, "--min-replicas", "2",
+                "--heartbeat-interval", "200ms", "--heartbeat-timeout", heartbeat_timeout, *store,
+                *HANG_SETTINGS.get(case, ()), *LINK_SETTINGS.get(case, ())]
+        coordinator, address = start_coordinator(argv, env, log)
+        stack.callback(lambda: coordinator.stop())
+        agents = []
+        for i in range(3):
+            cmd = [sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
+                   "--num-replicas", "3", "--max-restarts", "0", "--", sys.executable, "examples/gpt/train.py",
+                   "--steps", "40", "--log-every", "1",
+                   *(("--fail-at-step", str(DEADLOCK_AFTER), "--fail-how", "deadlock")
+                     if i == 2 and case in HANG_SETTINGS else ())]
+            agents.append(Proc(lab.argv(f"r{i}", cmd), {**env, **lab.env(f"r{i}")}) if lab else Proc(cmd, env))
+            stack.callback(agents[-1].stop)
+        return _measure(case, agents, rng, lab, lambda: _restart(coordinator, argv, env, log, address), log)
+
+
+def _restart(coordinator: Proc, argv: list[str], env: dict, log: Path, address: str) -> Proc:
+    """SIGKILL the coordinator and start another on the same port (a supervisor's restart)."""
+    coordinator.stop()
+    port = address.rsplit(":", 1)[1]
+    again = [*argv[:argv.index("--bind") + 1], f"127.0.0.1:{port}", *argv[argv.index("--bind") + 2:]]
+    new, _ = start_coordinator(again, env, log)
+    coordinator.p = new.p  # its stop() now ends the new one
+    return coordinator
+
+
+def _measure(case: str, agents: list[Proc], rng: random.Random, lab, restart, log: Path) -> dict:
+    victim_pid = agents[2].until(lambda x: "pid" in x)["pid"]
+    commits = {}
+    while len(commits) < 10:
+        x = agents[0].until(lambda x: "step" in x)
+        commits[x["step"]] = x["t"]
+    intervals = [commits[s] - commits[s - 1] for s in range(6, 11)]
+    if case in HANG_SETTINGS:  # the victim blocks itself: the failure is its own line's time
+        failed_at = agents[2].until(lambda x: "failing" in x)["t"]
+    else:
+        time.sleep(rng.uniform(0, statistics.median(intervals)))
+        failed_at = time.monotonic()
+        if case == "rank killed":
+            os.kill(victim_pid, signal.SIGKILL)
+        elif case in LINK_SETTINGS:
+            lab.cut_data("r2")
+        elif case == "coordinator restarted":
+            restart()
         else:
-            time.sleep(rng.uniform(0, statistics.median(intervals)))
-            failed_at = time.monotonic()
-            if case == "rank killed":
-                os.kill(victim_pid, signal.SIGKILL)
-            else:
-                # The agent and its rank (the rank runs in a session of its own).
-                sig = signal.SIGKILL if case == "node lost" else signal.SIGSTOP
-                os.killpg(agents[2].p.pid, sig)
-                os.kill(victim_pid, sig)
-        while True:
-            x = agents[0].until(lambda x: "step" in x or "done" in x)
-            if "done" in x:
-                break
-            commits[x["step"]] = x["t"]
-        before = max(s for s, t in commits.items() if t < failed_at)
-        gap = commits[before + 1] - commits[before]
-        steps = sorted(commits)
-        discarded = (steps[-1] - steps[0] + 1) - len(steps)
-        return {"gap": gap, "interval": statistics.median(intervals), "discarded": discarded,
-                "detect": commits[before + 1] - failed_at}
-    finally:
-        for a in agents:
-            a.stop()
-        coordinator.stop()
+            # The agent and its rank (the rank runs in a session of its own).
+            sig = signal.SIGKILL if case == "node lost" else signal.SIGSTOP
+            os.killpg(agents[2].p.pid, sig)
+            os.kill(victim_pid, sig)
+    while True:
+        x = agents[0].until(lambda x: "step" in x or "done" in x)
+        if "done" in x:
+            break
+        commits[x["step"]] = x["t"]
+    before = max(s for s, t in commits.items() if t < failed_at)
+    gap = commits[before + 1] - commits[before]
+    steps = sorted(commits)
+    discarded = (steps[-1] - steps[0] + 1) - len(steps)
+    return {"gap": gap, "interval": statistics.median(intervals), "discarded": discarded,
+            "detect": commits[before + 1] - failed_at, "dropped": dropped_healthy(log, "r2" if case != "coordinator restarted" else "")}
 
 
 def main() -> None:
@@ -120,20 +180,23 @@ def main() -> None:
     unknown = [case for case in cases if case not in CASES]
     if unknown:
         p.error(f"--cases: unknown {', '.join(map(repr, unknown))}; the cases are {', '.join(CASES)}")
+    if any(case in LINK_SETTINGS for case in cases) and why_unavailable():
+        p.error(f"the data-link cases need network namespaces: {why_unavailable()}")
     rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="fthsdp-failover-"))
     print(f"heartbeat timeout {args.heartbeat_timeout}, 3 replicas of examples/gpt, {args.trials} trials per case "
           "(medians; each trial's stall in brackets)")
     print("| failure | gap between commits | normal step interval | stall (gap - interval) | failure to next commit "
-          "| steps discarded | target: stall <= 3 x step + 1 s |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+          "| steps discarded | healthy replicas dropped | target: stall <= 3 x step + 1 s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for case in cases:
-        runs = [trial(case, args.heartbeat_timeout, rng) for _ in range(args.trials)]
+        runs = [trial(case, args.heartbeat_timeout, rng, work) for _ in range(args.trials)]
         med = {k: statistics.median(r[k] for r in runs) for k in ("gap", "interval", "detect")}
         missed = sum(r["gap"] - r["interval"] > target(r["interval"]) for r in runs)
         verdict = "met" if not missed else f"missed in {missed} of {len(runs)}"
         stalls = ", ".join(f"{r['gap'] - r['interval']:.2f}" for r in runs)
         print(f"| {case} | {med['gap']:.2f} s | {med['interval']:.2f} s | {med['gap'] - med['interval']:.2f} s [{stalls}] | "
-              f"{med['detect']:.2f} s | {sum(r['discarded'] for r in runs)} | "
+              f"{med['detect']:.2f} s | {sum(r['discarded'] for r in runs)} | {sum(r['dropped'] for r in runs)} | "
               f"{target(med['interval']):.2f} s: {verdict} |", flush=True)
 
 
