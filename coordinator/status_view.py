@@ -169,7 +169,7 @@ def status_table(status: pb.StatusResponse) -> str:
         rows.append((r["id"], r["state"], str(r["step"]), age, r["address"], str(r["world_size"]), checksum, ", ".join(notes)))
     if len(rows) == 1:
         lines.append("no replicas registered")
-        return "\n".join(lines)
+        return "\n".join(lines + injection_lines(d["injections"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

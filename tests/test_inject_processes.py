@@ -70,16 +70,19 @@ def assert_recorded(c, fault: str) -> None:
     assert any(e["kind"] == "fault_injected" and e["replica"] == "r1" and fault in e["text"] for e in events), events
 
 
-def back_after_restart(c, count: int = 1, timeout: float = 60) -> None:
+def back_after_restart(c, r1, count: int = 1, timeout: float = 60) -> None:
+    # The first incarnation's "admitted" line was read before the injection: this one is the restarted one's.
+    r1.read_until(lambda line: "admitted" in line, timeout)
     with CoordinatorClient([c.address]) as client:
         wait_until(lambda: members(client) == {"r0", "r1"} and status_of(client, "r1")[1].restart_count == count,
                    timeout, message="r1 restarted, caught up and back in the quorum")
 
 
+@pytest.mark.slow  # about a minute here, mostly two cold starts of a rank (import torch) on 2 cores
 def test_an_injected_kill_is_a_crash_restarted_once(cluster, admin_token):
     c, r0, r1 = start(cluster, admin_token)
     inject(c, admin_token, "kill")
-    back_after_restart(c)
+    back_after_restart(c, r1)
     train_on_and_stop([r0, r1])
     text = r1.log_path.read_text()
     assert "fault injected: kill (asked by" in text and "SIGKILLing its ranks" in text, text[-3000:]
@@ -94,7 +97,7 @@ def test_an_injected_kill_is_a_crash_restarted_once(cluster, admin_token):
 def test_an_injected_hang_is_taken_out_as_hung_dumped_and_restarted(cluster, admin_token):
     c, r0, r1 = start(cluster, admin_token, *TIGHT, r1_agent_args=("--hang-grace", "1s"))
     inject(c, admin_token, "hang")
-    back_after_restart(c)
+    back_after_restart(c, r1)
     train_on_and_stop([r0, r1])
     log = c.log_path.read_text()
     assert "replica r1 taken out: hung: no progress at step" in log, log[-3000:]
@@ -109,17 +112,19 @@ def test_an_injected_slow_fault_slows_the_steps_while_it_lasts(cluster, admin_to
     c, r0, r1 = start(cluster, admin_token)
     before = time.monotonic()  # the steps' "t" is the same clock (CLOCK_MONOTONIC), in every process
     inject(c, admin_token, "slow", "--seconds", "1", "--steps", "4")
-    r0.read_until(lambda line: sum(1 for s in r0.steps.values() if s["t"] > before) >= 14, timeout=90)
+    injected = time.monotonic()  # the push reached r1 between the two
+    r0.read_until(lambda line: sum(1 for s in r0.steps.values() if s["t"] > injected) >= 12, timeout=90)
     after = [s for s in sorted(r0.steps) if r0.steps[s]["t"] > before]
     gaps = [r0.steps[s]["t"] - r0.steps[s - 1]["t"] for s in after if s - 1 in r0.steps]
     slowed = [g for g in gaps if g >= 0.8]  # 1 s, less the skew between the two replicas
     assert len(slowed) == 4, f"r0's step times after the injection: {[round(g, 2) for g in gaps]}"
     tail = sorted(gaps[-5:])
     assert tail[2] < 0.5, f"the pace is not back after the slow steps: {[round(g, 2) for g in gaps]}"
-    train_on_and_stop([r0, r1])
     with CoordinatorClient([c.address]) as client:
-        assert status_of(client, "r1")[1].restart_count == 0  # a slow replica, no take-out (the policy is off)
-    assert "fault injected: slow (+1s per step for 4 steps)" in r1.log_path.read_text()
+        assert members(client) == {"r0", "r1"}  # a slow replica, no take-out (the straggler policy is off)
+    train_on_and_stop([r0, r1])
+    text = r1.log_path.read_text()
+    assert "fault injected: slow (+1s per step for 4 steps)" in text and "-> FAILED" not in text, text[-3000:]
     assert_recorded(c, "slow (+1s per step for 4 steps)")
 
 
@@ -146,8 +151,7 @@ class _Events(HTMLParser):
             self.items[-1][2] += data
 
 
-@pytest.mark.slow
-def test_the_page_lists_an_injected_fault_among_the_recent_events(tmp_path):
+def test_the_page_lists_an_injected_fault_among_the_recent_events(tmp_path):  # a few seconds: in the default suite
     binary = chromium()
     runtime = hung_runtime()
     runtime.inject(pb.InjectRequest(replica_id="r1", kind=pb.FAULT_KIND_SLOW, seconds=2, steps=5,

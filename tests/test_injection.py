@@ -307,3 +307,8 @@ def test_the_http_drain_takes_the_admin_token_once_there_is_one(tmp_path):
     assert (refused, accepted, body["drain"]) == (401, 200, True)
     assert status["admin"] == {"enabled": True, "why": "needs the coordinator's admin token (--admin-token-file)"}
     assert status["events"] and status["events"][0]["kind"] == "quorum_change"
+
+
+def test_status_lists_injections_also_when_no_replica_is_left():
+    status = pb.StatusResponse(job="default", injections=[_injection(1, KILL, requested_by="bob", step=4)])
+    assert "replica r1: fault injected: kill (asked by bob) at step 4" in status_table(status)
