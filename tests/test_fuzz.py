@@ -25,6 +25,7 @@ DELIBERATE = {
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.PERMISSION_DENIED,  # Inject without a configured admin token: a deliberate refusal
 }
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
