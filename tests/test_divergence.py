@@ -14,6 +14,7 @@ import pytest
 
 from agent.checksum import MAX_INPUTS, StridedHistory, cap_inputs
 from agent.config import AgentConfig
+from agent.injection import AgentFaults
 from agent.supervisor import AgentState, Supervisor
 from coordinator import divergence
 from coordinator.job import JobState
@@ -177,6 +178,7 @@ class Verdicts:
     def __init__(self, divergences: dict[int, pb.Divergence], finished_step: int = 0) -> None:
         self.divergences = divergences
         self.finished_step = finished_step
+        self.faults = AgentFaults("r2")  # no fault injected (agent/injection.py)
 
     def notice_for(self, restart_count):
         return None
