@@ -45,6 +45,10 @@ class JobState:
         self.reach = ReachBook()  # a stuck collective's regroup and probes (coordinator/stuck.py)
         self._unreachable: set[str] = set()
         """Replicas kept out as unreachable (``ReplicaEntry.unreachable``): asked to probe the members."""
+        self.marks_to_store: set[str] = set()
+        """Replicas whose unreachable mark was set or cleared and is not stored
+        yet (``mark_records``): a coordinator that starts must keep a still-cut
+        replica out, not let it back to fail its catch-up in a loop."""
         self.quorum: Quorum | None = None
         self.quorum_revision = 0
         self.replicas: dict[str, ReplicaEntry] = {}
@@ -108,6 +112,7 @@ class JobState:
         self.set_quorum(quorum, quorum_revision)
         self.committed_step = committed_step
         self.replicas.update(seed_entries(self._members, records, now))
+        self._unreachable |= {rid for rid, e in self.replicas.items() if e.unreachable}
 
     # ----- replica calls -------------------------------------------------------------
 
@@ -123,6 +128,7 @@ class JobState:
             world_size=world_size,
             cordoned=base.cordoned,
             drain_requested=base.drain_requested,
+            unreachable=base.unreachable,
         )
         return rec, base.record_revision
 
@@ -304,6 +310,15 @@ class JobState:
             rec.drain_requested = drain
         return rec, entry.record_revision
 
+    def mark_records(self) -> list[tuple[pb.ReplicaRecord, int]]:
+        """The records to store for the unreachable marks set or cleared
+        since the last call, with their expected revisions; a record that
+        fails to store is handed back with ``marks_to_store.add``."""
+        out = [(self.replicas[rid].record(), self.replicas[rid].record_revision)
+               for rid in sorted(self.marks_to_store) if rid in self.replicas]
+        self.marks_to_store.clear()
+        return out
+
     def apply_record(self, rec: pb.ReplicaRecord, revision: int) -> None:
         entry = self.replicas.get(rec.replica_id)
         if entry is not None:
@@ -403,6 +418,7 @@ class JobState:
         for rid, why in action.take_out.items():
             self.replicas[rid].unreachable = why
             self._unreachable.add(rid)
+            self.marks_to_store.add(rid)
             self.dirty = True
             log.error("job %s: replica %s taken out: %s", self.name, rid, why,
                       extra={"event": "unreachable", "job": self.name, "replica": rid, "reason": why})
@@ -426,6 +442,7 @@ class JobState:
         log.info("job %s: replica %s reaches every member over the data path again; it may catch up",
                  self.name, replica_id, extra={"event": "reachable", "job": self.name, "replica": replica_id})
         entry.unreachable = ""
+        self.marks_to_store.add(replica_id)
         self.dirty = self.joiners_moved = True
         return True
 

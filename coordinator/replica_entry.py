@@ -109,6 +109,7 @@ class ReplicaEntry:
             cordoned=self.cordoned,
             drain_requested=self.drain_requested,
             registered_unix_ms=registered_unix_ms,
+            unreachable=self.unreachable,
         )
 
 
@@ -130,6 +131,7 @@ def seed_entries(
             last_heartbeat=now,
             cordoned=rec.cordoned,
             drain_requested=rec.drain_requested,
+            unreachable=rec.unreachable,
             record_revision=rev,
         )
     for rid, member in members.items():

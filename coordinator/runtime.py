@@ -398,6 +398,7 @@ class CoordinatorRuntime:
                                    "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
                                    "give_up": verdict.give_up})
             await self._take_out_hung(job)
+            await self._store_marks(job)
             self._pace(job)
             due = job.state.needs_decision(self.clock())
             self._notice_silent_outsiders(job)
@@ -485,6 +486,18 @@ class CoordinatorRuntime:
             self.metrics.taken_out.inc(job=job.state.name, reason="straggler")
         if job.state.horizon_moved:
             job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
+
+    async def _store_marks(self, job: ServedJob) -> None:
+        """Store the unreachable marks set or cleared since the last tick,
+        before the quorum that takes the replica out is published: a
+        coordinator that starts next keeps a still-cut replica out."""
+        for rec, expected in job.state.mark_records():
+            try:
+                job.state.apply_record(rec, await self._write_record(job, rec, expected))
+            except (StoreUnavailable, LostOwnership) as e:
+                job.state.marks_to_store.add(rec.replica_id)  # again on the next tick
+                log.warning("job %s: replica %s's unreachable mark is not stored yet: %s", job.state.name,
+                            rec.replica_id, e)
 
     def _notice_silent_outsiders(self, job: ServedJob) -> None:
         """A stopped joiner's agent is told to end it, as a stopped member's is (coordinator/silence.py)."""

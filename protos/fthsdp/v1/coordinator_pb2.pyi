@@ -614,20 +614,22 @@ class GiveUpStateResponse(_message.Message):
     def __init__(self, give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
 
 class ReplicaRecord(_message.Message):
-    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms")
+    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     world_size: int
     cordoned: bool
     drain_requested: bool
     registered_unix_ms: int
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ...) -> None: ...
+    unreachable: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ..., unreachable: _Optional[str] = ...) -> None: ...
 
 class Epoch(_message.Message):
     __slots__ = ("epoch", "coordinator", "started_unix_ms")
