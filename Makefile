@@ -9,13 +9,19 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all install etcd protos clean
+.PHONY: demo test test-all lint install etcd protos clean
 
 demo: install
 	$(VENV)/bin/fthsdp demo
 
 test: install etcd
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff, the layer contracts (import-linter, pyproject.toml) and mypy; .ci/run runs it.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # Everything, the slow tests included.
 test-all: install etcd
@@ -53,7 +59,7 @@ etcd: install
 		echo "warning: no chromium: the status page's browser test cannot run"
 
 protos: install
-	$(PY) -m protos.generate
+	$(PY) -m fthsdp.protos.generate
 
 clean:
 	rm -rf $(VENV) build *.egg-info

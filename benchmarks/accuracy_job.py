@@ -9,7 +9,7 @@ one: its agent gives up (``--max-restarts 0``) and a new agent for the same
 replica is started once the others have committed ``out_steps`` more steps;
 it catches up and rejoins.
 
-Every process runs as the demo's children do (coordinator/demo/children.py):
+Every process runs as the demo's children do (fthsdp/demo/children.py):
 in a session of its own, dying with this one, and stopped at the end.
 """
 
@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from coordinator.demo.children import ROOT, Children
+from fthsdp.demo.children import ROOT, Children
 
 TRAIN_SCRIPT = ROOT / "examples" / "gpt" / "train.py"
 COORDINATOR_FLAGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s")
@@ -178,7 +178,7 @@ def run_job(spec: JobSpec, logdir: Path, timeout: float) -> JobResult:
         if fail_at is not None:
             train += ["--fail-at-step", str(fail_at)]
         agents[name] = children.start(name, Children.python(
-            "coordinator.cli", "agent", "--coordinator", lines.coordinator_address, "--replica-id", replica,
+            "fthsdp", "agent", "--coordinator", lines.coordinator_address, "--replica-id", replica,
             "--num-replicas", str(spec.replicas), "--max-restarts", str(max_restarts), *AGENT_FLAGS, "--", *train,
         ), on_line=lambda text, t, r=replica: lines.rank_line(r, text), stops_first=True)
 
@@ -193,7 +193,7 @@ def run_job(spec: JobSpec, logdir: Path, timeout: float) -> JobResult:
 
     try:
         coordinator = children.start("coordinator", Children.python(
-            "coordinator.cli", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "1",
+            "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "1",
             *COORDINATOR_FLAGS), on_line=lambda text, t: lines.coordinator_line(text))
         lines.wait(lambda: lines.coordinator_address, deadline, "the coordinator's start", lambda: None)
         for replica in ids:

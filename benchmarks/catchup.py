@@ -53,11 +53,10 @@ def serve_http(mib: int, certs: Path | None = None) -> None:
     over mutual TLS with the node certificate in ``certs``, if given."""
     import torch
 
-    from agent import catchup_tls
-
-    from agent.catchup_server import CatchUpServer
-    from agent.catchup_source import CatchUpSource
-    from agent.grad_log import GradientLog
+    from fthsdp.agent.training import catchup_tls
+    from fthsdp.agent.training.catchup_server import CatchUpServer
+    from fthsdp.agent.training.catchup_source import CatchUpSource
+    from fthsdp.agent.training.grad_log import GradientLog
 
     state = {"model": {f"w{i}": torch.rand(mib * 2**20 // 4 // 16) for i in range(16)}}
     source = CatchUpSource("bench", 0, 0, GradientLog())
@@ -100,14 +99,14 @@ def fetch_raw(address: str, buf) -> float:
 
 
 def node_tls(certs: Path):
-    from coordinator.credentials import TlsFiles
+    from fthsdp.core.credentials import TlsFiles
 
     return TlsFiles(str(certs / "ca.pem"), str(certs / "node.pem"), str(certs / "node.key"))
 
 
 def fetch_http(address: str, buf=None, certs: Path | None = None) -> tuple[float, int]:
-    from agent import catchup_tls
-    from agent.catchup_client import SourceClient
+    from fthsdp.agent.training import catchup_tls
+    from fthsdp.agent.training.catchup_client import SourceClient
 
     client = SourceClient(address, tls=catchup_tls.client_context(node_tls(certs)) if certs else None)
     manifest = client.request_snapshot()
@@ -239,13 +238,13 @@ def rejoin(name: str, standby: bool, pin: bool = False) -> dict:
     cfg = CONFIGS[name]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **cfg["env"]}
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "2",
+        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "2",
          "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s", "--join-timeout", "2s"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT, start_new_session=True)
     address = coordinator.stdout.readline().split("listening on ")[1].split()[0]
     procs = [
         Proc([*(["taskset", "-c", "1" if i == 2 else "0"] if pin else []),
-              sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
+              sys.executable, "-m", "fthsdp", "agent", "--coordinator", address, "--replica-id", f"r{i}",
               "--num-replicas", "3", "--restart-backoff", "0", *(["--standby", "--standby-delay", "3s"] if standby and i == 2 else []),
               "--", sys.executable, *cfg["command"]], env, stderr_path=LOGS / f"rejoin-r{i}.log" if LOGS else None)
         for i in range(3)
@@ -335,8 +334,9 @@ def rejoin_table(configs: list[str], repeat: int = 1, pin: bool = False) -> None
 
 
 def torchft_restart() -> None:
-    from coordinator.local_etcd import free_port
     from torchft_compare import VENV, torchft_python
+
+    from fthsdp.testing.local_etcd import free_port
 
     python = torchft_python()
     port = free_port()

@@ -57,7 +57,7 @@ coordinator's hang look sees what it sees in a real job."""
 
 
 class SimulatedStep:
-    """What one simulated replica reports of its step (agent/step_clock.py):
+    """What one simulated replica reports of its step (fthsdp/agent/training/step_clock.py):
     computing for ``compute`` seconds of each step (its own, 0.6-0.8 s), then
     in the all-reduce, waiting for the others, until the next step begins.
     Only in ``Progress``: the heartbeat's committed ``step`` stays 0, as
@@ -87,11 +87,11 @@ class SimulatedStep:
 
 REFUSED = ("NOT_FOUND", "FAILED_PRECONDITION")
 """A heartbeat refused with these names a session the coordinator dropped:
-register again, as the agent does (agent/membership.py)."""
+register again, as the agent does (fthsdp/agent/training/membership.py)."""
 
 
 async def register(grpc, stub, pb, rid: str, out: dict):
-    # Like an agent (coordinator/client.py): a shed call (CANCELLED) or an
+    # Like an agent (fthsdp/client.py): a shed call (CANCELLED) or an
     # unreachable coordinator is retried; anything else is an error.
     while True:
         try:
@@ -245,9 +245,9 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
                       progress: str = "real") -> None:
     import grpc
 
-    from coordinator.client import CHANNEL_OPTIONS
-    from protos.fthsdp.v1 import coordinator_pb2 as pb
-    from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+    from fthsdp.client import CHANNEL_OPTIONS
+    from fthsdp.protos.v1 import coordinator_pb2 as pb
+    from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
     # Real replicas each have a connection of their own (per_connection 1);
     # sharing one between several is cheaper for both sides but couples
@@ -261,7 +261,7 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
     raw = [c.unary_stream("/fthsdp.v1.Coordinator/Watch", request_serializer=pb.WatchRequest.SerializeToString) for c in channels]
     out = {"latencies": [], "events": [], "errors": 0, "sent": [], "register_retries": 0, "bytes": 0, "reregistered": 0}
     stop, go_silent = asyncio.Event(), asyncio.Event()
-    from coordinator.loop_lag import LagWindow, probe
+    from fthsdp.coordinator.loop_lag import LagWindow, probe
 
     lag = LagWindow(1e9)  # this process's worst lag over the whole run: are the simulated replicas late themselves?
     lag_probe = asyncio.create_task(probe(lag))
@@ -315,7 +315,7 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = open(log_dir / f"coordinator-{n}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0", "--min-replicas", "1",
+        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0", "--min-replicas", "1",
          "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s", "--heartbeat-budget", str(budget),
          "--log-level", "info" if log_dir else "warning"],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
@@ -415,7 +415,7 @@ def main() -> None:
                         "Register + Watch + HeartbeatStream, three calls (what agents did before)")
     p.add_argument("--progress", default="real",
                    help="comma-separated, each run in turn at every size: real: heartbeats carry a Progress as the agent's "
-                        "(agent/step_clock.py: lockstep 1 s steps, computing then in the all-reduce, with step and compute "
+                        "(fthsdp/agent/training/step_clock.py: lockstep 1 s steps, computing then in the all-reduce, with step and compute "
                         "times); no-compute: the same without compute times (no straggler scores); none: no Progress")
     p.add_argument("--client", nargs=7, help=argparse.SUPPRESS)
     args = p.parse_args()

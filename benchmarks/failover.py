@@ -12,14 +12,14 @@ replica fails in one of these ways:
 - loop hung: its training loop blocks for good after the backward pass of
   step 11 (examples/gpt/train.py --fail-how deadlock), the process and its
   heartbeat threads alive: only the others' wait in the all-reduce tells
-  (coordinator/hang.py). Twice: under the coordinator's default hang
+  (fthsdp/coordinator/hang.py). Twice: under the coordinator's default hang
   settings (5 x the median step, at least 10 s) and tight ones
   (--hang-floor 1s --hang-multiple 3).
 - data link down: each replica runs in a network namespace of its own, with
   a control link to the coordinator and a data link between replicas
   (tests/netns.py; root and iproute2 needed); the victim's data link goes
   down, every process alive: the stuck collective is regrouped, then probed,
-  and the victim taken out as unreachable (coordinator/stuck.py). Under the
+  and the victim taken out as unreachable (fthsdp/coordinator/stuck.py). Under the
   default hang settings and a 3 s floor.
 - coordinator restarted: the coordinator (on etcd) is SIGKILLed and a new
   one started on the same port, as a supervisor does; nobody fails, so the
@@ -56,8 +56,9 @@ sys.path.insert(0, str(ROOT))
 
 from jsonproc import Proc  # noqa: E402
 
-from coordinator.local_etcd import EtcdServer  # noqa: E402
+from fthsdp.testing.local_etcd import EtcdServer  # noqa: E402
 from tests.netns import NetLab, why_unavailable  # noqa: E402
+
 HANG_SETTINGS = {
     "loop hung (defaults: 10s floor 5x)": (),
     "loop hung (tight: 1s floor 3x)": ("--hang-floor", "1s", "--hang-multiple", "3"),
@@ -106,14 +107,14 @@ def trial(case: str, heartbeat_timeout: str, rng: random.Random, work: Path) -> 
             store = ("--store", etcd.url, "--store-prefix", f"/failover-{rng.randrange(1 << 30)}")
         bind = f"{lab.control_host}:0" if lab else "127.0.0.1:0"
         log = work / f"coordinator-{rng.randrange(1 << 30)}.log"
-        argv = [sys.executable, "-m", "coordinator", "--bind", bind, "--min-replicas", "2",
+        argv = [sys.executable, "-m", "fthsdp", "coordinator", "--bind", bind, "--min-replicas", "2",
                 "--heartbeat-interval", "200ms", "--heartbeat-timeout", heartbeat_timeout, *store,
                 *HANG_SETTINGS.get(case, ()), *LINK_SETTINGS.get(case, ())]
         coordinator, address = start_coordinator(argv, env, log)
         stack.callback(lambda: coordinator.stop())
         agents = []
         for i in range(3):
-            cmd = [sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
+            cmd = [sys.executable, "-m", "fthsdp", "agent", "--coordinator", address, "--replica-id", f"r{i}",
                    "--num-replicas", "3", "--max-restarts", "0", "--", sys.executable, "examples/gpt/train.py",
                    "--steps", "40", "--log-every", "1",
                    *(("--fail-at-step", str(DEADLOCK_AFTER), "--fail-how", "deadlock")

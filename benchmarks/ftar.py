@@ -31,8 +31,8 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     import torch
     import torch.distributed as dist
 
-    from agent.ftar import CONTROL_SLOTS, FTAR, QuorumTracker
-    from protos.fthsdp.v1 import coordinator_pb2 as pb
+    from fthsdp.agent.training.ftar import CONTROL_SLOTS, FTAR, QuorumTracker
+    from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=120)
@@ -69,7 +69,7 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
 
 
 def run(n: int, sizes_mb: list[int], pairs: int) -> list[dict]:
-    from coordinator.local_etcd import free_port
+    from fthsdp.testing.local_etcd import free_port
 
     port = free_port()
     procs = [

@@ -57,7 +57,7 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
             times.append(time.perf_counter() - start)
         dist.destroy_process_group()
     else:
-        from agent.manager import Manager
+        from fthsdp.agent.training.manager import Manager
 
         ft = Manager.from_env(model, optimizer)  # the defaults, a checksum every 10 steps included
         ft.start(wait_for_replicas=world)
@@ -76,13 +76,13 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
 
 
 def run(mode: str, world: int, steps: int) -> float:
-    from coordinator.local_etcd import free_port
+    from fthsdp.testing.local_etcd import free_port
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     coordinator = None
     if mode == "fthsdp":
         coordinator = subprocess.Popen(
-            [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", str(world)],
+            [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", str(world)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT,
         )
         address = coordinator.stdout.readline().split("listening on ")[1].split()[0]

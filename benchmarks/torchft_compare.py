@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from jsonproc import Proc  # noqa: E402
 
-from coordinator.local_etcd import free_port  # noqa: E402
+from fthsdp.testing.local_etcd import free_port  # noqa: E402
 
 
 def torchft_python() -> Path:
@@ -63,13 +63,13 @@ def run_torchft(steps: int, kill_at: int | None) -> list[dict]:
 def run_fthsdp(steps: int, kill_at: int | None) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "1",
+        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", "1",
          "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT, start_new_session=True,
     )
     address = coordinator.stdout.readline().split("listening on ")[1].split()[0]
     replicas = [
-        Proc([sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", address, "--replica-id", f"r{i}",
+        Proc([sys.executable, "-m", "fthsdp", "agent", "--coordinator", address, "--replica-id", f"r{i}",
               "--num-replicas", "2", "--max-restarts", "0", "--", sys.executable, "examples/gpt/train.py",
               "--steps", str(steps), "--log-every", "1"], env)
         for i in range(2)

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from coordinator.local_etcd import EtcdNotFound, EtcdServer
+from fthsdp.testing.local_etcd import EtcdNotFound, EtcdServer
 
 
 def _started_etcd() -> EtcdServer:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from coordinator.cli import build_parser, coordinator_config
+from fthsdp.cli.main import build_parser, coordinator_config
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
@@ -46,10 +46,10 @@ def known_variables() -> dict[str, str]:
     coordinator's and the agent's settings, and what the training process
     reads (found by reading it: ``ManagerConfig.from_env`` on an environment
     that records the names it asks for)."""
-    from agent.config import AgentConfig
-    from agent.manager_config import ManagerConfig
-    from coordinator.config import CoordinatorConfig
-    from coordinator.settings import env_name
+    from fthsdp.agent.node.config import AgentConfig
+    from fthsdp.agent.training.manager_config import ManagerConfig
+    from fthsdp.coordinator.config import CoordinatorConfig
+    from fthsdp.core.settings import env_name
 
     known: dict[str, str] = {}
     for owner, cls in (("coordinator", CoordinatorConfig), ("agent", AgentConfig)):
@@ -123,7 +123,7 @@ class Command:
         if args.command == "coordinator":
             return args, coordinator_config(args, env), []
         if args.command == "agent":
-            from agent.config import config_from_args
+            from fthsdp.agent.node.config import config_from_args
 
             config, command = config_from_args(args, env)
             return args, config, command
@@ -131,10 +131,10 @@ class Command:
 
 
 def split_fthsdp(words: list[str]) -> list[str] | None:
-    """The arguments of an ``fthsdp`` (or ``python -m coordinator``) command line, else None."""
+    """The arguments of an ``fthsdp`` (or ``python -m fthsdp``) command line, else None."""
     if words and words[0].rsplit("/", 1)[-1] == "fthsdp":
         return words[1:]
-    if words[:3] == ["python", "-m", "coordinator"]:
+    if words[:3] == ["python", "-m", "fthsdp"]:
         return words[3:]
     return None
 

@@ -15,8 +15,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from agent.ftar import FTAR, QuorumTracker, StepResult
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent.training.ftar import FTAR, QuorumTracker, StepResult
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
 def main() -> None:

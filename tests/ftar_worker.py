@@ -1,5 +1,5 @@
 """A replica's training process for the FTAR tests: a small MLP on a
-deterministic data stream, under agent.manager, as a real OS process.
+deterministic data stream, under fthsdp.agent.training.manager, as a real OS process.
 
 Prints one JSON line per committed step (step, quorum, contributors,
 abandoned collectives, state checksum, monotonic time) and, with --save, the
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from agent.manager import Manager
+from fthsdp import Manager
 
 
 def make_model(hidden: int, seed: int, names: str = "plain") -> torch.nn.Module:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from agent.manager import Manager
+from fthsdp import Manager
 from tests.ftar_worker import batch, hang, make_model, make_optimizer
 
 

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from agent.manager import Manager
+from fthsdp import Manager
 from tests.ftar_worker import batch, make_model
 
 

@@ -100,7 +100,7 @@ class _Process:
 
 
 class CoordinatorProcess(_Process):
-    """``python -m coordinator --bind 127.0.0.1:PORT ...``; ``address`` once started."""
+    """``python -m fthsdp coordinator --bind 127.0.0.1:PORT ...``; ``address`` once started."""
 
     def __init__(self, tmp: Path, *args: str, port: int = 0) -> None:
         self.extra = list(args)
@@ -109,7 +109,7 @@ class CoordinatorProcess(_Process):
         super().__init__([], tmp / "coordinator.log")
 
     def start(self, timeout: float = 20.0) -> "CoordinatorProcess":
-        self.argv = [sys.executable, "-m", "coordinator", "--bind", f"127.0.0.1:{self.port}", *self.extra]
+        self.argv = [sys.executable, "-m", "fthsdp", "coordinator", "--bind", f"127.0.0.1:{self.port}", *self.extra]
         self.lines = queue.Queue()
         self.spawn()
         deadline = time.monotonic() + timeout
@@ -123,13 +123,13 @@ class CoordinatorProcess(_Process):
 
 
 class ReplicaProcess(_Process):
-    """agent.simulated_replica: registers, watches, prints events as JSON lines."""
+    """fthsdp.testing.simulated_replica: registers, watches, prints events as JSON lines."""
 
     def __init__(self, tmp: Path, coordinator: str, replica_id: str, *args: str) -> None:
         argv = [
             sys.executable,
             "-m",
-            "agent.simulated_replica",
+            "fthsdp.testing.simulated_replica",
             "--coordinator",
             coordinator,
             "--replica-id",
@@ -166,7 +166,7 @@ class ReplicaProcess(_Process):
 
 
 class WorkerProcess(_Process):
-    """tests/ftar_worker.py under agent.manager: one JSON line per committed step."""
+    """tests/ftar_worker.py under fthsdp.agent.training.manager: one JSON line per committed step."""
 
     def __init__(self, tmp: Path, coordinator: str, replica_id: str, replica_rank: int, *args: str, env: dict | None = None) -> None:
         argv = [sys.executable, "-m", "tests.ftar_worker", *args]
@@ -235,7 +235,7 @@ class AgentProcess(WorkerProcess):
                  worker: str = "tests.ftar_worker") -> None:
         super().__init__(tmp, coordinator, replica_id, replica_rank)
         self.argv = [
-            sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", coordinator,
+            sys.executable, "-m", "fthsdp", "agent", "--coordinator", coordinator,
             "--replica-id", replica_id, "--replica-rank", str(replica_rank), "--num-replicas", str(num_replicas),
             "--nproc", "1", "--restart-backoff", "100ms", *agent_args,
             "--", sys.executable, "-m", worker, *worker_args,

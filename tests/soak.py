@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from coordinator.client import CoordinatorClient, parse_addresses
+from fthsdp.client import CoordinatorClient, parse_addresses
 from tests.processes import AgentProcess, _json_objects
 from tests.soak_control import ControlPlane
 from tests.waiting import wait_until

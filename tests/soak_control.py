@@ -15,9 +15,9 @@ import time
 import uuid
 from pathlib import Path
 
-from coordinator.client import CoordinatorClient
-from coordinator.local_etcd import EtcdServer
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from fthsdp.testing.local_etcd import EtcdServer
 from tests.supervised import SupervisedCoordinator, stall_etcd
 from tests.waiting import wait_until
 

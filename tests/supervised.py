@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from coordinator.local_etcd import EtcdServer, free_port
+from fthsdp.testing.local_etcd import EtcdServer, free_port
 from tests.processes import ROOT, _env
 
 LOADED = re.compile(r"job (\S+): (\d+) replicas from the store; each has (\S+)s to reconnect")
@@ -58,7 +58,7 @@ class LogFile:
 
 
 class SupervisedCoordinator:
-    """``python -m coordinator --bind 127.0.0.1:PORT ARGS`` kept running: a
+    """``python -m fthsdp coordinator --bind 127.0.0.1:PORT ARGS`` kept running: a
     process that ends is started again after ``restart_sec``."""
 
     def __init__(self, log_path: Path, *args: str, restart_sec: float = 0.1, port: int = 0) -> None:
@@ -85,7 +85,7 @@ class SupervisedCoordinator:
                     return
                 with open(self.log.path, "ab") as out:
                     self._proc = subprocess.Popen(
-                        [sys.executable, "-m", "coordinator", "--bind", self.address, *self.args],
+                        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", self.address, *self.args],
                         cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT,
                     )
                 self.starts += 1
@@ -129,7 +129,7 @@ def signal_process(pid: int, sig: int) -> bool:
 
 
 def etcd_pid(server: EtcdServer) -> int:
-    """The pid of a private etcd (coordinator/local_etcd.py keeps its process
+    """The pid of a private etcd (fthsdp/testing/local_etcd.py keeps its process
     private; stalling it with SIGSTOP needs the pid)."""
     proc = server._proc  # noqa: SLF001 - read only
     if proc is None or proc.poll() is not None:

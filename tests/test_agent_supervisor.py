@@ -1,6 +1,6 @@
 """The node agent (`fthsdp agent`): launch contract, restarts, drain, reporting.
 
-Real processes throughout: the agent runs as `python -m coordinator.cli agent`
+Real processes throughout: the agent runs as `python -m fthsdp agent`
 and supervises tests/rank_script.py, which writes its environment to files
 that the tests wait for (with deadlines), and behaves per its plan.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig, replica_rank_from_id
-from agent.launch import describe_exit, rank_environments
-from agent.supervisor import TRANSITIONS, AgentState, Supervisor, backoff_delay
-from coordinator.client import CoordinatorClient
-from coordinator.errors import ConfigError
-from coordinator.local_etcd import free_port
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent.node.config import AgentConfig, replica_rank_from_id
+from fthsdp.agent.node.launch import describe_exit, rank_environments
+from fthsdp.agent.node.supervisor import TRANSITIONS, AgentState, Supervisor, backoff_delay
+from fthsdp.client import CoordinatorClient
+from fthsdp.core.errors import ConfigError
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from fthsdp.testing.local_etcd import free_port
 from tests.processes import ROOT, CoordinatorProcess, _env
 from tests.test_cli import fthsdp, one_line_error
 from tests.waiting import wait_until
@@ -40,7 +40,7 @@ class Agent:
         self.log_path = tmp / "agent.log"
         # By default nothing listens on the coordinator port: reporting fails fast.
         coordinator = coordinator or f"127.0.0.1:{free_port()}"
-        argv = [sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", coordinator]
+        argv = [sys.executable, "-m", "fthsdp", "agent", "--coordinator", coordinator]
         argv += ["--monitor-interval", "20ms", "--restart-backoff", "10ms", *args]
         argv += ["--", sys.executable, RANK_SCRIPT, str(self.out), plan]
         with open(self.log_path, "wb") as log:

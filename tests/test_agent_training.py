@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess, CoordinatorProcess
 from tests.waiting import wait_until
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.manager import ApiMisuse, Manager, ManagerConfig
-from agent.train_state import check_dense, check_gradient, gradient_sample
-from coordinator.errors import ConfigError
+from fthsdp.agent.training.manager import Manager, ManagerConfig
+from fthsdp.agent.training.train_state import check_dense, check_gradient, gradient_sample
+from fthsdp.core.errors import ApiMisuse, ConfigError
 from tests.processes import CoordinatorProcess, WorkerProcess
 
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.client import CoordinatorClient
-from coordinator.errors import RequestRejected
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.core.errors import RequestRejected
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess, CoordinatorProcess
 from tests.test_cli import fthsdp, one_line_error
 

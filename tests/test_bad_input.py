@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from protos.fthsdp.v1 import coordinator_pb2 as pb
-from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from tests.processes import CoordinatorProcess
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

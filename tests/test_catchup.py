@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.status_view import STATE_NAMES
+from fthsdp.client import CoordinatorClient
+from fthsdp.coordinator.status_view import STATE_NAMES
 from tests.processes import AgentProcess, CoordinatorProcess, WorkerProcess
 from tests.waiting import wait_until
 

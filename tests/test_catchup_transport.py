@@ -11,16 +11,16 @@ import threading
 import pytest
 import torch
 
-from agent import catchup_tls
-from agent.catchup_client import LogGone, SourceClient, SourceUnavailable, Unauthorized
-from agent.catchup_server import CatchUpServer
-from agent.catchup_source import CatchUpSource, SnapshotUnavailable
-from agent.checksum import state_checksum
-from agent.grad_log import GradientLog
-from agent.snapshot import capture_state, load_state, state_from_bytes
-from agent.state_codec import StateCodecError, flatten, unflatten
-from coordinator.credentials import TlsFiles
-from protos.fthsdp.v1 import catchup_pb2 as cpb
+from fthsdp.agent.training import catchup_tls
+from fthsdp.agent.training.catchup_client import LogGone, SourceClient, SourceUnavailable, Unauthorized
+from fthsdp.agent.training.catchup_server import CatchUpServer
+from fthsdp.agent.training.catchup_source import CatchUpSource, SnapshotUnavailable
+from fthsdp.agent.training.checksum import state_checksum
+from fthsdp.agent.training.grad_log import GradientLog
+from fthsdp.agent.training.snapshot import capture_state, load_state, state_from_bytes
+from fthsdp.agent.training.state_codec import StateCodecError, flatten, unflatten
+from fthsdp.core.credentials import TlsFiles
+from fthsdp.protos.v1 import catchup_pb2 as cpb
 from tests.waiting import wait_until
 
 # ----- the codec -------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_a_source_that_breaks_off_is_given_up():
                 conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 8192\r\n\r\nxx")
 
     threading.Thread(target=serve, daemon=True).start()
-    from protos.fthsdp.v1 import catchup_pb2 as cpb
+    from fthsdp.protos.v1 import catchup_pb2 as cpb
 
     manifest = cpb.SnapshotManifest(step=1, total_bytes=8192, chunk_bytes=4096, chunk_crc32=[0, 0])
     client = SourceClient(f"127.0.0.1:{listener.getsockname()[1]}", attempts=2, timeout=5)
@@ -262,8 +262,8 @@ def test_a_joiner_reading_the_log_keeps_its_snapshot_and_the_log_held(source):
 
 
 def test_status_table_shows_catch_up_progress():
-    from coordinator.status_view import status_table
-    from protos.fthsdp.v1 import coordinator_pb2 as pb
+    from fthsdp.coordinator.status_view import status_table
+    from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     status = pb.StatusResponse(job="j", replicas=[pb.ReplicaStatus(
         replica_id="r2", state=pb.REPLICA_STATE_CATCHING_UP, catch_up_source="r0",

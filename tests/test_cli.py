@@ -11,17 +11,18 @@ import sys
 
 import pytest
 
-from coordinator import cli, progress_view
-from coordinator.local_etcd import free_port
-from coordinator.status_view import status_dict
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.cli import main as cli
+from fthsdp.coordinator import progress_view
+from fthsdp.coordinator.status_view import status_dict
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from fthsdp.testing.local_etcd import free_port
 from tests.processes import ROOT, CoordinatorProcess, _env
 from tests.test_metrics import hung_runtime, straggler_runtime
 
 
 def fthsdp(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", *args],
+        [sys.executable, "-m", "fthsdp", *args],
         cwd=ROOT,
         env={**_env(), **(env or {})},
         capture_output=True,
@@ -133,7 +134,7 @@ def test_console_script_and_module_entry_points():
     assert script, "pip install should put the fthsdp console script beside python"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "coordinator" in result.stdout and "status" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "coordinator", "--help"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-m", "fthsdp", "coordinator", "--help"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "--heartbeat-timeout" in result.stdout
 
 

@@ -10,13 +10,13 @@ import logging
 
 import pytest
 
-from coordinator import committed
-from coordinator.errors import LostOwnership, StateNotLost, StoreUnavailable
-from coordinator.job import JobState
-from coordinator.keys import JobKeys
-from coordinator.quorum import Member, Quorum, Rules
-from coordinator.store import MemoryStore
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.coordinator import committed
+from fthsdp.coordinator.job import JobState
+from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.quorum import Member, Quorum, Rules
+from fthsdp.coordinator.store import MemoryStore
+from fthsdp.core.errors import LostOwnership, StateNotLost, StoreUnavailable
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.test_job import formed, registered
 
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=0.0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.cli import build_parser, coordinator_config
-from coordinator.config import CoordinatorConfig
-from coordinator.errors import ConfigError
-from coordinator.settings import field_docs, parse_duration, reference_markdown
+from fthsdp.cli.main import build_parser, coordinator_config
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.core.errors import ConfigError
+from fthsdp.core.settings import field_docs, parse_duration, reference_markdown
 
 
 def config(argv, env=None):

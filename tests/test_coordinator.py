@@ -12,9 +12,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
-from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.waiting import wait_until
 
@@ -49,7 +49,7 @@ def replicas(tmp_path):
 
 
 def states(address: str, job: str = "") -> dict[str, str]:
-    from coordinator.status_view import status_dict
+    from fthsdp.coordinator.status_view import status_dict
 
     with CoordinatorClient([address]) as client:
         return {r["id"]: r["state"] for r in status_dict(client.status(job))["replicas"]}
@@ -201,7 +201,7 @@ def test_a_replica_is_pushed_its_place_not_the_member_list(coordinator, replicas
 def test_watch_pushes_changes_as_deltas(coordinator, replicas):
     """After the first event, a stream gets only what changed: the members
     added and removed, which rebuild the coordinator's own list."""
-    from coordinator import quorum_delta
+    from fthsdp.core import quorum_delta
 
     c = coordinator()
     (r0,) = replicas(c.address, "r0")

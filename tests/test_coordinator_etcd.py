@@ -9,15 +9,15 @@ import uuid
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import ROOT, CoordinatorProcess, ReplicaProcess, _env
 from tests.waiting import wait_until
 
 
 def fthsdp(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "fthsdp", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
     )
 
 

@@ -1,6 +1,6 @@
 """A coordinator restart or failover drops no healthy replica, and a replica
 killed right after it is handled as soon as the others are back (quorum rule
-1's reconnection grace, coordinator/runtime.py ``_grant_grace``).
+1's reconnection grace, fthsdp/coordinator/runtime.py ``_grant_grace``).
 
 Real processes: etcd, coordinators under a supervisor (tests/supervised.py:
 SIGKILLed, started again on the same port, as systemd's Restart=always
@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 
-from coordinator.keys import JobKeys
-from coordinator.store import open_store
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.store import open_store
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess
 from tests.soak import Watched
 from tests.supervised import LOADED, SupervisedCoordinator, signal_process, stall_etcd
@@ -34,7 +34,7 @@ survivor's next commit without the victim ("within a few seconds"): its
 agent reports it failed, or it is judged once the others are back. (The
 survivors' clients back off while no coordinator answers: after a long
 outage they come back seconds after the coordinator; see the report of
-issue 21 on coordinator/client.py.)"""
+issue 21 on fthsdp/client.py.)"""
 
 
 def coordinator_args(etcd_url: str, prefix: str) -> tuple[str, ...]:

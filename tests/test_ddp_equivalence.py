@@ -3,7 +3,6 @@ own DistributedDataParallel reaches with world size N on the same data."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -14,12 +14,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from coordinator.cli import main
-from coordinator.demo.children import marked_pids
-from coordinator.demo.record import Failure, Recorder, RankStart, StepLine
-from coordinator.demo.summary import summarize
 from waiting import wait_until
+
+from fthsdp.cli.main import main
+from fthsdp.demo.children import marked_pids
+from fthsdp.demo.record import Failure, RankStart, Recorder, StepLine
+from fthsdp.demo.summary import summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MARK = "DEMO_TEST_MARK"
@@ -32,7 +32,7 @@ def _demo(tmp_path: Path, mark: str, *args: str) -> subprocess.Popen:
     env[TEST_MARK] = mark
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "demo", "--no-live", "--out", str(tmp_path / "out"), *args],
+        [sys.executable, "-m", "fthsdp", "demo", "--no-live", "--out", str(tmp_path / "out"), *args],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

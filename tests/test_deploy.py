@@ -15,16 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from coordinator.cli import build_parser
-from coordinator.errors import ConfigError
 from deploy_files import (
     DEPLOY,
+    SAMPLE_FIELDS,
     Command,
+    config_maps,
     expand_exec,
     known_variables,
-    SAMPLE_FIELDS,
-    config_maps,
     kubernetes_commands,
     kubernetes_documents,
     pod_templates,
@@ -33,6 +30,9 @@ from deploy_files import (
     split_fthsdp,
     yaml_documents,
 )
+
+from fthsdp.cli.main import build_parser
+from fthsdp.core.errors import ConfigError
 
 ROOT = DEPLOY.parent
 SYSTEMD = DEPLOY / "systemd"
@@ -183,7 +183,7 @@ def test_kubernetes_commands_and_settings_are_real(tmp_path):
 
 
 def test_coordinator_deployment_is_highly_available_and_probed_on_grpc_health(tmp_path):
-    from coordinator.server import SERVICE_NAME
+    from fthsdp.coordinator.server import SERVICE_NAME
 
     docs = [doc for _, doc in kubernetes_documents()]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "fthsdp-coordinator"]
@@ -370,7 +370,7 @@ def test_every_fthsdp_variable_is_a_real_setting():
 
 
 def etcd_flags() -> set[str]:
-    from coordinator.local_etcd import EtcdNotFound, find_etcd_binary
+    from fthsdp.testing.local_etcd import EtcdNotFound, find_etcd_binary
 
     try:
         binary = find_etcd_binary()
@@ -411,9 +411,10 @@ def readme_tls_probe() -> list[str]:
 
 
 def test_make_certs_script_and_tls_probe_work_with_a_real_coordinator(tmp_path):
-    from coordinator.client import CoordinatorClient
-    from coordinator.credentials import TlsFiles, read_token_file
     from processes import CoordinatorProcess
+
+    from fthsdp.client import CoordinatorClient
+    from fthsdp.core.credentials import TlsFiles, read_token_file
 
     openssl = need_tool(shutil.which("openssl"), "openssl")
     out = tmp_path / "creds"

@@ -1,8 +1,8 @@
 """Why a replica diverged, and when its agent stops restarting it (pure):
 the message that compares its step inputs with the members'
-(coordinator/divergence.py), the count of mismatch evictions in a row after
+(fthsdp/coordinator/divergence.py), the count of mismatch evictions in a row after
 a catch-up as JobState keeps it, the inputs each checksum carries
-(agent/checksum.py), and the agent's give-up (agent/supervisor.py, with a
+(fthsdp/agent/training/checksum.py), and the agent's give-up (fthsdp/agent/node/supervisor.py, with a
 stand-in for its watch of the coordinator)."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import sys
 
 import pytest
 
-from agent.checksum import MAX_INPUTS, StridedHistory, cap_inputs
-from agent.config import AgentConfig
-from agent.injection import AgentFaults
-from agent.supervisor import AgentState, Supervisor
-from coordinator import divergence
-from coordinator.job import JobState
-from coordinator.quorum import Quorum, Rules
-from coordinator.status_view import status_table
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent.injection import AgentFaults
+from fthsdp.agent.node.config import AgentConfig
+from fthsdp.agent.node.supervisor import AgentState, Supervisor
+from fthsdp.agent.training.checksum import MAX_INPUTS, StridedHistory, cap_inputs
+from fthsdp.coordinator import divergence
+from fthsdp.coordinator.job import JobState
+from fthsdp.coordinator.quorum import Rules
+from fthsdp.coordinator.status_view import status_table
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import ROOT, _env
 from tests.test_job import formed, registered
 
@@ -173,12 +173,12 @@ RANK_SCRIPT = str(ROOT / "tests" / "rank_script.py")
 
 
 class Verdicts:
-    """Stands in for agent/hang_watch.py: the coordinator's verdicts as its stream would have them."""
+    """Stands in for fthsdp/agent/node/hang_watch.py: the coordinator's verdicts as its stream would have them."""
 
     def __init__(self, divergences: dict[int, pb.Divergence], finished_step: int = 0) -> None:
         self.divergences = divergences
         self.finished_step = finished_step
-        self.faults = AgentFaults("r2")  # no fault injected (agent/injection.py)
+        self.faults = AgentFaults("r2")  # no fault injected (fthsdp/agent/injection.py)
 
     def notice_for(self, restart_count):
         return None

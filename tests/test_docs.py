@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coordinator.reference import README, render
 from deploy_files import known_variables
 from test_deploy import subcommand_flags
+
+from fthsdp.cli.reference import README, render
 
 OPERATIONS = README.parent / "docs" / "operations.md"
 SUBCOMMAND = re.compile(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon|give-up-state|reopen-job|demo)\b(.*?)(?:`|$| -- )")
@@ -16,7 +17,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 def test_readme_config_reference_is_current():
     text = README.read_text()
-    assert render(text) == text, "README's configuration reference is stale: run python -m coordinator.reference"
+    assert render(text) == text, "README's configuration reference is stale: run python -m fthsdp.cli.reference"
 
 
 def test_readme_first_screen_has_the_two_commands():

@@ -19,11 +19,12 @@ import sys
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.status_view import STATE_NAMES
+from fthsdp.client import CoordinatorClient
+from fthsdp.coordinator.status_view import STATE_NAMES
 from tests.processes import ROOT, AgentProcess, CoordinatorProcess
 from tests.test_catchup import FOREVER, HIDDEN, members, status_of
-from tests.test_web import TOKEN, drain as http_drain, page_url, token_file  # noqa: F401 - a fixture
+from tests.test_web import TOKEN, page_url, token_file  # noqa: F401 - a fixture
+from tests.test_web import drain as http_drain
 from tests.waiting import wait_until
 
 SLOW_TRANSFER = {"FTHSDP_CATCH_UP_MAX_RATE": str(1 << 20)}  # 6 MB of state: several seconds
@@ -54,7 +55,7 @@ def job(tmp_path, token_file):
 def ask_for_drain(way: str, c: CoordinatorProcess, agent: AgentProcess, token_file: str) -> None:
     replica = agent.replica_id
     if way == "cli":
-        out = subprocess.run([sys.executable, "-m", "coordinator.cli", "drain", "--coordinator", c.address,
+        out = subprocess.run([sys.executable, "-m", "fthsdp", "drain", "--coordinator", c.address,
                               "--token-file", token_file, replica], cwd=ROOT, capture_output=True, text=True,
                              timeout=30)
         assert out.returncode == 0, out.stderr

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess, CoordinatorProcess
 from tests.waiting import wait_until
 

@@ -95,7 +95,7 @@ def test_survivors_continue_past_a_hung_replica(cluster):
 
 
 def test_replica_whose_state_diverges_is_flagged_and_taken_out(cluster, tmp_path):
-    from coordinator.client import CoordinatorClient
+    from fthsdp.client import CoordinatorClient
 
     # The survivors train long enough for heartbeats (every 200 ms) to carry
     # the mismatching checksums to the coordinator.

@@ -8,13 +8,13 @@ import itertools
 
 import pytest
 
-from agent.ftar_decisions import (
+from fthsdp.agent.training.ftar_decisions import (
     AGAIN,
     FOLLOW_HEAL,
     IN_PHASE,
-    REPLAY_TO_BEFORE_HEAD,
     JOIN_IN_PHASE,
     NO_GRADIENT,
+    REPLAY_TO_BEFORE_HEAD,
     SERVE_LAST,
     TAKE_LAST,
     FtarError,
@@ -123,7 +123,7 @@ def test_members_steps_too_far_apart_is_an_error():
 def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected):
     import torch
 
-    from agent.ftar_decisions import slot_switch
+    from fthsdp.agent.training.ftar_decisions import slot_switch
 
     # Summed in float32, as in the gradient all-reduce.
     total = torch.tensor([float(d) for d in proposals], dtype=torch.float32).sum()
@@ -134,8 +134,8 @@ def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected
 # ----- is_growth: what the coordinator's last_drop_id lets a member conclude ------------
 
 def test_is_growth_from_last_drop_id() -> None:
-    from agent.ftar_decisions import is_growth
-    from protos.fthsdp.v1 import coordinator_pb2 as pb
+    from fthsdp.agent.training.ftar_decisions import is_growth
+    from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     q = lambda qid, last_drop: pb.Quorum(id=qid, last_drop_id=last_drop)  # noqa: E731
     assert is_growth(4, q(6, 3))  # nobody dropped since 3: 5 and 6 only added
@@ -153,9 +153,9 @@ def test_is_growth_agrees_with_the_member_lists_along_random_chains() -> None:
     (a drop and re-admission in between is conservatively not growth)."""
     import random
 
-    from agent.ftar_decisions import is_growth
-    from coordinator.codec import quorum_to_pb
-    from coordinator.quorum import Member, Quorum, next_last_drop_id
+    from fthsdp.agent.training.ftar_decisions import is_growth
+    from fthsdp.coordinator.codec import quorum_to_pb
+    from fthsdp.coordinator.quorum import Member, Quorum, next_last_drop_id
 
     rng = random.Random(7)
     for _ in range(50):

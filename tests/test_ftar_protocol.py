@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from coordinator.local_etcd import free_port
+from fthsdp.testing.local_etcd import free_port
 from tests.processes import ROOT, _env
 
 

@@ -13,8 +13,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import CoordinatorProcess
 from tests.waiting import wait_until
 
@@ -110,7 +110,7 @@ def target(tmp_path_factory):
     channel = grpc.insecure_channel(c.address)
     with CoordinatorClient([c.address]) as client:
         reply = client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
-        # Admitted only once heard from (coordinator/quorum.py, rule 6).
+        # Admitted only once heard from (fthsdp/coordinator/quorum.py, rule 6).
         client.call("Heartbeat", pb.HeartbeatRequest(job="default", replica_id="r0", session_id=reply.session_id))
         # Settled before fuzzing: a quorum forming mid-check would read as a change.
         wait_until(lambda: client.status().quorum.member_count == 1, 20, message="r0's quorum")

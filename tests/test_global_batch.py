@@ -1,5 +1,5 @@
 """A constant global batch while a replica is out: ``Manager.participation()``
-(agent/participation.py) and examples/gpt/train.py ``--global-batch``.
+(fthsdp/agent/training/participation.py) and examples/gpt/train.py ``--global-batch``.
 
 The participation's rules are table-tested on pushed quorums; a real job (a
 coordinator, 3 agents training the example) shows that the survivors of a
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.participation import KEEP_QUORUMS, Participation, QuorumRecord
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent.training.participation import KEEP_QUORUMS, Participation, QuorumRecord
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess, CoordinatorProcess
 
 ROOT = Path(__file__).resolve().parent.parent

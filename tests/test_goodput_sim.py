@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import coordinator.quorum
+import fthsdp.coordinator.quorum
 
 # benchmarks/ is not an installed package: import it from the checkout, as
 # `python benchmarks/goodput_sim.py` does, whichever way pytest was started.
@@ -113,15 +113,15 @@ def test_same_seed_same_run_other_seed_other_run():
 
 
 def test_the_simulator_calls_the_shipped_quorum_decision():
-    assert engine.decide is coordinator.quorum.decide
-    assert engine.Rules is coordinator.quorum.Rules
+    assert engine.decide is fthsdp.coordinator.quorum.decide
+    assert engine.Rules is fthsdp.coordinator.quorum.Rules
 
 
 def test_membership_is_what_the_decision_returns(monkeypatch):
     returned = []
 
     def spy(*args, **kwargs):
-        d = coordinator.quorum.decide(*args, **kwargs)
+        d = fthsdp.coordinator.quorum.decide(*args, **kwargs)
         returned.append(d)
         return d
 
@@ -236,7 +236,7 @@ def test_command_line_prints_the_tables_and_writes_the_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| 16,384 | 13.1 |" in out
     assert "synchronous 1 - 10/18 = 44.4%" in out
-    assert "coordinator.quorum.decide:" in out
+    assert "fthsdp.coordinator.quorum.decide:" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

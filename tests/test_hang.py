@@ -1,4 +1,4 @@
-"""The hang and straggler verdicts (coordinator/hang.py), table-driven, and
+"""The hang and straggler verdicts (fthsdp/coordinator/hang.py), table-driven, and
 how a JobState applies them: pure logic with made-up times, no processes."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.step_clock import StepClock
-from coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
-from coordinator.job import JobState
-from coordinator.quorum import Rules
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent.training.step_clock import StepClock
+from fthsdp.coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
+from fthsdp.coordinator.job import JobState
+from fthsdp.coordinator.quorum import Rules
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 C, A, U, S, N = pb.PHASE_COMPUTE, pb.PHASE_ALLREDUCE, pb.PHASE_UPDATE, pb.PHASE_SECTION, pb.PHASE_UNSPECIFIED
 P = pb.PHASE_STARTING
@@ -176,14 +176,14 @@ def joined_job(n=3, hang_rules=RULES):
         sessions[rid] = job.register(rid, f"h:{i}", 1, 0, 0, 0.0, restart_count=2)
         job.heartbeat(rid, sessions[rid], 0, False, "", 0, 0.1)
     decision = job.evaluate(0.2)
-    from coordinator.quorum import Quorum
+    from fthsdp.coordinator.quorum import Quorum
     job.apply(decision, Quorum(1, decision.members), 1)
     return job, sessions
 
 
 def adopt(job, now, quorum_id):
     """The next decision, stored and applied as the runtime does; returns its members."""
-    from coordinator.quorum import Quorum
+    from fthsdp.coordinator.quorum import Quorum
 
     decision = job.evaluate(now)
     assert decision.members is not None, decision.reason
@@ -259,7 +259,7 @@ def test_a_member_dropped_for_silence_with_its_session_open_gets_a_notice():
         job.heartbeat("r0", s["r0"], 3, False, "", 0, t)
         job.heartbeat("r1", s["r1"], 3, False, "", 0, t)
     decision = job.evaluate(6.0)  # r2 was last heard at 0.1: past the 5 s timeout
-    from coordinator.quorum import Quorum
+    from fthsdp.coordinator.quorum import Quorum
     job.apply(decision, Quorum(2, decision.members), 2)
     assert [m.replica_id for m in decision.members] == ["r0", "r1"]
     assert "no heartbeat" in job.watch_event("r2", "leader").hang.reason

@@ -1,4 +1,4 @@
-"""Hangs and stragglers with real processes (coordinator/hang.py).
+"""Hangs and stragglers with real processes (fthsdp/coordinator/hang.py).
 
 A replica whose training thread blocks forever (its heartbeat threads
 alive) is taken out once the others have waited for it past the hang limit;
@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from coordinator.client import CoordinatorClient
+from fthsdp.client import CoordinatorClient
 from tests.processes import CoordinatorProcess, WorkerProcess
 from tests.test_catchup import SLOW, cluster, members, status_of, wait_transfer_started  # noqa: F401 - a fixture
 from tests.test_overlapping_failures import assert_one_state_per_step

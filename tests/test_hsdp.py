@@ -10,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from coordinator.local_etcd import free_port
+from fthsdp.testing.local_etcd import free_port
 from tests.processes import AgentProcess, CoordinatorProcess, start_ddp_oracle
 from tests.waiting import wait_until
 
@@ -80,7 +80,7 @@ def test_a_failed_shard_rank_takes_its_replica_out_and_the_other_trains_on(tmp_p
         r0.finish(timeout=180)
         if sig == signal.SIGSTOP:
             # Dropped for silence with its connections open: its agent ends it
-            # (agent/hang_watch.py), SIGKILL after --hang-grace.
+            # (fthsdp/agent/node/hang_watch.py), SIGKILL after --hang-grace.
             wait_until(lambda: not _running(victim), 60, message="the agent ended the stopped rank")
             assert "taken out by the coordinator" in r1.log_path.read_text()
     finally:

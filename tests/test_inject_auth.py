@@ -12,12 +12,12 @@ import threading
 import grpc
 import pytest
 
-from coordinator import cli
-from coordinator.client import CoordinatorClient
-from coordinator.config import CoordinatorConfig
-from coordinator.errors import RequestRejected
-from coordinator.server import start_coordinator
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.cli import main as cli
+from fthsdp.client import CoordinatorClient
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.server import start_coordinator
+from fthsdp.core.errors import RequestRejected
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 JOB_TOKEN = "job-token-0123456789"
 ADMIN_TOKEN = "admin-token-9876543210"

@@ -23,15 +23,16 @@ from html.parser import HTMLParser
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.http_server import serve_http
-from coordinator.web import WebApp
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.coordinator.http_server import serve_http
+from fthsdp.coordinator.web import WebApp
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.test_catchup import cluster, members, status_of  # noqa: F401 - a fixture
 from tests.test_cli import fthsdp
 from tests.test_hangs import LONG_FTAR, TIGHT, train_on_and_stop
 from tests.test_metrics import hung_runtime
-from tests.test_web import chromium, page_url, run_chromium, status as page_status
+from tests.test_web import chromium, page_url, run_chromium
+from tests.test_web import status as page_status
 from tests.waiting import wait_until
 
 ADMIN_TOKEN = "inject-admin-token-0123"

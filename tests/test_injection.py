@@ -1,4 +1,4 @@
-"""Fault injection's pure parts (coordinator/injection.py, agent/injection.py):
+"""Fault injection's pure parts (fthsdp/coordinator/injection.py, fthsdp/agent/injection.py):
 request checks, the admin check, the coordinator's record and push, the
 executors' once-per-incarnation rule, the CLI's usage errors and the status
 views. In-process, no processes; tests/test_inject_auth.py has the gRPC edge,
@@ -13,16 +13,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import injection as agent_injection
-from agent.injection import AgentFaults, RankFaults, kill_ranks
-from coordinator import cli
-from coordinator.auth import PermissionDenied, Unauthenticated, check_admin
-from coordinator.errors import ConfigError, InvalidRequest, NotFound
-from coordinator.injection import MAX_PER_INCARNATION, NotInjectable
-from coordinator.status_view import status_dict, status_table
-from coordinator.validation import check_inject
-from coordinator.web import recent_events
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent import injection as agent_injection
+from fthsdp.agent.injection import AgentFaults, RankFaults, kill_ranks
+from fthsdp.cli import main as cli
+from fthsdp.coordinator.injection import MAX_PER_INCARNATION, NotInjectable
+from fthsdp.coordinator.status_view import status_dict, status_table
+from fthsdp.coordinator.validation import check_inject
+from fthsdp.coordinator.web import recent_events
+from fthsdp.core.auth import PermissionDenied, Unauthenticated, check_admin
+from fthsdp.core.errors import ConfigError, InvalidRequest, NotFound
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.test_metrics import joined_runtime
 
 KILL, HANG, SLOW = pb.FAULT_KIND_KILL, pb.FAULT_KIND_HANG, pb.FAULT_KIND_SLOW
@@ -88,7 +88,7 @@ def test_admin_calls_need_the_admin_token(method, configured, metadata, refusal)
 
 
 def test_an_admin_token_equal_to_the_job_token_is_refused(tmp_path):
-    from coordinator.config import CoordinatorConfig
+    from fthsdp.coordinator.config import CoordinatorConfig
 
     (tmp_path / "job").write_text("same-token\n")
     (tmp_path / "admin").write_text("same-token")
@@ -287,8 +287,8 @@ def test_the_http_drain_takes_the_admin_token_once_there_is_one(tmp_path):
     import dataclasses
     import json
 
-    from coordinator.http_server import Request
-    from coordinator.web import WebApp
+    from fthsdp.coordinator.http_server import Request
+    from fthsdp.coordinator.web import WebApp
 
     (tmp_path / "admin").write_text("admin-secret")
 

@@ -1,7 +1,7 @@
 """A job whose members all finished: the coordinator's finished mark (what
 counts as finished, stored before it is applied, kept across a restart,
 cleared only by a reopen), and the replica that arrives afterwards
-(agent/joiner.py raises JobFinished). In process, on the memory store; the
+(fthsdp/agent/training/joiner.py raises JobFinished). In process, on the memory store; the
 end-to-end runs are in tests/test_job_finished_processes.py."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import types
 
 import pytest
 
-from agent.job_finished import JobFinished, finished_line, finished_step
-from agent.joiner import Joiner
-from coordinator.config import CoordinatorConfig
-from coordinator.errors import JobNotFinished
-from coordinator.job import JobState
-from coordinator.quorum import Rules
-from coordinator.runtime import CoordinatorRuntime
-from coordinator.status_view import status_dict, status_table
-from coordinator.store import MemoryStore
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.agent.training.job_finished import JobFinished, finished_line, finished_step
+from fthsdp.agent.training.joiner import Joiner
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.job import JobState
+from fthsdp.coordinator.quorum import Rules
+from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.status_view import status_dict, status_table
+from fthsdp.coordinator.store import MemoryStore
+from fthsdp.core.errors import JobNotFinished
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.test_job import formed, registered
 
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=0.0)

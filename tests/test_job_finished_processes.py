@@ -1,10 +1,10 @@
 """A replica that arrives after its job finished, end to end: real
-coordinator, training processes (tests/ftar_worker.py under agent.manager)
+coordinator, training processes (tests/ftar_worker.py under fthsdp.agent.training.manager)
 and a node agent. The replica is told the job is finished, prints one line
 and exits 0; its agent ends as SUCCEEDED without a restart; the operator's
 `fthsdp status` shows the mark and `fthsdp reopen-job` clears it.
 
-Needs Manager.start() to catch agent.job_finished.JobFinished (log the
+Needs Manager.start() to catch fthsdp.agent.training.job_finished.JobFinished (log the
 line, close("finished"), return with ``stopped`` set)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from coordinator.client import CoordinatorClient
+from fthsdp.client import CoordinatorClient
 from tests.processes import AgentProcess, CoordinatorProcess, WorkerProcess
 from tests.test_cli import fthsdp, one_line_error
 from tests.waiting import wait_until

@@ -1,4 +1,4 @@
-"""A replica's lifecycle (agent/lifecycle.py) and the outcome its agent reads (agent/outcome.py): pure logic."""
+"""A replica's lifecycle (fthsdp/agent/training/lifecycle.py) and the outcome its agent reads (fthsdp/agent/outcome.py): pure logic."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from agent import outcome
-from agent.lifecycle import TRANSITIONS, Ending, Lifecycle, Stage, ending_for_eviction
+from fthsdp.agent import outcome
+from fthsdp.agent.training.lifecycle import TRANSITIONS, Ending, Lifecycle, Stage, ending_for_eviction
 
 
 @pytest.mark.parametrize("drain_requested, ending", [(True, Ending.DRAINED), (False, Ending.EVICTED)])

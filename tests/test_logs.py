@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from coordinator.log_format import JsonFormatter
+from fthsdp.core.log_format import JsonFormatter
 from tests.processes import ROOT, CoordinatorProcess, ReplicaProcess
 from tests.test_cli import fthsdp, one_line_error
 from tests.test_web import members, page_url, status, steps

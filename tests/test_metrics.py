@@ -15,10 +15,10 @@ import urllib.request
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.runtime import CoordinatorRuntime
-from coordinator.store.memory import MemoryStore
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.store.memory import MemoryStore
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.waiting import wait_until
 

@@ -164,7 +164,7 @@ def test_a_killed_replica_recovers_bit_identically(tmp_path):
     try:
         for i in range(3):
             fail = ["--fail-at-step", "25"] if i == 2 else []
-            argv = [sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", c.address, "--replica-id", f"r{i}",
+            argv = [sys.executable, "-m", "fthsdp", "agent", "--coordinator", c.address, "--replica-id", f"r{i}",
                     "--replica-rank", str(i), "--num-replicas", "3", "--restart-backoff", "100ms", "--",
                     sys.executable, "examples/nanogpt/train.py", "--max-iters", "100", "--dtype", "float16",
                     "--log-every", "1", "--eval-interval", "1000", *fail]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.netns import NetLab, _netns_names
 from tests.waiting import wait_until
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from coordinator.client import CoordinatorClient
+from fthsdp.client import CoordinatorClient
 from tests.processes import ROOT, AgentProcess, _env
 from tests.test_catchup import SLOW, cluster, members, status_of  # noqa: F401 - a fixture
 from tests.waiting import wait_until
@@ -206,7 +206,7 @@ def test_a_rank_of_an_fsdp2_group_killed_while_another_group_catches_up(cluster,
 
 
 def give_up(c, step: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", "give-up-state", "--coordinator", c.address,
+    return subprocess.run([sys.executable, "-m", "fthsdp", "give-up-state", "--coordinator", c.address,
                            "--step", str(step)], capture_output=True, text=True, timeout=30, cwd=ROOT, env=_env())
 
 

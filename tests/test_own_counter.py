@@ -17,10 +17,9 @@ import signal
 
 import pytest
 
-from coordinator.client import CoordinatorClient
+from fthsdp.client import CoordinatorClient
 from tests.processes import AgentProcess, CoordinatorProcess
 from tests.test_catchup import FOREVER, HIDDEN, status_of
-from tests.waiting import wait_until
 
 AFTER_REJOIN = 100
 

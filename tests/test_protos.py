@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import filecmp
 
-from protos.generate import ROOT, generate
+from fthsdp.protos.generate import ROOT, generate
 
 
 def test_committed_stubs_are_current(tmp_path):
@@ -12,5 +12,5 @@ def test_committed_stubs_are_current(tmp_path):
     assert written
     for path in written:
         committed = ROOT / path.relative_to(tmp_path)
-        assert committed.exists(), f"{committed} is missing: run python -m protos.generate"
-        assert filecmp.cmp(path, committed, shallow=False), f"{committed} is stale: run python -m protos.generate"
+        assert committed.exists(), f"{committed} is missing: run python -m fthsdp.protos.generate"
+        assert filecmp.cmp(path, committed, shallow=False), f"{committed} is stale: run python -m fthsdp.protos.generate"

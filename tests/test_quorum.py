@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from coordinator.quorum import Member, Quorum, decide, next_last_drop_id, settle_for
+from fthsdp.coordinator.quorum import Member, Quorum, decide, next_last_drop_id, settle_for
 from tests.quorum_cases import GRACE, NOW, RULES, Case, alive, awaited, check, quorum, silent, table
 
 CASES = [
@@ -314,7 +314,7 @@ def test_members_sorted_and_carry_their_step() -> None:
 
 def test_members_that_stay_keep_their_entry() -> None:
     """A member's entry does not change while it stays, so that a member list
-    can travel as a delta (coordinator/quorum_delta.py)."""
+    can travel as a delta (fthsdp/core/quorum_delta.py)."""
     prev = quorum("a", "b", qid=7)
     replicas = table(alive("a", 140), alive("b", 140), alive("d", 140, ready_since=NOW - 1))
     decision = decide(prev, replicas, NOW, RULES)
@@ -339,7 +339,7 @@ def test_members_that_stay_keep_their_entry() -> None:
     ],
 )
 def test_find_diverged(reports, joined, expected):
-    from coordinator.quorum import find_diverged
+    from fthsdp.coordinator.quorum import find_diverged
 
     assert find_diverged(reports, joined) == expected
 

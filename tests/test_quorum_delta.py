@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from coordinator import quorum_delta
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.core import quorum_delta
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
 def member(rid: str, joined: int = 1) -> pb.QuorumMember:

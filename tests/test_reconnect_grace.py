@@ -1,5 +1,5 @@
 """A coordinator that just started (a restart, a failover) gives every
-replica from the store a grace to reconnect (coordinator/runtime.py
+replica from the store a grace to reconnect (fthsdp/coordinator/runtime.py
 ``_grant_grace``, quorum rule 1): in process, on the memory store, with an
 injected clock. The real-process runs are in tests/test_coordinator_restart.py;
 the decision's cases in tests/test_quorum.py."""
@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from coordinator import committed
-from coordinator.config import CoordinatorConfig
-from coordinator.runtime import CoordinatorRuntime
-from coordinator.store import MemoryStore
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.coordinator import committed
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.store import MemoryStore
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 CONFIG = CoordinatorConfig(min_replicas=1, heartbeat_interval=1.0, heartbeat_timeout=5.0, join_timeout=10.0,
                            join_settle=0.0)

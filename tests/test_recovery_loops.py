@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.client import CoordinatorClient
+from fthsdp.client import CoordinatorClient
 from tests.test_catchup import SLOW, assert_same_state_after_rejoin, cluster, members  # noqa: F401 - a fixture
 from tests.waiting import wait_until
 

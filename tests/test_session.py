@@ -9,9 +9,9 @@ import queue
 import grpc
 import pytest
 
-from coordinator.client import CoordinatorClient
-from protos.fthsdp.v1 import coordinator_pb2 as pb
-from protos.fthsdp.v1 import coordinator_pb2_grpc as pb_grpc
+from fthsdp.client import CoordinatorClient
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from tests.processes import CoordinatorProcess
 from tests.waiting import wait_until
 

@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.keys import JobKeys
-from coordinator.store import open_store
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.store import open_store
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.test_coordinator_etcd import fresh_prefix, fthsdp
 from tests.waiting import wait_until

@@ -1,4 +1,4 @@
-"""The step protocol's table (agent/step_protocol.py), checked whole."""
+"""The step protocol's table (fthsdp/agent/training/step_protocol.py), checked whole."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from agent.ftar_decisions import Action, FtarError
-from agent.step_protocol import COLLECTIVES, TERMINAL, Outcome, Phase, after
+from fthsdp.agent.training.ftar_decisions import Action
+from fthsdp.agent.training.step_protocol import COLLECTIVES, TERMINAL, Outcome, Phase, after
+from fthsdp.core.errors import FtarError
 
 P, O, A = Phase, Outcome, Action
 

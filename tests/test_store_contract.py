@@ -1,4 +1,4 @@
-"""The Store contract (coordinator/store/base.py), run against every backend,
+"""The Store contract (fthsdp/coordinator/store/base.py), run against every backend,
 plus the parsing of --store URLs."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Iterator
 
 import pytest
 
-from coordinator.errors import ConfigError
-from coordinator.store import CasResult, Store, Versioned, open_store
-from coordinator.store.memory import MemoryStore
+from fthsdp.coordinator.store import CasResult, Store, Versioned, open_store
+from fthsdp.coordinator.store.memory import MemoryStore
+from fthsdp.core.errors import ConfigError
 
 
 @pytest.fixture(params=["memory", "etcd"])

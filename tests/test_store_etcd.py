@@ -13,10 +13,10 @@ from typing import Callable
 
 import pytest
 
-from coordinator.errors import StoreUnavailable
-from coordinator.store import Store, open_store
-from coordinator.store.etcd import EtcdStore
-from coordinator.local_etcd import EtcdServer, free_port
+from fthsdp.coordinator.store import Store, open_store
+from fthsdp.coordinator.store.etcd import EtcdStore
+from fthsdp.core.errors import StoreUnavailable
+from fthsdp.testing.local_etcd import EtcdServer, free_port
 from tests.waiting import wait_until
 
 # Generous for a loaded CI machine; on a quiet one it is well under a second.

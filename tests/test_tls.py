@@ -10,10 +10,10 @@ import signal
 
 import pytest
 
-from coordinator.client import CoordinatorClient
-from coordinator.credentials import TlsFiles
-from coordinator.errors import CoordinatorUnavailable
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.client import CoordinatorClient
+from fthsdp.core.credentials import TlsFiles
+from fthsdp.core.errors import CoordinatorUnavailable
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess, CoordinatorProcess
 from tests.test_cli import fthsdp, one_line_error
 from tests.tls_certs import make_certificates

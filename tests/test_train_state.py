@@ -1,12 +1,19 @@
-"""The replay contract's pure parts (agent/train_state.py), without processes."""
+"""The replay contract's pure parts (fthsdp/agent/training/train_state.py), without processes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agent.state_codec import StateCodecError
-from agent.train_state import SMALL_STATE_BYTES, TrainState, combine, decode_blob, encode_blob, explain_mismatch
+from fthsdp.agent.training.state_codec import StateCodecError
+from fthsdp.agent.training.train_state import (
+    SMALL_STATE_BYTES,
+    TrainState,
+    combine,
+    decode_blob,
+    encode_blob,
+    explain_mismatch,
+)
 
 
 class Counter:

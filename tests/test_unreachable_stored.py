@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.config import CoordinatorConfig
-from coordinator.runtime import CoordinatorRuntime
-from coordinator.store import MemoryStore
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.store import MemoryStore
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 CONFIG = CoordinatorConfig(min_replicas=1, heartbeat_interval=1.0, heartbeat_timeout=5.0, join_timeout=10.0,
                            join_settle=0.0, hang_floor=2.0, hang_ceiling=2.0)

@@ -1,12 +1,12 @@
-"""What Watch streams are sent (coordinator/watch_events.py): pure, table-driven."""
+"""What Watch streams are sent (fthsdp/coordinator/watch_events.py): pure, table-driven."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator import quorum_delta
-from coordinator.watch_events import DELTA, FULL, HEADER, SAME, WatchEvents
-from protos.fthsdp.v1 import coordinator_pb2 as pb
+from fthsdp.coordinator.watch_events import DELTA, FULL, HEADER, SAME, WatchEvents
+from fthsdp.core import quorum_delta
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
 def quorum(qid: int, *ids: str) -> pb.Quorum:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.http_server import Request, Response, serve_http
-from coordinator.web import WebApp, checksum_summary, history_view
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.http_server import Request, Response, serve_http
+from fthsdp.coordinator.web import WebApp, checksum_summary, history_view
 from tests.processes import CoordinatorProcess, ReplicaProcess
 from tests.test_metrics import hung_runtime, straggler_runtime
 from tests.waiting import wait_until

@@ -3,7 +3,7 @@
 Two engines. ``simulate_synchronous``: every failure restarts the whole job
 (one stall, plus the work since the last checkpoint if checkpoints are
 modelled apart). ``ReplicatedSim``: replicas fail alone; every membership
-change is decided by the shipped ``coordinator.quorum.decide`` from what the
+change is decided by the shipped ``fthsdp.coordinator.quorum.decide`` from what the
 coordinator would see (a crash reported by the agent, a Watch stream closed,
 heartbeats that stop), and the share of replicas training is the size of the
 quorum it returns.
@@ -22,9 +22,9 @@ import heapq
 import random
 
 from benchmarks.goodput.inputs import RecoveryCosts
-from coordinator.config import CoordinatorConfig
-from coordinator.replica_entry import ReplicaEntry
-from coordinator.quorum import Quorum, ReplicaView, Rules, decide
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.quorum import Quorum, ReplicaView, Rules, decide
+from fthsdp.coordinator.replica_entry import ReplicaEntry
 
 SECONDS_PER_HOUR = 3600.0
 DAY = 86400.0

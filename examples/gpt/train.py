@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from data import Dataset, corpus  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-from agent.manager import Manager  # noqa: E402
+from fthsdp import Manager  # noqa: E402
 
 # ----- config -----------------------------------------------------------------------------
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

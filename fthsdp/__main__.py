@@ -1,0 +1,7 @@
+"""`python -m fthsdp ARGS` is the `fthsdp ARGS` command."""
+
+import sys
+
+from fthsdp.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,205 @@
+"""The node agent's configuration (flags, FTHSDP_* variables, [agent] in TOML).
+
+Built the same way as ``CoordinatorConfig``: a frozen dataclass whose field
+docstrings are the ``--help`` text, validated in ``__post_init__`` so that a
+bad setting is one ``ConfigError`` line, and layered by
+``fthsdp.core.settings.resolve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+
+from fthsdp.core.credentials import TlsFiles, read_token_file
+from fthsdp.core.errors import ConfigError
+from fthsdp.core.log_format import check_log_format
+from fthsdp.core.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
+from fthsdp.core.settings import DURATION, load_toml, resolve
+
+BACKENDS = ("gloo", "nccl")
+MAX_BACKOFF = 30.0
+"""The restart back-off doubles per restart up to this many seconds."""
+
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
+
+
+def coordinator_addresses(text: str) -> list[str]:
+    """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'] (the same rule as the client's, without
+    importing gRPC just to build the command line)."""
+    out = [part.strip() for part in text.split(",") if part.strip()]
+    if not out:
+        raise ConfigError("--coordinator: give at least one HOST:PORT")
+    for part in out:
+        try:
+            split_host_port(part, "--coordinator")
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    return out
+
+
+def replica_rank_from_id(replica_id: str) -> int:
+    """The default replica rank: the trailing digits of the id ('replica-3' -> 3), else 0."""
+    match = _TRAILING_DIGITS.search(replica_id)
+    return int(match.group(1)) if match else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """Settings of ``fthsdp agent``."""
+
+    coordinator: str = "127.0.0.1:29510"
+    """Coordinator address(es), HOST:PORT[,HOST:PORT...], that agent events are reported to (and that ranks are told about)."""
+
+    job: str = "default"
+    """Name of the training job this replica group belongs to."""
+
+    replica_id: str = ""
+    """Name of this replica group (required), e.g. replica-3; unique within the job."""
+
+    replica_rank: int = -1
+    """Index of this replica among --num-replicas, for data sharding; -1 (the default) takes the trailing digits of --replica-id (replica-3 -> 3), or 0 if it has none."""
+
+    num_replicas: int = 1
+    """Nominal number of replica groups in the job, for data sharding."""
+
+    nproc: int = 1
+    """Ranks to start on this node (usually one per GPU)."""
+
+    nnodes: int = 1
+    """Nodes that the ranks of this replica group span; each runs one agent with the same --master-addr and --master-port."""
+
+    node_rank: int = 0
+    """Index of this node among --nnodes; RANK = node_rank * nproc + local rank."""
+
+    master_addr: str = "127.0.0.1"
+    """Address of the replica group's rank 0 (torch.distributed's MASTER_ADDR)."""
+
+    master_port: int = 0
+    """Port of the replica group's rendezvous store (MASTER_PORT); 0 picks a free port at every start (only with --nnodes 1)."""
+
+    backend: str = "gloo"
+    """torch.distributed backend of the ranks: gloo or nccl (passed as FTHSDP_BACKEND)."""
+
+    max_restarts: int = 3
+    """How often the whole group is restarted after a rank fails before the agent gives up."""
+
+    restart_backoff: float = dataclasses.field(default=1.0, metadata=DURATION)
+    """Pause before restarting a group that failed within a minute of starting (a crash loop); doubles at every further such restart, up to 30s. A group that ran longer restarts at once."""
+
+    standby_delay: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """With --standby: how long after a (re)start the next standby is started, so that its start-up does not take CPU from a group still catching up."""
+
+    standby: bool = False
+    """Keep a warm standby of the rank command (started ahead with the next restart's environment, waiting inside Manager.from_env with torch imported and the model built) to replace a failed group without process start-up. What the script does before Manager.from_env runs ahead of time, and the model takes memory twice (on the GPU for a GPU model). Only with --nnodes 1."""
+
+    monitor_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
+    """How often the ranks are checked for exits."""
+
+    stop_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """How long ranks get to exit after SIGTERM before they are SIGKILLed."""
+
+    hang_grace: float = dataclasses.field(default=5.0, metadata=DURATION)
+    """How long the ranks of a replica the coordinator took out as hung (fthsdp/coordinator/hang.py) get after SIGTERM before SIGKILL; their stack dumps are written as the notice arrives."""
+
+    token_file: str = ""
+    """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE) for their coordinator calls and catch-up transfers. Empty: no token."""
+
+    tls_ca: str = ""
+    """Connect to the coordinator over TLS, trusting this PEM CA bundle (passed to the ranks as FTHSDP_TLS_CA)."""
+
+    tls_cert: str = ""
+    """PEM client certificate for a coordinator that requires mutual TLS, with --tls-key (passed to the ranks)."""
+
+    tls_key: str = ""
+    """PEM key of --tls-cert."""
+
+    log_level: str = "info"
+    """debug, info, warning or error."""
+
+    log_format: str = "text"
+    """text or json (one JSON object per line: time, level, logger, message and the event's fields) for the agent's own log; the ranks' output passes through unchanged."""
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_ca, self.tls_cert, self.tls_key)
+
+    def __post_init__(self) -> None:
+        coordinator_addresses(self.coordinator)
+        read_token_file(self.token_file)
+        self.tls.check()
+        problem = name_problem("job name", self.job, MAX_JOB_LEN)
+        if problem:
+            raise ConfigError(f"--job: {problem}")
+        if not self.replica_id:
+            raise ConfigError("--replica-id is required (the name of this replica group, e.g. replica-0)")
+        problem = name_problem("replica id", self.replica_id, MAX_REPLICA_ID_LEN)
+        if problem:
+            raise ConfigError(f"--replica-id: {problem}")
+        derived = self.replica_rank == -1
+        if derived:
+            # The documented default, filled in here so that every layer
+            # (flag, env, file) that sets replica_id also moves the default.
+            object.__setattr__(self, "replica_rank", replica_rank_from_id(self.replica_id))
+        for name in ("nproc", "nnodes", "num_replicas"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.replica_rank < 0:
+            raise ConfigError(f"--replica-rank must not be negative, got {self.replica_rank}")
+        if self.replica_rank >= self.num_replicas:
+            source = f" (from --replica-id {self.replica_id})" if derived else ""
+            raise ConfigError(
+                f"--replica-rank {self.replica_rank}{source} must be less than --num-replicas {self.num_replicas}; "
+                "set --num-replicas to the number of replica groups"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank must be in [0, --nnodes={self.nnodes}), got {self.node_rank}")
+        if not self.master_addr.strip():
+            raise ConfigError("--master-addr must not be empty")
+        if not 0 <= self.master_port <= 65535:
+            raise ConfigError(f"--master-port {self.master_port} is out of range")
+        if self.standby and self.nnodes > 1:
+            raise ConfigError("--standby works only with --nnodes 1 (a standby group must be complete on one node)")
+        if self.master_port == 0 and self.nnodes > 1:
+            raise ConfigError("--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be gloo or nccl, got {self.backend!r}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must not be negative, got {self.max_restarts}")
+        for name in ("restart_backoff", "stop_timeout", "standby_delay", "hang_grace"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
+        if self.monitor_interval <= 0:
+            raise ConfigError(f"--monitor-interval must be positive, got {self.monitor_interval}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
+        check_log_format(self.log_format)
+
+    @property
+    def coordinators(self) -> list[str]:
+        return coordinator_addresses(self.coordinator)
+
+
+_NOT_SETTINGS = ("command", "run", "config", "rank_command")
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[AgentConfig, list[str]]:
+    """The resolved config and the rank command from ``fthsdp agent``'s parsed arguments."""
+    file_values = load_toml(args.config, "agent") if args.config else None
+    flags = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
+    config = resolve(AgentConfig, flags, env, file_values, file_name=args.config or "config file")
+    return config, rank_command(args.rank_command)
+
+
+def rank_command(remainder: Sequence[str]) -> list[str]:
+    """The command after ``--``. argparse's REMAINDER keeps the ``--`` itself
+    (on Python 3.11), so it is dropped here; a command without ``--`` is taken
+    too, as torchrun does, since the two cannot be told apart everywhere."""
+    command = list(remainder)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("no rank command: give it after '--', e.g. fthsdp agent --replica-id replica-0 -- python train.py")
+    return command

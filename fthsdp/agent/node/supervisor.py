@@ -1,0 +1,490 @@
+"""The node agent: start and supervise the local ranks of one replica group.
+
+``fthsdp agent --replica-id replica-3 --nproc 8 -- python train.py`` starts 8
+ranks with torchrun's environment for the replica group's own world (RANK,
+WORLD_SIZE, MASTER_ADDR, ...; see ``fthsdp.agent.node.launch.rank_environments``) plus
+FTHSDP_*, and restarts the whole group when one of them dies: the group is
+the unit of failure, the other replica groups of the job keep training, and
+the restarted one catches up from them.
+
+Every transition of ``AgentState`` is reported to the coordinator
+(``ReportAgentEvent``) from a background thread, in order; FAILED goes out the
+moment a rank's death is seen, before the other ranks are stopped, because
+that report is how the surviving replicas learn of the failure fast. An
+unreachable coordinator costs a warning, never supervision.
+
+Limitation: with ``--nnodes`` > 1 the launch is static (every node's agent is
+given the same --master-addr/--master-port, RANK is offset by --node-rank),
+and each agent restarts only its own node's ranks. When a rank on one node
+dies, the ranks on the other nodes notice only through their collectives
+failing (or timing out), then exit, and their agents restart them; nothing
+coordinates the restart of the group across nodes yet.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import select
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from fthsdp.agent import outcome, standby
+from fthsdp.agent.injection import kill_ranks
+from fthsdp.agent.node.config import MAX_BACKOFF, AgentConfig
+from fthsdp.agent.node.hang_watch import HangWatch
+from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
+from fthsdp.core.credentials import read_token_file
+from fthsdp.core.log_format import configure_logging
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("fthsdp.agent")
+
+REPORT_TIMEOUT = 2.0
+"""Deadline of one ReportAgentEvent call (the coordinator answers in milliseconds)."""
+FLUSH_TIMEOUT = 3.0
+"""How long an exiting agent waits for its last reports to go out."""
+STABLE_UPTIME = 60.0
+"""A group that ran this long before failing is not crash-looping: it restarts without back-off."""
+DIVERGENCE_SETTLE = 1.0
+"""After a failure, seconds to wait at most for the coordinator's push that took the replica out
+(it carries a checksum-mismatch verdict, if any) to reach the agent's stream."""
+
+
+class AgentState(enum.IntEnum):
+    """The lifecycle of a node agent; the values are the proto's ``AgentState``.
+
+    ::
+
+        STARTING ──> RUNNING ──(every rank exits 0)──────────────> SUCCEEDED
+          │  ▲          │
+          │  │          ├──(a rank exits non-zero, or it hangs)───> FAILED ─┬─(restarts left)──> RESTARTING
+          │  │          │                                                   └─(none left)──────> GAVE_UP
+          │  └──────────┼──────────(back-off over, restart_count+1)──────────────────────────── RESTARTING
+          │             │
+          │             └──(SIGTERM/SIGINT)──> DRAINING ──(every rank exits 0)──> SUCCEEDED
+          │                                     ▲  ▲   └──(otherwise)─────────> GAVE_UP
+          ├──(SIGTERM/SIGINT)───────────────────┘  │
+          │                   FAILED, RESTARTING ──┘ (SIGTERM: no restart; nothing left to drain -> SUCCEEDED)
+          └──(the rank command cannot be started)──> GAVE_UP
+
+    * STARTING: launching the local ranks (a fresh MASTER_PORT when it is 0).
+    * RUNNING: all local ranks started; checked every --monitor-interval.
+    * FAILED: a rank died, or the coordinator took the replica out as hung
+      (fthsdp/agent/node/hang_watch.py); the ranks are SIGTERMed (SIGKILLed after
+      --stop-timeout, or --hang-grace for a hang). Reported before they are stopped.
+      A replica the coordinator took out for a checksum mismatch twice in a
+      row after catching up is not restarted: GAVE_UP, "gave up: <why>"
+      (fthsdp/coordinator/divergence.py).
+    * RESTARTING: waiting out the back-off; a SIGTERM ends the wait.
+    * DRAINING: the agent was asked to stop; ranks got SIGTERM and leave the
+      quorum at their next step boundary.
+    * SUCCEEDED and GAVE_UP are final: the agent exits 0 and 1 respectively.
+      A rank that exits 0 because its job finished before it arrived
+      (fthsdp/agent/training/job_finished.py) ends the agent as SUCCEEDED, "job finished at step N".
+    """
+
+    STARTING = pb.AGENT_STATE_STARTING
+    RUNNING = pb.AGENT_STATE_RUNNING
+    FAILED = pb.AGENT_STATE_FAILED
+    RESTARTING = pb.AGENT_STATE_RESTARTING
+    DRAINING = pb.AGENT_STATE_DRAINING
+    SUCCEEDED = pb.AGENT_STATE_SUCCEEDED
+    GAVE_UP = pb.AGENT_STATE_GAVE_UP
+
+    @property
+    def final(self) -> bool:
+        return self in (AgentState.SUCCEEDED, AgentState.GAVE_UP)
+
+
+TRANSITIONS: dict[AgentState | None, frozenset[AgentState]] = {
+    None: frozenset({AgentState.STARTING}),
+    AgentState.STARTING: frozenset({AgentState.RUNNING, AgentState.DRAINING, AgentState.GAVE_UP}),
+    AgentState.RUNNING: frozenset({AgentState.SUCCEEDED, AgentState.FAILED, AgentState.DRAINING}),
+    AgentState.FAILED: frozenset({AgentState.RESTARTING, AgentState.GAVE_UP, AgentState.DRAINING}),
+    AgentState.RESTARTING: frozenset({AgentState.STARTING, AgentState.DRAINING}),
+    AgentState.DRAINING: frozenset({AgentState.SUCCEEDED, AgentState.GAVE_UP}),
+    AgentState.SUCCEEDED: frozenset(),
+    AgentState.GAVE_UP: frozenset(),
+}
+"""Every allowed transition; ``Supervisor`` refuses any other (a bug)."""
+
+
+def backoff_delay(base: float, restart: int, cap: float = MAX_BACKOFF) -> float:
+    """Seconds to wait before restart number ``restart`` (1, 2, ...): ``base``,
+    doubling per restart, at most ``cap`` (or ``base`` if that is larger)."""
+    if restart < 1:
+        raise ValueError(f"restart numbers start at 1, got {restart}")
+    return min(max(cap, base), base * 2.0 ** min(restart - 1, 64))
+
+
+class Reporter:
+    """Sends agent events to the coordinator in order, from a background thread,
+    so that a slow or unreachable coordinator never holds up supervision."""
+
+    def __init__(self, addresses: Sequence[str], token: str = "", tls=None, timeout: float = REPORT_TIMEOUT) -> None:
+        self._addresses = list(addresses)
+        self._token = token
+        self._tls = tls
+        self._timeout = timeout
+        self._queue: queue.Queue[pb.AgentEventRequest | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="fthsdp-agent-reporter", daemon=True)
+        self._thread.start()
+
+    def __call__(self, request: pb.AgentEventRequest) -> None:
+        self._queue.put(request)
+
+    def _run(self) -> None:
+        from fthsdp.client import CoordinatorClient  # gRPC only where it is used
+
+        client = CoordinatorClient(self._addresses, timeout=self._timeout, token=self._token, tls=self._tls)
+        failing = False
+        try:
+            while (request := self._queue.get()) is not None:
+                state = AgentState(request.state).name
+                try:
+                    client.call("ReportAgentEvent", request)
+                except Exception as e:  # noqa: BLE001 - reporting must never end supervision
+                    # One warning per outage, not one per event.
+                    (log.debug if failing else log.warning)("could not report %s to the coordinator: %s", state, e)
+                    failing = True
+                else:
+                    if failing:
+                        log.info("reporting to the coordinator again (%s)", client.current_address())
+                    failing = False
+        finally:
+            client.close()
+
+    def close(self, timeout: float = FLUSH_TIMEOUT) -> None:
+        """Send what is queued, waiting at most ``timeout``; the rest is dropped."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("gave up reporting to the coordinator after %gs", timeout)
+
+
+class _StopRequest:
+    """SIGTERM/SIGINT as a flag plus a self-pipe, so that waits wake at once.
+
+    The handler runs on the main thread between bytecodes; setting a
+    ``threading.Event`` there could deadlock on the event's own lock, writing
+    to a non-blocking pipe cannot.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (an embedding caller): no signal handling
+                log.debug("not on the main thread: %s is not handled", signal.Signals(sig).name)
+
+    def _handle(self, signum: int, frame) -> None:
+        self.signum = signum
+        try:
+            os.write(self._w, b"\0")
+        except BlockingIOError:  # pipe full: a wake-up is pending anyway
+            pass
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Ask for a stop from code (tests, embedding callers)."""
+        self._handle(signum, None)
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True (at once) if a stop was requested."""
+        if not self.requested and seconds > 0:
+            select.select([self._r], [], [], seconds)
+        return self.requested
+
+    def close(self) -> None:
+        for sig, previous in self._previous.items():
+            if previous is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, previous)  # type: ignore[arg-type]
+        os.close(self._r)
+        os.close(self._w)
+
+
+class Supervisor:
+    """Runs the ranks of one node through the ``AgentState`` lifecycle.
+
+    ``report`` receives one ``AgentEventRequest`` per transition (default: a
+    ``Reporter`` to ``config.coordinator``); ``env`` is the environment the
+    ranks inherit underneath the launch contract (default: ``os.environ``).
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        report: Callable[[pb.AgentEventRequest], None] | None = None,
+    ) -> None:
+        if not command:
+            raise ValueError("the rank command is empty")
+        self.config = config
+        self.command = list(command)
+        self.env = dict(os.environ if env is None else env)
+        self._report = report
+        self.state: AgentState | None = None
+        self.restart_count = 0
+        self.history: list[tuple[AgentState, str]] = []
+        self._ranks: list[Rank] = []
+        self._stop = _StopRequest()
+        self._standby: list[tuple[Rank, int]] = []
+        """The warm standby group (--standby): each rank with the pipe that activates it."""
+        self._fast_failures = 0
+        self._running_since = 0.0
+        self._outcome_dir: str | None = None
+        """A private folder for the ranks' outcome files (fthsdp/agent/outcome.py)."""
+        self._hangs: HangWatch | None = None
+        """The coordinator's hang notices for this replica (fthsdp/agent/node/hang_watch.py)."""
+
+    def request_stop(self) -> None:
+        """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
+        self._stop.request()
+
+    def run(self) -> int:
+        """Supervise until SUCCEEDED (returns 0) or GAVE_UP (returns 1)."""
+        reporter = None
+        if self._report is None:
+            token = read_token_file(self.config.token_file)
+            reporter = self._report = Reporter(self.config.coordinators, token, self.config.tls)
+            self._hangs = HangWatch(self.config.coordinators, self.config.job, self.config.replica_id, token,
+                                    self.config.tls)
+        self._stop.install()
+        try:
+            return self._supervise()
+        finally:
+            if self._outcome_dir is not None:
+                shutil.rmtree(self._outcome_dir, ignore_errors=True)
+            self._retire_standby()
+            if any(rank.poll() is None for rank in self._ranks):  # only on an unexpected exception
+                stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
+            self._stop.close()
+            if self._hangs is not None:
+                self._hangs.close()
+            if reporter is not None:
+                reporter.close()
+
+    # ----- the loop ------------------------------------------------------------------
+
+    def _supervise(self) -> int:
+        cfg = self.config
+        while True:
+            self._transition(AgentState.STARTING, f"starting {cfg.nproc} local rank(s)")
+            try:
+                self._start_ranks()
+            except OSError as e:  # command not found, not executable: restarting cannot help
+                stop_ranks(self._ranks, cfg.stop_timeout, cfg.monitor_interval)
+                self._transition(AgentState.GAVE_UP, f"cannot start the rank command {self.command[0]!r}: {e.strerror or e}")
+                return 1
+            if self._stop.requested:
+                return self._drain()
+            self._transition(AgentState.RUNNING, "pids " + " ".join(str(r.pid) for r in self._ranks))
+            self._running_since = time.monotonic()
+            failure = self._monitor()
+            if failure is None and self._stop.requested:
+                return self._drain()
+            if failure is None:
+                finished = self._hangs.finished_step if self._hangs is not None else 0
+                if finished:  # a rank that arrived after the end: success, never a restart
+                    log.info("replica %s: succeeded (job finished at step %d); nothing to restart",
+                             cfg.replica_id, finished)
+                ended = outcome.describe([outcome.read(self._outcome_path(self.restart_count, r.local_rank))
+                                          for r in self._ranks])  # drained by the coordinator, say
+                ended = ended or (f"job finished at step {finished}" if finished else "")
+                self._transition(AgentState.SUCCEEDED, "every local rank exited 0" + (f" ({ended})" if ended else ""))
+                return 0
+            self._transition(AgentState.FAILED, failure)  # reported before the others are stopped
+            hung = self._hangs is not None and self._hangs.notice_for(self.restart_count) is not None
+            stop_ranks(self._ranks, cfg.hang_grace if hung else cfg.stop_timeout, cfg.monitor_interval)
+            if self._stop.requested:
+                return self._stop_without_restart()
+            diverged = self._hangs.divergence_for(self.restart_count, DIVERGENCE_SETTLE) if self._hangs else None
+            if diverged is not None and diverged.give_up:
+                # Another catch-up would replay the members' steps and diverge again in the loop's own state.
+                log.error("replica %s gave up: %s", cfg.replica_id, diverged.reason)
+                self._transition(AgentState.GAVE_UP, f"gave up: {diverged.reason}")
+                return 1
+            if diverged is not None:
+                log.warning("replica %s was taken out for a checksum mismatch (%d in a row after catching up): %s",
+                            cfg.replica_id, diverged.strikes, diverged.reason)
+            if self.restart_count >= cfg.max_restarts:
+                self._transition(AgentState.GAVE_UP, f"{failure}; no restarts left (--max-restarts {cfg.max_restarts})")
+                return 1
+            # Back off only from a crash loop; a group that ran a while restarts at once.
+            stable = time.monotonic() - self._running_since >= STABLE_UPTIME
+            self._fast_failures = 0 if stable else self._fast_failures + 1
+            delay = 0.0 if stable else backoff_delay(cfg.restart_backoff, self._fast_failures)
+            self._transition(
+                AgentState.RESTARTING, f"restart {self.restart_count + 1} of {cfg.max_restarts} in {delay:g}s"
+            )
+            if self._stop.wait(delay):
+                return self._stop_without_restart()
+            self.restart_count += 1
+
+    def _outcome_path(self, restart: int, local_rank: int) -> str:
+        """Where rank ``local_rank`` of incarnation ``restart`` says how it ended (fthsdp/agent/outcome.py)."""
+        if self._outcome_dir is None:
+            self._outcome_dir = tempfile.mkdtemp(prefix=f"fthsdp-agent-{self.config.replica_id}-")
+        return os.path.join(self._outcome_dir, f"rank{local_rank}-restart{restart}.json")
+
+    def _start_ranks(self) -> None:
+        if self._activate_standby():
+            return
+        port = self.config.master_port or free_port()  # a fresh port per start: the old one may linger in TIME_WAIT
+        envs = rank_environments(self.config, self.restart_count, port, self.env)
+        self._ranks = []
+        for local_rank, env in enumerate(envs):
+            env = {**env, outcome.ENV: self._outcome_path(self.restart_count, local_rank)}
+            self._ranks.append(Rank(local_rank, self.command, env))
+        log.info("started %d rank(s) (MASTER_ADDR=%s MASTER_PORT=%d)", len(envs), self.config.master_addr, port)
+
+    # ----- warm standby (fthsdp/agent/standby.py) --------------------------------------------
+
+    def _spawn_standby(self) -> None:
+        """Start the next restart's group ahead of need; it waits inside Manager.from_env."""
+        self._retire_standby()
+        envs = rank_environments(self.config, self.restart_count + 1, free_port(), self.env)
+        try:
+            for local_rank, env in enumerate(envs):
+                read_end, write_end = os.pipe()
+                try:
+                    env = {**env, standby.ENV: str(read_end),
+                           outcome.ENV: self._outcome_path(self.restart_count + 1, local_rank)}
+                    rank = Rank(local_rank, self.command, env, pass_fds=(read_end,))
+                except OSError:
+                    os.close(write_end)
+                    raise
+                finally:
+                    os.close(read_end)
+                self._standby.append((rank, write_end))
+        except OSError as e:
+            log.warning("could not start a warm standby: %s", e)
+            self._retire_standby()
+            return
+        log.info("warm standby ready to start: pids %s", " ".join(str(r.pid) for r, _ in self._standby))
+
+    def _activate_standby(self) -> bool:
+        """Make the standby group the running one, if it is still alive."""
+        if not self._standby:
+            return False
+        if any(rank.poll() is not None for rank, _ in self._standby):
+            log.warning("the warm standby exited; starting the ranks cold")
+            self._retire_standby()
+            return False
+        self._ranks = []
+        for rank, pipe in self._standby:
+            try:
+                os.write(pipe, standby.GO)
+            except OSError as e:  # it died just now: the monitor will see the rank fail
+                log.warning("could not activate standby rank %d: %s", rank.local_rank, e)
+            os.close(pipe)
+            self._ranks.append(rank)
+        self._standby = []
+        log.info("activated the warm standby (pids %s)", " ".join(str(r.pid) for r in self._ranks))
+        return True
+
+    def _retire_standby(self) -> None:
+        """Close the pipes (a waiting standby then exits 0) and make sure they are gone."""
+        if not self._standby:
+            return
+        ranks = [rank for rank, _ in self._standby]
+        for _, pipe in self._standby:
+            os.close(pipe)
+        self._standby = []
+        stop_ranks(ranks, self.config.stop_timeout, self.config.monitor_interval)
+
+    def _monitor(self) -> str | None:
+        """Wait until every rank exited 0 (None), one failed (its description),
+        or a stop was requested (None, with the request set)."""
+        standby_due = self._running_since + self.config.standby_delay if self.config.standby else None
+        while not self._stop.requested:
+            if standby_due is not None and time.monotonic() >= standby_due:
+                standby_due = None  # once per start: a standby that dies is not restarted in a loop
+                self._spawn_standby()
+            kill = self._hangs.faults.kill_due(self.restart_count) if self._hangs is not None else None
+            if kill is not None:  # `fthsdp inject kill`: seen below as any crash is (fthsdp/agent/injection.py)
+                kill_ranks(self._ranks, kill, self.config.replica_id)
+            hung = self._hangs.notice_for(self.restart_count) if self._hangs is not None else None
+            if hung is not None:
+                log.error("the coordinator took replica %s out: %s; ending its ranks", self.config.replica_id, hung)
+                return f"taken out by the coordinator ({hung})"
+            codes = [rank.poll() for rank in self._ranks]
+            for rank, code in zip(self._ranks, codes):
+                if code is not None and code != 0:
+                    log.error("local rank %d (pid %d) exited with %s", rank.local_rank, rank.pid, describe_exit(code))
+                    return f"local rank {rank.local_rank} exited with {describe_exit(code)}"
+            if all(code == 0 for code in codes):
+                return None
+            self._stop.wait(self.config.monitor_interval)
+        return None
+
+    def _drain(self) -> int:
+        signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
+        self._transition(AgentState.DRAINING, f"{signame}: ranks leave at their next step boundary")
+        stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
+        for rank in self._ranks:
+            code = rank.poll()
+            if code != 0:
+                how = "did not exit" if code is None else f"exited with {describe_exit(code)}"
+                self._transition(AgentState.GAVE_UP, f"drain: local rank {rank.local_rank} {how}")
+                return 1
+        self._transition(AgentState.SUCCEEDED, "drained: every local rank exited 0")
+        return 0
+
+    def _stop_without_restart(self) -> int:
+        signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
+        self._transition(AgentState.DRAINING, f"{signame} while restarting: not restarting")
+        self._transition(AgentState.SUCCEEDED, "stopped; the ranks were already down")
+        return 0
+
+    def _transition(self, state: AgentState, detail: str) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"bug: agent transition {self.state} -> {state.name} is not allowed")
+        previous = self.state.name if self.state is not None else "-"
+        self.state = state
+        self.history.append((state, detail))
+        cfg = self.config
+        log.info("replica %s node %d: %s -> %s (%s)", cfg.replica_id, cfg.node_rank, previous, state.name, detail,
+                 extra={"event": "agent_state", "replica": cfg.replica_id, "node_rank": cfg.node_rank,
+                        "previous": previous, "state": state.name, "detail": detail})
+        assert self._report is not None
+        try:
+            self._report(
+                pb.AgentEventRequest(
+                    job=cfg.job,
+                    replica_id=cfg.replica_id,
+                    state=int(state),
+                    node_rank=cfg.node_rank,
+                    restart_count=self.restart_count,
+                    detail=detail[:1000],  # the coordinator refuses over 1024
+                )
+            )
+        except Exception as e:  # noqa: BLE001 - a custom reporter must not end supervision either
+            log.warning("could not report %s: %s", state.name, e)
+
+
+def main(args, env: Mapping[str, str]) -> int:
+    """``fthsdp agent``: resolve the settings, then supervise until done."""
+    from fthsdp.agent.node.config import config_from_args
+
+    config, command = config_from_args(args, env)
+    configure_logging(config.log_level, config.log_format)
+    return Supervisor(config, command, env=env).run()

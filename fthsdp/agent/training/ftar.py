@@ -1,0 +1,399 @@
+"""FTAR: the fault-tolerant all-reduce of one step's gradients across replicas.
+
+Control runs on the CPU in this process; the data moves over torch.distributed
+(a gloo group per quorum; gloo cannot shrink, so a new quorum means a new
+group). Two facts about gloo shape the design (../shared/MEASUREMENTS.md): a
+collective whose peer died or hung may block until the group timeout, and
+``abort()`` does not unblock it. So no collective is ever waited on blindly:
+each one is waited on together with the coordinator's push, and when a newer
+quorum arrives the collective is *abandoned* (left to time out on its own, its
+buffers never reused) and the step continues in a new group among the
+survivors, from the intact local gradients.
+
+Agreement. On the fast path a step is one collective, the data all-reduce,
+in place: a replica whose all-reduce completes commits its result at once.
+The first collective in every new group is an *agree* instead: an all-gather
+of each member's step, gradient size and model hash. A failure can leave the
+survivors split, some having completed the step's all-reduce (and committed)
+and some not; the agree shows it (steps differ by one), and the ones ahead
+broadcast the sum they committed, which the others commit too. If none
+completed it, all redo it among themselves from their intact local
+gradients. Either way every survivor commits the same result, and the
+average divides by the number of replicas whose gradients it contains.
+
+The phases of a step (find the group, agree, the data all-reduce, a
+broadcast, a request to a joiner's caller) and the way from one to the next
+are a pure state machine: fthsdp/agent/training/step_protocol.py.
+
+Growth. A quorum that only adds replicas (a joiner admitted) abandons
+nothing: the members build its group in the background while they keep
+training in the old one, and switch at a step boundary they all agree on. A
+small control all-reduce follows every step's data all-reduce (same group,
+so it is done by the next step): each member proposes the newest growth
+quorum whose group it has built, and the members switch when every proposal
+is the same (the max and the min of the proposals agree). Every member reads
+the same result, so they switch at the same step; a member that sees the
+push a moment later than another never waits in a group the others left.
+The joiner waits in the new group, following the log; when the members
+arrive it joins their data all-reduce at once, without a gradient, and
+replays the step or two it still lacks while that all-reduce runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Generator
+
+import torch
+import torch.distributed as dist
+
+from fthsdp.agent.training.ftar_decisions import (
+    CONTROL_SLOTS,
+    IN_PHASE,
+    JOIN_IN_PHASE,
+    MAX_SLOT_PROPOSAL,
+    Action,
+    AgreeRow,
+    FtarError,
+    agree_action,
+    slot_switch,
+)
+from fthsdp.agent.training.quorum_groups import DONE, QuorumGroups, QuorumTracker, _Group
+from fthsdp.agent.training.step_protocol import Outcome, Phase, after
+from fthsdp.core.errors import Evicted, FtarTimeout
+
+__all__ = [
+    "CONTROL_SLOTS", "FTAR", "CloseGap", "EnterStep", "Evicted", "FtarError", "FtarTimeout", "QuorumTracker",
+    "ReplayTo", "Request", "StepResult",
+]
+
+log = logging.getLogger("fthsdp.agent.ftar")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    total: torch.Tensor
+    """The *sum* over the contributors: dividing is left to the caller, who
+    can fuse it with copying the result back into the gradients."""
+    contributors: int
+    quorum_id: int
+    abandoned: int
+    """Collectives of this step that were abandoned for a newer quorum."""
+    step: int = -1
+    """The step this sum belongs to (a joiner that closed a gap is further on
+    than the step it asked for)."""
+
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseGap:
+    """What FTAR needs next: this replica has a gradient for ``step`` but the
+    members are at ``head`` >= step + 2 (it was admitted while it replayed).
+    Bring it to ``head - 1`` with that step's inputs, where it takes the
+    members' sum; answer the step it is at."""
+
+    step: int
+    head: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EnterStep:
+    """This joiner, without a gradient, is about to join the members' data
+    all-reduce of step ``head`` (they wait in it: their inputs of ``head``
+    are stable now). Answer None once they are read."""
+
+    head: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayTo:
+    """That all-reduce runs: replay up to ``head`` meanwhile; answer the step."""
+
+    head: int
+
+
+Request = CloseGap | EnterStep | ReplayTo
+
+
+_EXACT_SLOT_DTYPES = (torch.float32, torch.float64)
+
+class FTAR:
+    """All-reduce one flat gradient tensor per step across the quorum (the
+    groups it runs in are kept by a ``QuorumGroups``)."""
+
+    def __init__(
+        self,
+        tracker: QuorumTracker,
+        job: str,
+        shard_rank: int = 0,
+        timeout: float = 60.0,
+        host: str = "",
+        interface: str = "",
+    ) -> None:
+        self.tracker = tracker
+        self.timeout = timeout
+        self.groups = QuorumGroups(tracker, job, shard_rank, timeout, host, interface)
+        self._phase_contributors: int | None = None
+        """How many members contribute to the step the last agree settled (None: all)."""
+        self._first_contributor = 0
+        """The group rank whose ``first_only`` elements the step's sum carries (see ``operation``)."""
+        self._last: StepResult | None = None
+        self._last_step = -1
+        self.members_step = -1
+        """The step the contributing members were last seen at in an agree
+        (a joiner learns the committed state's step from them)."""
+        self._controls: list[tuple[_Group, object, torch.Tensor]] = []
+        """The control all-reduces of switch proposals of the last steps (see ``_settle_switch``)."""
+    def growth_ready(self) -> int:
+        """The growth quorum this rank proposes to switch to (see QuorumGroups.growth_ready)."""
+        return self.groups.growth_ready()
+
+    # ----- the step ------------------------------------------------------------------
+
+    def allreduce(self, *args, serve: Callable[[Request], int | None] | None = None, **kwargs) -> StepResult:
+        """Run ``operation(*args, **kwargs)`` to its result, answering its
+        requests with ``serve`` (a replica that cannot catch up has none:
+        a request is then an error)."""
+        op = self.operation(*args, **kwargs)
+        reply = None
+        while True:
+            try:
+                request = op.send(reply)
+            except StopIteration as done:
+                return done.value
+            if serve is None:
+                raise FtarError(f"this replica is behind the quorum ({request}) and cannot catch up")
+            reply = serve(request)
+
+    def operation(
+        self,
+        step: int,
+        buffer: torch.Tensor,
+        structure_hash: int,
+        refill: Callable[[], torch.Tensor] | None = None,
+        contributes: bool = True,
+        proposal: int | None = None,
+        control_slots: bool = False,
+        idle: Callable[[], None] | None = None,
+        first_only: tuple[int, int] | None = None,
+    ) -> Generator[Request, int | None, StepResult]:
+        """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
+        A generator: it yields what this replica must do before it can go on
+        (a ``Request``: replay to some step, read the members' inputs), is
+        sent the answer, and returns the ``StepResult``.
+
+        ``contributes=False``: this replica has no gradient for the step (a
+        joiner whose forward pass ran on a state it has since replayed past);
+        its ``buffer`` must hold zeros, and the result's ``contributors`` does
+        not count it. Only a replica's first step in a new group can be one
+        without a contribution (the agree tells the others).
+
+        ``proposal``: the growth quorum this replica proposes to switch to
+        after this step (see ``growth_ready``); by default this rank's own.
+        The ranks of a multi-rank replica group must propose the same.
+        ``control_slots``: ``buffer`` (and every ``refill``) ends in
+        CONTROL_SLOTS spare elements that carry it; the result excludes them.
+
+        The data all-reduce runs in place in ``buffer`` (no copy on the fast
+        path); a redo needs the local values again in a *fresh* tensor, since
+        an abandoned collective may still write the old one: ``refill`` makes
+        one (for example by flattening the intact gradients again). Without
+        ``refill``, a copy of ``buffer`` is kept up front. The returned sum
+        must be left unchanged until the next call: a replica that fell
+        behind may need it. ``idle`` runs between polls while this replica,
+        without a gradient, waits in a new group for the members to arrive (a
+        joiner replays a step they committed meanwhile, if there is one, on
+        this thread: one step at a time, so that it joins their next
+        collective at most one replayed step late).
+
+        ``first_only``: the elements ``[start, stop)`` of the buffer are summed
+        from one member only, the first that contributes a gradient (group
+        rank 0 unless a joiner without one holds it); the others zero them
+        before the data all-reduce, so that the sum is that member's values
+        exactly (batch-norm statistics: fthsdp/agent/training/running_buffers.py).
+        """
+        if refill is None:
+            original = buffer.detach().clone()
+            refill = original.clone
+        numel = buffer.numel() - (CONTROL_SLOTS if control_slots else 0)
+        slots = control_slots and buffer.dtype in _EXACT_SLOT_DTYPES
+        buffers = [buffer]
+        now = time.monotonic()
+        self.groups.note_step(now)
+        deadline = now + self.timeout
+        abandoned = 0
+        joining: int | None = None  # the members' step this joiner replays to during the all-reduce
+        self._settle_switch(deadline)
+        phase, action, arg, result = Phase.FIND_GROUP, None, 0, None
+        while True:
+            # Run the phase (one collective, or one request to the caller); fthsdp/agent/training/step_protocol.py
+            # decides what follows from how it ended.
+            if phase is Phase.FIND_GROUP:
+                group = self.groups.current_group(deadline)
+                outcome = Outcome.IN_STEP if self.groups.in_step(group) else Outcome.NEW_GROUP
+            elif phase is Phase.DATA:
+                buf = buffers.pop() if buffers else refill()
+                if joining is not None:
+                    yield EnterStep(joining)
+                p = self.growth_ready() if proposal is None else proposal
+                if slots:
+                    d = p - group.quorum_id if 0 < p - group.quorum_id <= MAX_SLOT_PROPOSAL else 0
+                    buf[numel:] = torch.tensor([d, d * d], dtype=buf.dtype)
+                if first_only is not None and group.rank != self._first_contributor:
+                    buf[first_only[0] : first_only[1]].zero_()
+                work = self._start(group, buf, dist.ReduceOp.SUM)
+                control = None if slots else self._start_control(group, p)
+                if joining is not None:
+                    step, joining = (yield ReplayTo(joining)), None
+                if self.groups.wait_work(work, group, deadline) == DONE:
+                    outcome = Outcome.COMPLETED
+                    contributors = self._phase_contributors or group.size
+                    self._phase_contributors = None  # every member contributes from the next step on
+                    self._first_contributor = 0
+                    if slots:
+                        self._switch_from_slots(group, buf[numel:])
+                    else:
+                        self._controls.append(control)
+                    total = buf[:numel] if control_slots else buf
+                    result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
+                    self._last_step = step
+                else:
+                    self.groups.retire(group)
+                    outcome = Outcome.ABANDONED
+            elif phase is Phase.AGREE:
+                # A joiner waiting for the members in a new group replays what
+                # they commit meanwhile, between polls of the agree.
+                rows = self._agree(group, step, numel, structure_hash, deadline, contributes, None if contributes else idle)
+                if rows is None:
+                    outcome = Outcome.ABANDONED
+                else:
+                    outcome = Outcome.AGREED
+                    action, arg = agree_action(step, contributes, [[int(x) for x in r] for r in rows], group.quorum_id)
+                    joining = self._settle_agree(group, rows, step, action, arg)
+            elif phase is Phase.CLOSE_GAP:
+                # Admitted while still replaying: close the gap from the catch-up source.
+                step, outcome = (yield CloseGap(step, arg)), Outcome.ANSWERED
+            elif phase is Phase.FOLLOW_HEAL:
+                outcome = self._outcome(self._broadcast(group, buffer.new_empty(numel), arg, deadline))
+            elif phase is Phase.TAKE_LAST:
+                result = self._catch_up_step(group, rows, step, buffer.new_empty(numel), arg, deadline)
+                outcome = Outcome.ABANDONED if result is None else Outcome.COMPLETED
+            elif phase is Phase.SERVE_LAST:
+                outcome = self._outcome(self._serve_last_step(group, step, buffer.new_empty(numel), arg, deadline))
+            if outcome is Outcome.ABANDONED:
+                abandoned += 1
+            phase = after(phase, outcome, action if phase is Phase.AGREE else None)
+            if phase is Phase.DONE:
+                return dataclasses.replace(result, abandoned=abandoned)
+            if phase is Phase.NO_GRADIENT:
+                # Nothing to sum: not a step; the caller runs it again with a gradient.
+                log.warning("quorum %d: no member has a gradient for step %d", group.quorum_id, step)
+                self.groups.mark_in_step(None)  # the next call agrees again: the members' steps may differ
+                return StepResult(buffer.new_zeros(numel), 0, group.quorum_id, abandoned, step)
+
+    @staticmethod
+    def _outcome(done: str | None) -> Outcome:
+        return Outcome.COMPLETED if done == DONE else Outcome.ABANDONED
+
+    def _settle_agree(self, group: _Group, rows, step: int, action: Action, arg: int) -> int | None:
+        """What an agree settles for the data all-reduce that may follow;
+        returns the members' step a joiner replays to during it (None: none)."""
+        if action not in (IN_PHASE, JOIN_IN_PHASE):
+            return None
+        named = [AgreeRow(*(int(x) for x in r)) for r in rows]
+        self._first_contributor = next(i for i, r in enumerate(named) if r.contributes)
+        self._phase_contributors = arg if action == IN_PHASE else sum(1 for r in named if r.contributes)
+        self.members_step = step if action == IN_PHASE else arg
+        self.groups.mark_in_step(group)  # the data all-reduce comes next
+        return arg if action == JOIN_IN_PHASE else None
+
+    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None):
+        """All-gather every member's (step, size, model hash, last result's
+        contributors and quorum, whether it contributes a gradient): the
+        first collective in every new group."""
+        last = self._last if self._last is not None and self._last_step == step - 1 else None
+        row = torch.tensor(
+            [step, numel, structure_hash, last.contributors if last else 0, last.quorum_id if last else 0, int(contributes)],
+            dtype=torch.int64,
+        )
+        rows = [torch.zeros_like(row) for _ in range(group.size)]
+        if self.groups.wait_work(group.pg.allgather([rows], [row]), group, deadline, idle) != DONE:
+            self.groups.retire(group)
+            return None
+        named = [AgreeRow(*(int(x) for x in r)) for r in rows]
+        sizes = {r.numel for r in named}
+        if len(sizes) > 1:
+            raise FtarError(
+                f"replicas all-reduce gradients of different sizes ({min(sizes)}..{max(sizes)} elements; "
+                f"this one {numel}): are they training the same model?"
+            )
+        if len({r.structure for r in named}) > 1:
+            raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
+        return rows
+
+    def _catch_up_step(self, group, rows, step, total, root, deadline) -> StepResult | None:
+        """Others finished ``step`` (their data all-reduce completed before a
+        failure stopped ours): take their sum, the one they applied, into ``total``."""
+        if self._broadcast(group, total, root, deadline) != DONE:
+            return None
+        held = AgreeRow(*(int(x) for x in rows[root]))
+        self._last = StepResult(total, held.last_contributors, held.last_quorum, 0, step)
+        self._last_step = step
+        return self._last
+
+    def _serve_last_step(self, group, step, scratch, root, deadline) -> str | None:
+        """Some members are one step behind: the holder sends them the sum of
+        ``step - 1``; the other members at ``step`` take part with a
+        ``scratch`` tensor (a broadcast writes every non-root tensor)."""
+        if group.rank == root:
+            if self._last is None or self._last_step != step - 1:
+                raise FtarError(f"step {step - 1}: other replicas need its result, but this one no longer holds it")
+            tensor = self._last.total
+        else:
+            tensor = scratch
+        return self._broadcast(group, tensor, root, deadline)
+
+    def _broadcast(self, group: _Group, tensor: torch.Tensor, root: int, deadline: float) -> str | None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        if self.groups.wait_work(group.pg.broadcast([tensor], opts), group, deadline) == DONE:
+            return DONE
+        self.groups.retire(group)
+        return None
+
+    def _start(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp):
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        return group.pg.allreduce([tensor], opts)
+
+    # ----- growth: the agreed switch -------------------------------------------------
+
+    def _switch_from_slots(self, group: _Group, summed: torch.Tensor) -> None:
+        """The proposals carried in the data all-reduce (see CONTROL_SLOTS)."""
+        total, squares = (int(round(float(x))) for x in summed)
+        self.groups.agree_switch(slot_switch(group.quorum_id, group.size, total, squares))
+
+    def _start_control(self, group: _Group, p: int):
+        """After the data all-reduce, in the same group: (max, -min) of the proposals."""
+        t = torch.tensor([p, -p], dtype=torch.int64)
+        return group, self._start(group, t, dist.ReduceOp.MAX), t
+
+    def _settle_switch(self, deadline: float) -> None:
+        """Read the control all-reduce of the step before last: switch if
+        every member proposed the same growth quorum. Not the last step's:
+        this step's data all-reduce would wait for it (gloo runs a group's
+        collectives in order) when steps follow each other closely; the one
+        before last finished while the last step's data moved."""
+        controls = [c for c in self._controls if c[0] is self.groups.group and self.groups.in_step(c[0])]
+        self._controls = controls
+        if len(controls) < 2:
+            return
+        group, work, t = self._controls.pop(0)
+        if self.groups.wait_work(work, group, deadline) != DONE:
+            self.groups.retire(group)
+            return
+        top, neg_bottom = int(t[0]), int(t[1])
+        if top > 0 and top == -neg_bottom:
+            self.groups.agree_switch(top)

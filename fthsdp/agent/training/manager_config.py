@@ -1,0 +1,150 @@
+"""Settings of the fault-tolerant step, from the FTHSDP_* variables that
+`fthsdp agent` sets for its ranks (``ManagerConfig.from_env``, the one place
+they are read); explicit keyword arguments win."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from fthsdp.core.credentials import TlsFiles, read_token_file
+from fthsdp.core.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerConfig:
+    """Settings of the fault-tolerant step (from FTHSDP_* set by `fthsdp agent`)."""
+
+    coordinator: tuple[str, ...]
+    """Coordinator addresses."""
+
+    replica_id: str
+    """This replica group's id."""
+
+    job: str = "default"
+    """Job name on the coordinator."""
+
+    replica_rank: int = 0
+    """This replica's fixed index, for data sharding."""
+
+    num_replicas: int = 1
+    """The nominal number of replicas, for data sharding."""
+
+    host: str = "127.0.0.1"
+    """Address other replicas use to reach this one (FTHSDP_ADVERTISE_HOST):
+    its rendezvous store, catch-up server and cross-replica gloo pairs bind it."""
+
+    gloo_interface: str = ""
+    """GLOO_SOCKET_IFNAME, when set: the interface the cross-replica gloo
+    pairs use instead of ``host``'s (torch's own setting, honoured)."""
+
+    timeout: float = 60.0
+    """Longest wait for a collective or a quorum before giving up
+    (FtarTimeout); a collective waits at least the coordinator's hang limit
+    for a verdict on a hung member first (fthsdp/coordinator/hang.py)."""
+
+    checksum_every: int = 10
+    """Report the state checksum every this many steps (0: never). One checksum
+    reads the whole state once (6.6 ms for the 3.2M-parameter example with
+    AdamW, 38 MB, on one CPU core: 2-3% of its step), hence not every step."""
+
+    shard_rank: int = 0
+    """This rank's index inside its replica group (RANK from `fthsdp agent`)."""
+
+    shard_count: int = 1
+    """Ranks in the replica group (WORLD_SIZE): more than one for HSDP."""
+
+    token: str = dataclasses.field(default="", repr=False)
+    """Bearer token presented to the coordinator, and that the catch-up
+    servers require and the joiners present: the job's one credential (read
+    from FTHSDP_TOKEN_FILE, which `fthsdp agent --token-file` sets); empty:
+    no authentication."""
+
+    tls: TlsFiles = TlsFiles()
+    """TLS to the coordinator (FTHSDP_TLS_CA, _CERT, _KEY, set by `fthsdp agent`); off when empty."""
+
+    catch_up_tls: bool = True
+    """Serve and fetch catch-up over TLS when this replica has a certificate
+    and key (FTHSDP_TLS_CERT/_KEY: mutual TLS to the coordinator), with the
+    same files (fthsdp/agent/training/catchup_tls.py). Python's TLS costs the bulk transfer
+    about two thirds of its throughput (benchmarks/README.md); off keeps plain
+    HTTP guarded by the token, for networks the job trusts."""
+
+    catch_up_max_rate: float = 0.0
+    """Bytes per second a catch-up server sends of a snapshot to one joiner
+    (0: no limit), so that a catch-up does not crowd out the training
+    traffic. The gradient log is never limited: a joiner must replay faster
+    than the members train."""
+
+    catch_up_log_steps: int = 4
+    """Recent step gradients every replica keeps (enough to close the last
+    gap of an admitted joiner)."""
+
+    catch_up_log_bytes: int = 2 << 30
+    """The most bytes of step gradients kept while a snapshot is served,
+    for the joiner to replay; a joiner that falls further behind takes a
+    fresh snapshot."""
+
+    restart_count: int = 0
+    """How often the node agent restarted this replica group before this
+    process (FTHSDP_RESTART_COUNT): names the incarnation that a hang notice is for."""
+
+    outcome_file: str = ""
+    """Where this process writes how it ended (drained, finished, ...) for its
+    node agent (FTHSDP_OUTCOME_FILE, set by `fthsdp agent`; fthsdp/agent/outcome.py);
+    "": nowhere."""
+
+    def __post_init__(self) -> None:
+        if not self.coordinator:
+            raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
+        if not self.replica_id:
+            raise ConfigError("FTHSDP_REPLICA_ID is not set: run the script under `fthsdp agent`")
+        if self.replica_rank < 0 or self.num_replicas < 1:
+            raise ConfigError("replica rank must be >= 0 and the number of replicas >= 1")
+        if self.timeout <= 0 or self.checksum_every < 0:
+            raise ConfigError("timeout must be positive and checksum_every >= 0")
+        if not 0 <= self.shard_rank < self.shard_count:
+            raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
+        if self.catch_up_max_rate < 0 or self.catch_up_log_steps < 1 or self.catch_up_log_bytes < 0:
+            raise ConfigError("catch-up settings: the rate and log bytes must be >= 0, the log steps >= 1")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides) -> "ManagerConfig":
+        def get(name: str, default: str) -> str:
+            return env.get(f"FTHSDP_{name}", default) or default
+
+        try:
+            values = dict(
+                coordinator=tuple(a for a in get("COORDINATOR", "127.0.0.1:29510").split(",") if a),
+                replica_id=get("REPLICA_ID", ""),
+                job=get("JOB", "default"),
+                replica_rank=int(get("REPLICA_RANK", "0")),
+                num_replicas=int(get("NUM_REPLICAS", "1")),
+                host=get("ADVERTISE_HOST", "127.0.0.1"),
+                gloo_interface=env.get("GLOO_SOCKET_IFNAME", ""),
+                timeout=float(get("FTAR_TIMEOUT", "60")),
+                checksum_every=int(get("CHECKSUM_EVERY", "10")),
+                shard_rank=int(env.get("RANK", "0") or 0),
+                shard_count=int(env.get("WORLD_SIZE", "1") or 1),
+                token=read_token_file(get("TOKEN_FILE", ""), "FTHSDP_TOKEN_FILE"),
+                tls=TlsFiles(get("TLS_CA", ""), get("TLS_CERT", ""), get("TLS_KEY", "")),
+                catch_up_tls=_flag(get("CATCH_UP_TLS", "1"), "FTHSDP_CATCH_UP_TLS"),
+                catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
+                catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
+                catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
+                restart_count=int(get("RESTART_COUNT", "0")),
+                outcome_file=get("OUTCOME_FILE", ""),
+            )
+        except ValueError as e:
+            raise ConfigError(f"bad FTHSDP_* setting: {e}") from e
+        values.update(overrides)
+        return cls(**values)
+
+
+def _flag(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {value!r}")

@@ -1,0 +1,46 @@
+"""The flat buffer one step's all-reduce sums: the gradients, then the
+batch-norm statistics (from the first contributor only: fthsdp/agent/training/running_buffers.py),
+then FTAR's spare control slots (its switch proposals ride along: fthsdp/agent/training/ftar_decisions.py).
+
+The gradients themselves stay intact, so that a redo among the survivors of
+a failure can flatten them again into a fresh tensor (an abandoned
+collective may still write the old one).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fthsdp.agent.training.ftar_decisions import CONTROL_SLOTS
+from fthsdp.agent.training.running_buffers import RunningBuffers
+from fthsdp.agent.training.state_codec import local
+from fthsdp.agent.training.train_state import check_dense
+
+
+class StepBuffer:
+    def __init__(self, params: list[torch.Tensor], running: RunningBuffers, contributes: bool) -> None:
+        """``contributes=False``: a joiner without a gradient for the step: every element is zero."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
+        self.params = params
+        self.grads = [p.grad for p in params]
+        check_dense(self.grads)
+        self._shards = [local(g) for g in self.grads]
+        self._running = running
+        self._contributes = contributes
+        self._spare = self._shards[0].new_zeros(CONTROL_SLOTS)
+        numel = sum(g.numel() for g in self._shards)
+        self.first_only = (numel, numel + running.numel()) if running.carries else None
+        """The elements FTAR sums from the first contributor only (None: none)."""
+
+    def flatten(self) -> torch.Tensor:
+        """A fresh flat tensor of this step's values."""
+        stats = self._running.pieces(self._spare.dtype, self._spare.device) if self.first_only else []
+        flat = torch.cat([g.reshape(-1) for g in self._shards] + stats + [self._spare])
+        return flat if self._contributes else flat.zero_()
+
+    def restore(self) -> None:
+        """Put the step's gradient tensors back (a joiner's replays inside FTAR reset them)."""
+        for p, grad in zip(self.params, self.grads):
+            p.grad = grad

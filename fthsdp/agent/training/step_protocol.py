@@ -1,0 +1,107 @@
+"""The step protocol of FTAR, as a pure state machine.
+
+One call of ``FTAR.operation`` runs one step's sum through a sequence of
+phases; each phase is one collective (or one request to the caller), and
+what comes next depends only on the phase and how it ended: ``after(phase,
+outcome, action)``. fthsdp/agent/training/ftar.py runs the collectives and the requests;
+this decides, and tests/test_step_protocol.py checks the whole table.
+
+    FIND_GROUP --in-step--> DATA --completed--> DONE
+        |                     \\--abandoned--> FIND_GROUP
+        \\--new-group--> AGREE --(agree_action)--> CLOSE_GAP | FOLLOW_HEAL |
+                                 TAKE_LAST | SERVE_LAST | NO_GRADIENT | FIND_GROUP
+
+Rules the table keeps (and the test asserts): an abandoned collective (a
+newer quorum came, fthsdp/agent/training/quorum_groups.py) always goes back to FIND_GROUP,
+where the step continues in the newer group from the intact local
+gradients; a step ends only with its sum (DATA or TAKE_LAST completed) or
+with NO_GRADIENT (nobody had a gradient: not a step); after every agree
+whose action is not itself a collective or a request, the next phase is
+found again, so that a quorum newer than the agree is never skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from fthsdp.agent.training.ftar_decisions import Action
+from fthsdp.core.errors import FtarError
+
+
+class Phase(str, enum.Enum):
+    FIND_GROUP = "find-group"
+    """Take the newest group this rank can run the step in (building it if needed)."""
+    AGREE = "agree"
+    """A new group's first collective: all-gather every member's step and sizes."""
+    DATA = "data"
+    """The data all-reduce (a joiner reads the members' inputs first and replays during it)."""
+    CLOSE_GAP = "close-gap"
+    """Ask the caller to replay up to the step before the members' (a ``CloseGap``)."""
+    FOLLOW_HEAL = "follow-heal"
+    """Take part, without using it, in the broadcast of the last sum to members one step behind."""
+    TAKE_LAST = "take-last"
+    """Receive the sum of this step, which others completed, and end the step with it."""
+    SERVE_LAST = "serve-last"
+    """Broadcast (or help broadcast) the last sum to members one step behind."""
+    DONE = "done"
+    """The step has its sum."""
+    NO_GRADIENT = "no-gradient"
+    """Nobody had a gradient for the step: it is not committed; the loop runs it again."""
+
+
+TERMINAL = frozenset({Phase.DONE, Phase.NO_GRADIENT})
+
+
+class Outcome(str, enum.Enum):
+    IN_STEP = "in-step"
+    """FIND_GROUP: the group already agreed on this step; the data all-reduce is next."""
+    NEW_GROUP = "new-group"
+    """FIND_GROUP: a group whose first collective is an agree."""
+    AGREED = "agreed"
+    """AGREE: the rows arrived; ``agree_action`` names what follows."""
+    COMPLETED = "completed"
+    """A collective finished."""
+    ABANDONED = "abandoned"
+    """A collective was given up for a newer quorum (or its group failed)."""
+    ANSWERED = "answered"
+    """The caller answered a request."""
+
+
+_AFTER_AGREE = {
+    Action.NO_GRADIENT: Phase.NO_GRADIENT,
+    Action.IN_PHASE: Phase.FIND_GROUP,
+    Action.JOIN_IN_PHASE: Phase.FIND_GROUP,
+    Action.AGAIN: Phase.FIND_GROUP,
+    Action.REPLAY_TO_BEFORE_HEAD: Phase.CLOSE_GAP,
+    Action.FOLLOW_HEAL: Phase.FOLLOW_HEAL,
+    Action.TAKE_LAST: Phase.TAKE_LAST,
+    Action.SERVE_LAST: Phase.SERVE_LAST,
+}
+"""IN_PHASE and JOIN_IN_PHASE mark the group in step (FTAR does), so FIND_GROUP then leads to DATA."""
+
+_TABLE: dict[tuple[Phase, Outcome], Phase] = {
+    (Phase.FIND_GROUP, Outcome.IN_STEP): Phase.DATA,
+    (Phase.FIND_GROUP, Outcome.NEW_GROUP): Phase.AGREE,
+    (Phase.DATA, Outcome.COMPLETED): Phase.DONE,
+    (Phase.TAKE_LAST, Outcome.COMPLETED): Phase.DONE,
+    (Phase.FOLLOW_HEAL, Outcome.COMPLETED): Phase.FIND_GROUP,
+    (Phase.SERVE_LAST, Outcome.COMPLETED): Phase.FIND_GROUP,
+    (Phase.CLOSE_GAP, Outcome.ANSWERED): Phase.FIND_GROUP,
+}
+
+COLLECTIVES = frozenset({Phase.AGREE, Phase.DATA, Phase.FOLLOW_HEAL, Phase.TAKE_LAST, Phase.SERVE_LAST})
+"""The phases that run a collective, and so can be abandoned."""
+
+
+def after(phase: Phase, outcome: Outcome, action: Action | None = None) -> Phase:
+    """The phase that follows ``phase`` ending with ``outcome`` (after an
+    agree: ``action``, from ``agree_action``). An outcome the phase cannot
+    have is an internal error, never a silent fallthrough."""
+    if outcome is Outcome.ABANDONED and phase in COLLECTIVES:
+        return Phase.FIND_GROUP
+    if phase is Phase.AGREE and outcome is Outcome.AGREED and action is not None:
+        return _AFTER_AGREE[Action(action)]
+    try:
+        return _TABLE[(phase, outcome)]
+    except KeyError:
+        raise FtarError(f"internal: the step protocol has no way on from {phase.value} after {outcome.value}") from None

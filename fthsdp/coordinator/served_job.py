@@ -1,0 +1,62 @@
+"""One job as a coordinator serves it: its ``JobState`` plus what the
+runtime (fthsdp/coordinator/runtime.py) keeps beside it: the heartbeat pace, the
+stored committed step, the watchers' events and the recent quorum history."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from fthsdp.coordinator import committed
+from fthsdp.coordinator.broadcast import Broadcast
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.heartbeat_pace import HeartbeatPacer
+from fthsdp.coordinator.job import JobState
+from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.quorum import Quorum
+from fthsdp.coordinator.watch_events import WatchEvents
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+HISTORY_LENGTH = 200
+"""Quorum changes kept per job for the status page (the store keeps only the current one)."""
+
+
+
+class ServedJob:
+    """A JobState plus what the runtime keeps beside it."""
+
+    def __init__(self, name: str, config: CoordinatorConfig) -> None:
+        self.state = JobState(name, config.rules, config.hang_rules)
+        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
+        self.keys = JobKeys(config.store_prefix, name)
+        self.committed = committed.CommittedRecord(self.keys)
+        """The stored committed step (fthsdp/coordinator/committed.py)."""
+        self.epoch = 0
+        self.events = WatchEvents()
+        """The current quorum and what watchers are sent (fthsdp/coordinator/watch_events.py)."""
+        self.lock = asyncio.Lock()  # serialises this job's store writes
+        self.backlog = 0.0
+        """How late the typical replica's heartbeats arrive (fthsdp/coordinator/loop_lag.py), measured every runtime.BACKLOG_EVERY."""
+        self.backlog_at = float("-inf")
+        self.change_since: float | None = None
+        """When a decision first said the membership must change (for the formation latency)."""
+        self.changes = Broadcast()
+        """Wakes the watchers, a batch per turn of the loop (fthsdp/coordinator/broadcast.py)."""
+        self.logged_reason = ""
+        self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
+        """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
+
+    def remember(self, quorum: Quorum) -> None:
+        self.history.append({"id": quorum.id, "members": list(quorum.member_ids), "reason": quorum.reason,
+                             "time": quorum.created_unix_ms / 1000})
+
+    @property
+    def quorum_pb(self) -> pb.Quorum | None:
+        return self.events.quorum
+
+    def set_quorum(self, quorum_pb: pb.Quorum | None) -> None:
+        self.events.update(quorum_pb)
+
+    def notify(self) -> None:
+        """Wake every watcher."""
+        self.changes.notify()

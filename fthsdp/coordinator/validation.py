@@ -1,0 +1,170 @@
+"""Checks of incoming requests; each failure is one InvalidRequest with a clear message."""
+
+from __future__ import annotations
+
+from fthsdp.core.errors import InvalidRequest
+from fthsdp.core.names import MAX_ADDRESS_LEN, MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+MAX_WORLD_SIZE = 1 << 20
+MAX_SHORT_TEXT = 128
+MAX_REASON = 1024
+MAX_STEP_INPUTS = 512
+"""StepChecksum.inputs: fthsdp/agent/training/checksum.py's MAX_INPUTS."""
+
+
+def check_size(request, limit: int) -> None:
+    size = request.ByteSize()
+    if size > limit:
+        raise InvalidRequest(f"request is {size} bytes; the limit is {limit} (--max-request-bytes)")
+
+
+def check_job_field(job: str, allow_empty: bool = False) -> None:
+    if allow_empty and not job:
+        return
+    problem = name_problem("job", job, MAX_JOB_LEN)
+    if problem:
+        raise InvalidRequest(problem)
+
+
+def check_replica_id(replica_id: str) -> None:
+    problem = name_problem("replica_id", replica_id, MAX_REPLICA_ID_LEN)
+    if problem:
+        raise InvalidRequest(problem)
+
+
+def _short(field: str, value: str, limit: int = MAX_SHORT_TEXT) -> None:
+    if len(value) > limit:
+        raise InvalidRequest(f"{field} is {len(value)} characters long; the limit is {limit}")
+
+
+def _non_negative(field: str, value: int) -> None:
+    if value < 0:
+        raise InvalidRequest(f"{field} must not be negative, got {value}")
+
+
+def check_register(req) -> None:
+    check_replica_id(req.replica_id)
+    if not req.address:
+        raise InvalidRequest("address is empty; give the HOST:PORT where peers reach this replica")
+    _short("address", req.address, MAX_ADDRESS_LEN)
+    try:
+        split_host_port(req.address)
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from e
+    if not 1 <= req.world_size <= MAX_WORLD_SIZE:
+        raise InvalidRequest(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {req.world_size}")
+    _non_negative("step", req.step)
+    _non_negative("quorum_id", req.quorum_id)
+    if len(req.catch_up_addresses) not in (0, req.world_size):
+        raise InvalidRequest(
+            f"catch_up_addresses has {len(req.catch_up_addresses)} entries; give one per shard rank ({req.world_size})"
+        )
+    for address in req.catch_up_addresses:
+        _short("catch_up_addresses", address, MAX_ADDRESS_LEN)
+        try:
+            split_host_port(address)
+        except ValueError as e:
+            raise InvalidRequest(f"catch_up_addresses: {e}") from e
+
+
+def check_session(req) -> None:
+    check_replica_id(req.replica_id)
+    if not req.session_id:
+        raise InvalidRequest("session_id is empty; use the one Register returned")
+    _short("session_id", req.session_id)
+
+
+MAX_RECENT_CHECKSUMS = 16
+
+
+def check_heartbeat(req) -> None:
+    if not 0 <= req.shard_rank < MAX_WORLD_SIZE:
+        raise InvalidRequest(f"shard_rank must be between 0 and {MAX_WORLD_SIZE - 1}, got {req.shard_rank}")
+    if req.shard_rank == 0:
+        check_session(req)
+    else:
+        check_replica_id(req.replica_id)
+        _short("session_id", req.session_id)
+    _non_negative("step", req.step)
+    _non_negative("checksum_step", req.checksum_step)
+    _non_negative("catch_up_bytes", req.catch_up_bytes)
+    _non_negative("catch_up_total_bytes", req.catch_up_total_bytes)
+    _short("state_checksum", req.state_checksum)
+    if len(req.recent_checksums) > MAX_RECENT_CHECKSUMS:
+        raise InvalidRequest(f"recent_checksums has {len(req.recent_checksums)} entries; the limit is {MAX_RECENT_CHECKSUMS}")
+    for item in req.recent_checksums:
+        _non_negative("recent_checksums.step", item.step)
+        _short("recent_checksums.checksum", item.checksum)
+        _short("recent_checksums.inputs", item.inputs, MAX_STEP_INPUTS)
+
+
+def check_watch(req) -> None:
+    if req.session_id:
+        check_session(req)
+    elif req.replica_id:
+        check_replica_id(req.replica_id)  # an observer of the replica (its other ranks)
+
+
+def check_leave(req) -> None:
+    check_session(req)
+    _short("reason", req.reason, MAX_REASON)
+    _non_negative("step", req.step)
+
+
+def check_agent_event(req) -> None:
+    check_replica_id(req.replica_id)
+    if req.state not in pb.AgentState.values() or req.state == pb.AGENT_STATE_UNSPECIFIED:
+        raise InvalidRequest(f"state: {req.state} is not an agent state")
+    _non_negative("node_rank", req.node_rank)
+    _non_negative("restart_count", req.restart_count)
+    _short("detail", req.detail, MAX_REASON)
+
+
+MAX_PROBE_NAMES = 100_000
+
+
+def check_reach_report(req) -> None:
+    check_replica_id(req.replica_id)
+    _non_negative("shard_rank", req.shard_rank)
+    if req.probe_id <= 0:
+        raise InvalidRequest(f"probe_id must be the id of a probe the coordinator asked for, got {req.probe_id}")
+    if len(req.reached) + len(req.unreached) > MAX_PROBE_NAMES:
+        raise InvalidRequest(f"a probe report names at most {MAX_PROBE_NAMES} replicas")
+    for rid in (*req.reached, *req.unreached):
+        check_replica_id(rid)
+
+
+def check_reopen(req) -> None:
+    if req.step <= 0:
+        raise InvalidRequest(f"step must be the step the job finished at (StatusResponse.finished.step), got {req.step}")
+    _short("requested_by", req.requested_by)
+
+
+def check_give_up(req) -> None:
+    if req.step <= 0:
+        raise InvalidRequest(f"step must be the step whose state is lost (StatusResponse.state_lost_step), got {req.step}")
+    _short("requested_by", req.requested_by)
+    if req.resume_step:
+        raise InvalidRequest("resume_step (resuming from a checkpoint) is not implemented yet; leave it 0 to start over")
+
+
+MAX_SLOW_SECONDS = 3600.0
+MAX_SLOW_STEPS = 1_000_000
+
+
+def check_inject(req) -> None:
+    check_replica_id(req.replica_id)
+    if req.kind not in (pb.FAULT_KIND_KILL, pb.FAULT_KIND_HANG, pb.FAULT_KIND_SLOW):
+        raise InvalidRequest(f"kind: {req.kind} is not a fault kind (kill, hang or slow)")
+    _short("requested_by", req.requested_by)
+    if req.kind != pb.FAULT_KIND_SLOW:
+        if req.seconds or req.steps:
+            raise InvalidRequest("seconds and steps are for a slow fault only; leave them 0")
+        return
+    # `not 0 < x <= limit` also refuses NaN.
+    if not 0 < req.seconds <= MAX_SLOW_SECONDS:
+        raise InvalidRequest(f"seconds (added to each step) must be above 0 and at most {MAX_SLOW_SECONDS:g}, "
+                             f"got {req.seconds:g}")
+    if not 0 < req.steps <= MAX_SLOW_STEPS:
+        raise InvalidRequest(f"steps (how many steps are slowed) must be between 1 and {MAX_SLOW_STEPS}, got {req.steps}")

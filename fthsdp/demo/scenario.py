@@ -1,0 +1,335 @@
+"""``fthsdp demo``: the real example under real agents, a failure, its recovery.
+
+1. A coordinator (embedded store, or a private etcd with ``--store etcd``).
+2. ``--replicas`` replica groups, each an ``fthsdp agent --standby`` running
+   ``examples/gpt/train.py`` (one rank on the CPU).
+3. Once the failing replica committed ``--fail-step``, its training process
+   is SIGKILLed (``kill``) or SIGSTOPped (``hang``; SIGKILLed once the
+   coordinator dropped it, as a watchdog would), or its training loop blocks
+   after the next backward pass (``deadlock``, train.py ``--fail-how
+   deadlock``: alive and heartbeating; the coordinator takes it out as hung,
+   its agent ends it after a stack dump). Its agent restarts it (the warm
+   standby takes over), it catches up from a healthy peer and rejoins.
+4. Every replica trains to ``--steps``; then the summary, ``summary.json`` and
+   ``demo.png`` in ``--out``.
+
+Every wait is on a recorded condition with a deadline. Every process started
+is stopped on the way out, on an error, Ctrl-C or SIGTERM too (children.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from fthsdp.core.errors import ConfigError
+from fthsdp.demo.children import ROOT, Children
+from fthsdp.demo.config import DemoConfig
+from fthsdp.demo.live import LiveView, PlainLog
+from fthsdp.demo.poller import StatusPoller
+from fthsdp.demo.record import DemoFailed, Failure, Recorder
+from fthsdp.demo.report import write_report
+from fthsdp.demo.summary import summarize, summary_text
+
+TRAIN_SCRIPT = ROOT / "examples" / "gpt" / "train.py"
+COORDINATOR_FLAGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s")
+"""A hang is found after 2 s of silence (the default 5 s would only make the demo longer)."""
+DEADLOCK_FLAGS = ("--hang-floor", "2s", "--hang-multiple", "3")
+"""--fail-mode deadlock: a member is hung once the others waited for it 3 x the
+median step, at least 2 s (the defaults, 5 x and 10 s, would only make the demo
+longer). Not for hang: there the heartbeat timeout is to find the stopped process."""
+AGENT_FLAGS = ("--standby", "--standby-delay", "2s", "--restart-backoff", "0", "--stop-timeout", "5s",
+               "--hang-grace", "1s")
+"""--restart-backoff 0: the demo's replicas fail within a minute of starting,
+which the agent would otherwise take for a crash loop and wait a second.
+--hang-grace 1s: a deadlocked rank ignores its SIGTERM (its loop never reaches
+the step boundary where it would leave); SIGKILL it after 1 s, not 5."""
+ENDED_TIMEOUT = 30.0
+"""The agent ends a rank taken out as hung within --hang-grace of the notice."""
+START_TIMEOUT = 180.0
+"""Three replicas importing torch at once on a small machine take a while."""
+RECOVERY_TIMEOUT = 120.0
+SECONDS_PER_STEP_BOUND = 10.0
+"""A deadline, not a pace: the example's step takes well under a second on a CPU."""
+
+
+def _check_prerequisites(live: bool) -> None:
+    if not TRAIN_SCRIPT.is_file():
+        raise ConfigError(f"the demo trains {TRAIN_SCRIPT}, which is missing: run it from a clone of the repository "
+                          "(pip install -e . there, or make demo)")
+    missing = [name for name in (("rich", "matplotlib") if live else ("matplotlib",)) if not _importable(name)]
+    if missing:
+        raise ConfigError(f"the demo needs {' and '.join(missing)}: pip install 'fthsdp[demo]'")
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def fresh_out_dir(out: str, cwd: Path) -> Path:
+    """``out`` if given, else a new ./fthsdp-demo-YYYYmmdd-HHMMSS[-N]/."""
+    if out:
+        return Path(out)
+    base = cwd / f"fthsdp-demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+@contextmanager
+def _interruptible():
+    """SIGINT and SIGTERM interrupt the demo; while it cleans up they are ignored,
+    so that a second Ctrl-C cannot leave processes behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def interrupt(signum, frame):
+        raise _Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def shield() -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    try:
+        yield shield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
+    _check_prerequisites(config.live)
+    out_dir = fresh_out_dir(config.out, Path.cwd())
+    logdir = out_dir / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(config.replica_ids)
+    children = Children(logdir)
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    say(f"fthsdp demo: {config.replicas} replicas of examples/gpt on the CPU, {config.steps} steps, "
+        f"{config.fail_mode} of {config.victim} after step {config.fail_step}; output in {out_dir}/")
+    failure = None
+    error: DemoFailed | None = None
+    with _interruptible() as shield:
+        etcd = scenario = None
+        try:
+            store = config.store
+            if store == "etcd":
+                etcd = _start_etcd()
+                store = etcd.url
+                say(f"started a private etcd at {etcd.endpoint} (data in {etcd.data_dir})")
+            view = LiveView(rec, config.steps, config.victim) if config.live else PlainLog(rec, config.steps, out)
+            with view:
+                scenario = _Scenario(config, children, rec, store)
+                try:
+                    scenario.start()
+                    failure = scenario.play()
+                except DemoFailed as e:
+                    error = e
+                    failure = scenario.failure
+        except KeyboardInterrupt as e:
+            shield()
+            say(f"\ninterrupted ({e or 'SIGINT'}): stopping every process the demo started ...")
+            raise
+        finally:
+            shield()
+            if scenario is not None:
+                scenario.close()
+            killed = children.stop_all()
+            if killed:
+                say(f"(had to SIGKILL {len(killed)} leftover process(es): {' '.join(map(str, killed))})")
+            if etcd is not None:
+                etcd.close()
+
+    summary = summarize(rec, failure, config.replicas, config.steps)
+    summary["ok"] = error is None
+    summary["error"] = str(error) if error else None
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_report(out_dir / "demo.png", rec, failure, summary)
+    if any(rec.steps.values()):  # a demo that failed before training has nothing to sum up
+        say(summary_text(summary, str(out_dir)))
+    if error is not None:
+        raise DemoFailed(f"{error}; see the logs in {logdir}")
+    return 0
+
+
+def _start_etcd():
+    from fthsdp.testing.local_etcd import EtcdNotFound, EtcdServer
+
+    try:
+        server = EtcdServer()
+    except EtcdNotFound as e:
+        raise ConfigError(f"--store etcd: {e}") from e
+    server.start()
+    return server
+
+
+class _Scenario:
+    def __init__(self, config: DemoConfig, children: Children, rec: Recorder, store: str) -> None:
+        self.config = config
+        self.children = children
+        self.rec = rec
+        self.store = store
+        self.agents: dict = {}
+        self.coordinator = None
+        self.client = None
+        self.poller: StatusPoller | None = None
+        self.failure: Failure | None = None
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+        if self.client is not None:
+            self.client.close()
+
+    def _check(self) -> None:
+        """Ends a wait early when a process the scenario needs has died."""
+        if self.coordinator is not None and self.coordinator.proc.poll() is not None:
+            raise DemoFailed(f"the coordinator exited ({self.coordinator.proc.returncode}):\n{self.coordinator.log_tail()}")
+        for replica, agent in self.agents.items():
+            code = agent.proc.poll()
+            if code not in (None, 0):
+                raise DemoFailed(f"the agent of {replica} exited with {code}:\n{agent.log_tail()}")
+
+    def _wait(self, predicate, timeout: float, what: str):
+        return self.rec.wait_for(predicate, timeout, what, check=self._check)
+
+    def start(self) -> None:
+        from fthsdp.client import CoordinatorClient
+
+        cfg, rec = self.config, self.rec
+        self.coordinator = self.children.start("coordinator", Children.python(
+            "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--store", self.store,
+            "--min-replicas", str(max(1, cfg.replicas - 1)), *COORDINATOR_FLAGS,
+            *(DEADLOCK_FLAGS if cfg.fail_mode == "deadlock" else ()),
+        ), on_line=rec.coordinator_line)
+        address = self._wait(lambda: rec.coordinator_address, 60, "the coordinator's start")
+        rec.event(f"coordinator serving on {address} (store: {self.store})")
+        self.client = CoordinatorClient([address], timeout=2.0)
+        self.poller = StatusPoller(self.client, rec).start()
+        for replica in cfg.replica_ids:
+            deadlock = ("--fail-at-step", str(cfg.fail_step), "--fail-how", "deadlock")
+            self.agents[replica] = self.children.start(replica, Children.python(
+                "fthsdp", "agent", "--coordinator", address, "--replica-id", replica,
+                "--num-replicas", str(cfg.replicas), *AGENT_FLAGS,
+                "--", sys.executable, str(TRAIN_SCRIPT), "--steps", str(cfg.steps), "--log-every", "1",
+                *(deadlock if cfg.fail_mode == "deadlock" and replica == cfg.victim else ()),
+            ), on_line=lambda text, t, r=replica: rec.rank_line(r, text, t), stops_first=True)
+        rec.event(f"started {cfg.replicas} agents, each training examples/gpt/train.py")
+
+    def play(self) -> Failure:
+        cfg, rec = self.config, self.rec
+        victim = cfg.victim
+        ids = set(cfg.replica_ids)
+        self._wait(lambda: rec.latest() and set(rec.latest().members) == ids and all(rec.starts[r] for r in ids),
+                   START_TIMEOUT, "the first quorum of every replica")
+        if cfg.fail_mode == "deadlock":
+            self.failure = failure = self._deadlocked(victim)
+        else:
+            self._wait(lambda: (line := rec.last_step(victim)) and line.step >= cfg.fail_step,
+                       cfg.fail_step * SECONDS_PER_STEP_BOUND, f"{victim} reaching step {cfg.fail_step}")
+            self.failure = failure = self._inject(victim)
+        self._wait(lambda: (s := rec.latest()) and s.quorum_id > failure.quorum_before and victim not in s.members,
+                   RECOVERY_TIMEOUT, f"the coordinator dropping {victim}")
+        dropped = rec.latest()
+        rec.event(f"the coordinator dropped {victim}: quorum {dropped.quorum_id} of {', '.join(dropped.members)}")
+        if cfg.fail_mode == "hang":
+            self._kill_hung(failure)
+        elif cfg.fail_mode == "deadlock":
+            self._ended_by_agent(failure)
+
+        def survivors_done() -> bool:
+            return all(r in rec.done for r in ids - {victim})
+
+        def rejoined():
+            s = rec.latest()
+            if s.quorum_id > dropped.quorum_id and victim in s.members:
+                return s
+            if survivors_done():
+                raise DemoFailed(f"the other replicas finished before {victim} caught up: give more --steps "
+                                 "after --fail-step")
+            return None
+
+        back = self._wait(rejoined, RECOVERY_TIMEOUT, f"{victim} catching up and rejoining")
+        rec.event(f"{victim} rejoined: quorum {back.quorum_id} of {', '.join(back.members)}")
+        self._wait(lambda: all(agent.proc.poll() is not None for agent in self.agents.values()),
+                   cfg.steps * SECONDS_PER_STEP_BOUND, f"every replica training to step {cfg.steps}")
+        self._check()
+        missing = [r for r in cfg.replica_ids if rec.done.get(r) != cfg.steps]
+        if missing:
+            raise DemoFailed(f"{', '.join(missing)} did not reach step {cfg.steps}")
+        rec.event(f"every replica reached step {cfg.steps}")
+        return failure
+
+    def _inject(self, victim: str) -> Failure:
+        rec = self.rec
+        start, step, quorum = rec.starts[victim][-1], rec.last_step(victim).step, rec.latest().quorum_id
+        sig = signal.SIGKILL if self.config.fail_mode == "kill" else signal.SIGSTOP
+        t, wall = time.monotonic(), time.time()
+        os.kill(start.pid, sig)
+        failure = Failure(victim, self.config.fail_mode, start.pid, step, t, wall, quorum,
+                          killed_t=t if sig == signal.SIGKILL else 0.0)
+        rec.event(f"{signal.Signals(sig).name} {victim}'s training process (pid {start.pid}) after step {step}")
+        return failure
+
+    def _deadlocked(self, victim: str) -> Failure:
+        """The victim's training loop blocked itself (train.py --fail-how
+        deadlock, after its backward pass): the failure is its own line."""
+        rec, cfg = self.rec, self.config
+        line = self._wait(lambda: rec.failing.get(victim), cfg.fail_step * SECONDS_PER_STEP_BOUND,
+                          f"{victim} deadlocking after step {cfg.fail_step}")
+        start, quorum = rec.starts[victim][-1], rec.latest().quorum_id
+        t = float(line["t"])
+        failure = Failure(victim, "deadlock", start.pid, int(line["step"]), t, t + rec.wall_offset, quorum)
+        rec.event(f"{victim}'s training loop (pid {start.pid}) deadlocked after the backward pass of step "
+                  f"{failure.step + 1}; the process and its heartbeats live on")
+        return failure
+
+    def _ended_by_agent(self, failure: Failure) -> None:
+        """The coordinator took the deadlocked replica out as hung and told its
+        agent, which ends the process (its stacks are dumped into its log first)."""
+        def gone() -> bool:
+            try:
+                os.kill(failure.pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        self._wait(gone, ENDED_TIMEOUT, f"{failure.replica}'s agent ending the hung process {failure.pid}")
+        failure.killed_t = time.monotonic()
+        log = self.children.logdir / f"{failure.replica}.log"
+        if log.is_file() and "taken out by the coordinator" in log.read_text(errors="replace"):
+            failure.stacks_in = f"logs/{log.name}"
+        dump = f"; its stacks are in {failure.stacks_in}" if failure.stacks_in else ""
+        self.rec.event(f"{failure.replica}'s agent ended the hung process {failure.pid}{dump}; it restarts it")
+
+    def _kill_hung(self, failure: Failure) -> None:
+        """The coordinator dropped the silent replica; its process is still
+        stopped and would stay so: kill it, as a watchdog (or an operator) would
+        (its agent, told by the coordinator, would too after --hang-grace)."""
+        failure.killed_t = time.monotonic()
+        try:
+            os.kill(failure.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.rec.event(f"SIGKILL the hung process {failure.pid}; its agent restarts it")

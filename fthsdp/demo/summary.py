@@ -1,0 +1,192 @@
+"""The demo's figures, computed from what was recorded (a pure function), and their text.
+
+Definitions (also in README and the JSON's ``definitions``):
+
+* **effective training time**: the replica-seconds spent training steps that
+  were committed, over the replica-seconds available (replicas × the time from
+  the first replica's admission to the last committed step). A replica
+  trains step s+1 from its commit of step s to its commit of s+1; the time a
+  replica is dead, restarting, catching up or waiting for admission counts as
+  lost, and so does the step a killed replica was in.
+* **steps lost**: replica-steps never trained: for each step, the replicas of
+  the job that did not contribute a gradient to it (the failed replica's
+  batches while it was out; the global batch shrank, no batch was repeated).
+  Committed steps are never lost or redone: the survivors go on from where they were.
+* **time to detect**: from the failure to the coordinator's new quorum
+  without the replica (the quorum's own creation time, in milliseconds).
+* **time to recover**: from the failure to the commit of the first step the
+  replica trained with the others again (restarted, caught up, admitted at a
+  step boundary); ``time_to_rejoin_quorum_s`` is when the coordinator's
+  quorum had it again.
+* **bytes transferred**: the snapshot the restarted replica fetched from its
+  source (its own report; the coordinator's status shows the same progress).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from fthsdp.demo.record import Failure, Recorder, StatusSample, short_reason
+
+DEFINITIONS = {
+    "effective_training_time": "replica-seconds spent training steps that were committed / "
+                               "(replicas x seconds from the first admission to the last committed step)",
+    "steps_lost": "replica-steps never trained: per step, replicas that contributed no gradient to it",
+    "time_to_detect_s": "failure -> the coordinator's quorum without the failed replica (its creation time)",
+    "time_to_recover_s": "failure -> the commit of the first step the failed replica trained with the others again",
+    "catch_up_bytes": "bytes of the snapshot the restarted replica fetched from a healthy peer",
+}
+
+
+def _quorum_time(sample: StatusSample, wall_offset: float) -> float:
+    """When the coordinator formed the sample's quorum, on the monotonic clock
+    (the poll time if the quorum carries no timestamp)."""
+    if sample.quorum_created_unix_ms > 0:
+        return sample.quorum_created_unix_ms / 1000.0 - wall_offset
+    return sample.t
+
+
+def _effective_seconds(rec: Recorder, replica: str) -> float:
+    """Seconds this replica spent training steps it committed one after the other."""
+    marks = sorted([(s.t, s.start_step) for s in rec.starts[replica]] + [(line.t, line.step) for line in rec.steps[replica]])
+    return sum(t - t_prev for (t_prev, step_prev), (t, step) in zip(marks, marks[1:]) if step == step_prev + 1)
+
+
+def summarize(rec: Recorder, failure: Failure | None, replicas: int, steps: int) -> dict:
+    """Every figure of the summary, as a JSON-ready dict."""
+    out: dict = {"replicas": replicas, "steps": steps, "definitions": DEFINITIONS}
+    out["final_steps"] = {r: rec.done.get(r) for r in rec.replica_ids}
+    out["all_reached_final_step"] = all(rec.done.get(r) == steps for r in rec.replica_ids)
+
+    contributors: dict[int, int] = {}
+    for lines in rec.steps.values():
+        for line in lines:
+            contributors[line.step] = max(contributors.get(line.step, 0), line.contributors)
+    trained = sum(contributors.get(s, 0) for s in range(1, steps + 1))
+    out["replica_steps_total"] = replicas * steps
+    out["replica_steps_trained"] = trained
+    out["steps_lost"] = replicas * steps - trained
+
+    starts = [s.t for ss in rec.starts.values() for s in ss]
+    ends = [lines[-1].t for lines in rec.steps.values() if lines]
+    window = (max(ends) - min(starts)) if starts and ends else 0.0
+    out["training_wall_s"] = round(window, 3)
+    effective = sum(_effective_seconds(rec, r) for r in rec.replica_ids)
+    out["effective_training_time"] = round(effective / (replicas * window), 4) if window > 0 else 0.0
+
+    quorums: list[dict] = []
+    for sample in rec.samples:
+        if sample.quorum_id and (not quorums or quorums[-1]["id"] != sample.quorum_id):
+            quorums.append({"id": sample.quorum_id, "members": list(sample.members), "reason": sample.quorum_reason,
+                            "t": round(_quorum_time(sample, rec.wall_offset) - rec.started, 3)})
+    out["quorum_history"] = quorums
+    out["failure"] = None if failure is None else _failure_figures(rec, failure)
+    return out
+
+
+def _failure_figures(rec: Recorder, failure: Failure) -> dict:
+    victim = failure.replica
+    fig: dict = {"replica": victim, "mode": failure.mode, "step": failure.step, "pid": failure.pid,
+                 "quorum_before": failure.quorum_before}
+    after = [s for s in rec.samples if s.t >= failure.t]
+    dropped = next((s for s in after if s.quorum_id and victim not in s.members), None)
+    fig["detected"] = dropped is not None
+    fig["time_to_detect_s"] = round(_quorum_time(dropped, rec.wall_offset) - failure.t, 4) if dropped else None
+    fig["quorum_without"] = dropped.quorum_id if dropped else None
+    fig["detect_reason"] = dropped.quorum_reason if dropped else ""
+    back = next((s for s in after if dropped and s.t >= dropped.t and victim in s.members), None)
+    fig["rejoined"] = back is not None
+    fig["time_to_rejoin_quorum_s"] = round(_quorum_time(back, rec.wall_offset) - failure.t, 3) if back else None
+    fig["quorum_rejoined"] = back.quorum_id if back else None
+    # Recovered: its gradient is in a committed step again (admission happens at
+    # an agreed step boundary, which may come a few steps after the new quorum).
+    full = len(back.members) if back else 0
+    trained = next((line for line in rec.steps[victim] if line.t > failure.t and line.contributors >= full), None)
+    fig["time_to_recover_s"] = round(trained.t - failure.t, 3) if back and trained else None
+    fig["first_step_trained_again"] = trained.step if back and trained else None
+    fig["rejoin_reason"] = back.quorum_reason if back else ""
+    restarts = [s.replicas[victim].restart_count for s in after if victim in s.replicas]
+    fig["restart_count"] = max(restarts, default=0)
+    fig["stacks_in"] = failure.stacks_in
+
+    restart = next((s for s in rec.starts[victim] if s.t > failure.t), None)
+    report = (restart.catch_up or {}) if restart else {}
+    fig["restarted"] = restart is not None
+    fig["catch_up_source"] = report.get("source", "")
+    fig["snapshot_step"] = report.get("snapshot_step")
+    fig["replayed_steps"] = report.get("replayed_steps")
+    observed = max((s.replicas[victim].catch_up_bytes for s in after if victim in s.replicas), default=0)
+    fig["catch_up_bytes"] = max(int(report.get("snapshot_bytes", 0)), observed)
+    if report.get("began"):
+        fig["catch_up_began_s"] = round(report["began"] - failure.t, 3)
+        fig["snapshot_loaded_s"] = round(report["loaded"] - failure.t, 3) if report.get("loaded") else None
+    fig["caught_up"] = bool(fig["time_to_recover_s"] is not None and rec.done.get(victim) is not None)
+
+    survivors = [r for r in rec.replica_ids if r != victim]
+    intervals, during = [], []
+    for r in survivors:
+        lines = rec.steps[r]
+        for prev, line in zip(lines, lines[1:]):
+            intervals.append(line.t - prev.t)
+            if trained and failure.t <= line.t and prev.t <= trained.t:
+                during.append(line.t - prev.t)
+    fig["median_step_s"] = round(statistics.median(intervals), 3) if intervals else None
+    fig["survivors_longest_step_during_recovery_s"] = round(max(during), 3) if during else None
+    gaps = sum(line.step - prev.step - 1 for r in survivors for prev, line in zip(rec.steps[r], rec.steps[r][1:]))
+    fig["survivor_steps_skipped"] = gaps
+    return fig
+
+
+HOW = {
+    "kill": "killed (SIGKILL)",
+    "hang": "hung (SIGSTOP, later SIGKILLed)",
+    "deadlock": "deadlocked (its training loop blocked after the backward pass, process and heartbeats alive)",
+}
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def summary_text(s: dict, out_dir: str) -> str:
+    """The summary printed at the end of the demo."""
+    lines = ["", f"Summary (JSON: {out_dir}/summary.json, report: {out_dir}/demo.png, logs: {out_dir}/logs/)"]
+    f = s["failure"]
+    if f:
+        how = HOW.get(f["mode"], f["mode"])
+        if f["detected"]:
+            taken = " as hung" if f["mode"] == "deadlock" else ""
+            lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator took it out{taken}, forming "
+                         f"quorum {f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later "
+                         f"({short_reason(f['detect_reason'])})")
+        else:
+            lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator never dropped it")
+        if f["restarted"]:
+            source = f"from {f['catch_up_source']} " if f["catch_up_source"] else ""
+            snap = f" of step {f['snapshot_step']}" if f["snapshot_step"] is not None else ""
+            replayed = f["replayed_steps"] or 0
+            ended = ""
+            if f["mode"] == "deadlock":
+                ended = f"its agent ended the hung process (stacks dumped in {f['stacks_in']}) and restarted it" \
+                    if f.get("stacks_in") else "its agent ended the hung process and restarted it"
+            lines.append(f"  {ended or 'its agent restarted it'}; it caught up {source}({_mib(f['catch_up_bytes'])} "
+                         f"snapshot{snap}, {replayed} step{'s' if replayed != 1 else ''} replayed)")
+        if f["time_to_recover_s"] is not None:
+            lines.append(f"  back in quorum {f['quorum_rejoined']} {f['time_to_rejoin_quorum_s']:.1f} s after the failure, "
+                         f"training again from step {f['first_step_trained_again']}: time to recover {f['time_to_recover_s']:.1f} s")
+        else:
+            lines.append("  it did not train with the others again")
+        if f["median_step_s"] is not None:
+            longest = f["survivors_longest_step_during_recovery_s"]
+            lines.append(f"  the survivors went on: {f['survivor_steps_skipped']} steps skipped; median step "
+                         f"{f['median_step_s']:.2f} s" + (f", longest during the recovery {longest:.2f} s" if longest else ""))
+    finals = s["final_steps"]
+    if s["all_reached_final_step"]:
+        lines.append(f"  every replica reached step {s['steps']}")
+    else:
+        lines.append("  final steps: " + ", ".join(f"{r} {v if v is not None else '-'}" for r, v in finals.items()))
+    lines.append(f"  effective training time: {100 * s['effective_training_time']:.1f}% of "
+                 f"{s['replicas']} x {s['training_wall_s']:.1f} replica-seconds trained committed steps")
+    lines.append(f"  steps lost: {s['steps_lost']} of {s['replica_steps_total']} replica-steps never trained "
+                 "(batches the failed replica missed while out; no committed step was redone)")
+    return "\n".join(lines)
