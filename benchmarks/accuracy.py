@@ -5,7 +5,7 @@ with and without failures reaches the same validation loss.
         [--eval-every 25] [--constant-lr] [--two-replica-control] [--png benchmarks/accuracy.png] [--logs DIR]
 
 Every run is a real job on this machine: a coordinator and 3 ``fthsdp agent``
-processes, each training examples/gpt/train.py (3.2M parameters, AdamW at
+processes, each training fthsdp.examples.gpt.train (3.2M parameters, AdamW at
 1e-3 decayed to 1e-4 over the samples, or constant with --constant-lr) with
 ``--samples N --global-batch 24 --seed S --decay-lr``: every step trains on
 the same 24 samples whatever the quorum, split equally among the replicas
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = config.jobs()
     batch = (f"a global batch of {config.global_batch}" if config.global_batch else
              f"batch {config.batch_size} per replica")
-    print(f"# No loss of accuracy: examples/gpt, {config.replicas} replicas, {batch}, "
+    print(f"# No loss of accuracy: fthsdp.examples.gpt, {config.replicas} replicas, {batch}, "
           f"{config.samples:,} samples per run ({config.reference_steps} steps without failures), seed {config.seed}, "
           f"{'constant learning rate' if not config.decay_lr else 'learning rate decayed over the samples'}; "
           f"logs in {logs}/\n", flush=True)
@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.accuracy_plot import plot
 
         lr = "decayed" if config.decay_lr else "constant"
-        plot(results, a.png, f"examples/gpt, {config.replicas} replicas, {batch}, {config.samples:,} samples per run, "
-                             f"seed {config.seed}, {lr} learning rate")
+        plot(results, a.png, f"fthsdp.examples.gpt, {config.replicas} replicas, {batch}, "
+                             f"{config.samples:,} samples per run, seed {config.seed}, {lr} learning rate")
         print(f"plot: {a.png}")
     return 1 if checks(results) else 0
 

@@ -1,5 +1,5 @@
 """One training job of the accuracy benchmark (accuracy.py): a coordinator,
-one ``fthsdp agent`` per replica training examples/gpt/train.py to a number
+one ``fthsdp agent`` per replica training fthsdp.examples.gpt.train to a number
 of samples, failures injected on the way, and the ranks' JSON lines read back.
 
 A failure is the training rank's own SIGKILL at a chosen step (train.py
@@ -23,9 +23,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from fthsdp.demo.children import ROOT, Children
+from fthsdp.demo.children import Children
 
-TRAIN_SCRIPT = ROOT / "examples" / "gpt" / "train.py"
+TRAIN_MODULE = "fthsdp.examples.gpt.train"
 COORDINATOR_FLAGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s")
 AGENT_FLAGS = ("--restart-backoff", "0", "--stop-timeout", "5s")
 """--restart-backoff 0: a rank killed within a minute of its start is not a crash loop here."""
@@ -171,7 +171,7 @@ def run_job(spec: JobSpec, logdir: Path, timeout: float) -> JobResult:
     agents = {}
 
     def start_agent(replica: str, name: str, fail_at: int | None, max_restarts: int) -> None:
-        train = [sys.executable, str(TRAIN_SCRIPT), "--steps", "1000000000", "--samples", str(spec.samples),
+        train = [sys.executable, "-m", TRAIN_MODULE, "--steps", "1000000000", "--samples", str(spec.samples),
                  "--batch-size", str(spec.batch_size), "--global-batch", str(spec.global_batch), "--seed",
                  str(spec.seed), "--log-every", "1", "--eval-every", str(spec.eval_every)]
         train += ["--decay-lr"] if spec.decay_lr else []
@@ -203,8 +203,9 @@ def run_job(spec: JobSpec, logdir: Path, timeout: float) -> JobResult:
             if not o.out_steps:
                 continue
             agent = agents[replica]
-            lines.wait(lambda: agent.proc.poll() is not None, deadline, f"{replica}'s agent giving up", check)
-            lines.wait(lambda: lines.top_step >= o.step + o.out_steps, deadline,
+            lines.wait(lambda agent=agent: agent.proc.poll() is not None, deadline, f"{replica}'s agent giving up",
+                       check)
+            lines.wait(lambda o=o: lines.top_step >= o.step + o.out_steps, deadline,
                        f"the others reaching step {o.step + o.out_steps}", check)
             start_agent(replica, f"{replica}-back", None, 3)
         lines.wait(lambda: all(a.proc.poll() is not None for a in agents.values()), deadline,

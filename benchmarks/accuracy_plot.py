@@ -33,13 +33,13 @@ def plot(results: list[JobResult], path: str, title: str) -> None:
     colors = ["black", "tab:red", "tab:blue", "tab:gray", "tab:purple"]
     styles = ["-", "-", "-", ":", "--"]
     half = results[0].samples / 2
-    for r, color, style in zip(results, colors, styles):
+    for r, color, style in zip(results, colors, styles, strict=False):  # styles for up to five runs
         x = [s for s, _ in r.train]
         curves.plot(x, _moving_average([loss for _, loss in r.train], SMOOTH_STEPS), style, color=color, lw=1.2,
                     alpha=0.8, label=r.name)
-        curves.plot(*zip(*r.val), "o", color=color, ms=4)
+        curves.plot(*zip(*r.val, strict=True), "o", color=color, ms=4)
         late = [(s, v) for s, v in r.val if s >= half]
-        zoom.plot(*zip(*late), "o" + style, color=color, ms=5, lw=1, label=r.name)
+        zoom.plot(*zip(*late, strict=True), "o" + style, color=color, ms=5, lw=1, label=r.name)
         offset = 0.05 * (len(members.lines) - len(results) / 2)  # overlapping lines stay apart
         members.step(x, [n + offset for n in r.contributors], where="pre", color=color, lw=1.2, alpha=0.8,
                      label=r.name)

@@ -15,11 +15,11 @@ step; torchft 0.2.0's heal side by side.
    the members' mean step time while the catch-up runs (snapshot and replay,
    from the joiner's own timestamps) against their steady step time before
    the failure, the admission step, and the time from the kill to the
-   restarted replica's first committed step. Two states: examples/gpt
+   restarted replica's first committed step. Two states: fthsdp.examples.gpt
    (3.2M parameters, 40 MB with AdamW) and a 2-layer MLP of 90M parameters
    (1.08 GB with AdamW; tests/ftar_worker.py --hidden 6700).
 3. torchft 0.2.0 (its own environment, see torchft_compare.py): the same
-   examples/gpt, 2 replicas under torchrun --max-restarts 1; the time from
+   fthsdp.examples.gpt, 2 replicas under torchrun --max-restarts 1; the time from
    SIGKILL of one replica's process to its first committed step after
    torchrun restarted it and it healed, and the survivor's step time meanwhile.
 """
@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,8 +173,9 @@ def transfer(mib: int, trials: int, tls: bool) -> None:
 # ----- 2. rejoin -----------------------------------------------------------------------
 
 CONFIGS = {
-    "examples/gpt (3.2M params, 40 MB state)": dict(
-        command=["examples/gpt/train.py", "--steps", "1000000", "--log-every", "1"], warm=15, steady=20, env={}),
+    "fthsdp.examples.gpt (3.2M params, 40 MB state)": dict(
+        command=["-m", "fthsdp.examples.gpt.train", "--steps", "1000000", "--log-every", "1"], warm=15, steady=20,
+        env={}),
     "MLP (90M params, 1.08 GB state)": dict(
         command=["-m", "tests.ftar_worker", "--steps", "1000000", "--hidden", "6700"], warm=4, steady=6,
         env={"FTHSDP_CATCH_UP_LOG_STEPS": "2", "FTHSDP_FTAR_TIMEOUT": "120"}),
@@ -245,7 +247,8 @@ def rejoin(name: str, standby: bool, pin: bool = False) -> dict:
     procs = [
         Proc([*(["taskset", "-c", "1" if i == 2 else "0"] if pin else []),
               sys.executable, "-m", "fthsdp", "agent", "--coordinator", address, "--replica-id", f"r{i}",
-              "--num-replicas", "3", "--restart-backoff", "0", *(["--standby", "--standby-delay", "3s"] if standby and i == 2 else []),
+              "--num-replicas", "3", "--restart-backoff", "0",
+              *(["--standby", "--standby-delay", "3s"] if standby and i == 2 else []),
               "--", sys.executable, *cfg["command"]], env, stderr_path=LOGS / f"rejoin-r{i}.log" if LOGS else None)
         for i in range(3)
     ]
@@ -273,7 +276,7 @@ def rejoin(name: str, standby: bool, pin: bool = False) -> dict:
                     f.write(json.dumps({"from": who, "t_kill": t_kill, **x}) + "\n")
     steps = sorted((x["t"], x["step"], x.get("quorum", 0)) for x in r0.items if "step" in x and "t" in x)
     times = [t for t, _, _ in steps]
-    intervals = list(zip(times, times[1:]))
+    intervals = list(pairwise(times))
     before = [b - a for a, b in intervals if b < t_kill][-cfg["steady"]:]
     # Every step of the members that overlapped the catch-up (snapshot to ready).
     # The catch-up runs from the snapshot request to the joiner's first
@@ -312,9 +315,10 @@ def rejoin(name: str, standby: bool, pin: bool = False) -> dict:
 def rejoin_table(configs: list[str], repeat: int = 1, pin: bool = False) -> None:
     print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin"
           + (" (members on CPU 0, the joiner on CPU 1)" if pin else "") + "\n")
-    print("| state | restart | members' steady step (3 replicas) | failure step | members' mean step during the catch-up (ratio) |"
-          " such steps | longest of them (ratio, during) | the admission step (ratio) | snapshot: load time | steps replayed |"
-          " kill → catch-up starts | kill → first committed step |")
+    print("| state | restart | members' steady step (3 replicas) | failure step |"
+          " members' mean step during the catch-up (ratio) | such steps | longest of them (ratio, during) |"
+          " the admission step (ratio) | snapshot: load time | steps replayed | kill → catch-up starts |"
+          " kill → first committed step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in configs:
         for standby in [True, False] * repeat:
@@ -374,7 +378,7 @@ def torchft_restart() -> None:
         print("\n### torchft 0.2.0: the restarted replica committed no step within 120 s of the kill\n")
         return
     times = sorted(x["t"] for x in r0.items if x.get("committed"))
-    intervals = [(b, b - a) for a, b in zip(times, times[1:])]
+    intervals = [(b, b - a) for a, b in pairwise(times)]
     steady = statistics.mean([d for t, d in intervals if t < t_kill][-20:])
     heal = [d for t, d in intervals if again.get("t", t_kill) < t <= first_commit["t"]]
     print("\n### torchft 0.2.0, same model and machine (2 replicas, torchrun --max-restarts 1)\n")
@@ -398,7 +402,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="rejoin runs per state and restart kind")
     p.add_argument("--logs", type=Path, help="a folder for the rejoin runs' logs (stderr of every agent and rank)")
     p.add_argument("--skip-transfer", action="store_true")
-    p.add_argument("--only-large", action="store_true", help="leave out examples/gpt")
+    p.add_argument("--only-large", action="store_true", help="leave out fthsdp.examples.gpt")
     p.add_argument("--pin", action="store_true",
                    help="rejoin: the two members on CPU 0, the replica killed and restarted on CPU 1 (Linux taskset)")
     args = p.parse_args()

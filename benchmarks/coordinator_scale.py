@@ -95,7 +95,8 @@ async def register(grpc, stub, pb, rid: str, out: dict):
     # unreachable coordinator is retried; anything else is an error.
     while True:
         try:
-            return await stub.Register(pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
+            request = pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1)
+            return await stub.Register(request)
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
                 out["register_retries"] += 1
@@ -115,7 +116,8 @@ async def watch(stream, pb, rid: str, out: dict, pace: dict) -> None:
             event = pb.WatchEvent.FromString(data)
             if event.heartbeat_interval_s:
                 pace["interval"] = event.heartbeat_interval_s
-            out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count, event.HasField("place")))
+            out["events"].append((rid, time.monotonic(), event.quorum.id, event.quorum.member_count,
+                                  event.HasField("place")))
     except Exception:  # noqa: BLE001 - cancelled at the end, closed as the victim, or reopened
         pass
 
@@ -132,8 +134,8 @@ async def answers(beats, pending: deque, out: dict) -> None:
         pass
 
 
-async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event,
-                  sim: SimulatedStep):
+async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool,
+                  go_silent: asyncio.Event, sim: SimulatedStep):
     reply = await register(grpc, stub, pb, rid, out)
     if reply is None:
         return
@@ -175,7 +177,8 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
                 watcher = asyncio.create_task(watch(stream, pb, rid, out, pace))
             else:
                 out["errors"] += 1
-                out["last_error"] = f"heartbeat: {type(e).__name__} {str(e)[:200]} (stream status {code.name if code else None})"
+                out["last_error"] = (f"heartbeat: {type(e).__name__} {str(e)[:200]} "
+                                     f"(stream status {code.name if code else None})")
             beats, pending = stub.HeartbeatStream(), deque()
             reader = asyncio.create_task(answers(beats, pending, out))
         await asyncio.sleep(max(0.0, pace["interval"] - (time.monotonic() - start)))
@@ -184,17 +187,20 @@ async def replica(grpc, stub, raw_watch, pb, rid: str, out: dict, stop: asyncio.
     beats.cancel()
 
 
-async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool, go_silent: asyncio.Event,
-                          sim: SimulatedStep):
+async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asyncio.Event, victim: bool,
+                          go_silent: asyncio.Event, sim: SimulatedStep):
     # The same replica on one Session call (Register, heartbeats and Watch together).
-    register = pb.SessionRequest(register=pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
+    register = pb.SessionRequest(
+        register=pb.RegisterRequest(job="default", replica_id=rid, address="127.0.0.1:1", world_size=1))
     while not stop.is_set():
         call = session_call()
         pending: deque = deque()
         pace = {"interval": 1.0}
         registered = asyncio.Event()
 
-        async def receive() -> None:
+        # The reader task outlives this pass of the loop (cancelled, not awaited): it keeps this session's objects.
+        async def receive(call=call, pending: deque = pending, pace: dict = pace,
+                          registered: asyncio.Event = registered) -> None:
             try:
                 async for data in call:
                     out["bytes"] += len(data)
@@ -210,7 +216,8 @@ async def session_replica(grpc, session_call, pb, rid: str, out: dict, stop: asy
                         w = event.watch
                         if w.heartbeat_interval_s:
                             pace["interval"] = w.heartbeat_interval_s
-                        out["events"].append((rid, time.monotonic(), w.quorum.id, w.quorum.member_count, w.HasField("place")))
+                        out["events"].append((rid, time.monotonic(), w.quorum.id, w.quorum.member_count,
+                                              w.HasField("place")))
             except Exception:  # noqa: BLE001 - cancelled, closed as the victim, or ended by the coordinator
                 pass
 
@@ -258,7 +265,8 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
     ]
     stubs = [pb_grpc.CoordinatorStub(c) for c in channels]
     # Watch answers as bytes: parsed by the replica as it sees fit.
-    raw = [c.unary_stream("/fthsdp.v1.Coordinator/Watch", request_serializer=pb.WatchRequest.SerializeToString) for c in channels]
+    raw = [c.unary_stream("/fthsdp.v1.Coordinator/Watch", request_serializer=pb.WatchRequest.SerializeToString)
+           for c in channels]
     out = {"latencies": [], "events": [], "errors": 0, "sent": [], "register_retries": 0, "bytes": 0, "reregistered": 0}
     stop, go_silent = asyncio.Event(), asyncio.Event()
     from fthsdp.coordinator.loop_lag import LagWindow, probe
@@ -266,16 +274,19 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
     lag = LagWindow(1e9)  # this process's worst lag over the whole run: are the simulated replicas late themselves?
     lag_probe = asyncio.create_task(probe(lag))
     if session:
-        calls = [c.stream_stream("/fthsdp.v1.Coordinator/Session", request_serializer=pb.SessionRequest.SerializeToString) for c in channels]
+        calls = [
+            c.stream_stream("/fthsdp.v1.Coordinator/Session", request_serializer=pb.SessionRequest.SerializeToString)
+            for c in channels
+        ]
         tasks = [
-            asyncio.create_task(session_replica(grpc, calls[k // per_connection], pb, f"r{i}", out, stop, i == victim, go_silent,
-                                                SimulatedStep(pb, progress)))
+            asyncio.create_task(session_replica(grpc, calls[k // per_connection], pb, f"r{i}", out, stop, i == victim,
+                                                go_silent, SimulatedStep(pb, progress)))
             for k, i in enumerate(range(first, first + count))
         ]
     else:
         tasks = [
-            asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out, stop, i == victim,
-                                        go_silent, SimulatedStep(pb, progress)))
+            asyncio.create_task(replica(grpc, stubs[k // per_connection], raw[k // per_connection], pb, f"r{i}", out,
+                                        stop, i == victim, go_silent, SimulatedStep(pb, progress)))
             for k, i in enumerate(range(first, first + count))
         ]
     loop = asyncio.get_running_loop()
@@ -315,9 +326,9 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = open(log_dir / f"coordinator-{n}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0", "--min-replicas", "1",
-         "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s", "--heartbeat-budget", str(budget),
-         "--log-level", "info" if log_dir else "warning"],
+        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0",
+         "--min-replicas", "1", "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s",
+         "--heartbeat-budget", str(budget), "--log-level", "info" if log_dir else "warning"],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
     line = coordinator.stdout.readline()
     address = line.split("listening on ")[1].split()[0]
@@ -325,9 +336,10 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
     per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
     procs = []
     first = 0
-    for k, count in enumerate(per):
+    for count in per:
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection), str(int(session)), progress],
+            [sys.executable, __file__, "--client", address, str(first), str(count), str(n - 1), str(per_connection),
+             str(int(session)), progress],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
         first += count
     try:
@@ -369,7 +381,7 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
     # The survivors' first event of a quorum without the victim.
     told: dict[str, float] = {}
     for r in results:
-        for rid, t, qid, size, member in r["events"]:
+        for rid, t, _qid, size, member in r["events"]:
             if t >= closed and size == n - 1 and member and rid not in told:
                 told[rid] = t
     return {
@@ -385,7 +397,8 @@ def run(n: int, clients: int, seconds: float, budget: float, per_connection: int
         "reregistered": sum(r["reregistered"] for r in results),
         "told_all": (max(told.values()) - closed) if len(told) == n - 1 else float("nan"),
         "told_count": len(told),
-        "formation_mean": m['fthsdp_quorum_formation_seconds_sum{job="default"}'] / m['fthsdp_quorum_formation_seconds_count{job="default"}'],
+        "formation_mean": (m['fthsdp_quorum_formation_seconds_sum{job="default"}']
+                           / m['fthsdp_quorum_formation_seconds_count{job="default"}']),
         "formations": m['fthsdp_quorum_formation_seconds_count{job="default"}'],
         "errors": sum(r["errors"] for r in results),
         "register_retries": sum(r["register_retries"] for r in results),
@@ -406,34 +419,43 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--budget", type=float, default=5000.0,
-                   help="the coordinator's --heartbeat-budget (heartbeats/s; 0: every replica at 1 Hz whatever the count)")
-    p.add_argument("--coordinator-logs", type=Path, help="write each coordinator's log (level info) to DIR/coordinator-N.log")
+                   help="the coordinator's --heartbeat-budget (heartbeats/s; 0: every replica at 1 Hz whatever the "
+                        "count)")
+    p.add_argument("--coordinator-logs", type=Path,
+                   help="write each coordinator's log (level info) to DIR/coordinator-N.log")
     p.add_argument("--per-connection", type=int, default=1,
                    help="simulated replicas sharing one gRPC connection (1: one each, as real agents)")
     p.add_argument("--calls", choices=("session", "separate"), default="session",
                    help="session: each simulated replica on one Session call, as the agent does; separate: "
                         "Register + Watch + HeartbeatStream, three calls (what agents did before)")
     p.add_argument("--progress", default="real",
-                   help="comma-separated, each run in turn at every size: real: heartbeats carry a Progress as the agent's "
-                        "(fthsdp/agent/training/step_clock.py: lockstep 1 s steps, computing then in the all-reduce, with step and compute "
-                        "times); no-compute: the same without compute times (no straggler scores); none: no Progress")
+                   help="comma-separated, each run in turn at every size: real: heartbeats carry a Progress as the "
+                        "agent's (fthsdp/agent/training/step_clock.py: lockstep 1 s steps, computing then in the "
+                        "all-reduce, with step and compute times); no-compute: the same without compute times (no "
+                        "straggler scores); none: no Progress")
     p.add_argument("--client", nargs=7, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
         address, first, count, victim, per_connection, session, progress = args.client
-        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection), session == "1", progress))
+        asyncio.run(client_main(address, int(first), int(count), int(victim), int(per_connection), session == "1",
+                                progress))
         return
-    print("\n| replicas | progress | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 | heartbeat p99 |"
-          " coordinator CPU (cores) | clients CPU (cores) | worst loop lag: coordinator / clients | stream closed → every survivor told | quorums formed (mean formation) |"
-          " Watch bytes (whole run) | registrations retried | dropped and registered again | errors | hang limit (median step) | taken out as hung |")
+    print("\n| replicas | progress | members reached (time) | heartbeat interval | heartbeats/s | heartbeat p50 |"
+          " heartbeat p99 | coordinator CPU (cores) | clients CPU (cores) | worst loop lag: coordinator / clients |"
+          " stream closed → every survivor told | quorums formed (mean formation) | Watch bytes (whole run) |"
+          " registrations retried | dropped and registered again | errors | hang limit (median step) |"
+          " taken out as hung |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, mode in ((int(x), mode) for x in args.replicas.split(",") for mode in args.progress.split(",")):
-        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs, args.calls == "session", mode)
+        r = run(n, args.clients, args.seconds, args.budget, args.per_connection, args.coordinator_logs,
+                args.calls == "session", mode)
         told = f"{r['told_all'] * 1e3:.0f} ms" if r["told_count"] == n - 1 else f"{r['told_count']} of {n - 1} told"
-        print(f"| {n} | {mode} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | {r['heartbeats_per_s']:.0f} | "
-              f"{r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | {r['client_cpu']:.2f} | {r['coordinator_lag']:.2f} / {r['client_lag']:.2f} s | {told} | "
+        print(f"| {n} | {mode} | {r['members']:.0f} ({r['join_time']:.0f} s) | {r['interval']:.2g} s | "
+              f"{r['heartbeats_per_s']:.0f} | {r['p50'] * 1e3:.1f} ms | {r['p99'] * 1e3:.1f} ms | {r['cpu']:.2f} | "
+              f"{r['client_cpu']:.2f} | {r['coordinator_lag']:.2f} / {r['client_lag']:.2f} s | {told} | "
               f"{r['formations']:.0f} ({r['formation_mean'] * 1e3:.1f} ms) | {r['watch_bytes'] / 1e6:.0f} MB | "
-              f"{r['register_retries']} | {r['reregistered']} | {r['errors']} | {r['hang_limit']:.3g} s ({r['median_step']:.2g} s) | "
+              f"{r['register_retries']} | {r['reregistered']} | {r['errors']} | "
+              f"{r['hang_limit']:.3g} s ({r['median_step']:.2g} s) | "
               f"{r['taken_out']:.0f} |", flush=True)
         if r["last_error"]:
             print(f"  (last heartbeat error at {n}: {r['last_error']})", flush=True)

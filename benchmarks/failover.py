@@ -1,8 +1,9 @@
 """How long the surviving replicas stall when one replica fails.
 
-    python benchmarks/failover.py [--trials 3] [--heartbeat-timeout 1s] [--cases "rank killed,loop hung (tight: 1s floor 3x)"]
+    python benchmarks/failover.py [--trials 3] [--heartbeat-timeout 1s] \
+        [--cases "rank killed,loop hung (tight: 1s floor 3x)"]
 
-Three replicas of examples/gpt run under `fthsdp agent` against a real
+Three replicas of fthsdp.examples.gpt run under `fthsdp agent` against a real
 coordinator on loopback. After 10 steps, at a random point within a step, one
 replica fails in one of these ways:
 
@@ -10,7 +11,7 @@ replica fails in one of these ways:
 - node lost: SIGKILL of its agent and training process together;
 - node hung: SIGSTOP of both (only the heartbeat timeout can tell);
 - loop hung: its training loop blocks for good after the backward pass of
-  step 11 (examples/gpt/train.py --fail-how deadlock), the process and its
+  step 11 (fthsdp.examples.gpt.train --fail-how deadlock), the process and its
   heartbeat threads alive: only the others' wait in the all-reduce tells
   (fthsdp/coordinator/hang.py). Twice: under the coordinator's default hang
   settings (5 x the median step, at least 10 s) and tight ones
@@ -115,8 +116,8 @@ def trial(case: str, heartbeat_timeout: str, rng: random.Random, work: Path) -> 
         agents = []
         for i in range(3):
             cmd = [sys.executable, "-m", "fthsdp", "agent", "--coordinator", address, "--replica-id", f"r{i}",
-                   "--num-replicas", "3", "--max-restarts", "0", "--", sys.executable, "examples/gpt/train.py",
-                   "--steps", "40", "--log-every", "1",
+                   "--num-replicas", "3", "--max-restarts", "0",
+                   "--", sys.executable, "-m", "fthsdp.examples.gpt.train", "--steps", "40", "--log-every", "1",
                    *(("--fail-at-step", str(DEADLOCK_AFTER), "--fail-how", "deadlock")
                      if i == 2 and case in HANG_SETTINGS else ())]
             agents.append(Proc(lab.argv(f"r{i}", cmd), {**env, **lab.env(f"r{i}")}) if lab else Proc(cmd, env))
@@ -167,7 +168,8 @@ def _measure(case: str, agents: list[Proc], rng: random.Random, lab, restart, lo
     steps = sorted(commits)
     discarded = (steps[-1] - steps[0] + 1) - len(steps)
     return {"gap": gap, "interval": statistics.median(intervals), "discarded": discarded,
-            "detect": commits[before + 1] - failed_at, "dropped": dropped_healthy(log, "r2" if case != "coordinator restarted" else "")}
+            "detect": commits[before + 1] - failed_at,
+            "dropped": dropped_healthy(log, "r2" if case != "coordinator restarted" else "")}
 
 
 def main() -> None:
@@ -185,8 +187,8 @@ def main() -> None:
         p.error(f"the data-link cases need network namespaces: {why_unavailable()}")
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="fthsdp-failover-"))
-    print(f"heartbeat timeout {args.heartbeat_timeout}, 3 replicas of examples/gpt, {args.trials} trials per case "
-          "(medians; each trial's stall in brackets)")
+    print(f"heartbeat timeout {args.heartbeat_timeout}, 3 replicas of fthsdp.examples.gpt, "
+          f"{args.trials} trials per case (medians; each trial's stall in brackets)")
     print("| failure | gap between commits | normal step interval | stall (gap - interval) | failure to next commit "
           "| steps discarded | healthy replicas dropped | target: stall <= 3 x step + 1 s |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
@@ -196,8 +198,9 @@ def main() -> None:
         missed = sum(r["gap"] - r["interval"] > target(r["interval"]) for r in runs)
         verdict = "met" if not missed else f"missed in {missed} of {len(runs)}"
         stalls = ", ".join(f"{r['gap'] - r['interval']:.2f}" for r in runs)
-        print(f"| {case} | {med['gap']:.2f} s | {med['interval']:.2f} s | {med['gap'] - med['interval']:.2f} s [{stalls}] | "
-              f"{med['detect']:.2f} s | {sum(r['discarded'] for r in runs)} | {sum(r['dropped'] for r in runs)} | "
+        print(f"| {case} | {med['gap']:.2f} s | {med['interval']:.2f} s | "
+              f"{med['gap'] - med['interval']:.2f} s [{stalls}] | {med['detect']:.2f} s | "
+              f"{sum(r['discarded'] for r in runs)} | {sum(r['dropped'] for r in runs)} | "
               f"{target(med['interval']):.2f} s: {verdict} |", flush=True)
 
 

@@ -93,10 +93,11 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         raw, ftar = statistics.median(r["raw"]), statistics.median(r["ftar"])
-        ratio = statistics.median(f / w for f, w in zip(r["ftar"], r["raw"]))
+        ratio = statistics.median(f / w for f, w in zip(r["ftar"], r["raw"], strict=True))
         gbps = r["mb"] * (1 << 20) / raw / 1e9
         lines.append(
-            f"| {r['mb']} MB | {r['replicas']} | {raw * 1e3:.2f} ms | {ftar * 1e3:.2f} ms | {gbps:.2f} GB/s | {ratio:.3f} |"
+            f"| {r['mb']} MB | {r['replicas']} | {raw * 1e3:.2f} ms | {ftar * 1e3:.2f} ms | {gbps:.2f} GB/s | "
+            f"{ratio:.3f} |"
         )
     return "\n".join(lines)
 

@@ -132,9 +132,9 @@ def prediction(cells, workload: inputs.Workload) -> list[str]:
             f"{report.pct(c.result.effective)} ± {100 * report.standard_error(c):.1f}, goodput with the steady cost "
             f"{report.pct(c.goodput)}. Per failure "
             f"(every {report.duration(mttf)}): failure stall {k.mean_failure_stall_s:.1f} s "
-            f"({k.hang_fraction:.0%} hangs, {k.live_hang_share:.0%} of them in a live loop at {k.live_hang_stall_s:.1f} s, "
-            f"the rest at {k.hang_stall_s:.1f} s; crashes {k.crash_stall_s:.2f} s), serving "
-            f"the joiner {k.serve_stall_s:.1f} s, admission {k.admission_stall_s:.1f} s; the replica out "
+            f"({k.hang_fraction:.0%} hangs, {k.live_hang_share:.0%} of them in a live loop at "
+            f"{k.live_hang_stall_s:.1f} s, the rest at {k.hang_stall_s:.1f} s; crashes {k.crash_stall_s:.2f} s), "
+            f"serving the joiner {k.serve_stall_s:.1f} s, admission {k.admission_stall_s:.1f} s; the replica out "
             f"{report.duration(c.result.replica_out_s or 0)} costs {report.pct(out_loss)}; every step takes "
             f"{report.pct(k.steady_factor - 1)} longer (the cross-replica all-reduce is not overlapped).")
     return lines

@@ -3,7 +3,7 @@
     python benchmarks/step_time.py [--replicas 2] [--pairs 5] [--steps 40]
 
 Each run starts N OS processes (one torch thread each, gloo on loopback)
-training examples/gpt for --steps steps; a run's figure is its median step
+training fthsdp.examples.gpt for --steps steps; a run's figure is its median step
 time after 5 warm-up steps. Runs alternate DDP, fthsdp, DDP, fthsdp... and
 the table reports each side's median and the median of the per-pair ratios,
 since this machine's run-to-run spread (about 6%) is larger than the effect.
@@ -24,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "gpt"))
 
 WARMUP = 5
 
@@ -34,8 +33,9 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
 
     import torch
     import torch.distributed as dist
-    from data import Dataset, corpus
-    from model import GPT, GPTConfig
+
+    from fthsdp.examples.gpt.data import Dataset, corpus
+    from fthsdp.examples.gpt.model import GPT, GPTConfig
 
     torch.set_num_threads(1)
     data = Dataset(corpus(), 128)
@@ -124,8 +124,9 @@ def main() -> None:
     for _ in range(args.pairs):
         ddp.append(run("ddp", args.replicas, args.steps))
         ft.append(run("fthsdp", args.replicas, args.steps))
-    ratios = [f / d for f, d in zip(ft, ddp)]
-    print("| replicas | DDP step (median of runs) | fthsdp step (median of runs) | fthsdp / DDP (median of pairs) | pair ratios |")
+    ratios = [f / d for f, d in zip(ft, ddp, strict=True)]
+    print("| replicas | DDP step (median of runs) | fthsdp step (median of runs) | fthsdp / DDP (median of pairs) |"
+          " pair ratios |")
     print("|---:|---:|---:|---:|---|")
     print(
         f"| {args.replicas} | {statistics.median(ddp) * 1e3:.1f} ms | {statistics.median(ft) * 1e3:.1f} ms | "

@@ -5,7 +5,7 @@
 torchft runs in the benchmark's own environment (benchmarks/.torchft-venv,
 created on first use with torch 2.13.0 and torchft 0.2.0; never a dependency
 of fthsdp), as its docs prescribe: a `torchft_lighthouse` and each replica
-under `torchrun`. Both systems train examples/gpt with 2 replicas of 1 rank,
+under `torchrun`. Both systems train fthsdp.examples.gpt with 2 replicas of 1 rank,
 a 1 s heartbeat timeout, gloo. Reported per system: the steady step time
 (median after 5 warm-up steps, no failure) and, in a second run, what the
 surviving replica sees when the other's training process is SIGKILLed at
@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def run_fthsdp(steps: int, kill_at: int | None) -> list[dict]:
     address = coordinator.stdout.readline().split("listening on ")[1].split()[0]
     replicas = [
         Proc([sys.executable, "-m", "fthsdp", "agent", "--coordinator", address, "--replica-id", f"r{i}",
-              "--num-replicas", "2", "--max-restarts", "0", "--", sys.executable, "examples/gpt/train.py",
+              "--num-replicas", "2", "--max-restarts", "0", "--", sys.executable, "-m", "fthsdp.examples.gpt.train",
               "--steps", str(steps), "--log-every", "1"], env)
         for i in range(2)
     ]
@@ -111,7 +112,7 @@ _rng = random.Random(0)
 
 def steady(lines: list[dict]) -> float:
     t = [x["t"] for x in lines if x["committed"]]
-    return statistics.median(b - a for a, b in zip(t[5:], t[6:]))
+    return statistics.median(b - a for a, b in pairwise(t[5:]))
 
 
 def failure(lines: list[dict]) -> tuple[float, int]:
@@ -140,16 +141,18 @@ def main() -> None:
             results[name]["step"].append(step)
             results[name]["gap"].append(gap)
             results[name]["discarded"] += discarded
-    print(f"2 replicas of examples/gpt, heartbeat timeout 1 s, {args.trials} trials each (medians; all trials in brackets)")
-    print("| system | steady step | SIGKILL of the other replica -> survivor's next commit | steps discarded (all trials) | trials stuck |")
+    print(f"2 replicas of fthsdp.examples.gpt, heartbeat timeout 1 s, {args.trials} trials each "
+          "(medians; all trials in brackets)")
+    print("| system | steady step | SIGKILL of the other replica -> survivor's next commit |"
+          " steps discarded (all trials) | trials stuck |")
     print("|---|---:|---:|---:|---:|")
     for name, r in results.items():
         if not r["gap"]:
             print(f"| {name} | - | - | - | {r['stuck']} |")
             continue
         gaps = ", ".join(f"{g:.2f}" for g in r["gap"])
-        print(f"| {name} | {statistics.median(r['step']) * 1e3:.0f} ms | {statistics.median(r['gap']):.2f} s [{gaps}] | "
-              f"{r['discarded']} | {r['stuck']} |")
+        print(f"| {name} | {statistics.median(r['step']) * 1e3:.0f} ms | "
+              f"{statistics.median(r['gap']):.2f} s [{gaps}] | {r['discarded']} | {r['stuck']} |")
 
 
 if __name__ == "__main__":

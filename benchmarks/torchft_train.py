@@ -1,8 +1,10 @@
-"""examples/gpt under torchft 0.2.0, for benchmarks/torchft_compare.py only.
+"""The example GPT (fthsdp.examples.gpt) under torchft 0.2.0, for benchmarks/torchft_compare.py only.
 
 Runs in the benchmark's own environment (benchmarks/.torchft-venv, with
-torchft installed), never in fthsdp's. Prints one JSON line per step with
-the step torchft committed (or not) and the time.
+torchft installed), never in fthsdp's: the example's model.py and data.py
+(torch alone) are imported from their folder, not through the fthsdp
+package. Prints one JSON line per step with the step torchft committed (or
+not) and the time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "gpt"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fthsdp" / "examples" / "gpt"))
 
 from data import Dataset, corpus  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402

@@ -177,7 +177,7 @@ class CoordinatorClient:
 
         self._metadata = (*(m for m in self._metadata if m[0] != ADMIN_METADATA), *admin_metadata(token))
 
-    def inject(self, job: str, replica_id: str, kind: int, seconds: float = 0.0, steps: int = 0,
+    def inject(self, job: str, replica_id: str, kind: pb.FaultKind, seconds: float = 0.0, steps: int = 0,
                requested_by: str = "") -> pb.FaultInjection:
         """Inject a fault into a running replica (needs the admin token:
         ``use_admin_token``); raises RequestRejected (PERMISSION_DENIED,
@@ -191,7 +191,7 @@ class CoordinatorClient:
             channel.close()
         self._channels.clear()
 
-    def __enter__(self) -> "CoordinatorClient":
+    def __enter__(self) -> CoordinatorClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -56,3 +56,7 @@ def key_prefix() -> Iterator[str]:
     yield f"/fthsdp-test/{uuid.uuid4().hex}/"
 
 # --- end of state-store fixtures ----------------------------------------------
+
+# Fixtures shared by several test modules (the catch-up ``cluster``, ``token_file``):
+# registered here so tests take them as arguments instead of importing them.
+pytest_plugins = ["tests.shared_fixtures"]

@@ -221,7 +221,8 @@ def expand_kubernetes(words: list[str], env: Mapping[str, str]) -> list[str]:
 
 
 def config_maps() -> dict[str, dict[str, str]]:
-    return {doc["metadata"]["name"]: doc.get("data", {}) for _, doc in kubernetes_documents() if doc["kind"] == "ConfigMap"}
+    return {doc["metadata"]["name"]: doc.get("data", {})
+            for _, doc in kubernetes_documents() if doc["kind"] == "ConfigMap"}
 
 
 SAMPLE_FIELDS = {  # what the downward API gives a first pod
@@ -232,7 +233,8 @@ SAMPLE_FIELDS = {  # what the downward API gives a first pod
 }
 
 
-def container_environment(container: dict, maps: dict[str, dict[str, str]], fields: Mapping[str, str]) -> dict[str, str]:
+def container_environment(container: dict, maps: dict[str, dict[str, str]],
+                          fields: Mapping[str, str]) -> dict[str, str]:
     """The container's environment as the kubelet builds it; ``fields`` stands in for the downward API."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):

@@ -28,7 +28,7 @@ def make_model(hidden: int, seed: int, names: str = "plain") -> torch.nn.Module:
     torch.manual_seed(seed)
     layers = [torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden)]
     if names == "renamed":  # the same sizes under other names: a different model
-        return torch.nn.Sequential(collections.OrderedDict(zip(("a", "act", "b"), layers)))
+        return torch.nn.Sequential(collections.OrderedDict(zip(("a", "act", "b"), layers, strict=True)))
     if names == "batchnorm":  # running statistics that every forward pass changes
         return torch.nn.Sequential(*layers[:2], torch.nn.BatchNorm1d(hidden), layers[2])
     return torch.nn.Sequential(*layers)
@@ -167,7 +167,8 @@ def _sgd_loop(model, amp, groups, replay_delay, replaying, delayed):
     ema = swa_utils.AveragedModel(model, multi_avg_fn=swa_utils.get_ema_multi_avg_fn(0.99), use_buffers=True)
     data = DataPosition()
     forward_backward = micro_batches(model, scaler, dtype, data)
-    update = make_update(optimizer, scaler, scheduler, lambda: torch.nn.utils.clip_grad_value_(model.parameters(), 0.05),
+    update = make_update(optimizer, scaler, scheduler,
+                         lambda: torch.nn.utils.clip_grad_value_(model.parameters(), 0.05),
                          lambda: ema.update_parameters(model), replay_delay, replaying, delayed)
     return optimizer, update, {"scheduler": scheduler, "scaler": scaler, "ema": ema, "data": data}, forward_backward
 
@@ -215,7 +216,8 @@ def main() -> int:
                    help="set the learning rate before each step from a counter of the loop's own, 0 at every "
                         "process start, instead of from ft.step: a replica that rejoins diverges after its catch-up")
     p.add_argument("--corrupt-first-replay", action="store_true",
-                   help="perturb a weight while replaying the first catch-up (a replay that does not reproduce the state)")
+                   help="perturb a weight while replaying the first catch-up (a replay that does not reproduce "
+                        "the state)")
     args = p.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

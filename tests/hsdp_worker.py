@@ -31,8 +31,8 @@ def main() -> None:
     p.add_argument("--wait-for", type=int, default=1)
     p.add_argument("--save", default="")
     p.add_argument("--hang-at", type=int, default=-1,
-                   help="at this step, rank --hang-rank blocks forever before its forward pass (first incarnation only): "
-                        "the group's other ranks then wait inside FSDP's own collectives")
+                   help="at this step, rank --hang-rank blocks forever before its forward pass (first incarnation "
+                        "only): the group's other ranks then wait inside FSDP's own collectives")
     p.add_argument("--hang-rank", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -61,9 +61,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 STATE_DIR = Path("/run/fthsdp-netlab")
 NETNS_DIR = Path("/run/netns")
@@ -233,7 +233,7 @@ class NetLab:
         if reason:
             pytest.skip(f"network-fault tests: {reason}")
 
-    def __enter__(self) -> "NetLab":
+    def __enter__(self) -> NetLab:
         self.open()
         return self
 
@@ -265,7 +265,8 @@ class NetLab:
             raise NetLabUnavailable(reason)
         remove_leftovers()
         with _state_lock():
-            taken = {p.stem for p in STATE_DIR.glob("*.json")} | {n.split("-")[0] for n in _netns_names() + _link_names()}
+            taken = ({p.stem for p in STATE_DIR.glob("*.json")}
+                     | {n.split("-")[0] for n in _netns_names() + _link_names()})
             while not self.prefix or self.prefix in taken:
                 self.prefix = PREFIX_HEAD + secrets.token_hex(2)
             self.ctl_bridge, self.data_bridge = f"{self.prefix}-bc", f"{self.prefix}-bd"
@@ -359,7 +360,8 @@ class NetLab:
         """tests.processes.AgentProcess for replica ``name``, inside its namespace (not started)."""
         from tests.processes import AgentProcess
 
-        return self.inside(name, AgentProcess(tmp, coordinator, name, replica_rank, num_replicas, *worker_args, **kwargs))
+        return self.inside(name, AgentProcess(tmp, coordinator, name, replica_rank, num_replicas, *worker_args,
+                                              **kwargs))
 
     def coordinator(self, tmp: Path, *args: str, port: int = 0):
         """tests.processes.CoordinatorProcess bound to the control bridge's address
@@ -407,7 +409,7 @@ class NetLab:
         try:
             s.connect((host, port))
             return "ok"
-        except socket.timeout:
+        except TimeoutError:
             return "timeout"
         except OSError as e:
             import errno

@@ -27,7 +27,8 @@ from fthsdp import Manager
 from tests.ftar_worker import batch, make_model
 
 
-def get_lr(it: int, learning_rate: float = 6e-4, min_lr: float = 6e-5, warmup: int = 20, decay_iters: int = 2000) -> float:
+def get_lr(it: int, learning_rate: float = 6e-4, min_lr: float = 6e-5, warmup: int = 20,
+           decay_iters: int = 2000) -> float:
     """nanoGPT's schedule: linear warmup, cosine decay to ``min_lr``."""
     if it < warmup:
         return learning_rate * (it + 1) / (warmup + 1)

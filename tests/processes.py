@@ -108,7 +108,7 @@ class CoordinatorProcess(_Process):
         self.address = ""
         super().__init__([], tmp / "coordinator.log")
 
-    def start(self, timeout: float = 20.0) -> "CoordinatorProcess":
+    def start(self, timeout: float = 20.0) -> CoordinatorProcess:
         self.argv = [sys.executable, "-m", "fthsdp", "coordinator", "--bind", f"127.0.0.1:{self.port}", *self.extra]
         self.lines = queue.Queue()
         self.spawn()
@@ -141,7 +141,7 @@ class ReplicaProcess(_Process):
         self.events: list[dict] = []
         self._cursor = 0
 
-    def start(self) -> "ReplicaProcess":
+    def start(self) -> ReplicaProcess:
         self.spawn()
         return self
 
@@ -156,7 +156,8 @@ class ReplicaProcess(_Process):
                     return event
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"replica {self.replica_id}: no matching event in {timeout}s; got {self.events[-3:]}")
+                raise AssertionError(
+                    f"replica {self.replica_id}: no matching event in {timeout}s; got {self.events[-3:]}")
             event = json.loads(self.next_line(left))
             if "quorum_id" in event:
                 self.events.append(event)
@@ -168,7 +169,8 @@ class ReplicaProcess(_Process):
 class WorkerProcess(_Process):
     """tests/ftar_worker.py under fthsdp.agent.training.manager: one JSON line per committed step."""
 
-    def __init__(self, tmp: Path, coordinator: str, replica_id: str, replica_rank: int, *args: str, env: dict | None = None) -> None:
+    def __init__(self, tmp: Path, coordinator: str, replica_id: str, replica_rank: int, *args: str,
+                 env: dict | None = None) -> None:
         argv = [sys.executable, "-m", "tests.ftar_worker", *args]
         super().__init__(argv, tmp / f"worker-{replica_id}.log")
         self.replica_id = replica_id
@@ -191,7 +193,7 @@ class WorkerProcess(_Process):
         self._pumper = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
         self._pumper.start()
 
-    def start(self) -> "WorkerProcess":
+    def start(self) -> WorkerProcess:
         self.spawn()
         return self
 
@@ -201,7 +203,8 @@ class WorkerProcess(_Process):
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"worker {self.replica_id}: nothing matching in {timeout}s; log:\n{self.log_tail()}")
+                raise AssertionError(
+                    f"worker {self.replica_id}: nothing matching in {timeout}s; log:\n{self.log_tail()}")
             for line in _json_objects(self.next_line(left)):
                 if "step" in line:
                     self.steps[line["step"]] = line

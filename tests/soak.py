@@ -76,7 +76,8 @@ class Watched:
         joiner that has not yet trained with the members does not hold the
         job's state: killing the last one that does loses it, by design)."""
         with self.lock:
-            mine = [ln for ln in self.lines if "step" in ln and "checksum" in ln and ln["incarnation"] == self.incarnations]
+            mine = [ln for ln in self.lines
+                    if "step" in ln and "checksum" in ln and ln["incarnation"] == self.incarnations]
         return bool(self.pid) and bool(mine) and mine[-1]["step"] >= head - 5
 
 
@@ -95,7 +96,8 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
     env = {"FTHSDP_CATCH_UP_MAX_RATE": str(8 << 20), "FTHSDP_FTAR_TIMEOUT": "60"}
     agents = [
         AgentProcess(tmp, coordinator_address, f"r{i}", i, replicas, "--steps", "1000000", "--wait-for", str(replicas),
-                     "--hidden", "256", "--loop", "full", "--names", model, agent_args=("--max-restarts", "1000"), env=env).start()
+                     "--hidden", "256", "--loop", "full", "--names", model, agent_args=("--max-restarts", "1000"),
+                     env=env).start()
         for i in range(replicas)
     ]
     watched = [Watched(a) for a in agents]
@@ -137,9 +139,11 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
             if control is not None:
                 wait_until(lambda: not control.busy(), 60, interval=0.1, message="the last etcd stall over")
             everyone = {w.agent.replica_id for w in watched}
-            wait_until(lambda: members(client) == everyone, 180, message="every replica back in the quorum after the faults")
+            wait_until(lambda: members(client) == everyone, 180,
+                       message="every replica back in the quorum after the faults")
             target = max(w.last_step() for w in watched) + steps_after
-            wait_until(lambda: min(w.last_step() for w in watched) >= target, 120, message="every replica at the last step")
+            wait_until(lambda: min(w.last_step() for w in watched) >= target, 120,
+                       message="every replica at the last step")
             lost = client.status().state_lost_step
     finally:
         for a in agents:
@@ -177,7 +181,8 @@ def summarize(watched: list[Watched], kills: list[Kill], lost: int, target: int)
             recover.append(min(nexts) - k.t)
     catch_ups = [line["catch_up"] for w in watched for line in w.lines if line.get("catch_up")]
     # Restart -> verified and close to the head (admission follows at the next step boundary).
-    durations = [(c["ready"] or c["loaded"]) - c["began"] for c in catch_ups if c.get("began") and (c.get("ready") or c.get("loaded"))]
+    durations = [(c["ready"] or c["loaded"]) - c["began"]
+                 for c in catch_ups if c.get("began") and (c.get("ready") or c.get("loaded"))]
     lost_steps = _replica_steps_lost(watched, committed)
     return {
         "kills": len(kills),
@@ -211,9 +216,10 @@ def table(result: dict) -> str:
         return "-" if x is None else f"{x:.2f}"
 
     return (
-        "| kills | overlapping | kill -> survivors' next commit, median / max (s) | catch-ups | catch-up median / max (s) "
-        "| replica-steps lost | steps |\n|---:|---:|---:|---:|---:|---:|---:|\n"
-        f"| {result['kills']} | {result['overlapping_kills']} | {f(result['recover_median_s'])} / {f(result['recover_max_s'])} "
+        "| kills | overlapping | kill -> survivors' next commit, median / max (s) | catch-ups "
+        "| catch-up median / max (s) | replica-steps lost | steps |\n|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"| {result['kills']} | {result['overlapping_kills']} "
+        f"| {f(result['recover_median_s'])} / {f(result['recover_max_s'])} "
         f"| {result['catch_ups']} | {f(result['catch_up_median_s'])} / {f(result['catch_up_max_s'])} "
         f"| {result['replica_steps_lost']} | {result['steps']} |"
     )

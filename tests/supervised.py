@@ -74,7 +74,7 @@ class SupervisedCoordinator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, daemon=True, name=f"supervisor-{self.port}")
 
-    def start(self) -> "SupervisedCoordinator":
+    def start(self) -> SupervisedCoordinator:
         self._thread.start()
         return self
 

@@ -80,7 +80,8 @@ def agents():
 
 
 def test_env_contract_for_two_ranks(tmp_path, agents):
-    agent = agents(tmp_path, "exit0", "--nproc", "2", "--replica-id", "replica-1", "--num-replicas", "3", "--job", "llama")
+    agent = agents(tmp_path, "exit0", "--nproc", "2", "--replica-id", "replica-1", "--num-replicas", "3",
+                   "--job", "llama")
     assert agent.wait() == 0, agent.log()
     assert agent.started() == ["env-rank0-restart0.json", "env-rank1-restart0.json"]
     envs = [agent.env(0), agent.env(1)]
@@ -138,14 +139,16 @@ def test_transitions_are_reported_to_a_real_coordinator(tmp_path, agents):
     try:
         with CoordinatorClient([coordinator.address]) as client:
             # The coordinator shows agent state only for replicas it knows.
-            client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
+            client.call("Register",
+                        pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
             agent = agents(tmp_path, "fail-once", "--replica-id", "r0", coordinator=coordinator.address)
             assert agent.wait() == 0, agent.log()
             replica = {r.replica_id: r for r in client.status().replicas}["r0"]
             assert (replica.agent_state, replica.restart_count) == (pb.AGENT_STATE_SUCCEEDED, 1)
         log = lambda: (tmp_path / "coordinator.log").read_text()  # noqa: E731
         wait_until(lambda: "agent of r0 (node 0): succeeded" in log(), 10, message="the coordinator to log the events")
-        reported = [line.split("agent of r0 (node 0): ")[1].split(" (")[0] for line in log().splitlines() if "agent of r0" in line]
+        reported = [line.split("agent of r0 (node 0): ")[1].split(" (")[0]
+                    for line in log().splitlines() if "agent of r0" in line]
         assert reported == ["starting", "running", "failed", "restarting", "starting", "running", "succeeded"]
         assert "agent of r0 (node 0): failed (local rank 0 exited with code 3)" in log()
     finally:
@@ -190,7 +193,8 @@ def test_a_missing_rank_command_gives_up_at_once(tmp_path):
         (("--replica-id", "r0"), "no rank command"),
         (("--replica-id", "r0", "--"), "no rank command"),
         (("--", "true"), "--replica-id is required"),
-        (("--replica-id", "r0", "--nnodes", "2", "--node-rank", "2", "--master-port", "29400", "--", "true"), "--node-rank"),
+        (("--replica-id", "r0", "--nnodes", "2", "--node-rank", "2", "--master-port", "29400", "--", "true"),
+         "--node-rank"),
         (("--replica-id", "r0", "--nnodes", "2", "--", "true"), "--master-port 0"),
         (("--replica-id", "r0", "--backend", "mpi", "--", "true"), "gloo or nccl"),
         (("--replica-id", "r0", "--nproc", "0", "--", "true"), "--nproc must be at least 1"),
@@ -208,7 +212,8 @@ def test_cli_reads_the_environment_and_a_config_file(tmp_path):
     config = tmp_path / "agent.toml"
     config.write_text("[agent]\nreplica_id = 'r0'\nnproc = 0\n")
     one_line_error(fthsdp("agent", "--config", str(config), "--", "true"), 2, "--nproc must be at least 1")
-    one_line_error(fthsdp("agent", "--", "true", env={"FTHSDP_REPLICA_ID": "r0", "FTHSDP_MAX_RESTARTS": "-1"}), 2, "--max-restarts")
+    one_line_error(fthsdp("agent", "--", "true", env={"FTHSDP_REPLICA_ID": "r0", "FTHSDP_MAX_RESTARTS": "-1"}), 2,
+                   "--max-restarts")
 
 
 # ----- pure ----------------------------------------------------------------------------

@@ -55,6 +55,9 @@ def test_allreduce_twice_in_a_step():
 def test_missing_replica_id_is_a_config_error():
     with pytest.raises(ConfigError, match="FTHSDP_REPLICA_ID"):
         ManagerConfig.from_env({"FTHSDP_COORDINATOR": "h:1"})
+    # Neither (a script started on its own): one standalone replica, no error.
+    assert ManagerConfig.from_env({}).standalone
+    assert not ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r"}).standalone
     with pytest.raises(ConfigError, match="bad FTHSDP_"):
         ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r", "FTHSDP_REPLICA_RANK": "x"})
 

@@ -84,7 +84,8 @@ def test_cli_without_the_token_says_so_in_one_line(secured, tmp_path):
 
 
 def test_coordinator_refuses_to_start_with_an_unreadable_token_file(tmp_path):
-    one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--token-file", str(tmp_path / "nope")), 2, "cannot read")
+    one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--token-file", str(tmp_path / "nope")), 2,
+                   "cannot read")
 
 
 def test_an_agent_and_its_ranks_train_and_catch_up_with_the_token(secured, tmp_path):

@@ -100,7 +100,8 @@ def test_give_up_state_checks_its_fields_and_refuses_a_state_not_lost(stub):
     for request, words in (
         (pb.GiveUpStateRequest(job="main", step=0), "step must be the step whose state is lost"),
         (pb.GiveUpStateRequest(job="main", step=-4), "step must be the step whose state is lost"),
-        (pb.GiveUpStateRequest(job="main", step=4, resume_step=4), "resume_step (resuming from a checkpoint) is not implemented"),
+        (pb.GiveUpStateRequest(job="main", step=4, resume_step=4),
+         "resume_step (resuming from a checkpoint) is not implemented"),
         (pb.GiveUpStateRequest(job="main", step=4, requested_by="x" * 200), "the limit is 128"),
         (pb.GiveUpStateRequest(job="nope", step=4), "unknown job 'nope'"),
     ):

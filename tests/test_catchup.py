@@ -12,46 +12,11 @@ import os
 import signal
 import time
 
-import pytest
-
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.status_view import STATE_NAMES
-from tests.processes import AgentProcess, CoordinatorProcess, WorkerProcess
+from tests.processes import AgentProcess
+from tests.shared_fixtures import FOREVER
 from tests.waiting import wait_until
-
-FOREVER = "1000000"
-HIDDEN = "512"  # 0.5M parameters: 6.3 MB of state with AdamW
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    started = []
-
-    def coordinator(*args: str) -> CoordinatorProcess:
-        c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s",
-                               "--join-timeout", "2s", *args).start()
-        started.append(c)
-        return c
-
-    def agent(c, i: int, n: int, *worker_args: str, env: dict | None = None,
-              agent_args: tuple[str, ...] = ()) -> AgentProcess:
-        a = AgentProcess(tmp_path, c.address, f"r{i}", i, n, "--steps", FOREVER, "--wait-for", str(n),
-                         "--hidden", HIDDEN, *worker_args, env=env, agent_args=agent_args).start()
-        started.append(a)
-        return a
-
-    def worker(c, i: int, n: int, *worker_args: str, env: dict | None = None, name: str = "") -> WorkerProcess:
-        w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", FOREVER, "--wait-for", str(n),
-                          "--hidden", HIDDEN, *worker_args, env=env)
-        if name:
-            w.log_path = tmp_path / f"worker-{name}.log"
-        w.start()
-        started.append(w)
-        return w
-
-    yield coordinator, agent, worker
-    for proc in reversed(started):
-        proc.stop()
 
 
 def status_of(client, replica_id: str):
@@ -87,7 +52,8 @@ def test_restarted_replica_catches_up_while_the_others_keep_training(cluster):
             r0 = {r.replica_id: r for r in status.replicas}["r0"]
             state = STATE_NAMES[r2.state]
             polls.append((state, r0.step))
-            return r2.restart_count >= 1 and state == "healthy" and "r2" in {m.replica_id for m in status.quorum.members}
+            return (r2.restart_count >= 1 and state == "healthy"
+                    and "r2" in {m.replica_id for m in status.quorum.members})
 
         wait_until(back_in_quorum, 60, interval=0.01, message="r2 back in the quorum")
     states = [s for i, (s, _) in enumerate(polls) if i == 0 or polls[i - 1][0] != s]
@@ -189,7 +155,7 @@ def test_joiner_killed_mid_transfer_nobody_notices(cluster):
         # The members go on committing steps in the same quorum.
         for r in (r0, r1):
             first = r.read_until(lambda line: line.get("t", 0) > killed_at)["step"]
-            r.read_until(lambda line: line.get("step", 0) >= first + 50)
+            r.read_until(lambda line, first=first: line.get("step", 0) >= first + 50)
             assert {r.steps[s]["quorum"] for s in range(first, first + 50)} == {quorum_id}
         assert client.status().quorum.id == quorum_id
         # The source is not stuck with the dead joiner: the next one catches up.

@@ -39,7 +39,8 @@ def one_line_error(result: subprocess.CompletedProcess, code: int, words: str) -
 
 
 def test_unreachable_etcd(tmp_path):
-    result = fthsdp("coordinator", "--bind", "127.0.0.1:0", "--store", f"etcd://127.0.0.1:{free_port()}", "--store-timeout", "1s")
+    result = fthsdp("coordinator", "--bind", "127.0.0.1:0", "--store", f"etcd://127.0.0.1:{free_port()}",
+                    "--store-timeout", "1s")
     one_line_error(result, 1, "unreachable")
 
 
@@ -93,7 +94,8 @@ def test_unknown_flag_is_an_argparse_error():
 
 
 def test_status_without_a_coordinator():
-    one_line_error(fthsdp("status", "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2"), 1, "no coordinator answered")
+    one_line_error(fthsdp("status", "--coordinator", f"127.0.0.1:{free_port()}", "--timeout", "2"), 1,
+                   "no coordinator answered")
     one_line_error(fthsdp("status", "--coordinator", "bad address"), 2, "is not HOST:PORT")
 
 
@@ -134,7 +136,8 @@ def test_console_script_and_module_entry_points():
     assert script, "pip install should put the fthsdp console script beside python"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "coordinator" in result.stdout and "status" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "fthsdp", "coordinator", "--help"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-m", "fthsdp", "coordinator", "--help"], cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "--heartbeat-timeout" in result.stdout
 
 
@@ -183,8 +186,10 @@ def test_status_shows_the_hang_limit_phases_and_why_a_replica_was_taken_out(monk
         "r2": ["computing", "6.1s", "0.20s", "3.5x"],
     }
     taken_out = [line for line in out.splitlines() if " taken out: " in line]
-    assert len(taken_out) == 1 and taken_out[0].startswith("r2 taken out: hung: no progress at step 7 (computing for 6.1s)")
-    header = next(line for line in out.splitlines() if line.startswith("REPLICA  STATE"))  # the replica table is unchanged
+    assert len(taken_out) == 1
+    assert taken_out[0].startswith("r2 taken out: hung: no progress at step 7 (computing for 6.1s)")
+    # The replica table is unchanged.
+    header = next(line for line in out.splitlines() if line.startswith("REPLICA  STATE"))
     assert header.split() == ["REPLICA", "STATE", "STEP", "HEARTBEAT", "ADDRESS", "RANKS", "CHECKSUM", "NOTE"]
 
 
@@ -207,9 +212,11 @@ def test_status_shows_dashes_for_what_a_replica_did_not_report():
     assert view["median_step_time_s"] is None and view["replicas"][1]["phase"] is None
     lines = progress_view.progress_lines(view)
     assert "hang limit 300.0s   median step time - (none reported yet)" in lines
-    assert [line.split() for line in lines[-2:]] == [["new", "section", "42.0s", "12.5s", "-"], ["old", "-", "-", "-", "-"]]
+    assert [line.split() for line in lines[-2:]] == [["new", "section", "42.0s", "12.5s", "-"],
+                                                     ["old", "-", "-", "-", "-"]]
     follower = pb.StatusResponse(follower=True)
-    assert progress_view.progress_lines(progress_view.progress_view(follower, status_dict(follower))) == []  # the leader knows
+    # The leader knows.
+    assert progress_view.progress_lines(progress_view.progress_view(follower, status_dict(follower))) == []
 
 
 def test_every_phase_has_a_word():

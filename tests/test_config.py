@@ -44,7 +44,9 @@ def test_booleans():
         config([], {"FTHSDP_DISCONNECT_IS_FAILURE": "maybe"})
 
 
-@pytest.mark.parametrize("text, seconds", [("250ms", 0.25), ("5s", 5.0), ("1.5m", 90.0), ("2h", 7200.0), ("3", 3.0), (".5", 0.5)])
+@pytest.mark.parametrize("text, seconds", [
+    ("250ms", 0.25), ("5s", 5.0), ("1.5m", 90.0), ("2h", 7200.0), ("3", 3.0), (".5", 0.5),
+])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 

@@ -68,7 +68,7 @@ def leader_loaded(coordinators, marks, pattern: re.Pattern = LOADED, timeout: fl
     found = {}
 
     def loaded() -> bool:
-        for c, mark in zip(coordinators, marks):
+        for c, mark in zip(coordinators, marks, strict=True):
             for i, line in enumerate(c.log.lines()[mark:], start=mark):
                 match = pattern.search(line)
                 if match:

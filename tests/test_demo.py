@@ -17,7 +17,7 @@ import pytest
 from waiting import wait_until
 
 from fthsdp.cli.main import main
-from fthsdp.demo.children import marked_pids
+from fthsdp.demo.children import child_environment, marked_pids
 from fthsdp.demo.record import Failure, RankStart, Recorder, StepLine
 from fthsdp.demo.summary import summarize
 
@@ -183,7 +183,16 @@ def test_bad_settings_are_one_line(args, message, capsys, tmp_path):
     assert not (tmp_path / "x").exists()  # nothing started, nothing written
 
 
-def _recorder_with(lines: dict[str, list[tuple[int, float, int]]], starts: dict[str, list[tuple[float, int]]]) -> Recorder:
+def test_children_from_a_checkout_import_its_code_first():
+    """Run from the repository (this suite), the demo's children get it ahead
+    of the user's PYTHONPATH; the user's FTHSDP_* settings are left out."""
+    env = child_environment({"PYTHONPATH": "/elsewhere", "FTHSDP_JOB": "x", "HOME": "/h"}, "mark")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/elsewhere"]
+    assert "FTHSDP_JOB" not in env and env["HOME"] == "/h" and env["FTHSDP_DEMO_RUN"] == "mark"
+
+
+def _recorder_with(lines: dict[str, list[tuple[int, float, int]]],
+                   starts: dict[str, list[tuple[float, int]]]) -> Recorder:
     rec = Recorder(sorted(lines))
     for replica, entries in starts.items():
         for t, step in entries:

@@ -35,6 +35,8 @@ from fthsdp.cli.main import build_parser
 from fthsdp.core.errors import ConfigError
 
 ROOT = DEPLOY.parent
+EXAMPLE = "fthsdp.examples.gpt.train"
+"""The example the manifests' ranks run (python -m), from the installed package."""
 SYSTEMD = DEPLOY / "systemd"
 KUBERNETES = DEPLOY / "kubernetes"
 DOCKER = DEPLOY / "docker"
@@ -120,7 +122,7 @@ def test_systemd_units_run_real_commands_with_real_settings(tmp_path):
     assert (config.replica_id, config.replica_rank) == ("replica-3", 3), "the instance name is the replica id"
     assert config.token_file and config.tls_ca
     assert len(config.coordinators) >= 2, "agents know every coordinator"
-    assert rank_command[1].endswith("examples/gpt/train.py") and "--steps" in rank_command
+    assert rank_command[1:3] == ["-m", EXAMPLE] and "--steps" in rank_command
 
     unit = read_unit(SYSTEMD / "fthsdp-agent@.service")["Service"]
     assert unit["KillMode"] == ["mixed"] and unit["KillSignal"] == ["SIGTERM"]
@@ -170,10 +172,12 @@ def test_kubernetes_commands_and_settings_are_real(tmp_path):
                 path = path.removeprefix(str(tmp_path))  # as the manifest names it
                 mounts = [m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")]
                 volumes = {v["name"]: v for v in pod["volumes"]}
-                assert mounts and "secret" in volumes[mounts[0]["name"]], f"{command.where}: {path} is not from a Secret"
+                assert mounts and "secret" in volumes[mounts[0]["name"]], (
+                    f"{command.where}: {path} is not from a Secret")
     assert set(kinds) == {"coordinator", "agent"}
     ((_, coordinator, coordinator_config),) = kinds["coordinator"]
-    etcd = [doc for _, doc in kubernetes_documents() if doc["kind"] == "StatefulSet" and doc["metadata"]["name"] == "fthsdp-etcd"]
+    etcd = [doc for _, doc in kubernetes_documents()
+            if doc["kind"] == "StatefulSet" and doc["metadata"]["name"] == "fthsdp-etcd"]
     members = [f"fthsdp-etcd-{i}.fthsdp-etcd:2379" for i in range(etcd[0]["spec"]["replicas"])]
     assert coordinator_config.store == "etcd://" + ",".join(members), "the coordinator uses every etcd member"
     assert coordinator_config.token_file
@@ -195,7 +199,8 @@ def test_coordinator_deployment_is_highly_available_and_probed_on_grpc_health(tm
     # NOT_SERVING, so the Service below routes to the leader alone; alive
     # while the process serves at all ("" is SERVING in every coordinator).
     assert container["readinessProbe"]["grpc"] == {"port": port, "service": SERVICE_NAME}
-    assert container["livenessProbe"]["grpc"].get("service", "") == "" and container["livenessProbe"]["grpc"]["port"] == port
+    liveness = container["livenessProbe"]["grpc"]
+    assert liveness.get("service", "") == "" and liveness["port"] == port
     assert config.advertise == "10.1.2.3:29510", "each coordinator advertises its own pod address"
     (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "fthsdp-coordinator"]
     assert service["spec"]["selector"].items() <= pod_labels(deployment).items()
@@ -214,7 +219,8 @@ def test_replica_group_file_makes_every_group_of_the_job(tmp_path):
     assert "sed \"s/replica-0/replica-$g/g\" replica-group.yaml" in text
     num_replicas = int(config_maps()["fthsdp-agent"]["FTHSDP_NUM_REPLICAS"])
     for group in range(num_replicas + 1):
-        docs = [(Path(f"replica-{group}.yaml"), d) for d in yaml.safe_load_all(text.replace("replica-0", f"replica-{group}"))]
+        docs = [(Path(f"replica-{group}.yaml"), d)
+                for d in yaml.safe_load_all(text.replace("replica-0", f"replica-{group}"))]
         for _, doc in docs:
             validate_kubernetes(doc)
         (pod, container, command), = kubernetes_commands(docs)
@@ -276,14 +282,14 @@ def test_compose_runs_etcd_two_coordinators_and_three_agents_with_real_commands(
     assert len(built["coordinator"]) == 2 and len(built["agent"]) == 3
     advertised = sorted(config.advertise for _, config, _ in built["coordinator"].values())
     assert advertised == sorted(f"{name}:29510" for name in built["coordinator"])
-    for name, (service, config, _) in built["coordinator"].items():
+    for service, config, _ in built["coordinator"].values():
         assert config.store == "etcd://etcd:2379" and "etcd" in service["depends_on"]
     ranks = set()
     for name, (service, config, rank_command) in built["agent"].items():
         assert sorted(config.coordinators) == advertised, f"{name} must know every coordinator"
         assert service["environment"]["FTHSDP_ADVERTISE_HOST"] == name, "peers reach its catch-up server by name"
-        assert rank_command[:2] == ["python", "/opt/fthsdp/examples/gpt/train.py"]
-        check_example_flags(rank_command[2:])
+        assert rank_command[:3] == ["python", "-m", EXAMPLE]
+        check_example_flags(rank_command[3:])
         assert int(service["stop_grace_period"].rstrip("s")) > config.stop_timeout
         ranks.add(config.replica_rank)
     assert ranks == set(range(3))
@@ -291,10 +297,10 @@ def test_compose_runs_etcd_two_coordinators_and_three_agents_with_real_commands(
 
 
 def check_example_flags(words: list[str]) -> None:
-    """Flags given to examples/gpt/train.py are ones its parser defines."""
-    defined = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "examples/gpt/train.py").read_text()))
+    """Flags given to the example (python -m fthsdp.examples.gpt.train) are ones its parser defines."""
+    defined = set(re.findall(r'add_argument\("(--[\w-]+)"', (ROOT / "fthsdp/examples/gpt/train.py").read_text()))
     used = {w.split("=")[0] for w in words if w.startswith("--")}
-    assert used <= defined, f"examples/gpt/train.py has no {used - defined}"
+    assert used <= defined, f"{EXAMPLE} has no {used - defined}"
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -343,7 +349,7 @@ def test_dockerfile_pins_cpu_torch_and_no_pip_run_can_pull_another(tmp_path):
     ignore = (DOCKER / "Dockerfile.dockerignore").read_text()
     for source in copied - {"pyproject.toml", "README.md"}:
         assert f"!{source}" in ignore, f"{source} is copied but excluded from the build context"
-    assert "/opt/fthsdp" in dict(instructions)["WORKDIR"], "the manifests run /opt/fthsdp/examples/gpt/train.py"
+    assert "/opt/fthsdp" in dict(instructions)["WORKDIR"]
 
 
 # ----- settings named anywhere -------------------------------------------------------------
@@ -390,7 +396,8 @@ def test_etcd_settings_are_real_etcd_flags():
             for container in pod["containers"]:
                 settings += [(doc["metadata"]["name"], e["name"]) for e in container.get("env", [])]
     etcd_service = compose()["services"]["etcd"]
-    settings += [("compose etcd", "ETCD_" + w[2:].split("=")[0].upper().replace("-", "_")) for w in etcd_service["command"][1:]]
+    settings += [("compose etcd", "ETCD_" + w[2:].split("=")[0].upper().replace("-", "_"))
+                 for w in etcd_service["command"][1:]]
     checked = 0
     for where, name in settings:
         if name.startswith("ETCD_"):
@@ -419,26 +426,29 @@ def test_make_certs_script_and_tls_probe_work_with_a_real_coordinator(tmp_path):
     openssl = need_tool(shutil.which("openssl"), "openssl")
     out = tmp_path / "creds"
     result = subprocess.run(
-        ["sh", str(DEPLOY / "make-certs.sh"), str(out), "localhost", "127.0.0.1"], capture_output=True, text=True, timeout=60
+        ["sh", str(DEPLOY / "make-certs.sh"), str(out), "localhost", "127.0.0.1"], capture_output=True, text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     token = read_token_file(str(out / "token"))
     assert len(token) == 64
     assert oct((out / "ca.key").stat().st_mode & 0o777) == "0o600", "keys are private"
     for name, purpose in (("coordinator", "sslserver"), ("client", "sslclient")):
-        check = subprocess.run([openssl, "verify", "-purpose", purpose, "-CAfile", str(out / "ca.crt"), str(out / f"{name}.crt")],
-                               capture_output=True, text=True, timeout=30)
+        check = subprocess.run([openssl, "verify", "-purpose", purpose, "-CAfile", str(out / "ca.crt"),
+                                str(out / f"{name}.crt")], capture_output=True, text=True, timeout=30)
         assert check.returncode == 0, check.stdout + check.stderr
     coordinator = CoordinatorProcess(
         tmp_path, "--tls-cert", str(out / "coordinator.crt"), "--tls-key", str(out / "coordinator.key"),
         "--token-file", str(out / "token"),
     ).start()
     try:
-        with CoordinatorClient([f"127.0.0.1:{coordinator.port}"], token=token, tls=TlsFiles(str(out / "ca.crt"))) as client:
+        with CoordinatorClient([f"127.0.0.1:{coordinator.port}"], token=token,
+                               tls=TlsFiles(str(out / "ca.crt"))) as client:
             assert client.status("default").job == "default"  # TLS and the token accepted
         probe = readme_tls_probe()
         assert probe[:2] == ["python", "-c"]
-        code = probe[2].replace("localhost:29510", f"localhost:{coordinator.port}").replace("/etc/fthsdp/tls/ca.crt", str(out / "ca.crt"))
+        code = (probe[2].replace("localhost:29510", f"localhost:{coordinator.port}")
+                .replace("/etc/fthsdp/tls/ca.crt", str(out / "ca.crt")))
         assert code != probe[2]
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, f"the README's TLS probe fails on a leading coordinator: {run.stderr}"
@@ -453,7 +463,8 @@ def test_make_certs_script_and_tls_probe_work_with_a_real_coordinator(tmp_path):
 def readme_commands() -> list[tuple[int, str]]:
     """Every line of deploy/README.md that names an fthsdp subcommand, with its number."""
     lines = (DEPLOY / "README.md").read_text().splitlines()
-    return [(n, line) for n, line in enumerate(lines, 1) if re.search(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b", line)]
+    return [(n, line) for n, line in enumerate(lines, 1)
+            if re.search(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b", line)]
 
 
 def subcommand_flags() -> dict[str, set[str]]:
@@ -468,7 +479,8 @@ def test_readme_names_only_real_flags_and_settings():
     for number, line in readme_commands():
         for match in re.finditer(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b(.*?)(?:`|$| -- )", line):
             for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", match.group(2)):
-                assert flag in flags[match.group(1)], f"deploy/README.md:{number}: fthsdp {match.group(1)} has no {flag}"
+                assert flag in flags[match.group(1)], (
+                    f"deploy/README.md:{number}: fthsdp {match.group(1)} has no {flag}")
                 checked += 1
     assert checked >= 10
     every = flags["coordinator"] | flags["agent"]

@@ -43,7 +43,8 @@ def groups(*lrs, **extra) -> str:
     (groups(1e-3, 1e-3), groups(1e-3), "had 2 param groups, the members' 1"),
     (json.dumps([{"lr": 1, "a": 1, "b": 1, "c": 1}]), json.dumps([{"lr": 2, "a": 2, "b": 2, "c": 2}]),
      "r2's a at step 158 was 1, the members' 2; b was 1, the members' 2; c was 1, the members' 2 and 1 more: "),
-    (json.dumps([{"lr": 1e-3}]), json.dumps([{"lr": 1e-3, "momentum": 0.9}]), "momentum at step 158 was unset, the members' 0.9"),
+    (json.dumps([{"lr": 1e-3}]), json.dumps([{"lr": 1e-3, "momentum": 0.9}]),
+     "momentum at step 158 was unset, the members' 0.9"),
 ])
 def test_the_message_names_the_inputs_that_differ(mine, theirs, words):
     assert words in divergence.explain("r2", 158, mine, theirs)
@@ -128,7 +129,8 @@ def test_twice_in_a_row_after_catching_up_the_verdict_says_give_up():
         job.heartbeat(rid, session, 100, False, "", 0, now=0.2)
     # A member that diverges on its own is no strike: it restarts and catches up.
     verdict = diverge(job, sessions, 101, 0.3)["c"]
-    assert (verdict.strikes, verdict.give_up) == (0, False) and "c's lr at step 101 was 0.00091, the members' 0.0009" in verdict.reason
+    assert (verdict.strikes, verdict.give_up) == (0, False)
+    assert "c's lr at step 101 was 0.00091, the members' 0.0009" in verdict.reason
     sessions["c"] = rejoin(job, "c", 1.0)
     verdict = diverge(job, sessions, 102, 1.5)["c"]
     assert (verdict.strikes, verdict.give_up, verdict.step) == (1, False, 102)

@@ -11,7 +11,8 @@ from test_deploy import subcommand_flags
 from fthsdp.cli.reference import README, render
 
 OPERATIONS = README.parent / "docs" / "operations.md"
-SUBCOMMAND = re.compile(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon|give-up-state|reopen-job|demo)\b(.*?)(?:`|$| -- )")
+SUBCOMMAND = re.compile(
+    r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon|give-up-state|reopen-job|demo)\b(.*?)(?:`|$| -- )")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
@@ -36,7 +37,8 @@ def flag_problems(text: str, where: str) -> list[str]:
             for flag in FLAG.findall(match.group(2)):
                 if flag not in flags[match.group(1)]:
                     problems.append(f"{where}:{number}: fthsdp {match.group(1)} has no {flag}")
-        problems += [f"{where}:{number}: no fthsdp command has {flag}" for flag in FLAG.findall(line) if flag not in every]
+        problems += [f"{where}:{number}: no fthsdp command has {flag}"
+                     for flag in FLAG.findall(line) if flag not in every]
     return problems
 
 

@@ -22,9 +22,10 @@ import pytest
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.status_view import STATE_NAMES
 from tests.processes import ROOT, AgentProcess, CoordinatorProcess
-from tests.test_catchup import FOREVER, HIDDEN, members, status_of
-from tests.test_web import TOKEN, page_url, token_file  # noqa: F401 - a fixture
+from tests.shared_fixtures import FOREVER, HIDDEN, TOKEN
+from tests.test_catchup import members, status_of
 from tests.test_web import drain as http_drain
+from tests.test_web import page_url
 from tests.waiting import wait_until
 
 SLOW_TRANSFER = {"FTHSDP_CATCH_UP_MAX_RATE": str(1 << 20)}  # 6 MB of state: several seconds
@@ -79,7 +80,7 @@ def assert_others_train_on(others, client, drained: str) -> None:
     wait_until(lambda: drained not in members(client), 30, message=f"{drained} out of the quorum")
     for a in others:
         step = a.read_until(lambda line: "step" in line)["step"]
-        a.read_until(lambda line: line.get("step", 0) >= step + 5, timeout=60)
+        a.read_until(lambda line, step=step: line.get("step", 0) >= step + 5, timeout=60)
 
 
 @pytest.mark.timeout(240)

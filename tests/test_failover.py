@@ -31,7 +31,8 @@ def test_leader_killed_the_other_takes_over_and_training_goes_on(tmp_path, etcd_
     coordinators = [CoordinatorProcess(tmp_path / f"c{i}", *args).start() for i in range(2)]
     addresses = ",".join(c.address for c in coordinators)
     agents = [
-        AgentProcess(tmp_path, addresses, f"r{i}", i, 2, "--steps", "1000000", "--wait-for", "2", "--hidden", "64").start()
+        AgentProcess(tmp_path, addresses, f"r{i}", i, 2, "--steps", "1000000", "--wait-for", "2",
+                     "--hidden", "64").start()
         for i in range(2)
     ]
     try:
@@ -57,7 +58,8 @@ def test_leader_killed_the_other_takes_over_and_training_goes_on(tmp_path, etcd_
         # Training never stopped, and stays in the same quorum once the replicas re-registered.
         for agent in agents:
             after = agent.read_until(lambda line: line.get("t", 0) > killed and "step" in line, timeout=10)
-            later = agent.read_until(lambda line: line.get("step", 0) >= after["step"] + 20, timeout=60)
+            later = agent.read_until(lambda line, after=after: line.get("step", 0) >= after["step"] + 20,
+                                     timeout=60)
             assert after["quorum"] == later["quorum"] == quorum
         with CoordinatorClient([follower.address]) as client:
             s = client.status()

@@ -53,13 +53,14 @@ def scenarios():
             top = H + 1 if ahead else H
             for joiner_steps in itertools.product(range(H - 3, top + 1), repeat=n_joiners):
                 rows = members + [row(s, False, False) for s in joiner_steps]
-                yield pytest.param(rows, id=f"members{[r[0] - H for r in members]}-joiners{[s - H for s in joiner_steps]}")
+                yield pytest.param(rows, id=f"members{[r[0] - H for r in members]}"
+                                            f"-joiners{[s - H for s in joiner_steps]}")
 
 
 @pytest.mark.parametrize("rows", list(scenarios()))
 def test_every_member_starts_the_same_next_collective(rows):
     kinds = next_collectives(rows)
-    assert len(set(kinds)) == 1, list(zip([r[0] - H for r in rows], kinds))
+    assert len(set(kinds)) == 1, list(zip([r[0] - H for r in rows], kinds, strict=False))
 
 
 def test_in_phase_counts_only_members_with_a_gradient():

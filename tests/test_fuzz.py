@@ -48,7 +48,8 @@ def field_values(field: FieldDescriptor, depth: int) -> st.SearchStrategy:
     if field.type == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
     if field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
-        return st.floats(allow_nan=True, allow_infinity=True, width=32 if field.type == FieldDescriptor.TYPE_FLOAT else 64)
+        return st.floats(allow_nan=True, allow_infinity=True,
+                         width=32 if field.type == FieldDescriptor.TYPE_FLOAT else 64)
     if field.type == FieldDescriptor.TYPE_ENUM:
         return st.integers(-5, 40)  # known values and unknown ones
     if field.type == FieldDescriptor.TYPE_MESSAGE:
@@ -109,7 +110,8 @@ def target(tmp_path_factory):
                            "--join-settle", "0", "--tick-interval", "1ms").start()
     channel = grpc.insecure_channel(c.address)
     with CoordinatorClient([c.address]) as client:
-        reply = client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
+        reply = client.call("Register",
+                            pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
         # Admitted only once heard from (fthsdp/coordinator/quorum.py, rule 6).
         client.call("Heartbeat", pb.HeartbeatRequest(job="default", replica_id="r0", session_id=reply.session_id))
         # Settled before fuzzing: a quorum forming mid-check would read as a change.

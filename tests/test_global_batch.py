@@ -1,5 +1,5 @@
 """A constant global batch while a replica is out: ``Manager.participation()``
-(fthsdp/agent/training/participation.py) and examples/gpt/train.py ``--global-batch``.
+(fthsdp/agent/training/participation.py) and fthsdp.examples.gpt.train ``--global-batch``.
 
 The participation's rules are table-tested on pushed quorums; a real job (a
 coordinator, 3 agents training the example) shows that the survivors of a
@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
 
 from benchmarks.accuracy_job import JobSpec, Outage, run_job  # noqa: E402
 
-TRAIN = ROOT / "examples" / "gpt" / "train.py"
+TRAIN = [sys.executable, "-m", "fthsdp.examples.gpt.train"]
+"""The example, run as a module."""
 
 
 def push(record: QuorumRecord, quorum_id: int, *members: str, count: int = 0) -> None:
@@ -79,7 +80,7 @@ def test_only_the_recent_member_lists_are_kept():
 
 
 def test_bad_global_batch_is_one_line():
-    p = subprocess.run([sys.executable, str(TRAIN), "--global-batch", "-1"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*TRAIN, "--global-batch", "-1"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--global-batch must be 0 or more" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -88,8 +89,8 @@ def test_a_global_batch_smaller_than_the_replicas_says_so(tmp_path):
     agents = [AgentProcess(tmp_path, c.address, f"r{i}", i, 2, agent_args=("--max-restarts", "0")) for i in range(2)]
     try:
         for a in agents:
-            rank = a.argv.index("--") + 1  # the rank runs the example, a script, not the test worker
-            a.argv[rank:] = [sys.executable, str(TRAIN), "--steps", "5", "--global-batch", "1", "--n-layer", "1"]
+            rank = a.argv.index("--") + 1  # the rank runs the example module, not the test worker
+            a.argv[rank:] = [*TRAIN, "--steps", "5", "--global-batch", "1", "--n-layer", "1"]
             a.start()
         for a in agents:
             assert a.proc.wait(timeout=90) != 0

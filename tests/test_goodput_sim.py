@@ -8,6 +8,7 @@ import dataclasses
 import math
 import random
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,10 @@ def test_synchronous_engine_loses_the_work_since_the_last_checkpoint():
     assert r.stall_per_failure_s == pytest.approx(600 + 1800, abs=60)
 
 
-def _run(seed: int, gpus: int = 16_384, failures: float = 30, workload: inputs.Workload = inputs.Workload()):
+DEFAULT_WORKLOAD = inputs.Workload()
+
+
+def _run(seed: int, gpus: int = 16_384, failures: float = 30, workload: inputs.Workload = DEFAULT_WORKLOAD):
     return run_cell("fthsdp", gpus, K, seed, failures, workload)
 
 
@@ -144,7 +148,7 @@ def test_a_run_at_1024_replicas_shrinks_on_failures_and_grows_on_recoveries():
     kinds = {report.reason_kind(q.reason) for q in changes}
     assert kinds & {"shrink (reported failed)", "shrink (stream closed)", "shrink (heartbeat timeout)"}
     assert "grow" in kinds
-    for before, q in zip(r.quorum_changes, changes):
+    for before, q in pairwise(r.quorum_changes):
         if q.reason.startswith("members leaving"):
             assert q.members < before.members
         else:

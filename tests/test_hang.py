@@ -86,7 +86,8 @@ def test_find_hung(what, members, hung):
     verdict = find_hung(members, 5.0, RULES)
     assert set(verdict) == hung
     for rid in hung:
-        assert verdict[rid].startswith("hung") and ("no progress at step 7" in verdict[rid] or "alone in" in verdict[rid])
+        assert verdict[rid].startswith("hung")
+        assert "no progress at step 7" in verdict[rid] or "alone in" in verdict[rid]
 
 
 # A take-out and the survivors' redo: c was taken out as hung while a and b

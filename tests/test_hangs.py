@@ -17,7 +17,7 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from tests.processes import CoordinatorProcess, WorkerProcess
-from tests.test_catchup import SLOW, cluster, members, status_of, wait_transfer_started  # noqa: F401 - a fixture
+from tests.test_catchup import SLOW, members, status_of, wait_transfer_started
 from tests.test_overlapping_failures import assert_one_state_per_step
 from tests.waiting import wait_until
 

@@ -24,8 +24,10 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
         assert p.wait(timeout=180) == 0
     c = CoordinatorProcess(tmp_path, "--min-replicas", str(REPLICAS)).start()
     try:
-        agents = [hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt")).start()
-                  for k in range(REPLICAS)]
+        agents = [
+            hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt")).start()
+            for k in range(REPLICAS)
+        ]
         for a in agents:
             a.finish(timeout=180)
     finally:

@@ -27,7 +27,7 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.http_server import serve_http
 from fthsdp.coordinator.web import WebApp
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.test_catchup import cluster, members, status_of  # noqa: F401 - a fixture
+from tests.test_catchup import members, status_of
 from tests.test_cli import fthsdp
 from tests.test_hangs import LONG_FTAR, TIGHT, train_on_and_stop
 from tests.test_metrics import hung_runtime

@@ -152,7 +152,8 @@ def test_finished_mark_is_stored_survives_a_restart_and_only_a_reopen_clears_it(
         with pytest.raises(JobNotFinished, match="finished at step 500, not 499"):
             await runtime.reopen_job(pb.ReopenJobRequest(step=499), "ipv4:1")
         cleared = await runtime.reopen_job(pb.ReopenJobRequest(step=500, requested_by="alice@h"), "ipv4:1")
-        assert cleared.finished.step == 500 and not pb.CommittedStep.FromString(store.get(job.keys.committed).value).HasField("finished")
+        assert cleared.finished.step == 500
+        assert not pb.CommittedStep.FromString(store.get(job.keys.committed).value).HasField("finished")
         with pytest.raises(JobNotFinished, match="is not finished"):
             await runtime.reopen_job(pb.ReopenJobRequest(step=500), "ipv4:1")
         clock.t = 8.0  # past the heartbeat timeout of r0 and r1, which a restart presumes alive (they left)
@@ -186,11 +187,9 @@ class OneRank:
 
 
 def joiner_for(event: pb.WatchEvent | None) -> Joiner:
-    manager = types.SimpleNamespace(
-        group=OneRank(), membership=FakeMembership(event), tracker=None, replica_id="r2",
-        config=types.SimpleNamespace(job="default"), lifecycle=types.SimpleNamespace(drain_requested=False),
-    )
-    return Joiner(manager)
+    return Joiner(types.SimpleNamespace(), job="default", replica_id="r2", structure=0, group=OneRank(),
+                  membership=FakeMembership(event), lifecycle=types.SimpleNamespace(drain_requested=False),
+                  connect=lambda address: None)
 
 
 @pytest.mark.parametrize("event, outcome", [

@@ -1,4 +1,5 @@
-"""A replica's lifecycle (fthsdp/agent/training/lifecycle.py) and the outcome its agent reads (fthsdp/agent/outcome.py): pure logic."""
+"""A replica's lifecycle (fthsdp/agent/training/lifecycle.py) and the outcome
+its agent reads (fthsdp/agent/outcome.py): pure logic."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def test_json_formatter_fields_and_exceptions():
     record = logging.LogRecord("fthsdp.x", logging.ERROR, __file__, 1, "quorum %d", (3,), None)
     record.members = ["a", "b"]
     entry = json.loads(JsonFormatter().format(record))
-    assert (entry["level"], entry["logger"], entry["message"], entry["members"]) == ("error", "fthsdp.x", "quorum 3", ["a", "b"])
+    assert (entry["level"], entry["logger"], entry["message"], entry["members"]) == (
+        "error", "fthsdp.x", "quorum 3", ["a", "b"])
     assert entry["time"].endswith("+00:00")
     try:
         raise ValueError("boom")

@@ -105,7 +105,8 @@ def test_gloo_runs_over_the_data_bridge_and_stops_when_a_data_link_is_cut(lab, t
         assert [r["value"] for r in ranks("allreduce 10")] == [3.0, 3.0]
         # Every connection of r1's (the store's and gloo's pair) is on the data bridge.
         conns = lab.tcp_connections("r1")
-        assert conns and all(in_net(local, lab.data_net) and in_net(remote, lab.data_net) for local, remote in conns), conns
+        assert conns and all(in_net(local, lab.data_net) and in_net(remote, lab.data_net)
+                             for local, remote in conns), conns
 
         lab.cut_data("r1")
         stuck = ranks("allreduce 3")
@@ -259,7 +260,8 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path):
         assert prefix, "the child made no lab"
         assert [ns for ns in _netns_names() if ns.startswith(prefix)]
         with NetLab(1) as live:  # a live run beside it: another /24 pair, kept by the clean-up
-            assert live.ctl_net != ipaddress.ip_network(json.loads((STATE_DIR / f"{prefix}.json").read_text())["ctl_net"])
+            child_lab = json.loads((STATE_DIR / f"{prefix}.json").read_text())
+            assert live.ctl_net != ipaddress.ip_network(child_lab["ctl_net"])
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             assert prefix in remove_leftovers()
@@ -291,7 +293,8 @@ def test_three_replicas_train_over_the_data_bridge(lab, tmp_path, etcd_url, key_
         for i in range(3):
             agents.append(lab.agent(f"r{i}", tmp_path, c.address, i, 3, "--steps", "1000000", "--wait-for", "3",
                                     "--hidden", "64").start())
-        first = agents[0].read_until(lambda line: line.get("step", 0) >= 1 and line.get("contributors") == 3, timeout=120)
+        first = agents[0].read_until(lambda line: line.get("step", 0) >= 1 and line.get("contributors") == 3,
+                                     timeout=120)
         for a in agents:
             a.read_until(lambda line: line.get("step", 0) >= first["step"] + 20, timeout=60)
         for s in range(first["step"], first["step"] + 20):

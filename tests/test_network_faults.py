@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,8 @@ class Job:
         for name in names:
             first = self.agents[name].read_until(
                 lambda line: line.get("step", 0) > past and line.get("contributors") == contributors, timeout=timeout)
-            line = self.agents[name].read_until(lambda line: line.get("step", 0) >= first["step"] + steps,
-                                                timeout=timeout)
+            line = self.agents[name].read_until(
+                lambda line, first=first: line.get("step", 0) >= first["step"] + steps, timeout=timeout)
             last = max(last, line["step"])
         return last
 
@@ -103,7 +104,7 @@ def assert_no_step_lost(job: Job, names) -> None:
     """The members that trained on committed every step in order: none was lost or repeated."""
     for name in names:
         got = sorted(job.agents[name].steps)
-        gaps = [(a, b) for a, b in zip(got, got[1:]) if b != a + 1]
+        gaps = [(a, b) for a, b in pairwise(got) if b != a + 1]
         assert not gaps, f"{name} skipped steps {gaps[:3]}"
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from tests.processes import ROOT, AgentProcess, _env
-from tests.test_catchup import SLOW, cluster, members, status_of  # noqa: F401 - a fixture
+from tests.test_catchup import SLOW, members, status_of
 from tests.waiting import wait_until
 
 LOOP = ("--loop", "full")
@@ -129,13 +129,15 @@ def kill_source_when(coordinator, worker, mark: str, *joiner_args: str, member_a
     with CoordinatorClient([c.address]) as client:
         wait_until(lambda: members(client) == {"r0", "r1"}, 20, message="r2 taken out")
         joiner = worker(c, 2, 1, *LOOP, *joiner_args, name="r2-back")
-        wait_until(lambda: mark in joiner.log_path.read_text(), 60, interval=0.002, message=f"the joiner's log shows {mark!r}")
+        wait_until(lambda: mark in joiner.log_path.read_text(), 60, interval=0.002,
+                   message=f"the joiner's log shows {mark!r}")
         source = source_of(joiner)
         victim, other = (workers[0], workers[1]) if source == "r0" else (workers[1], workers[0])
         victim.kill()
         killed = time.monotonic()
         victim.collect_after_exit()
-        wait_until(lambda: members(client) == {other.replica_id, "r2"}, 30, message="the joiner admitted from another source")
+        wait_until(lambda: members(client) == {other.replica_id, "r2"}, 30,
+                   message="the joiner admitted from another source")
         admitted_after = time.monotonic() - killed
     assert admitted_after < 20, f"the joiner was admitted {admitted_after:.1f}s after its source died"
     assert other.proc.poll() is None, "the remaining member crashed"
@@ -183,8 +185,8 @@ def test_a_rank_of_an_fsdp2_group_killed_while_another_group_catches_up(cluster,
     try:
         pids = [{}, {}, {}]
         for k in (1, 2):
-            groups[k].read_until(lambda line, k=k: "rank" in line and pids[k].update({line["rank"]: line["pid"]}) is None
-                                 and len(pids[k]) == 2)
+            groups[k].read_until(lambda line, k=k: "rank" in line
+                                 and pids[k].update({line["rank"]: line["pid"]}) is None and len(pids[k]) == 2)
         groups[0].read_until(lambda line: line.get("step", 0) >= 10)
         os.kill(pids[2][1], signal.SIGKILL)
         with CoordinatorClient([c.address]) as client:

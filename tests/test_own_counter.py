@@ -19,7 +19,8 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from tests.processes import AgentProcess, CoordinatorProcess
-from tests.test_catchup import FOREVER, HIDDEN, status_of
+from tests.shared_fixtures import FOREVER, HIDDEN
+from tests.test_catchup import status_of
 
 AFTER_REJOIN = 100
 
@@ -58,7 +59,8 @@ def assert_in_step_after_rejoin(joiner, members, rejoined_at: int) -> None:
         for m in members:
             theirs = m.steps[s]
             assert mine["lr"] == theirs["lr"], f"lr at step {s}: {mine['lr']} vs {m.replica_id}'s {theirs['lr']}"
-            assert mine["checksum"] == theirs["checksum"], f"{joiner.replica_id} differs from {m.replica_id} at step {s}"
+            assert mine["checksum"] == theirs["checksum"], (
+                f"{joiner.replica_id} differs from {m.replica_id} at step {s}")
 
 
 @pytest.mark.timeout(300)
@@ -72,11 +74,11 @@ def test_a_loop_with_its_own_counter_stays_in_step_through_two_rejoins(job, loop
     with CoordinatorClient([c.address]) as client:
         for kill in (1, 2):
             os.kill(pid, signal.SIGKILL)
-            back = a2.read_until(lambda line: "admitted" in line and line["pid"] != pid, timeout=90)
+            back = a2.read_until(lambda line, pid=pid: "admitted" in line and line["pid"] != pid, timeout=90)
             assert back["catch_up"] is not None, "the restarted replica should have caught up from a peer"
             pid = back["pid"]
             # The first line after start(): the loop's counter starts at ft.step, which is the members' next step.
-            first_step = a2.read_until(lambda line: "step" in line and line["t"] > back["t"])["step"]
+            first_step = a2.read_until(lambda line, back=back: "step" in line and line["t"] > back["t"])["step"]
             assert first_step == back["at"] + 1
             assert_in_step_after_rejoin(a2, (a0, a1), back["at"])
             _, r2 = status_of(client, "r2")

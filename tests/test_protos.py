@@ -13,4 +13,5 @@ def test_committed_stubs_are_current(tmp_path):
     for path in written:
         committed = ROOT / path.relative_to(tmp_path)
         assert committed.exists(), f"{committed} is missing: run python -m fthsdp.protos.generate"
-        assert filecmp.cmp(path, committed, shallow=False), f"{committed} is stale: run python -m fthsdp.protos.generate"
+        assert filecmp.cmp(path, committed, shallow=False), (
+            f"{committed} is stale: run python -m fthsdp.protos.generate")

@@ -10,8 +10,10 @@ from fthsdp.coordinator.quorum import Member, Quorum, decide, next_last_drop_id,
 from tests.quorum_cases import GRACE, NOW, RULES, Case, alive, awaited, check, quorum, silent, table
 
 CASES = [
-    Case("first quorum of a new job", None, table(alive("a", 0), alive("b", 0), alive("c", 0)), ("a", "b", "c"), "admitting a, b, c"),
-    Case("first quorum waits for min_replicas", None, table(alive("a", 0)), None, "need min_replicas 2", rules=dataclasses.replace(RULES, min_replicas=2)),
+    Case("first quorum of a new job", None, table(alive("a", 0), alive("b", 0), alive("c", 0)), ("a", "b", "c"),
+         "admitting a, b, c"),
+    Case("first quorum waits for min_replicas", None, table(alive("a", 0)), None, "need min_replicas 2",
+         rules=dataclasses.replace(RULES, min_replicas=2)),
     Case(
         "first quorum needs a majority of the live replicas up to date",
         None,
@@ -20,11 +22,13 @@ CASES = [
         "split-brain guard: only 1 of 4",
         catch_up={"b": "a", "c": "a", "d": "a"},
     ),
-    Case("fast path: every member healthy", quorum("a", "b", "c"), table(alive("a"), alive("b"), alive("c")), None, "quorum 7 unchanged"),
+    Case("fast path: every member healthy", quorum("a", "b", "c"), table(alive("a"), alive("b"), alive("c")), None,
+         "quorum 7 unchanged"),
     Case("member taken out as hung (no progress while others waited)", quorum("a", "b", "c"),
          table(alive("a"), alive("b"), alive("c", hung_at=NOW - 0.1, hung="hung: no progress at step 100")),
          ("a", "b"), "c (hung: no progress at step 100)"),
-    Case("member silent past the heartbeat timeout", quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")), ("a", "b"), "c (heartbeat timeout)"),
+    Case("member silent past the heartbeat timeout", quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")),
+         ("a", "b"), "c (heartbeat timeout)"),
     Case(
         "member whose watch stream closed",
         quorum("a", "b", "c"),
@@ -40,7 +44,8 @@ CASES = [
         "unchanged",
         rules=dataclasses.replace(RULES, disconnect_is_failure=False),
     ),
-    Case("half of two members silent: shrink at once", quorum("a", "b"), table(alive("a"), silent("b")), ("a",), "b (heartbeat timeout)"),
+    Case("half of two members silent: shrink at once", quorum("a", "b"), table(alive("a"), silent("b")), ("a",),
+         "b (heartbeat timeout)"),
     Case(
         "majority silent at once: split-brain guard waits",
         quorum("a", "b", "c"),
@@ -70,7 +75,8 @@ CASES = [
         "c (restarted)",
         catch_up={"c": "a"},
     ),
-    Case("draining member leaves", quorum("a", "b", "c"), table(alive("a"), alive("b"), alive("c", drain_requested=True)), ("a", "b"), "c (draining)"),
+    Case("draining member leaves", quorum("a", "b", "c"),
+         table(alive("a"), alive("b"), alive("c", drain_requested=True)), ("a", "b"), "c (draining)"),
     Case("member that left is forgotten", quorum("a", "b", "c"), table(alive("a"), alive("b")), ("a", "b"), "c (left)"),
     Case(
         "shrink below min_replicas: no quorum",
@@ -80,7 +86,8 @@ CASES = [
         "need min_replicas 2",
         rules=dataclasses.replace(RULES, min_replicas=2),
     ),
-    Case("joiner behind: assigned a source, not admitted", quorum("a", "b"), table(alive("a"), alive("b"), alive("d", 0)), None, "unchanged", catch_up={"d": "a"}),
+    Case("joiner behind: assigned a source, not admitted", quorum("a", "b"),
+         table(alive("a"), alive("b"), alive("d", 0)), None, "unchanged", catch_up={"d": "a"}),
     Case(
         "joiner level with the head by its replay: not admitted before it says ready, and keeps its source",
         quorum("a", "b"),
@@ -379,7 +386,8 @@ def test_next_last_drop_id(prev, members, expected) -> None:
 
 @pytest.mark.parametrize(
     "members, configured, expected",
-    [(0, 0.2, 0.2), (100, 0.2, 0.2), (1000, 0.2, 0.2), (3000, 0.2, 0.6), (10_000, 0.2, 2.0), (10_001, 0.2, 2.1), (10_000, 5.0, 5.0), (500, 0.0, 0.1)],
+    [(0, 0.2, 0.2), (100, 0.2, 0.2), (1000, 0.2, 0.2), (3000, 0.2, 0.6), (10_000, 0.2, 2.0), (10_001, 0.2, 2.1),
+     (10_000, 5.0, 5.0), (500, 0.0, 0.1)],
 )
 def test_settle_grows_with_the_quorum(members, configured, expected) -> None:
     assert settle_for(members, configured) == pytest.approx(expected)

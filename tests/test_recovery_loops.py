@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from tests.test_catchup import SLOW, assert_same_state_after_rejoin, cluster, members  # noqa: F401 - a fixture
+from tests.test_catchup import SLOW, assert_same_state_after_rejoin, members
 from tests.waiting import wait_until
 
 

@@ -35,10 +35,10 @@ def test_pieces_and_load_round_trip():
     ra, rb = RunningBuffers(a), RunningBuffers(b)
     section = torch.cat(ra.pieces(torch.float32, torch.device("cpu")))
     rb.load(section)
-    for (name, x), (_, y) in zip(ra.stats, rb.stats):
+    for (name, x), (_, y) in zip(ra.stats, rb.stats, strict=True):
         assert torch.equal(x, y), name
     rb.load_counts(ra.count_state())
-    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(ra.counts, rb.counts))
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(ra.counts, rb.counts, strict=True))
 
 
 def test_counts_of_another_model_are_refused():

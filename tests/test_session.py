@@ -76,7 +76,8 @@ def test_a_session_registers_is_admitted_and_heartbeats(coordinator):
     "first, message",
     [
         (pb.SessionRequest(heartbeat=pb.HeartbeatRequest(step=1)), "starts with a register request"),
-        (pb.SessionRequest(register=pb.RegisterRequest(job="default", replica_id="x", world_size=1)), "address is empty"),
+        (pb.SessionRequest(register=pb.RegisterRequest(job="default", replica_id="x", world_size=1)),
+         "address is empty"),
     ],
     ids=["heartbeat first", "bad registration"],
 )

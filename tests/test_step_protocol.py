@@ -11,30 +11,30 @@ from fthsdp.agent.training.ftar_decisions import Action
 from fthsdp.agent.training.step_protocol import COLLECTIVES, TERMINAL, Outcome, Phase, after
 from fthsdp.core.errors import FtarError
 
-P, O, A = Phase, Outcome, Action
+P, Out, A = Phase, Outcome, Action
 
 CASES = [
     # phase, outcome, action, next phase
-    (P.FIND_GROUP, O.IN_STEP, None, P.DATA),
-    (P.FIND_GROUP, O.NEW_GROUP, None, P.AGREE),
-    (P.DATA, O.COMPLETED, None, P.DONE),
-    (P.DATA, O.ABANDONED, None, P.FIND_GROUP),
-    (P.AGREE, O.ABANDONED, None, P.FIND_GROUP),
-    (P.AGREE, O.AGREED, A.IN_PHASE, P.FIND_GROUP),  # marked in step: FIND_GROUP then leads to DATA
-    (P.AGREE, O.AGREED, A.JOIN_IN_PHASE, P.FIND_GROUP),
-    (P.AGREE, O.AGREED, A.AGAIN, P.FIND_GROUP),
-    (P.AGREE, O.AGREED, A.NO_GRADIENT, P.NO_GRADIENT),
-    (P.AGREE, O.AGREED, A.REPLAY_TO_BEFORE_HEAD, P.CLOSE_GAP),
-    (P.AGREE, O.AGREED, A.FOLLOW_HEAL, P.FOLLOW_HEAL),
-    (P.AGREE, O.AGREED, A.TAKE_LAST, P.TAKE_LAST),
-    (P.AGREE, O.AGREED, A.SERVE_LAST, P.SERVE_LAST),
-    (P.CLOSE_GAP, O.ANSWERED, None, P.FIND_GROUP),
-    (P.FOLLOW_HEAL, O.COMPLETED, None, P.FIND_GROUP),
-    (P.FOLLOW_HEAL, O.ABANDONED, None, P.FIND_GROUP),
-    (P.TAKE_LAST, O.COMPLETED, None, P.DONE),
-    (P.TAKE_LAST, O.ABANDONED, None, P.FIND_GROUP),
-    (P.SERVE_LAST, O.COMPLETED, None, P.FIND_GROUP),
-    (P.SERVE_LAST, O.ABANDONED, None, P.FIND_GROUP),
+    (P.FIND_GROUP, Out.IN_STEP, None, P.DATA),
+    (P.FIND_GROUP, Out.NEW_GROUP, None, P.AGREE),
+    (P.DATA, Out.COMPLETED, None, P.DONE),
+    (P.DATA, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.AGREE, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.AGREE, Out.AGREED, A.IN_PHASE, P.FIND_GROUP),  # marked in step: FIND_GROUP then leads to DATA
+    (P.AGREE, Out.AGREED, A.JOIN_IN_PHASE, P.FIND_GROUP),
+    (P.AGREE, Out.AGREED, A.AGAIN, P.FIND_GROUP),
+    (P.AGREE, Out.AGREED, A.NO_GRADIENT, P.NO_GRADIENT),
+    (P.AGREE, Out.AGREED, A.REPLAY_TO_BEFORE_HEAD, P.CLOSE_GAP),
+    (P.AGREE, Out.AGREED, A.FOLLOW_HEAL, P.FOLLOW_HEAL),
+    (P.AGREE, Out.AGREED, A.TAKE_LAST, P.TAKE_LAST),
+    (P.AGREE, Out.AGREED, A.SERVE_LAST, P.SERVE_LAST),
+    (P.CLOSE_GAP, Out.ANSWERED, None, P.FIND_GROUP),
+    (P.FOLLOW_HEAL, Out.COMPLETED, None, P.FIND_GROUP),
+    (P.FOLLOW_HEAL, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.TAKE_LAST, Out.COMPLETED, None, P.DONE),
+    (P.TAKE_LAST, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.SERVE_LAST, Out.COMPLETED, None, P.FIND_GROUP),
+    (P.SERVE_LAST, Out.ABANDONED, None, P.FIND_GROUP),
 ]
 
 
@@ -49,21 +49,22 @@ def test_every_other_outcome_is_an_internal_error():
         if phase in TERMINAL or (phase, outcome) in listed:
             continue
         with pytest.raises(FtarError, match="internal"):
-            after(phase, outcome, Action.AGAIN if outcome is O.AGREED else None)
+            after(phase, outcome, Action.AGAIN if outcome is Out.AGREED else None)
 
 
 def test_every_agree_action_has_a_way_on():
-    assert {after(P.AGREE, O.AGREED, a) for a in Action} <= set(Phase)
+    assert {after(P.AGREE, Out.AGREED, a) for a in Action} <= set(Phase)
 
 
 def test_an_abandoned_collective_always_goes_back_to_the_newest_group():
     for phase in COLLECTIVES:
-        assert after(phase, O.ABANDONED) is P.FIND_GROUP
+        assert after(phase, Out.ABANDONED) is P.FIND_GROUP
 
 
 def test_only_a_sum_or_no_gradient_ends_the_step():
     ends = {(p, o, a) for p, o, a, nxt in CASES if nxt in TERMINAL}
-    assert ends == {(P.DATA, O.COMPLETED, None), (P.TAKE_LAST, O.COMPLETED, None), (P.AGREE, O.AGREED, A.NO_GRADIENT)}
+    assert ends == {(P.DATA, Out.COMPLETED, None), (P.TAKE_LAST, Out.COMPLETED, None),
+                    (P.AGREE, Out.AGREED, A.NO_GRADIENT)}
 
 
 def test_random_walks_end_once_the_quorum_stops_changing():
@@ -80,16 +81,16 @@ def test_random_walks_end_once_the_quorum_stops_changing():
             assert n < settled_after + 12, "the walk does not end"
             stable = n > settled_after
             if phase is P.FIND_GROUP:
-                outcome, action = (O.IN_STEP if in_step else O.NEW_GROUP), None
+                outcome, action = (Out.IN_STEP if in_step else Out.NEW_GROUP), None
             elif phase in COLLECTIVES and not stable and rng.random() < 0.5:
-                outcome, action, in_step = O.ABANDONED, None, False
+                outcome, action, in_step = Out.ABANDONED, None, False
             elif phase is P.AGREE:
                 action = A.IN_PHASE if healed or stable else rng.choice([A.SERVE_LAST, A.AGAIN, A.IN_PHASE])
-                outcome, healed = O.AGREED, healed or action is A.SERVE_LAST
+                outcome, healed = Out.AGREED, healed or action is A.SERVE_LAST
                 in_step = action is A.IN_PHASE
             elif phase is P.CLOSE_GAP:
-                outcome, action = O.ANSWERED, None
+                outcome, action = Out.ANSWERED, None
             else:
-                outcome, action = O.COMPLETED, None
+                outcome, action = Out.COMPLETED, None
             phase = after(phase, outcome, action)
         assert phase is P.DONE

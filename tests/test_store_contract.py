@@ -4,7 +4,7 @@ plus the parsing of --store URLs."""
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -84,7 +84,8 @@ def test_cli_over_mutual_tls(tmp_path, certs):
 
 
 def test_coordinator_refuses_half_a_tls_configuration(tmp_path, certs):
-    one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--tls-ca", str(certs / "ca.pem")), 2, "needs --tls-cert")
+    one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--tls-ca", str(certs / "ca.pem")), 2,
+                   "needs --tls-cert")
     one_line_error(fthsdp("coordinator", "--bind", "127.0.0.1:0", "--tls-cert", str(certs / "server.pem"),
                           "--tls-key", str(tmp_path / "missing.key")), 2, "cannot read")
 

@@ -89,7 +89,8 @@ def test_an_unreachable_mark_survives_a_coordinator_restart_and_is_cleared_once_
         answer(first, "r2", [], ["r0", "r1"])
         await stuck_until(first, sessions, clock, "watching")  # r2 taken out: the incident is over
         assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
-        assert stored(store, "r2").unreachable.startswith("unreachable from r0, r1 over the data path"), stored(store, "r2")
+        assert stored(store, "r2").unreachable.startswith("unreachable from r0, r1 over the data path"), (
+            stored(store, "r2"))
         assert stored(store, "r0").unreachable == ""
 
         # A new coordinator on the same store (a restart): r2 is still cut.

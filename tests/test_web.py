@@ -23,10 +23,10 @@ from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.http_server import Request, Response, serve_http
 from fthsdp.coordinator.web import WebApp, checksum_summary, history_view
 from tests.processes import CoordinatorProcess, ReplicaProcess
+from tests.shared_fixtures import TOKEN
 from tests.test_metrics import hung_runtime, straggler_runtime
 from tests.waiting import wait_until
 
-TOKEN = "web-test-token-0123456789"
 FAST = ("--metrics-port", "0", "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s")
 
 
@@ -80,13 +80,6 @@ def settled(base: str, ids: list[str]) -> dict:
 
 
 @pytest.fixture
-def token_file(tmp_path: Path) -> str:
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    return str(path)
-
-
-@pytest.fixture
 def processes():
     """Stops whatever a test started, also when it fails."""
     started: list = []
@@ -100,7 +93,8 @@ def processes():
 def test_status_api_follows_replicas_and_the_quorum(tmp_path, processes):
     c = processes(CoordinatorProcess(tmp_path, *FAST).start())
     base = page_url(c)
-    replicas = [processes(ReplicaProcess(tmp_path, c.address, f"r{i}", "--step-period", "0.05").start()) for i in range(3)]
+    replicas = [processes(ReplicaProcess(tmp_path, c.address, f"r{i}", "--step-period", "0.05").start())
+                for i in range(3)]
     s = settled(base, ["r0", "r1", "r2"])
     assert s["leading"] and not s["follower"] and s["leader"] == c.address
     assert sorted(states(s)) == ["r0", "r1", "r2"] and s["counts"] == {"healthy": 3} and s["total_replicas"] == 3
@@ -536,7 +530,8 @@ def test_the_page_shows_a_finished_job_and_why_a_replica_was_given_up(tmp_path):
 
     page = _Verdicts()
     page.feed(asyncio.run(render()))
-    assert page.finished.startswith("FINISHED at step 500") and "fthsdp reopen-job --job default --step 500" in page.finished
+    assert page.finished.startswith("FINISHED at step 500")
+    assert "fthsdp reopen-job --job default --step 500" in page.finished
     assert page.rows[("data-mismatch", "r2")] == (
         "CHECKSUM MISMATCH (2 in a row after catching up): r2's lr at step 160 was 0.0009, the members' 0.0002")
     assert page.rows[("data-gave-up", "r2")].startswith("GAVE UP (its agent does not restart it): gave up: r2's lr")

@@ -214,7 +214,8 @@ class ReplicatedSim:
     def _on_failure(self, now: float) -> None:
         self.failures += 1
         r = self.rng.choice(self.replicas)
-        if r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None and r.down_since is None:
+        if (r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None
+                and r.down_since is None):
             r.down_since = now
             r.token += 1
             live = self.costs.live_hang_share  # no draw at 0 or 1: the default runs stay as they were

@@ -49,7 +49,7 @@ class Measured:
     longest_step_ratio: float = 1.72
     """Longest members' step during any catch-up / steady (catchup.py)."""
     step_vs_ddp: float = 1.023
-    """fthsdp's step / torch DDP's, examples/gpt on 2 replicas (step_time.py)."""
+    """fthsdp's step / torch DDP's, fthsdp.examples.gpt on 2 replicas (step_time.py)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -288,10 +288,11 @@ def input_rows(replicas: int, w: Workload = Workload(), m: Measured = Measured()
         ("share of hangs in a live loop (heartbeats go on)", f"{w.live_hang_share:.0%}",
          "assumed (no source splits stopped nodes from live loops)"),
         ("live loop hung: survivors' stall", f"{c.live_hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s",
-         f"hang limit max({w.hang_floor_s:g} s, {w.hang_multiple:g} x {w.step_s:g} s step) + 2 x {w.heartbeat_interval_s:g} s "
-         "heartbeat (failover.py, loop hung: the limit + 0.2-0.8 s at 0.2 s)"),
+         f"hang limit max({w.hang_floor_s:g} s, {w.hang_multiple:g} x {w.step_s:g} s step) "
+         f"+ 2 x {w.heartbeat_interval_s:g} s heartbeat (failover.py, loop hung: the limit + 0.2-0.8 s at 0.2 s)"),
         (f"failure -> all survivors told, {replicas} replicas", f"{m.fanout_s(replicas) * 1000:.0f} ms",
-         f"coordinator_scale.py: {m.fanout_100_s * 1000:.0f} ms @100, {m.fanout_1000_s * 1000:.0f} ms @1,000; power law"),
+         f"coordinator_scale.py: {m.fanout_100_s * 1000:.0f} ms @100, {m.fanout_1000_s * 1000:.0f} ms @1,000; "
+         "power law"),
         ("FTAR retry: redo the step's all-reduce", f"{allreduce_s(w, replicas):.2f} s",
          f"{w.grad_per_gpu / GB:.1f} GB bf16 grad shard per GPU, ring, {w.nic_gbps:g} Gb/s"),
         ("communicator rebuild on a shrink (extra)", f"{w.comm_rebuild_s:g} s", "not measured on GPU"),
@@ -301,7 +302,8 @@ def input_rows(replicas: int, w: Workload = Workload(), m: Measured = Measured()
          f"at {(w.serve_gbps or w.nic_gbps):g} Gb/s x {m.catchup_efficiency:.2f} (catchup.py ratio to raw socket)"),
         ("steps replayed / step time", f"{m.steps_replayed} / {w.step_s:g} s", "catchup.py / assumed (Llama 3 405B)"),
         ("failure -> replacement registers", f"{w.replacement_s / MIN:g} min", "assumed (not measured)"),
-        ("members' stall while serving a joiner", f"{c.serve_stall_s:.2f} s", "the transfer + log, as if not overlapped"),
+        ("members' stall while serving a joiner", f"{c.serve_stall_s:.2f} s",
+         "the transfer + log, as if not overlapped"),
         ("members' admission step", f"{c.admission_stall_s:.2f} s extra",
          f"catchup.py: worst admission step {m.admission_step_ratio:g}x steady"),
         ("steady cost: un-overlapped all-reduce", f"+{(c.steady_factor - 1):.1%} step time",

@@ -20,6 +20,8 @@ from benchmarks.goodput import inputs
 from benchmarks.goodput.engine import ReplicatedSim, RunResult, simulate_synchronous
 
 GPU_COUNTS = (1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 100_000, 131_072, 200_000)
+DEFAULT_WORKLOAD = inputs.Workload()
+"""The workload a cell simulates unless told another (immutable: one instance serves every call)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +81,7 @@ def run_cell(
     calibration: cal.Calibration,
     seed: int,
     failures: float,
-    workload: inputs.Workload = inputs.Workload(),
+    workload: inputs.Workload = DEFAULT_WORKLOAD,
     days: float | None = None,
     checkpoint_s: float = 0.0,
 ) -> Cell:

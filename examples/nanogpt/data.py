@@ -79,7 +79,7 @@ class BatchSource:
         self._shard: tuple[int, torch.Tensor] | None = None  # (epoch, window starts of this replica)
         self.shard(0, 1)
 
-    def shard(self, rank: int, world: int) -> "BatchSource":
+    def shard(self, rank: int, world: int) -> BatchSource:
         """Deal this replica's part: every ``world``-th window of each epoch, from the ``rank``-th."""
         if not 0 <= rank < world:
             raise ValueError(f"replica {rank} of {world}")

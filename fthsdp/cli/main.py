@@ -31,7 +31,8 @@ def _add_coordinator_parser(sub) -> None:
         help="run the coordinator (lighthouse) service",
         description="Run the coordinator: replica membership, the quorum, push to agents, status.",
     )
-    p.add_argument("--config", metavar="FILE", help="TOML file with a [coordinator] table (flags and FTHSDP_* win over it)")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML file with a [coordinator] table (flags and FTHSDP_* win over it)")
     add_flags(p, CoordinatorConfig)
     p.set_defaults(run=_run_coordinator)
 
@@ -59,7 +60,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         metavar="ADDR[,ADDR]",
         help="coordinator address(es) [env FTHSDP_COORDINATOR; default 127.0.0.1:29510]",
     )
-    p.add_argument("--job", default=None, help="job name [env FTHSDP_JOB]; may be omitted if the coordinator serves one job")
+    p.add_argument("--job", default=None,
+                   help="job name [env FTHSDP_JOB]; may be omitted if the coordinator serves one job")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="file holding the coordinator's bearer token [env FTHSDP_TOKEN_FILE]")
@@ -111,8 +113,10 @@ def _add_demo_parser(sub) -> None:
     )
     p.add_argument("--replicas", type=int, default=3, help="replica groups, one agent and rank each (default 3)")
     p.add_argument("--steps", type=int, default=100, help="steps every replica trains (default 100)")
-    p.add_argument("--fail-step", type=int, default=30, help="fail once the failing replica committed this step (default 30)")
-    p.add_argument("--fail-replica", type=int, default=-1, metavar="INDEX", help="which replica fails (default: the last)")
+    p.add_argument("--fail-step", type=int, default=30,
+                   help="fail once the failing replica committed this step (default 30)")
+    p.add_argument("--fail-replica", type=int, default=-1, metavar="INDEX",
+                   help="which replica fails (default: the last)")
     p.add_argument("--fail-mode", choices=("kill", "hang", "deadlock"), default="kill",
                    help="kill: SIGKILL its training process; hang: SIGSTOP it (found by the heartbeat timeout), "
                    "then SIGKILL it; deadlock: its training loop blocks after the backward pass, process and "
@@ -133,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_coordinator_parser(sub)
     _add_agent_parser(sub)
 
-    p = sub.add_parser("status", help="show the quorum and every replica", description="Show a job's quorum and replicas.")
+    p = sub.add_parser("status", help="show the quorum and every replica",
+                       description="Show a job's quorum and replicas.")
     _add_client_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=_run_status)
@@ -238,7 +243,8 @@ def _client(args: argparse.Namespace, env: Mapping[str, str]):
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     token = read_token_file(args.token_file or env.get("FTHSDP_TOKEN_FILE", ""))
-    tls = TlsFiles(*(getattr(args, f"tls_{n}") or env.get(f"FTHSDP_TLS_{n.upper()}", "") for n in ("ca", "cert", "key")))
+    tls = TlsFiles(*(getattr(args, f"tls_{n}") or env.get(f"FTHSDP_TLS_{n.upper()}", "")
+                     for n in ("ca", "cert", "key")))
     tls.check()
     client = CoordinatorClient(addresses, timeout=args.timeout, token=token, tls=tls)
     if hasattr(args, "admin_token_file"):  # an admin command

@@ -7,6 +7,7 @@ tests/test_docs.py fails when a block is stale.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -26,8 +27,13 @@ def render(text: str) -> str:
         if not pattern.search(text):
             raise ValueError(f"README has no <!-- config:{name} --> block")
         table = reference_markdown(cls, name)
-        text = pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
+        text = pattern.sub(functools.partial(_splice, table), text)
     return text
+
+
+def _splice(table: str, block: re.Match[str]) -> str:
+    """The config block ``block`` with ``table`` between its markers."""
+    return block.group(1) + table + block.group(2)
 
 
 def main() -> int:

@@ -6,10 +6,18 @@ same ``Quorum`` message is pushed to replicas and written to etcd.
 
 from __future__ import annotations
 
+from typing import overload
+
 from fthsdp.coordinator.quorum import Member, Quorum
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
+@overload
+def quorum_to_pb(q: Quorum) -> pb.Quorum: ...
+@overload
+def quorum_to_pb(q: None) -> None: ...
+@overload
+def quorum_to_pb(q: Quorum | None) -> pb.Quorum | None: ...
 def quorum_to_pb(q: Quorum | None) -> pb.Quorum | None:
     if q is None:
         return None

@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from fthsdp.coordinator.codec import decode
 from fthsdp.coordinator.keys import JobKeys
@@ -66,7 +67,12 @@ WRITE_EVERY = 1.0
 RETRY_AFTER = 5.0
 """Seconds before a failed write is tried again (the store is likely down)."""
 
-KEEP = object()
+
+class _Keep(enum.Enum):
+    KEEP = enum.auto()
+
+
+KEEP: Final = _Keep.KEEP
 """``CommittedRecord.write``: keep the finished mark as stored."""
 
 
@@ -99,6 +105,7 @@ class CommittedRecord:
         item = store.get(self.keys.committed)
         msg = decode(pb.CommittedStep, item.value, f"committed step of job {self.keys.job}") if item else None
         if msg is not None:
+            assert item is not None  # msg was decoded from it
             self.stored, self.revision, self.quorum_id = msg.step, item.revision, msg.quorum_id
             self.last_give_up = msg.last_give_up if msg.HasField("last_give_up") else None
             self.finished = msg.finished if msg.HasField("finished") else None
@@ -121,8 +128,8 @@ class CommittedRecord:
         # Down too: the state ended or was given up (the give-up writes its own).
         return step != self.stored and now - self.written_at >= WRITE_EVERY
 
-    def write(self, store: Store, step: int, quorum_id: int, unix_ms: int,
-              give_up: pb.GiveUp | None = None, finished: pb.JobFinished | None | object = KEEP) -> pb.CommittedStep | None:
+    def write(self, store: Store, step: int, quorum_id: int, unix_ms: int, give_up: pb.GiveUp | None = None,
+              finished: pb.JobFinished | None | _Keep = KEEP) -> pb.CommittedStep | None:
         """Store ``step`` (blocking: call in a thread), with the finished mark
         as it is unless ``finished`` is given (None clears it). Returns None
         on success, or what another coordinator wrote meanwhile (its
@@ -136,6 +143,7 @@ class CommittedRecord:
             msg.finished.CopyFrom(mark)
         result = store.compare_and_set(self.keys.committed, msg.SerializeToString(), self.revision)
         if result.succeeded:
+            assert result.current is not None  # what was just written
             self.stored, self.quorum_id, self.revision = step, quorum_id, result.current.revision
             self.last_give_up, self.finished = last, mark
             return None
@@ -240,8 +248,8 @@ async def reopen(record: CommittedRecord, store: Store, state: JobState, request
     if mark is None or mark.step != request.step:
         raise JobNotFinished(
             f"job {state.name!r} is not finished; nothing to reopen" if mark is None else
-            f"job {state.name!r} finished at step {mark.step}, not {request.step}; {reopen_hint(state.name, mark.step)} "
-            "if that is meant")
+            f"job {state.name!r} finished at step {mark.step}, not {request.step}; "
+            f"{reopen_hint(state.name, mark.step)} if that is meant")
     quorum_id = state.quorum.id if state.quorum else 0
     async with record.lock:
         theirs = await asyncio.to_thread(record.write, store, state.committed_step, quorum_id, int(wall() * 1000),

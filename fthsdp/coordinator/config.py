@@ -23,10 +23,12 @@ class CoordinatorConfig:
     """HOST:PORT to serve gRPC on; port 0 picks a free port."""
 
     advertise: str = ""
-    """HOST:PORT that clients should use to reach this coordinator (shown as the leader); empty: the bind address, with this host's name for a wildcard host."""
+    """HOST:PORT that clients should use to reach this coordinator (shown as the leader); empty: the bind address, with
+    this host's name for a wildcard host."""
 
     store: str = "memory"
-    """Where the quorum and membership live: 'memory' (embedded, one machine, lost on restart) or etcd://HOST:PORT[,HOST:PORT...]."""
+    """Where the quorum and membership live: 'memory' (embedded, one machine, lost on restart) or
+    etcd://HOST:PORT[,HOST:PORT...]."""
 
     store_prefix: str = "/fthsdp/v1"
     """Key prefix in the store; each job's keys are under PREFIX/jobs/JOB/."""
@@ -35,7 +37,8 @@ class CoordinatorConfig:
     """Deadline of one store operation."""
 
     job: tuple[str, ...] = dataclasses.field(default=("default",), metadata=LIST)
-    """Job names this coordinator serves (repeat the flag or separate with commas); several jobs can share one coordinator and one etcd."""
+    """Job names this coordinator serves (repeat the flag or separate with commas); several jobs can share one
+    coordinator and one etcd."""
 
     min_replicas: int = 1
     """Fewest replicas that may form a quorum."""
@@ -47,34 +50,47 @@ class CoordinatorConfig:
     """A replica silent this long is dropped from the next quorum."""
 
     heartbeat_budget: float = 5000.0
-    """Most heartbeats per second to ask for, every replica and rank together: with more senders than this times --heartbeat-interval, the interval (and --heartbeat-timeout in proportion) stretches to fit. A crash is noticed as fast either way (the replica's session stream closes, the agent reports); a hang takes longer. 0: no limit."""
+    """Most heartbeats per second to ask for, every replica and rank together: with more senders than this times
+    --heartbeat-interval, the interval (and --heartbeat-timeout in proportion) stretches to fit. A crash is noticed as
+    fast either way (the replica's session stream closes, the agent reports); a hang takes longer. 0: no limit."""
 
     join_timeout: float = dataclasses.field(default=10.0, metadata=DURATION)
-    """How long a ready joiner waits for other catching-up replicas so that they join together, and how long the split-brain guard waits before shrinking to a minority."""
+    """How long a ready joiner waits for other catching-up replicas so that they join together, and how long the
+    split-brain guard waits before shrinking to a minority."""
 
     join_settle: float = dataclasses.field(default=0.2, metadata=DURATION)
-    """Admit joiners once none has become ready for this long, so that replicas arriving in a burst (a job starting) join in a few membership changes rather than one each; capped by --join-timeout. A large quorum waits longer (0.2 ms per member: every change is pushed to every member; 2 s at 10,000). 0 admits at once in a small quorum."""
+    """Admit joiners once none has become ready for this long, so that replicas arriving in a burst (a job starting)
+    join in a few membership changes rather than one each; capped by --join-timeout. A large quorum waits longer (0.2 ms
+    per member: every change is pushed to every member; 2 s at 10,000). 0 admits at once in a small quorum."""
 
     disconnect_is_failure: bool = True
-    """Treat a replica whose session stream (or Watch stream) closes as failed at once (a killed process is detected in milliseconds instead of after the heartbeat timeout)."""
+    """Treat a replica whose session stream (or Watch stream) closes as failed at once (a killed process is detected in
+    milliseconds instead of after the heartbeat timeout)."""
 
     leader_ttl: float = dataclasses.field(default=3.0, metadata=DURATION)
-    """Lease on the leader's key in the store: several coordinators on one etcd elect one leader, and when it dies another takes over within about 4/3 of this."""
+    """Lease on the leader's key in the store: several coordinators on one etcd elect one leader, and when it dies
+    another takes over within about 4/3 of this."""
 
     hang_multiple: float = 5.0
-    """A member that makes no progress while others wait for it in the all-reduce for this many times the job's median step time is hung: it is taken out of the quorum and its agent ends and restarts it (fthsdp/coordinator/hang.py)."""
+    """A member that makes no progress while others wait for it in the all-reduce for this many times the job's median
+    step time is hung: it is taken out of the quorum and its agent ends and restarts it (fthsdp/coordinator/hang.py)."""
 
     hang_floor: float = dataclasses.field(default=10.0, metadata=DURATION)
-    """The hang limit is never shorter than this (a short step time must not turn a hiccup, a GC pause or a slow read into a restart)."""
+    """The hang limit is never shorter than this (a short step time must not turn a hiccup, a GC pause or a slow read
+    into a restart)."""
 
     hang_ceiling: float = dataclasses.field(default=300.0, metadata=DURATION)
-    """The hang limit is never longer than this; it is also the limit before any step time is known (the first step, with its compilation)."""
+    """The hang limit is never longer than this; it is also the limit before any step time is known (the first step,
+    with its compilation)."""
 
     section_timeout: float = dataclasses.field(default=1800.0, metadata=DURATION)
-    """The limit inside a section the training script marked as long (Manager.section: evaluation, a checkpoint) when the script gives none."""
+    """The limit inside a section the training script marked as long (Manager.section: evaluation, a checkpoint) when
+    the script gives none."""
 
     straggler_multiple: float = 0.0
-    """Straggler policy: take out and cordon a member whose compute time is this many times the other members' median for --straggler-steps steps, so that the job trains on without it until an operator replaces the node and uncordons it. 0: off (scores are still shown)."""
+    """Straggler policy: take out and cordon a member whose compute time is this many times the other members' median
+    for --straggler-steps steps, so that the job trains on without it until an operator replaces the node and uncordons
+    it. 0: off (scores are still shown)."""
 
     straggler_steps: int = 50
     """How many steps in a row a member must be that slow before the straggler policy takes it out."""
@@ -83,10 +99,14 @@ class CoordinatorConfig:
     """How often the quorum decision is re-evaluated when nothing else triggers it."""
 
     token_file: str = ""
-    """File holding the bearer token every client must present (gRPC metadata ``authorization: Bearer TOKEN``); calls without it get UNAUTHENTICATED and change nothing. The health service stays open for probes. Empty: no token."""
+    """File holding the bearer token every client must present (gRPC metadata ``authorization: Bearer TOKEN``); calls
+    without it get UNAUTHENTICATED and change nothing. The health service stays open for probes. Empty: no token."""
 
     admin_token_file: str = ""
-    """File holding the admin token: admin calls (drain, cordon, give-up-state, reopen-job, inject; the status page's drain) must then present it (gRPC metadata ``fthsdp-admin-token``; over HTTP as the bearer token) besides the --token-file token. Fault injection (`fthsdp inject`) is refused without one. Empty: admin calls need only the --token-file token, and fault injection is off."""
+    """File holding the admin token: admin calls (drain, cordon, give-up-state, reopen-job, inject; the status page's
+    drain) must then present it (gRPC metadata ``fthsdp-admin-token``; over HTTP as the bearer token) besides the
+    --token-file token. Fault injection (`fthsdp inject`) is refused without one. Empty: admin calls need only the
+    --token-file token, and fault injection is off."""
 
     tls_cert: str = ""
     """PEM certificate chain of this coordinator: serve gRPC over TLS only (with --tls-key). Empty: plain text."""
@@ -98,7 +118,10 @@ class CoordinatorConfig:
     """PEM CA bundle: require every client to present a certificate signed by it (mutual TLS). Needs --tls-cert."""
 
     metrics_port: int = -1
-    """Serve HTTP on the --bind host: the status page at http://HOST:PORT/, its JSON at /api/status and Prometheus metrics at /metrics, all read-only and open; the one admin action (POST /api/replicas/ID/drain) needs the --admin-token-file token if there is one, else the --token-file token, and is off without either. 0 picks a free port, which the start-up line prints; -1: off."""
+    """Serve HTTP on the --bind host: the status page at http://HOST:PORT/, its JSON at /api/status and Prometheus
+    metrics at /metrics, all read-only and open; the one admin action (POST /api/replicas/ID/drain) needs the
+    --admin-token-file token if there is one, else the --token-file token, and is off without either. 0 picks a free
+    port, which the start-up line prints; -1: off."""
 
     max_request_bytes: int = 65536
     """Larger requests are refused with INVALID_ARGUMENT."""
@@ -107,7 +130,8 @@ class CoordinatorConfig:
     """debug, info, warning or error."""
 
     log_format: str = "text"
-    """text (one human-readable line per event) or json (one JSON object per line: time, level, logger, message and the event's fields, e.g. quorum_id, members and reason of a quorum change)."""
+    """text (one human-readable line per event) or json (one JSON object per line: time, level, logger, message and the
+    event's fields, e.g. quorum_id, members and reason of a quorum change)."""
 
     def __post_init__(self) -> None:
         try:
@@ -135,7 +159,8 @@ class CoordinatorConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name):g}")
         if self.hang_floor > self.hang_ceiling:
-            raise ConfigError(f"--hang-floor ({self.hang_floor:g}s) must not exceed --hang-ceiling ({self.hang_ceiling:g}s)")
+            raise ConfigError(
+                f"--hang-floor ({self.hang_floor:g}s) must not exceed --hang-ceiling ({self.hang_ceiling:g}s)")
         if self.straggler_multiple != 0 and self.straggler_multiple <= 1:
             raise ConfigError(f"--straggler-multiple must be above 1 (0: off), got {self.straggler_multiple:g}")
         if self.straggler_steps < 1:
@@ -149,7 +174,8 @@ class CoordinatorConfig:
                 f"--heartbeat-timeout ({self.heartbeat_timeout:g}s)"
             )
         if not -1 <= self.metrics_port <= 65535:
-            raise ConfigError(f"--metrics-port must be a port number, 0 (any free port) or -1 (off), got {self.metrics_port}")
+            raise ConfigError(
+                f"--metrics-port must be a port number, 0 (any free port) or -1 (off), got {self.metrics_port}")
         if self.heartbeat_budget < 0:
             raise ConfigError(f"--heartbeat-budget must not be negative (0: no limit), got {self.heartbeat_budget:g}")
         if self.max_request_bytes < 1024:

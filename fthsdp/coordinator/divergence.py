@@ -79,7 +79,7 @@ def explain(replica_id: str, step: int, mine: str, theirs: str) -> str:
         return (f"{replica_id}'s optimizer at step {step} had {len(a)} param groups, the members' {len(b)}: "
                 "the replicas do not train the same loop")
     diffs = []
-    for index, (ga, gb) in enumerate(zip(a, b)):
+    for index, (ga, gb) in enumerate(zip(a, b, strict=True)):
         for key in sorted(set(ga) | set(gb)):
             va, vb = ga.get(key), gb.get(key)
             if va != vb:
@@ -89,7 +89,7 @@ def explain(replica_id: str, step: int, mine: str, theirs: str) -> str:
                 "that step agree (the optimizer's hyperparameters): the difference is in what is not recorded "
                 "(the loop changing the model, the optimizer or unregistered state outside the update: README, "
                 "the replay contract) or a fault")
-    parts = []
+    parts: list[str] = []
     for index, key, va, vb in diffs[:SHOWN]:
         name = key if len(a) == 1 else f"{key} (param group {index})"
         if not parts:

@@ -1,5 +1,6 @@
 """The coordinator's gauges, read from the job tables at scrape time, so
-they are never stale (fthsdp/coordinator/metrics.py renders them)."""
+they are never stale (fthsdp/coordinator/metrics.py gathers them into
+prometheus_client gauge families, one per name across jobs)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,24 @@ def job_gauges(jobs: Iterable, lag, now: float) -> Iterator[tuple[str, str, dict
     job entries), then the event loop's lag (fthsdp/coordinator/loop_lag.py)."""
     for job in jobs:
         name = job.state.name
-        yield "fthsdp_quorum_id", "The current quorum id, by job.", {"job": name}, job.quorum_pb.id if job.quorum_pb else 0
-        yield "fthsdp_epoch", "The job's takeover epoch (grows when a coordinator takes the job).", {"job": name}, job.epoch
-        yield ("fthsdp_committed_step", "The newest step any quorum member reported: the state the job must not lose, by job.",
+        yield ("fthsdp_quorum_id", "The current quorum id, by job.", {"job": name},
+               job.quorum_pb.id if job.quorum_pb else 0)
+        yield ("fthsdp_epoch", "The job's takeover epoch (grows when a coordinator takes the job).", {"job": name},
+               job.epoch)
+        yield ("fthsdp_committed_step",
+               "The newest step any quorum member reported: the state the job must not lose, by job.",
                {"job": name}, job.state.committed_step)
         yield ("fthsdp_state_lost_step", "The committed step that no live replica holds (no quorum until one returns "
                "or it is given up); 0: not lost, by job.", {"job": name}, job.state.state_lost_step)
-        yield ("fthsdp_heartbeat_interval_seconds", "The heartbeat interval replicas are told (stretched past --heartbeat-budget), by job.",
+        yield ("fthsdp_heartbeat_interval_seconds",
+               "The heartbeat interval replicas are told (stretched past --heartbeat-budget), by job.",
                {"job": name}, job.pacer.current.interval)
-        yield ("fthsdp_heartbeat_backlog_seconds", "How late the typical replica's heartbeats arrive (the median time since heard of, beyond one interval), by job.",
+        yield ("fthsdp_heartbeat_backlog_seconds",
+               "How late the typical replica's heartbeats arrive (the median time since heard of, "
+               "beyond one interval), by job.",
                {"job": name}, job.backlog)
-        yield ("fthsdp_heartbeat_timeout_seconds", "The heartbeat timeout in force: stretched with the interval, plus the event loop's recent lag, by job.",
+        yield ("fthsdp_heartbeat_timeout_seconds",
+               "The heartbeat timeout in force: stretched with the interval, plus the event loop's recent lag, by job.",
                {"job": name}, job.state.rules.heartbeat_timeout)
         counts = dict.fromkeys(pb.ReplicaState.keys()[1:], 0)
         watches = 0
@@ -35,7 +43,8 @@ def job_gauges(jobs: Iterable, lag, now: float) -> Iterator[tuple[str, str, dict
             yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n
         yield "fthsdp_watch_streams", "Open Watch streams of replicas, by job.", {"job": name}, watches
         yield from _progress_gauges(job.state)
-    yield ("fthsdp_event_loop_lag_seconds", "The coordinator's worst event-loop lag over the last heartbeat timeout: how late it runs when overloaded.",
+    yield ("fthsdp_event_loop_lag_seconds",
+           "The coordinator's worst event-loop lag over the last heartbeat timeout: how late it runs when overloaded.",
            {}, lag.worst(now))
 
 

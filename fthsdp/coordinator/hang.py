@@ -65,7 +65,7 @@ class HangRules:
 class Report:
     """One process's latest ``Progress``, as the coordinator received it."""
 
-    phase: int
+    phase: pb.Phase
     age: float
     """Seconds in ``phase`` when it was sent."""
     step: int
@@ -77,7 +77,7 @@ class Report:
     section_timeout: float = 0.0
 
     @classmethod
-    def of(cls, progress: pb.Progress, received: float) -> "Report":
+    def of(cls, progress: pb.Progress, received: float) -> Report:
         return cls(progress.phase, progress.phase_age_s, progress.step, received, progress.step_time_s,
                    progress.compute_time_s, progress.section, progress.section_timeout_s)
 
@@ -199,7 +199,8 @@ def find_hung(
             waited, own_limit = x.received - start, limit_for(x, limit, rules)
             if waited < own_limit or x.age < own_limit:
                 continue  # not waited for long enough, or it moved on to its phase lately: it makes progress
-            where = f"in section {x.section!r}" if x.phase == pb.PHASE_SECTION else PHASE_NAMES.get(x.phase, "somewhere")
+            where = (f"in section {x.section!r}" if x.phase == pb.PHASE_SECTION
+                     else PHASE_NAMES.get(x.phase, "somewhere"))
             rank_text = f" (rank {rank})" if rank else ""
             out[rid] = (
                 f"hung{rank_text}: no progress at step {x.step} ({where} for {x.age:.1f}s) while {wid} "
@@ -260,11 +261,13 @@ def straggler_scores(compute_times: Mapping[str, float]) -> dict[str, float]:
     if n < 2:
         return out
     times = [t for t, _ in known]
+
+    def without(i: int, j: int) -> float:  # the j-th smallest time other than the i-th
+        return times[j] if j < i else times[j + 1]
+
     for i, (t, rid) in enumerate(known):
-        def without(j: int) -> float:  # the j-th smallest of the others
-            return times[j] if j < i else times[j + 1]
         k = n - 1  # the others
-        others = without(k // 2) if k % 2 else (without(k // 2 - 1) + without(k // 2)) / 2
+        others = without(i, k // 2) if k % 2 else (without(i, k // 2 - 1) + without(i, k // 2)) / 2
         out[rid] = t / others if others > 0 else 0.0
     return out
 
@@ -281,6 +284,7 @@ def straggler_verdict(
     if step - since >= rules.straggler_steps:
         return since, (
             f"straggler: compute {score:.1f}x the other members' median for {step - since} steps "
-            f"(policy: {rules.straggler_multiple:g}x for {rules.straggler_steps}); cordoned until an operator uncordons it"
+            f"(policy: {rules.straggler_multiple:g}x for {rules.straggler_steps}); "
+            "cordoned until an operator uncordons it"
         )
     return since, ""

@@ -114,7 +114,7 @@ async def serve_http(handler: Handler, host: str, port: int) -> asyncio.base_eve
                 response = Response(500, b"internal error; see the coordinator's log\n")
             writer.write(encode_response(response, head_only))
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away or stalled: nothing to answer
         finally:
             writer.close()

@@ -69,7 +69,7 @@ class InjectionBook:
         self._pending: dict[str, list[pb.FaultInjection]] = {}
         self._last_id = 0
 
-    def inject(self, state: "JobState", request: pb.InjectRequest, peer: str, unix_ms: int) -> pb.FaultInjection:
+    def inject(self, state: JobState, request: pb.InjectRequest, peer: str, unix_ms: int) -> pb.FaultInjection:
         """Record an injection into ``request.replica_id``'s running
         incarnation; raises NotFound or NotInjectable (nothing recorded)."""
         rid = request.replica_id
@@ -114,7 +114,7 @@ class InjectionBook:
             self._pending.pop(replica_id, None)
         return pending
 
-    def add_to(self, event: pb.WatchEvent, state: "JobState", replica_id: str) -> None:
+    def add_to(self, event: pb.WatchEvent, state: JobState, replica_id: str) -> None:
         """Add what ``replica_id``'s current incarnation must carry out to its watch event."""
         if not replica_id or replica_id not in self._pending:
             return

@@ -16,7 +16,7 @@ import sys
 from fthsdp.coordinator import divergence, replica_status, silence, watch_events
 from fthsdp.coordinator.hang import HangRules
 from fthsdp.coordinator.progress import ProgressBook
-from fthsdp.coordinator.quorum import CatchUpSource, Decision, Quorum, Rules, decide, find_diverged
+from fthsdp.coordinator.quorum import CatchUpSource, Decision, Member, Quorum, Rules, decide, find_diverged
 from fthsdp.coordinator.reach_book import ReachBook
 from fthsdp.coordinator.replica_entry import ReplicaEntry, seed_entries
 from fthsdp.coordinator.status_view import finished_reason
@@ -31,11 +31,14 @@ log = logging.getLogger("fthsdp.coordinator")
 
 _AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP)
 
+DEFAULT_HANG_RULES = HangRules()
+"""The hang and straggler rules of a job made without any (frozen: one shared instance)."""
+
 
 class JobState:
     """Membership, heartbeats and the current quorum of one job."""
 
-    def __init__(self, name: str, rules: Rules, hang_rules: HangRules = HangRules()) -> None:
+    def __init__(self, name: str, rules: Rules, hang_rules: HangRules = DEFAULT_HANG_RULES) -> None:
         self.name = name
         self.rules = rules
         self.progress = ProgressBook(hang_rules)  # every process's progress; the hang verdicts
@@ -52,9 +55,9 @@ class JobState:
         self.quorum_revision = 0
         self.replicas: dict[str, ReplicaEntry] = {}
         self.catch_up: dict[str, CatchUpSource] = {}
-        self.agents: dict[str, tuple[int, int, str]] = {}
+        self.agents: dict[str, tuple[pb.AgentState, int, str]] = {}
         self.reason = "no decision yet"
-        self._members: dict[str, object] = {}
+        self._members: dict[str, Member] = {}
         """The current quorum's members by replica id."""
         self._ranks: dict[str, int] = {}
         """Each member's position in the current quorum: its rank in the FTAR group."""
@@ -236,16 +239,20 @@ class JobState:
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
         )
 
-    def _rank_ping(self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None) -> pb.HeartbeatResponse:
+    def _rank_ping(
+        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None
+    ) -> pb.HeartbeatResponse:
         entry = self.replicas.get(replica_id)
         if entry is None or entry.session_id is None:
             raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
         if shard_rank >= entry.world_size:
-            raise InvalidRequest(f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
+            raise InvalidRequest(
+                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
         entry.rank_heartbeats[shard_rank] = now
         if progress is not None:
             self.progress.report(replica_id, shard_rank, progress, now)
-        return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested)
+        return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0,
+                                    drain_requested=entry.drain_requested)
 
     def watch_opened(self, replica_id: str, session_id: str) -> None:
         entry = self._session(replica_id, session_id)
@@ -261,7 +268,9 @@ class JobState:
             entry.disconnected_at = now
             self.dirty = True
 
-    def leave(self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "", step: int = 0) -> bool:
+    def leave(
+        self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "", step: int = 0
+    ) -> bool:
         """End a session. Returns True if the replica is gone for good (its
         record should be deleted); a failed replica stays listed as failed.
         A reason "failed: ..." is a failure too (a training script that
@@ -283,7 +292,7 @@ class JobState:
         self.progress.forget(replica_id)
         return True
 
-    def agent_event(self, replica_id: str, state: int, restart_count: int, detail: str, now: float) -> bool:
+    def agent_event(self, replica_id: str, state: pb.AgentState, restart_count: int, detail: str, now: float) -> bool:
         """Record a node agent's transition. Returns True if it failed the
         replica (a rank died): its session ends at once, so the next decision
         drops it without waiting for heartbeats to lapse."""
@@ -359,7 +368,8 @@ class JobState:
         mine = entry.checksums.get(step)
         agreeing = {o: self.replicas[o].inputs.get(step, "") for o, h in reports.items()
                     if o not in diverged and h.get(step) not in (None, mine)}
-        why = divergence.explain(entry.replica_id, step, entry.inputs.get(step, ""), divergence.members_inputs(agreeing))
+        why = divergence.explain(entry.replica_id, step, entry.inputs.get(step, ""),
+                                 divergence.members_inputs(agreeing))
         entry.strikes, give_up = divergence.strike(entry.strikes, entry.caught_up)
         entry.mismatch = divergence.gave_up(why, entry.strikes) if give_up else why
         return pb.Divergence(reason=entry.mismatch, step=step, restart_count=entry.restart_count,
@@ -378,7 +388,8 @@ class JobState:
         stragglers to take out (the caller cordons them first), with why."""
         self.horizon_moved = False
         if self._unreachable:
-            self._unreachable &= {rid for rid in self._unreachable if rid in self.replicas and self.replicas[rid].unreachable}
+            self._unreachable &= {rid for rid in self._unreachable
+                                  if rid in self.replicas and self.replicas[rid].unreachable}
             marked = [rid for rid in sorted(self._unreachable) if self.replicas[rid].session_id is not None]
             self.horizon_moved = self.reach.reprobe(marked, list(self._members), self._addresses(), now)
         if self.quorum is None or not self.progress.due(now):
@@ -401,6 +412,7 @@ class JobState:
 
     def _resolve_stuck(self, live: list[str], now: float) -> None:
         """One step of a stuck collective's escalation: regroup, probe, take out (fthsdp/coordinator/stuck.py)."""
+        assert self.quorum is not None  # only check_progress calls it, with a quorum
         if len(live) < len(self._members):
             return  # a member is being taken out anyway: the next quorum redoes the step without it
         action = self.reach.look(self.progress.stuck, live, self.quorum.id, self.progress.low_step(live),
@@ -431,7 +443,8 @@ class JobState:
         if entry is None or entry.session_id is None:
             raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}")
         if shard_rank >= entry.world_size:
-            raise InvalidRequest(f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
+            raise InvalidRequest(
+                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
         back = self.reach.answer(replica_id, shard_rank, probe_id, reached, unreached, entry.world_size)
         if back is None or not entry.unreachable:
             return False
@@ -570,7 +583,8 @@ class JobState:
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
 
     def _notice_silent(self, quorum: Quorum) -> None:
-        """Members dropped for silence alone, their session open: their agents must end them (fthsdp/coordinator/silence.py)."""
+        """Members dropped for silence alone, their session open: their agents must end them
+        (fthsdp/coordinator/silence.py)."""
         noticed = silence.dropped_members(self.replicas, self._members, set(quorum.member_ids), quorum.id,
                                           self.rules.heartbeat_timeout)
         for rid, why in noticed.items():

@@ -75,6 +75,6 @@ def progress_lines(view: dict) -> list[str]:
         score = f"{r['straggler_score']:.1f}x" if r["straggler_score"] else "-"
         rows.append((r["id"], r["phase"] or "-", _seconds(r["phase_age_s"], 1), _seconds(r["step_time_s"]), score))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines += [f"{r['id']} taken out: {r['hang_reason']}" for r in replicas if r["hang_reason"]]
     return lines

@@ -229,7 +229,9 @@ class Decision:
         return self.members is not None
 
 
-def lost_at(r: ReplicaView, now: float, rules: Rules, others_back_at: float | None = None) -> tuple[float, str, bool] | None:
+def lost_at(
+    r: ReplicaView, now: float, rules: Rules, others_back_at: float | None = None
+) -> tuple[float, str, bool] | None:
     """When and why a replica was lost, or None while it is alive.
 
     The third element says whether the loss was explicit (a report, a restart)
@@ -275,7 +277,7 @@ class Awaited:
     last_back: float = 0.0
 
     @classmethod
-    def of(cls, prev: Quorum | None, replicas: Mapping[str, ReplicaView]) -> "Awaited":
+    def of(cls, prev: Quorum | None, replicas: Mapping[str, ReplicaView]) -> Awaited:
         members = prev.member_ids if prev is not None else ()
         ids = frozenset(i for i in members if (r := replicas.get(i)) is not None and r.reconnect_by is not None
                         and r.failed_at is None)
@@ -356,7 +358,8 @@ def decide(
                 if not (alive[i].cordoned or alive[i].diverged or alive[i].unreachable) and alive[i].beating]
     # Members a restarted coordinator presumes alive report no step: no vouching for a fresh one.
     up_to = head if ended else max(head, committed_step)
-    ready = [i for i in eligible if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
+    ready = [i for i in eligible
+             if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
     if guarded:
         ready = [i for i in ready if holds_state(alive[i], committed_step)]
     if any(i in alive for i in awaited.ids):
@@ -404,7 +407,8 @@ def decide(
         catch_up = _assign_sources(behind + joining, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending, catch_up)
         lost_step = committed_step if lost else 0
-        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended, regrouped)
+        return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended,
+                        regrouped)
 
     def state_lost() -> Decision:
         what = _remains(alive, committed_step)
@@ -426,6 +430,7 @@ def decide(
                 r = replicas.get(i)
                 loss = lost_at(r, now, rules, awaited.others_back_at(i)) if r is not None else (now, "left", True)
                 if loss is None:
+                    assert r is not None  # a replica without a view is lost ("left"), never None
                     why[i] = ("restarted" if r.restarted else "checksum mismatch" if r.diverged
                               else r.unreachable if r.unreachable else "draining")
                     continue
@@ -452,7 +457,8 @@ def decide(
         # Only growth from here on.
         candidates = staying + ready
         if len(candidates) < rules.min_replicas:
-            return result(None, f"no quorum: {len(candidates)} healthy replicas, need min_replicas {rules.min_replicas}.")
+            return result(None,
+                          f"no quorum: {len(candidates)} healthy replicas, need min_replicas {rules.min_replicas}.")
         return _grow_or_wait(result, candidates, ready, pending, alive, now, rules)
 
     # No quorum yet (a new job, or a job whose quorum record is gone).

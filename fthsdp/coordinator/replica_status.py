@@ -16,15 +16,21 @@ class JobView(Protocol):
     """What the status of a job's replicas is read from (a ``JobState``)."""
 
     rules: Rules
-    replicas: Mapping[str, ReplicaEntry]
-    catch_up: Mapping[str, CatchUpSource]
-    agents: Mapping[str, tuple[int, int, str]]
     progress: ProgressBook
+
+    @property
+    def replicas(self) -> Mapping[str, ReplicaEntry]: ...
+
+    @property
+    def catch_up(self) -> Mapping[str, CatchUpSource]: ...
+
+    @property
+    def agents(self) -> Mapping[str, tuple[pb.AgentState, int, str]]: ...
 
     def is_member(self, replica_id: str) -> bool: ...
 
 
-def state_of(job: JobView, entry: ReplicaEntry, now: float) -> int:
+def state_of(job: JobView, entry: ReplicaEntry, now: float) -> pb.ReplicaState:
     if lost_at(entry.view(), now, job.rules) is not None:
         return pb.REPLICA_STATE_FAILED
     if entry.drain_requested:
@@ -41,7 +47,7 @@ def statuses(job: JobView, now: float) -> list[pb.ReplicaStatus]:
     for rid in sorted(job.replicas):
         e = job.replicas[rid]
         source = job.catch_up.get(rid)
-        agent_state, restarts, agent_detail = job.agents.get(rid, (0, 0, ""))
+        agent_state, restarts, agent_detail = job.agents.get(rid, (pb.AGENT_STATE_UNSPECIFIED, 0, ""))
         status = pb.ReplicaStatus(
             replica_id=rid,
             state=state_of(job, e, now),

@@ -182,7 +182,8 @@ class CoordinatorRuntime:
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
                 tuple(req.catch_up_addresses), req.restart_count,
             )
-        log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step, req.quorum_id)
+        log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step,
+                 req.quorum_id)
         if job.state.is_member(req.replica_id):
             self.wake()  # a restarted member must leave the quorum now
         # Anyone else is looked at on the next tick: a job starting registers
@@ -199,8 +200,8 @@ class CoordinatorRuntime:
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         job = self.job(req.job)
-        was_ready = job.state.replicas.get(req.replica_id)
-        was_ready = was_ready is not None and was_ready.ready_since is not None
+        entry = job.state.replicas.get(req.replica_id)
+        was_ready = entry is not None and entry.ready_since is not None
         recent = {c.step: c.checksum for c in req.recent_checksums}
         inputs = {c.step: c.inputs for c in req.recent_checksums if c.inputs}
         self.metrics.heartbeats.inc(job=job.state.name)
@@ -346,7 +347,8 @@ class CoordinatorRuntime:
             rec, expected = job.state.admin_record(replica_id, cordoned=cordoned, drain=drain)
             revision = await self._write_record(job, rec, expected)
             job.state.apply_record(rec, revision)
-        log.info("job %s: replica %s cordoned=%s drain=%s", job.state.name, replica_id, rec.cordoned, rec.drain_requested)
+        log.info("job %s: replica %s cordoned=%s drain=%s", job.state.name, replica_id, rec.cordoned,
+                 rec.drain_requested)
         job.notify()
         self.wake()
 
@@ -375,7 +377,7 @@ class CoordinatorRuntime:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.config.tick_interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
             for job in self.jobs.values():
@@ -447,11 +449,13 @@ class CoordinatorRuntime:
             if quorum is not None:
                 job.set_quorum(quorum_to_pb(quorum))
                 self.metrics.quorum_changes.inc(job=job.state.name)
+                assert job.change_since is not None  # set above when the change began (under the job's lock)
                 self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
                 job.change_since = None
                 job.remember(quorum)
                 log.info(
-                    "job %s: quorum %d members=[%s]: %s", job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
+                    "job %s: quorum %d members=[%s]: %s",
+                    job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
                     extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
                            "reason": quorum.reason, "event": "quorum_change"},
                 )

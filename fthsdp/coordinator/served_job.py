@@ -36,7 +36,8 @@ class ServedJob:
         """The current quorum and what watchers are sent (fthsdp/coordinator/watch_events.py)."""
         self.lock = asyncio.Lock()  # serialises this job's store writes
         self.backlog = 0.0
-        """How late the typical replica's heartbeats arrive (fthsdp/coordinator/loop_lag.py), measured every runtime.BACKLOG_EVERY."""
+        """How late the typical replica's heartbeats arrive (fthsdp/coordinator/loop_lag.py), measured every
+        runtime.BACKLOG_EVERY."""
         self.backlog_at = float("-inf")
         self.change_since: float | None = None
         """When a decision first said the membership must change (for the formation latency)."""

@@ -159,7 +159,8 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
                 web = WebApp(runtime, config, token)
                 metrics_server = await serve_http(web.handle, host.strip("[]"), config.metrics_port)
             except OSError as e:
-                raise ConfigError(f"cannot serve HTTP (metrics, status page) on port {config.metrics_port}: {e.strerror or e}") from e
+                raise ConfigError(f"cannot serve HTTP (metrics, status page) on port {config.metrics_port}: "
+                                  f"{e.strerror or e}") from e
             bound = metrics_server.sockets[0].getsockname()
             metrics_address = f"{host}:{bound[1]}"
     except BaseException:
@@ -180,6 +181,7 @@ def _serving(leading: bool):
 async def _lead(running: RunningCoordinator) -> None:
     """Follow until elected, then lead until the lease is lost."""
     leadership, runtime = running.leadership, running.runtime
+    assert leadership is not None  # serve() elects with one before it starts this task
     while not leadership.leading:
         await asyncio.sleep(leadership.ttl / 3)
         if not await leadership.try_once():

@@ -100,7 +100,7 @@ class _HandlerCapture:
         self.service, self.handlers = service, handlers
 
 
-def add_to_server(servicer: "CoordinatorServicer", server) -> None:
+def add_to_server(servicer: CoordinatorServicer, server) -> None:
     """Register the servicer like the generated helper, with lenient parsing."""
     capture = _HandlerCapture()
     pb_grpc.add_CoordinatorServicer_to_server(servicer, capture)

@@ -11,8 +11,10 @@ PAGE = r"""<!doctype html>
 <title>fthsdp coordinator</title>
 <style>
   :root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --muted: #57606a; --line: #d0d7de; }
-  body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1f2328; background: #f6f8fa; }
-  header { background: #24292f; color: #fff; padding: 10px 20px; display: flex; gap: 16px; align-items: baseline; flex-wrap: wrap; }
+  body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1f2328;
+         background: #f6f8fa; }
+  header { background: #24292f; color: #fff; padding: 10px 20px; display: flex; gap: 16px; align-items: baseline;
+           flex-wrap: wrap; }
   header h1 { font-size: 18px; margin: 0; }
   header .sub { color: #d0d7de; }
   main { padding: 16px 20px; max-width: 1400px; }
@@ -37,10 +39,12 @@ PAGE = r"""<!doctype html>
   td.num { font-variant-numeric: tabular-nums; }
   tr.mismatch td, tr.hung td { background: #ffebe9; }
   tr.hung-reason td { border-top: 0; padding-top: 0; }
-  .state { padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; background: var(--muted); }
+  .state { padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff;
+           background: var(--muted); }
   .state.healthy { background: var(--ok); } .state.failed { background: var(--bad); }
   .state.catching-up, .state.joining { background: var(--warn); } .state.draining { background: #8250df; }
-  .bar { display: inline-block; width: 90px; height: 8px; background: #eaeef2; border-radius: 4px; vertical-align: middle; margin-right: 6px; }
+  .bar { display: inline-block; width: 90px; height: 8px; background: #eaeef2; border-radius: 4px;
+         vertical-align: middle; margin-right: 6px; }
   .bar > span { display: block; height: 100%; background: var(--warn); border-radius: 4px; }
   .muted { color: var(--muted); }
   .bad { color: var(--bad); font-weight: 600; }
@@ -90,32 +94,40 @@ function el(tag, attrs, ...children) {
 }
 function replace(id, ...children) { document.getElementById(id).replaceChildren(...children); }
 function mib(bytes) { return (bytes / 1048576).toFixed(bytes < 10485760 ? 1 : 0) + " MiB"; }
-function ago(seconds) { return seconds == null ? "-" : seconds < 60 ? seconds.toFixed(1) + " s ago" : Math.round(seconds / 60) + " min ago"; }
+function ago(seconds) {
+  return seconds == null ? "-" : seconds < 60 ? seconds.toFixed(1) + " s ago" : Math.round(seconds / 60) + " min ago";
+}
 function secs(s, digits) { return s == null ? "-" : s.toFixed(s < 10 ? digits || 2 : 1) + " s"; }
 function clock(unix) { return unix ? new Date(unix * 1000).toLocaleTimeString() : "-"; }
 
 function card(label, value, cls) {
-  return el("div", {class: "card " + (cls || "")}, el("div", {class: "label", text: label}), el("div", {class: "value", text: value}));
+  return el("div", {class: "card " + (cls || "")}, el("div", {class: "label", text: label}),
+    el("div", {class: "value", text: value}));
 }
 
 function render(s) {
   latest = s;
   const where = document.getElementById("where");
-  where.replaceChildren("job " + s.job + " · leader " + (s.leader || "none") + (s.epoch ? " (epoch " + s.epoch + ")" : ""));
+  where.replaceChildren("job " + s.job + " · leader " + (s.leader || "none") +
+    (s.epoch ? " (epoch " + s.epoch + ")" : ""));
   if (s.jobs.length > 1) {  // one coordinator can serve several jobs: a link to each
     where.append(" · jobs:");
-    for (const job of s.jobs) where.append(" ", el("a", {href: "?job=" + encodeURIComponent(job), "data-job": job, text: job, style: "color:#fff"}));
+    for (const job of s.jobs) where.append(" ", el("a", {href: "?job=" + encodeURIComponent(job), "data-job": job,
+      text: job, style: "color:#fff"}));
   }
   const banners = [];
   if (s.follower) {
-    const banner = el("div", {class: "banner follower"}, "This coordinator follows " + (s.leader || "nobody yet") + ". ");
-    if (s.leader_page) banner.append(el("a", {href: s.leader_page + location.search, text: "Open the leader's status page"}));
+    const banner = el("div", {class: "banner follower"},
+      "This coordinator follows " + (s.leader || "nobody yet") + ". ");
+    if (s.leader_page) banner.append(el("a", {href: s.leader_page + location.search,
+      text: "Open the leader's status page"}));
     banners.push(banner);
   }
   if (s.state_lost_step) {  // the job waits for an operator: the first thing on the page
     banners.push(el("div", {class: "banner lost", id: "state-lost", "data-step": s.state_lost_step},
-      "STATE LOST at step " + s.state_lost_step + ": " + s.state_lost_reason + ". No quorum is formed until a replica " +
-      "holding it returns; ", el("code", {text: "fthsdp give-up-state --job " + s.job + " --step " + s.state_lost_step}),
+      "STATE LOST at step " + s.state_lost_step + ": " + s.state_lost_reason +
+      ". No quorum is formed until a replica holding it returns; ",
+      el("code", {text: "fthsdp give-up-state --job " + s.job + " --step " + s.state_lost_step}),
       " starts over."));
   }
   if (s.finished) {  // nothing trains until an operator reopens the job
@@ -140,7 +152,8 @@ function render(s) {
       el("div", {class: "value", text: verdict})));
   document.getElementById("decision").textContent = s.reason ? "decision: " + s.reason : "";
   document.getElementById("replicas-title").textContent = "Replicas" +
-    (s.total_replicas > s.replicas.length ? " (showing " + s.replicas.length + " of " + s.total_replicas + ", trouble first)" : "");
+    (s.total_replicas > s.replicas.length
+      ? " (showing " + s.replicas.length + " of " + s.total_replicas + ", trouble first)" : "");
 
   const rows = s.replicas.flatMap(r => {
     const mismatch = cs.mismatched[r.id];
@@ -159,7 +172,8 @@ function render(s) {
       ? el("button", {"data-drain": r.id, text: "drain"}) : "";
     const agent = r.agent_state ? r.agent_state + (r.restart_count ? " (" + r.restart_count + " restarts)" : "") : "-";
     const phase = r.phase ? r.phase + " " + secs(r.phase_age_s, 1) : "-";
-    const row = el("tr", {"data-replica": r.id, "data-state": r.state, class: (mismatch ? "mismatch " : "") + (r.hang_reason ? "hung" : "")},
+    const row = el("tr", {"data-replica": r.id, "data-state": r.state,
+                          class: (mismatch ? "mismatch " : "") + (r.hang_reason ? "hung" : "")},
       el("td", {}, el("code", {text: r.id}), r.cordoned ? el("span", {class: "muted", text: " cordoned"}) : ""),
       el("td", {}, el("span", {class: "state " + r.state, text: r.state})),
       el("td", {text: members.has(r.id) ? "yes" : "no"}),
@@ -179,9 +193,11 @@ function render(s) {
       el("td", {colspan: REPLICA_COLUMNS, class: "bad", text: text}));
     const out = [row];
     if (r.hang_reason) out.push(why("hung hung-reason", "data-hang", "TAKEN OUT: " + r.hang_reason));
-    if (r.unreachable) out.push(why("unreachable unreachable-reason", "data-unreachable", "KEPT OUT, WAITING: " + r.unreachable));
+    if (r.unreachable) out.push(why("unreachable unreachable-reason", "data-unreachable",
+      "KEPT OUT, WAITING: " + r.unreachable));
     if (r.mismatch_reason) out.push(why("mismatch mismatch-reason", "data-mismatch", "CHECKSUM MISMATCH" +
-      (r.mismatch_strikes ? " (" + r.mismatch_strikes + " in a row after catching up)" : "") + ": " + r.mismatch_reason));
+      (r.mismatch_strikes ? " (" + r.mismatch_strikes + " in a row after catching up)" : "") + ": " +
+      r.mismatch_reason));
     if (r.agent_state === "gave-up" && r.agent_detail) out.push(why("hung gave-up", "data-gave-up",
       "GAVE UP (its agent does not restart it): " + r.agent_detail));
     return out;
@@ -195,7 +211,8 @@ function render(s) {
     el("td", {text: h.reason}))));
 
   // Quorum changes and injected faults (fthsdp inject), newest first.
-  const events = (s.events || []).map(e => el("li", {class: e.kind, "data-event": e.kind, "data-event-replica": e.replica || ""},
+  const events = (s.events || []).map(e => el("li",
+    {class: e.kind, "data-event": e.kind, "data-event-replica": e.replica || ""},
     el("span", {class: "muted", text: clock(e.time) + "  "}), e.text));
   replace("events", ...(events.length ? events : [el("li", {class: "muted", text: "none yet"})]));
 
@@ -230,7 +247,8 @@ document.getElementById("replicas").addEventListener("click", async (event) => {
   const response = await fetch("/api/replicas/" + encodeURIComponent(id) + "/drain" + job,
     {method: "POST", headers: token ? {Authorization: "Bearer " + token} : {}});
   const body = await response.json().catch(() => ({}));
-  document.getElementById("admin-result").textContent = response.ok ? body.message : "refused: " + (body.error || response.status);
+  document.getElementById("admin-result").textContent =
+    response.ok ? body.message : "refused: " + (body.error || response.status);
 });
 refresh();
 </script>

@@ -158,14 +158,16 @@ def status_table(status: pb.StatusResponse) -> str:
                 progress = f", {done / 2**20:.0f}/{total / 2**20:.0f} MiB ({100 * done // total}%)"
             notes.append(f"from {r['catch_up_source']}{progress}")
         if r["agent_state"]:
-            notes.append(f"agent {r['agent_state']}" + (f", {r['restart_count']} restarts" if r["restart_count"] else ""))
-        rows.append((r["id"], r["state"], str(r["step"]), age, r["address"], str(r["world_size"]), checksum, ", ".join(notes)))
+            notes.append(f"agent {r['agent_state']}"
+                         + (f", {r['restart_count']} restarts" if r["restart_count"] else ""))
+        rows.append((r["id"], r["state"], str(r["step"]), age, r["address"], str(r["world_size"]), checksum,
+                     ", ".join(notes)))
     if len(rows) == 1:
         lines.append("no replicas registered")
         return "\n".join(lines + injection_lines(d["injections"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     lines += verdict_lines(d["replicas"])
     lines += injection_lines(d["injections"])
     return "\n".join(lines)

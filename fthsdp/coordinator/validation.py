@@ -92,7 +92,8 @@ def check_heartbeat(req) -> None:
     _non_negative("catch_up_total_bytes", req.catch_up_total_bytes)
     _short("state_checksum", req.state_checksum)
     if len(req.recent_checksums) > MAX_RECENT_CHECKSUMS:
-        raise InvalidRequest(f"recent_checksums has {len(req.recent_checksums)} entries; the limit is {MAX_RECENT_CHECKSUMS}")
+        raise InvalidRequest(
+            f"recent_checksums has {len(req.recent_checksums)} entries; the limit is {MAX_RECENT_CHECKSUMS}")
     for item in req.recent_checksums:
         _non_negative("recent_checksums.step", item.step)
         _short("recent_checksums.checksum", item.checksum)
@@ -137,16 +138,19 @@ def check_reach_report(req) -> None:
 
 def check_reopen(req) -> None:
     if req.step <= 0:
-        raise InvalidRequest(f"step must be the step the job finished at (StatusResponse.finished.step), got {req.step}")
+        raise InvalidRequest(
+            f"step must be the step the job finished at (StatusResponse.finished.step), got {req.step}")
     _short("requested_by", req.requested_by)
 
 
 def check_give_up(req) -> None:
     if req.step <= 0:
-        raise InvalidRequest(f"step must be the step whose state is lost (StatusResponse.state_lost_step), got {req.step}")
+        raise InvalidRequest(
+            f"step must be the step whose state is lost (StatusResponse.state_lost_step), got {req.step}")
     _short("requested_by", req.requested_by)
     if req.resume_step:
-        raise InvalidRequest("resume_step (resuming from a checkpoint) is not implemented yet; leave it 0 to start over")
+        raise InvalidRequest(
+            "resume_step (resuming from a checkpoint) is not implemented yet; leave it 0 to start over")
 
 
 MAX_SLOW_SECONDS = 3600.0
@@ -167,4 +171,5 @@ def check_inject(req) -> None:
         raise InvalidRequest(f"seconds (added to each step) must be above 0 and at most {MAX_SLOW_SECONDS:g}, "
                              f"got {req.seconds:g}")
     if not 0 < req.steps <= MAX_SLOW_STEPS:
-        raise InvalidRequest(f"steps (how many steps are slowed) must be between 1 and {MAX_SLOW_STEPS}, got {req.steps}")
+        raise InvalidRequest(
+            f"steps (how many steps are slowed) must be between 1 and {MAX_SLOW_STEPS}, got {req.steps}")

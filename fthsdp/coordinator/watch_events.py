@@ -36,11 +36,16 @@ class WatcherView(Protocol):
     state_lost_step: int
     hang_horizon: float
     finished: pb.JobFinished | None
-    replicas: Mapping[str, ReplicaEntry]
-    catch_up: Mapping[str, CatchUpSource]
     reach: ReachBook
 
+    @property
+    def replicas(self) -> Mapping[str, ReplicaEntry]: ...
+
+    @property
+    def catch_up(self) -> Mapping[str, CatchUpSource]: ...
+
     def rank_of(self, replica_id: str) -> int | None: ...
+
 
 FULL, HEADER, SAME, DELTA = "full", "header", "same", "delta"
 
@@ -66,15 +71,18 @@ class WatchEvents:
         """Adopt ``quorum`` as the current one and serialize what watchers get."""
         previous, self.quorum = self.quorum, quorum
         self.header = quorum_delta.without_members(quorum) if quorum is not None else None
-        changed = quorum is not None and previous is not None and previous.id != quorum.id
-        self.delta = quorum_delta.diff(previous, quorum) if changed else None
+        if quorum is not None and previous is not None and previous.id != quorum.id:  # a new quorum
+            self.delta = quorum_delta.diff(previous, quorum)
+        else:
+            self.delta = None
         header = self.header
         self._shared = {
             FULL: pb.WatchEvent(quorum=quorum).SerializeToString() if quorum is not None else b"",
             HEADER: pb.WatchEvent(quorum=header).SerializeToString() if header is not None else b"",
             SAME: pb.WatchEvent(quorum=header, delta=pb.QuorumDelta(base_id=header.id)).SerializeToString()
             if header is not None else b"",
-            DELTA: pb.WatchEvent(quorum=header, delta=self.delta).SerializeToString() if self.delta is not None else b"",
+            DELTA: pb.WatchEvent(quorum=header, delta=self.delta).SerializeToString()
+            if self.delta is not None else b"",
         }
         self._joined.clear()
 

@@ -67,14 +67,14 @@ def checksum_summary(replicas: list[dict]) -> dict:
             if ids is not majority:
                 for rid in ids:
                     flagged.setdefault(rid, step)
-    step = max(comparable, default=None)
+    compared = max(comparable, default=None)
     if flagged:
         verdict = "mismatch"
-    elif step is None:
+    elif compared is None:
         verdict = "unknown"
     else:
         verdict = "agree"
-    return {"verdict": verdict, "compared_step": step, "mismatched": dict(sorted(flagged.items()))}
+    return {"verdict": verdict, "compared_step": compared, "mismatched": dict(sorted(flagged.items()))}
 
 
 def history_view(history: Iterable[dict], limit: int = HISTORY_SHOWN, cache: dict | None = None) -> list[dict]:

@@ -20,7 +20,8 @@ def name_problem(kind: str, value: str, max_len: int) -> str | None:
     if len(value) > max_len:
         return f"{kind} is {len(value)} characters long; the limit is {max_len}"
     if not NAME_RE.match(value):
-        return f"{kind} {value!r} may contain only letters, digits, '.', '_' and '-', and must start with a letter or digit"
+        return (f"{kind} {value!r} may contain only letters, digits, '.', '_' and '-', "
+                "and must start with a letter or digit")
     return None
 
 

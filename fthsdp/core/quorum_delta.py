@@ -69,5 +69,6 @@ def resolve(held: pb.Quorum | None, event: pb.WatchEvent) -> pb.Quorum:
     full.CopyFrom(event.quorum)
     full.members.extend(members[rid] for rid in sorted(members))
     if len(full.members) != event.quorum.member_count:
-        raise StaleDelta(f"rebuilt {len(full.members)} members of quorum {full.id}, expected {event.quorum.member_count}")
+        raise StaleDelta(
+            f"rebuilt {len(full.members)} members of quorum {full.id}, expected {event.quorum.member_count}")
     return full

@@ -50,9 +50,11 @@ def parse_duration(text: str | float | int, name: str = "duration") -> float:
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring of every field of a dataclass, from its source."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    definition = tree.body[0]
+    assert isinstance(definition, ast.ClassDef), f"{cls!r} is not a class"
+    body = definition.body
     docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -85,6 +87,14 @@ def _kind(field: dataclasses.Field, cls: type) -> str:
     return "str"
 
 
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """The default of a settings field: its default, or what its factory makes."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    assert field.default_factory is not dataclasses.MISSING, f"setting {field.name} has no default"
+    return field.default_factory()
+
+
 def add_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """One flag per field; defaults are None so that only explicit flags win."""
     docs = field_docs(cls)
@@ -92,7 +102,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] 
         if field.name in skip:
             continue
         kind = _kind(field, cls)
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        default = _default(field)
         shown = ",".join(default) if isinstance(default, tuple) else default
         help_text = f"{docs.get(field.name, '')} [env {env_name(field.name)}; default {shown!s}]"
         help_text = help_text.replace("%", "%%")
@@ -187,7 +197,7 @@ def reference_markdown(cls: type, section: str) -> str:
         "|---|---|---|---|---|",
     ]
     for field in dataclasses.fields(cls):
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        default = _default(field)
         shown = ",".join(default) if isinstance(default, tuple) else default
         doc = docs.get(field.name, "").replace("\n", " ").replace("|", "\\|")
         lines.append(

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import os
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -28,8 +30,21 @@ from pathlib import Path
 from fthsdp.core.child_process import die_with_parent_prefix
 
 MARKER_ENV = "FTHSDP_DEMO_RUN"
-ROOT = Path(__file__).resolve().parents[2]
-"""The project root: children import the same code the demo runs."""
+IMPORT_ROOT = Path(__file__).resolve().parents[2]
+"""The folder holding the ``fthsdp`` package the demo runs: site-packages for
+an installed fthsdp, the repository for a checkout."""
+
+
+def _import_path() -> str:
+    """What the children need on PYTHONPATH to import the fthsdp the demo runs:
+    nothing when it is installed (in this interpreter's site-packages), else
+    its folder (a checkout, editable-installed or not), which then comes
+    before any other fthsdp installed in this environment."""
+    folders = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    installed = {Path(folder).resolve() for folder in folders}
+    return "" if IMPORT_ROOT in installed else str(IMPORT_ROOT)
 
 
 def marked_pids(marker: str, name: str = MARKER_ENV) -> list[int]:
@@ -51,9 +66,12 @@ def marked_pids(marker: str, name: str = MARKER_ENV) -> list[int]:
 
 def child_environment(base: Mapping[str, str], marker: str) -> dict[str, str]:
     """The environment of the demo's children: the user's, less any FTHSDP_*
-    setting (the demo is self-contained), plus the run's mark."""
+    setting (the demo is self-contained), plus the run's mark; run from a
+    checkout, its folder heads PYTHONPATH (not needed for an installed fthsdp)."""
     env = {k: v for k, v in base.items() if not k.startswith("FTHSDP_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (_import_path(), base.get("PYTHONPATH", "")) if p)
+    if path:
+        env["PYTHONPATH"] = path
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")  # the replicas share the machine's cores
     env[MARKER_ENV] = marker
@@ -61,17 +79,18 @@ def child_environment(base: Mapping[str, str], marker: str) -> dict[str, str]:
 
 
 class Child:
-    """One child process; its stdout lines go to ``on_line`` (from a reader
-    thread) and to ``NAME.out`` in the log folder, its stderr to ``NAME.log``."""
+    """One child process, run in ``cwd``; its stdout lines go to ``on_line``
+    (from a reader thread) and to ``NAME.out`` in the log folder, its stderr
+    to ``NAME.log``."""
 
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str], logdir: Path,
-                 on_line: Callable[[str, float], None], stops_first: bool) -> None:
+                 on_line: Callable[[str, float], None], stops_first: bool, cwd: Path | None = None) -> None:
         self.name = name
         self.stops_first = stops_first
         self.log_path = logdir / f"{name}.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*die_with_parent_prefix(), *argv], env=dict(env), cwd=ROOT, stdin=subprocess.DEVNULL,
+                [*die_with_parent_prefix(), *argv], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
             )
         self._reader = threading.Thread(target=self._read, args=(logdir / f"{name}.out", on_line),
@@ -79,6 +98,7 @@ class Child:
         self._reader.start()
 
     def _read(self, path: Path, on_line: Callable[[str, float], None]) -> None:
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         with open(path, "a") as copy:
             for line in self.proc.stdout:
                 copy.write(line)
@@ -99,10 +119,12 @@ class Child:
 
 
 class Children:
-    """Starts the demo's processes and stops every one of them, in order."""
+    """Starts the demo's processes (in ``cwd``: the demo's output folder; by
+    default the current directory) and stops every one of them, in order."""
 
-    def __init__(self, logdir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, logdir: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
         self.logdir = logdir
+        self.cwd = cwd
         self.marker = uuid.uuid4().hex
         self.env = child_environment(os.environ if env is None else env, self.marker)
         self.children: list[Child] = []
@@ -110,7 +132,7 @@ class Children:
     def start(self, name: str, argv: list[str], on_line: Callable[[str, float], None],
               stops_first: bool = False) -> Child:
         """Start ``argv``; ``stops_first`` children get SIGTERM before the others."""
-        child = Child(name, argv, self.env, self.logdir, on_line, stops_first)
+        child = Child(name, argv, self.env, self.logdir, on_line, stops_first, self.cwd)
         self.children.append(child)
         return child
 

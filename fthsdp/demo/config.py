@@ -35,7 +35,7 @@ class DemoConfig:
     catches up from a peer). hang: SIGSTOP it (the coordinator finds it silent
     after the heartbeat timeout), then SIGKILL it once the survivors went on
     without it, as a watchdog would. deadlock: its training loop blocks after
-    the backward pass (examples/gpt/train.py --fail-how deadlock), the process
+    the backward pass (fthsdp.examples.gpt.train --fail-how deadlock), the process
     and its heartbeat threads alive; the coordinator takes it out as hung once
     the others waited for it past the hang limit, and its agent ends it (after
     a stack dump into its log) and restarts it."""
@@ -53,7 +53,8 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.replicas < 2:
-            raise ConfigError(f"--replicas: the demo needs at least 2 replicas (one fails, one goes on), got {self.replicas}")
+            raise ConfigError(f"--replicas: the demo needs at least 2 replicas (one fails, one goes on), "
+                              f"got {self.replicas}")
         if self.replicas > 16:
             raise ConfigError(f"--replicas: at most 16 on one machine, got {self.replicas}")
         if self.fail_step < 1:
@@ -61,10 +62,12 @@ class DemoConfig:
         if self.steps < self.fail_step + STEPS_AFTER_FAILURE:
             raise ConfigError(
                 f"--steps {self.steps} leaves too little after --fail-step {self.fail_step}: the failed replica "
-                f"needs time to catch up before the others finish; give --steps {self.fail_step + STEPS_AFTER_FAILURE} or more"
+                f"needs time to catch up before the others finish; "
+                f"give --steps {self.fail_step + STEPS_AFTER_FAILURE} or more"
             )
         if not -1 <= self.fail_replica < self.replicas:
-            raise ConfigError(f"--fail-replica must be in [0, {self.replicas}) (or -1 for the last), got {self.fail_replica}")
+            raise ConfigError(f"--fail-replica must be in [0, {self.replicas}) (or -1 for the last), "
+                              f"got {self.fail_replica}")
         if self.fail_mode not in FAIL_MODES:
             raise ConfigError(f"--fail-mode must be kill, hang or deadlock, got {self.fail_mode!r}")
         if self.store not in ("memory", "etcd") and not self.store.startswith("etcd://"):

@@ -9,9 +9,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from fthsdp.demo.record import RankStart, Recorder, StepLine
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 PROGRESS_EVERY = 10
 """--no-live prints a replica's step and loss every this many steps."""
@@ -26,7 +29,7 @@ class PlainLog:
         self.out = out
         self._lock = threading.Lock()  # lines come from several threads: never two on one line
 
-    def __enter__(self) -> "PlainLog":
+    def __enter__(self) -> PlainLog:
         self.rec.listeners.append(self._on_record)
         return self
 
@@ -66,10 +69,10 @@ class LiveView:
         self.rec = rec
         self.steps = steps
         self.victim = victim
-        self._live = None
+        self._live: Live | None = None
         self._agent_states: dict[str, str] = {}
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         from rich.live import Live
 
         self._live = Live(get_renderable=self._render, refresh_per_second=4, redirect_stderr=False)

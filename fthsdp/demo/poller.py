@@ -38,7 +38,7 @@ class StatusPoller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-status-poller", daemon=True)
 
-    def start(self) -> "StatusPoller":
+    def start(self) -> StatusPoller:
         self._thread.start()
         return self
 
@@ -53,8 +53,7 @@ class StatusPoller:
                 status = self.client.status()
             except FthsdpError:
                 continue  # starting, or stopping: the next poll tells
-            self.rec.status(status, time.monotonic())
-            now = self.rec.latest()
+            now = self.rec.status(status, time.monotonic())
             for text in changes(before, now):
                 self.rec.event(text)
             before = now

@@ -70,7 +70,7 @@ class StatusSample:
     replicas: dict[str, ReplicaView]
 
     @classmethod
-    def from_status(cls, status, t: float) -> "StatusSample":
+    def from_status(cls, status, t: float) -> StatusSample:
         has_quorum = status.HasField("quorum")
         return cls(
             t=t,
@@ -154,11 +154,13 @@ class Recorder:
                 self.coordinator_address = text.split("listening on ")[1].split()[0]
                 self._changed.notify_all()
 
-    def status(self, status, t: float) -> None:
+    def status(self, status, t: float) -> StatusSample:
+        """Record a Status the coordinator answered at ``t``; returns its sample."""
         sample = StatusSample.from_status(status, t)
         with self._changed:
             self.samples.append(sample)
             self._changed.notify_all()
+        return sample
 
     def event(self, text: str) -> None:
         self._add("event", text)

@@ -9,9 +9,17 @@ id written where it changed.
 from __future__ import annotations
 
 import logging
+from itertools import pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from fthsdp.demo.record import Failure, Recorder
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+
+MarkStyle = Literal["--", ":"]
+"""The line styles of the failure's marks on the membership timeline."""
 
 COLOURS = {
     "member": "#2e7d32",
@@ -59,7 +67,7 @@ def _with_gaps(lines) -> tuple[list[int], list[float]]:
 def _runs(samples, replica: str) -> list[tuple[str, float, float]]:
     """(state, begin, end) for each stretch of polls with the same state."""
     runs: list[tuple[str, float, float]] = []
-    for sample, nxt in zip(samples, samples[1:]):
+    for sample, nxt in pairwise(samples):
         state = _row_state(sample, replica)
         if runs and runs[-1][0] == state:
             runs[-1] = (state, runs[-1][1], nxt.t)
@@ -88,7 +96,8 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
         ax_loss.plot(steps, losses, ".-", markersize=3, linewidth=1, label=replica, alpha=0.85)
     f = summary.get("failure") or {}
     if failure:
-        ax_loss.axvline(failure.step, color=COLOURS["failed"], linestyle="--", linewidth=1, label=f"{failure.replica} fails")
+        ax_loss.axvline(failure.step, color=COLOURS["failed"], linestyle="--", linewidth=1,
+                        label=f"{failure.replica} fails")
     if failure and f.get("first_step_trained_again"):
         ax_loss.axvspan(failure.step, f["first_step_trained_again"] - 1, color=COLOURS["failed"], alpha=0.12,
                         label=f"steps without {failure.replica}")
@@ -113,7 +122,7 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
             ax_time.text(sample.t - t0, len(rec.replica_ids) - 0.55 + 0.2 * (shown % 2), f" q{sample.quorum_id}",
                          fontsize=8, ha="left")
             previous, shown = sample.quorum_id, shown + 1
-    marks = []
+    marks: list[tuple[float, str, str, MarkStyle]] = []
     if failure:
         marks.append((failure.t, "failure", COLOURS["failed"], "--"))
         if f.get("time_to_detect_s") is not None:
@@ -122,13 +131,13 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
             marks.append((failure.t + f["time_to_rejoin_quorum_s"], "back in the quorum", COLOURS["member"], ":"))
         if f.get("time_to_recover_s") is not None:
             marks.append((failure.t + f["time_to_recover_s"], "training again", "#1565c0", ":"))
-    for t, label, colour, style in marks:
+    for t, _label, colour, style in marks:
         ax_time.axvline(t - t0, color=colour, linestyle=style, linewidth=1.5)
     ax_time.set_yticks(range(len(rec.replica_ids)), rec.replica_ids)
     ax_time.set_ylim(-0.5, len(rec.replica_ids) - 0.05)
     ax_time.set_xlabel("seconds since the demo started")
     ax_time.set_title("membership (coordinator status; q = quorum id)", fontsize=10)
-    handles = [Patch(color=COLOURS[s], label=LABELS[s]) for s in COLOURS if s in used]
+    handles: list[Artist] = [Patch(color=COLOURS[s], label=LABELS[s]) for s in COLOURS if s in used]
     handles += [plt.Line2D([], [], color=c, linestyle=st, label=label) for _, label, c, st in marks]
     if handles:  # none when the demo failed before the coordinator answered
         ax_time.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(6, len(handles)),

@@ -2,7 +2,7 @@
 
 1. A coordinator (embedded store, or a private etcd with ``--store etcd``).
 2. ``--replicas`` replica groups, each an ``fthsdp agent --standby`` running
-   ``examples/gpt/train.py`` (one rank on the CPU).
+   the example ``python -m fthsdp.examples.gpt.train`` (one rank on the CPU).
 3. Once the failing replica committed ``--fail-step``, its training process
    is SIGKILLed (``kill``) or SIGSTOPped (``hang``; SIGKILLed once the
    coordinator dropped it, as a watchdog would), or its training loop blocks
@@ -25,20 +25,25 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from fthsdp.core.errors import ConfigError
-from fthsdp.demo.children import ROOT, Children
+from fthsdp.demo.children import Child, Children
 from fthsdp.demo.config import DemoConfig
 from fthsdp.demo.live import LiveView, PlainLog
 from fthsdp.demo.poller import StatusPoller
-from fthsdp.demo.record import DemoFailed, Failure, Recorder
+from fthsdp.demo.record import DemoFailed, Failure, Recorder, StatusSample, StepLine
 from fthsdp.demo.report import write_report
 from fthsdp.demo.summary import summarize, summary_text
 
-TRAIN_SCRIPT = ROOT / "examples" / "gpt" / "train.py"
+if TYPE_CHECKING:
+    from fthsdp.client import CoordinatorClient
+
+TRAIN_MODULE = "fthsdp.examples.gpt.train"
+"""The example the replicas train, run as a module (shipped in the package)."""
 COORDINATOR_FLAGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s")
 """A hang is found after 2 s of silence (the default 5 s would only make the demo longer)."""
 DEADLOCK_FLAGS = ("--hang-floor", "2s", "--hang-multiple", "3")
@@ -61,18 +66,23 @@ SECONDS_PER_STEP_BOUND = 10.0
 
 
 def _check_prerequisites(live: bool) -> None:
-    if not TRAIN_SCRIPT.is_file():
-        raise ConfigError(f"the demo trains {TRAIN_SCRIPT}, which is missing: run it from a clone of the repository "
-                          "(pip install -e . there, or make demo)")
+    if not _importable(TRAIN_MODULE):
+        raise ConfigError(f"the demo trains the module {TRAIN_MODULE}, which is missing from this installation "
+                          "of fthsdp: reinstall it (pip install --force-reinstall 'fthsdp[demo]')")
     missing = [name for name in (("rich", "matplotlib") if live else ("matplotlib",)) if not _importable(name)]
     if missing:
         raise ConfigError(f"the demo needs {' and '.join(missing)}: pip install 'fthsdp[demo]'")
 
 
 def _importable(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it (only the
+    packages above it, for a dotted name)."""
     import importlib.util
 
-    return importlib.util.find_spec(name) is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a package above it is missing
+        return False
 
 
 def fresh_out_dir(out: str, cwd: Path) -> Path:
@@ -121,12 +131,12 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
     logdir = out_dir / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     rec = Recorder(config.replica_ids)
-    children = Children(logdir)
+    children = Children(logdir, cwd=out_dir.resolve())
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
 
-    say(f"fthsdp demo: {config.replicas} replicas of examples/gpt on the CPU, {config.steps} steps, "
+    say(f"fthsdp demo: {config.replicas} replicas of fthsdp.examples.gpt on the CPU, {config.steps} steps, "
         f"{config.fail_mode} of {config.victim} after step {config.fail_step}; output in {out_dir}/")
     failure = None
     error: DemoFailed | None = None
@@ -184,15 +194,36 @@ def _start_etcd():
     return server
 
 
+def _latest(rec: Recorder) -> StatusSample:
+    """The coordinator's latest status, asked for once a wait has seen one."""
+    sample = rec.latest()
+    if sample is None:
+        raise DemoFailed("no status from the coordinator yet")
+    return sample
+
+
+def _last_step(rec: Recorder, replica: str) -> StepLine:
+    """``replica``'s latest step, asked for once a wait has seen one."""
+    line = rec.last_step(replica)
+    if line is None:
+        raise DemoFailed(f"no step from {replica} yet")
+    return line
+
+
+def _rank_lines(rec: Recorder, replica: str) -> Callable[[str, float], None]:
+    """Where the stdout lines of ``replica``'s agent (its ranks' lines) go."""
+    return lambda text, t: rec.rank_line(replica, text, t)
+
+
 class _Scenario:
     def __init__(self, config: DemoConfig, children: Children, rec: Recorder, store: str) -> None:
         self.config = config
         self.children = children
         self.rec = rec
         self.store = store
-        self.agents: dict = {}
-        self.coordinator = None
-        self.client = None
+        self.agents: dict[str, Child] = {}
+        self.coordinator: Child | None = None
+        self.client: CoordinatorClient | None = None
         self.poller: StatusPoller | None = None
         self.failure: Failure | None = None
 
@@ -205,7 +236,8 @@ class _Scenario:
     def _check(self) -> None:
         """Ends a wait early when a process the scenario needs has died."""
         if self.coordinator is not None and self.coordinator.proc.poll() is not None:
-            raise DemoFailed(f"the coordinator exited ({self.coordinator.proc.returncode}):\n{self.coordinator.log_tail()}")
+            raise DemoFailed(f"the coordinator exited ({self.coordinator.proc.returncode}):\n"
+                             f"{self.coordinator.log_tail()}")
         for replica, agent in self.agents.items():
             code = agent.proc.poll()
             if code not in (None, 0):
@@ -232,16 +264,16 @@ class _Scenario:
             self.agents[replica] = self.children.start(replica, Children.python(
                 "fthsdp", "agent", "--coordinator", address, "--replica-id", replica,
                 "--num-replicas", str(cfg.replicas), *AGENT_FLAGS,
-                "--", sys.executable, str(TRAIN_SCRIPT), "--steps", str(cfg.steps), "--log-every", "1",
+                "--", sys.executable, "-m", TRAIN_MODULE, "--steps", str(cfg.steps), "--log-every", "1",
                 *(deadlock if cfg.fail_mode == "deadlock" and replica == cfg.victim else ()),
-            ), on_line=lambda text, t, r=replica: rec.rank_line(r, text, t), stops_first=True)
-        rec.event(f"started {cfg.replicas} agents, each training examples/gpt/train.py")
+            ), on_line=_rank_lines(rec, replica), stops_first=True)
+        rec.event(f"started {cfg.replicas} agents, each training {TRAIN_MODULE}")
 
     def play(self) -> Failure:
         cfg, rec = self.config, self.rec
         victim = cfg.victim
         ids = set(cfg.replica_ids)
-        self._wait(lambda: rec.latest() and set(rec.latest().members) == ids and all(rec.starts[r] for r in ids),
+        self._wait(lambda: (s := rec.latest()) and set(s.members) == ids and all(rec.starts[r] for r in ids),
                    START_TIMEOUT, "the first quorum of every replica")
         if cfg.fail_mode == "deadlock":
             self.failure = failure = self._deadlocked(victim)
@@ -251,7 +283,7 @@ class _Scenario:
             self.failure = failure = self._inject(victim)
         self._wait(lambda: (s := rec.latest()) and s.quorum_id > failure.quorum_before and victim not in s.members,
                    RECOVERY_TIMEOUT, f"the coordinator dropping {victim}")
-        dropped = rec.latest()
+        dropped = _latest(rec)
         rec.event(f"the coordinator dropped {victim}: quorum {dropped.quorum_id} of {', '.join(dropped.members)}")
         if cfg.fail_mode == "hang":
             self._kill_hung(failure)
@@ -283,7 +315,7 @@ class _Scenario:
 
     def _inject(self, victim: str) -> Failure:
         rec = self.rec
-        start, step, quorum = rec.starts[victim][-1], rec.last_step(victim).step, rec.latest().quorum_id
+        start, step, quorum = rec.starts[victim][-1], _last_step(rec, victim).step, _latest(rec).quorum_id
         sig = signal.SIGKILL if self.config.fail_mode == "kill" else signal.SIGSTOP
         t, wall = time.monotonic(), time.time()
         os.kill(start.pid, sig)
@@ -298,7 +330,7 @@ class _Scenario:
         rec, cfg = self.rec, self.config
         line = self._wait(lambda: rec.failing.get(victim), cfg.fail_step * SECONDS_PER_STEP_BOUND,
                           f"{victim} deadlocking after step {cfg.fail_step}")
-        start, quorum = rec.starts[victim][-1], rec.latest().quorum_id
+        start, quorum = rec.starts[victim][-1], _latest(rec).quorum_id
         t = float(line["t"])
         failure = Failure(victim, "deadlock", start.pid, int(line["step"]), t, t + rec.wall_offset, quorum)
         rec.event(f"{victim}'s training loop (pid {start.pid}) deadlocked after the backward pass of step "

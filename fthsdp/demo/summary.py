@@ -25,6 +25,7 @@ Definitions (also in README and the JSON's ``definitions``):
 from __future__ import annotations
 
 import statistics
+from itertools import pairwise
 
 from fthsdp.demo.record import Failure, Recorder, StatusSample, short_reason
 
@@ -48,8 +49,9 @@ def _quorum_time(sample: StatusSample, wall_offset: float) -> float:
 
 def _effective_seconds(rec: Recorder, replica: str) -> float:
     """Seconds this replica spent training steps it committed one after the other."""
-    marks = sorted([(s.t, s.start_step) for s in rec.starts[replica]] + [(line.t, line.step) for line in rec.steps[replica]])
-    return sum(t - t_prev for (t_prev, step_prev), (t, step) in zip(marks, marks[1:]) if step == step_prev + 1)
+    marks = sorted([(s.t, s.start_step) for s in rec.starts[replica]]
+                   + [(line.t, line.step) for line in rec.steps[replica]])
+    return sum(t - t_prev for (t_prev, step_prev), (t, step) in pairwise(marks) if step == step_prev + 1)
 
 
 def summarize(rec: Recorder, failure: Failure | None, replicas: int, steps: int) -> dict:
@@ -126,13 +128,13 @@ def _failure_figures(rec: Recorder, failure: Failure) -> dict:
     intervals, during = [], []
     for r in survivors:
         lines = rec.steps[r]
-        for prev, line in zip(lines, lines[1:]):
+        for prev, line in pairwise(lines):
             intervals.append(line.t - prev.t)
             if trained and failure.t <= line.t and prev.t <= trained.t:
                 during.append(line.t - prev.t)
     fig["median_step_s"] = round(statistics.median(intervals), 3) if intervals else None
     fig["survivors_longest_step_during_recovery_s"] = round(max(during), 3) if during else None
-    gaps = sum(line.step - prev.step - 1 for r in survivors for prev, line in zip(rec.steps[r], rec.steps[r][1:]))
+    gaps = sum(line.step - prev.step - 1 for r in survivors for prev, line in pairwise(rec.steps[r]))
     fig["survivor_steps_skipped"] = gaps
     return fig
 
@@ -156,8 +158,8 @@ def summary_text(s: dict, out_dir: str) -> str:
         how = HOW.get(f["mode"], f["mode"])
         if f["detected"]:
             taken = " as hung" if f["mode"] == "deadlock" else ""
-            lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator took it out{taken}, forming "
-                         f"quorum {f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later "
+            lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator took it out{taken}, "
+                         f"forming quorum {f['quorum_without']} without it {f['time_to_detect_s'] * 1000:.0f} ms later "
                          f"({short_reason(f['detect_reason'])})")
         else:
             lines.append(f"  {f['replica']} was {how} after step {f['step']}; the coordinator never dropped it")
@@ -172,14 +174,16 @@ def summary_text(s: dict, out_dir: str) -> str:
             lines.append(f"  {ended or 'its agent restarted it'}; it caught up {source}({_mib(f['catch_up_bytes'])} "
                          f"snapshot{snap}, {replayed} step{'s' if replayed != 1 else ''} replayed)")
         if f["time_to_recover_s"] is not None:
-            lines.append(f"  back in quorum {f['quorum_rejoined']} {f['time_to_rejoin_quorum_s']:.1f} s after the failure, "
-                         f"training again from step {f['first_step_trained_again']}: time to recover {f['time_to_recover_s']:.1f} s")
+            lines.append(f"  back in quorum {f['quorum_rejoined']} {f['time_to_rejoin_quorum_s']:.1f} s after the "
+                         f"failure, training again from step {f['first_step_trained_again']}: time to recover "
+                         f"{f['time_to_recover_s']:.1f} s")
         else:
             lines.append("  it did not train with the others again")
         if f["median_step_s"] is not None:
             longest = f["survivors_longest_step_during_recovery_s"]
             lines.append(f"  the survivors went on: {f['survivor_steps_skipped']} steps skipped; median step "
-                         f"{f['median_step_s']:.2f} s" + (f", longest during the recovery {longest:.2f} s" if longest else ""))
+                         f"{f['median_step_s']:.2f} s"
+                         + (f", longest during the recovery {longest:.2f} s" if longest else ""))
     finals = s["final_steps"]
     if s["all_reached_final_step"]:
         lines.append(f"  every replica reached step {s['steps']}")

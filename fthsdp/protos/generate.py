@@ -39,7 +39,7 @@ def generate(out_dir: pathlib.Path = ROOT) -> list[pathlib.Path]:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
-    written = []
+    written: list[pathlib.Path] = []
     for proto in PROTO_FILES:
         stem = proto.removesuffix(".proto")
         written.extend(out_dir / f"{stem}{suffix}" for suffix in GENERATED_SUFFIXES)

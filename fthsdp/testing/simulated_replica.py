@@ -27,7 +27,8 @@ from fthsdp.core.credentials import read_token_file
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fthsdp.testing.simulated_replica", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fthsdp.testing.simulated_replica",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--coordinator", required=True, help="ADDR[,ADDR]")
     parser.add_argument("--job", default="")
     parser.add_argument("--replica-id", required=True)

@@ -51,7 +51,8 @@ class AgentConfig:
     """Settings of ``fthsdp agent``."""
 
     coordinator: str = "127.0.0.1:29510"
-    """Coordinator address(es), HOST:PORT[,HOST:PORT...], that agent events are reported to (and that ranks are told about)."""
+    """Coordinator address(es), HOST:PORT[,HOST:PORT...], that agent events are reported to (and that ranks are told
+    about)."""
 
     job: str = "default"
     """Name of the training job this replica group belongs to."""
@@ -60,7 +61,8 @@ class AgentConfig:
     """Name of this replica group (required), e.g. replica-3; unique within the job."""
 
     replica_rank: int = -1
-    """Index of this replica among --num-replicas, for data sharding; -1 (the default) takes the trailing digits of --replica-id (replica-3 -> 3), or 0 if it has none."""
+    """Index of this replica among --num-replicas, for data sharding; -1 (the default) takes the trailing digits of
+    --replica-id (replica-3 -> 3), or 0 if it has none."""
 
     num_replicas: int = 1
     """Nominal number of replica groups in the job, for data sharding."""
@@ -69,7 +71,8 @@ class AgentConfig:
     """Ranks to start on this node (usually one per GPU)."""
 
     nnodes: int = 1
-    """Nodes that the ranks of this replica group span; each runs one agent with the same --master-addr and --master-port."""
+    """Nodes that the ranks of this replica group span; each runs one agent with the same --master-addr and
+    --master-port."""
 
     node_rank: int = 0
     """Index of this node among --nnodes; RANK = node_rank * nproc + local rank."""
@@ -78,7 +81,8 @@ class AgentConfig:
     """Address of the replica group's rank 0 (torch.distributed's MASTER_ADDR)."""
 
     master_port: int = 0
-    """Port of the replica group's rendezvous store (MASTER_PORT); 0 picks a free port at every start (only with --nnodes 1)."""
+    """Port of the replica group's rendezvous store (MASTER_PORT); 0 picks a free port at every start (only with
+    --nnodes 1)."""
 
     backend: str = "gloo"
     """torch.distributed backend of the ranks: gloo or nccl (passed as FTHSDP_BACKEND)."""
@@ -87,13 +91,18 @@ class AgentConfig:
     """How often the whole group is restarted after a rank fails before the agent gives up."""
 
     restart_backoff: float = dataclasses.field(default=1.0, metadata=DURATION)
-    """Pause before restarting a group that failed within a minute of starting (a crash loop); doubles at every further such restart, up to 30s. A group that ran longer restarts at once."""
+    """Pause before restarting a group that failed within a minute of starting (a crash loop); doubles at every further
+    such restart, up to 30s. A group that ran longer restarts at once."""
 
     standby_delay: float = dataclasses.field(default=10.0, metadata=DURATION)
-    """With --standby: how long after a (re)start the next standby is started, so that its start-up does not take CPU from a group still catching up."""
+    """With --standby: how long after a (re)start the next standby is started, so that its start-up does not take CPU
+    from a group still catching up."""
 
     standby: bool = False
-    """Keep a warm standby of the rank command (started ahead with the next restart's environment, waiting inside Manager.from_env with torch imported and the model built) to replace a failed group without process start-up. What the script does before Manager.from_env runs ahead of time, and the model takes memory twice (on the GPU for a GPU model). Only with --nnodes 1."""
+    """Keep a warm standby of the rank command (started ahead with the next restart's environment, waiting inside
+    Manager.from_env with torch imported and the model built) to replace a failed group without process start-up. What
+    the script does before Manager.from_env runs ahead of time, and the model takes memory twice (on the GPU for a GPU
+    model). Only with --nnodes 1."""
 
     monitor_interval: float = dataclasses.field(default=0.1, metadata=DURATION)
     """How often the ranks are checked for exits."""
@@ -102,10 +111,12 @@ class AgentConfig:
     """How long ranks get to exit after SIGTERM before they are SIGKILLed."""
 
     hang_grace: float = dataclasses.field(default=5.0, metadata=DURATION)
-    """How long the ranks of a replica the coordinator took out as hung (fthsdp/coordinator/hang.py) get after SIGTERM before SIGKILL; their stack dumps are written as the notice arrives."""
+    """How long the ranks of a replica the coordinator took out as hung (fthsdp/coordinator/hang.py) get after SIGTERM
+    before SIGKILL; their stack dumps are written as the notice arrives."""
 
     token_file: str = ""
-    """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE) for their coordinator calls and catch-up transfers. Empty: no token."""
+    """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE)
+    for their coordinator calls and catch-up transfers. Empty: no token."""
 
     tls_ca: str = ""
     """Connect to the coordinator over TLS, trusting this PEM CA bundle (passed to the ranks as FTHSDP_TLS_CA)."""
@@ -120,7 +131,8 @@ class AgentConfig:
     """debug, info, warning or error."""
 
     log_format: str = "text"
-    """text or json (one JSON object per line: time, level, logger, message and the event's fields) for the agent's own log; the ranks' output passes through unchanged."""
+    """text or json (one JSON object per line: time, level, logger, message and the event's fields) for the agent's own
+    log; the ranks' output passes through unchanged."""
 
     @property
     def tls(self) -> TlsFiles:
@@ -163,7 +175,9 @@ class AgentConfig:
         if self.standby and self.nnodes > 1:
             raise ConfigError("--standby works only with --nnodes 1 (a standby group must be complete on one node)")
         if self.master_port == 0 and self.nnodes > 1:
-            raise ConfigError("--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port")
+            raise ConfigError(
+                "--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port"
+            )
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend must be gloo or nccl, got {self.backend!r}")
         if self.max_restarts < 0:
@@ -201,5 +215,7 @@ def rank_command(remainder: Sequence[str]) -> list[str]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise ConfigError("no rank command: give it after '--', e.g. fthsdp agent --replica-id replica-0 -- python train.py")
+        raise ConfigError(
+            "no rank command: give it after '--', e.g. fthsdp agent --replica-id replica-0 -- python train.py"
+        )
     return command

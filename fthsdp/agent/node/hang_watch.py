@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import grpc
 
@@ -32,6 +33,14 @@ from fthsdp.core.credentials import TlsFiles
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent")
+
+
+class _WatchStream(Protocol):
+    """A Watch call's stream of events (grpc ships no types)."""
+
+    def __iter__(self) -> Iterator[pb.WatchEvent]: ...
+
+    def cancel(self) -> bool: ...
 
 
 class HangWatch:
@@ -51,7 +60,7 @@ class HangWatch:
         """Whether the latest event gave the replica a place in the quorum (None: no event yet)."""
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._stream = None
+        self._stream: _WatchStream | None = None
         self._thread = threading.Thread(target=self._run, name="fthsdp-agent-hang-watch", daemon=True)
         self._thread.start()
 

@@ -56,7 +56,11 @@ def rank_environments(
         "FTHSDP_BACKEND": config.backend,
         "FTHSDP_RESTART_COUNT": str(restart_count),
         **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
-        **{f"FTHSDP_TLS_{n.upper()}": getattr(config, f"tls_{n}") for n in ("ca", "cert", "key") if getattr(config, f"tls_{n}")},
+        **{
+            f"FTHSDP_TLS_{n.upper()}": getattr(config, f"tls_{n}")
+            for n in ("ca", "cert", "key")
+            if getattr(config, f"tls_{n}")
+        },
     }
     return [
         {
@@ -133,7 +137,9 @@ def stop_ranks(ranks: Sequence[Rank], timeout: float, interval: float, sweep: bo
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
     for rank in ranks:
         if rank.poll() is None:
-            log.warning("local rank %d (pid %d) still running %gs after SIGTERM: SIGKILL", rank.local_rank, rank.pid, timeout)
+            log.warning(
+                "local rank %d (pid %d) still running %gs after SIGTERM: SIGKILL", rank.local_rank, rank.pid, timeout
+            )
             rank.signal_group(signal.SIGKILL)
         elif sweep:
             rank.signal_group(signal.SIGKILL)

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 from fthsdp.agent import outcome, standby
 from fthsdp.agent.injection import kill_ranks
@@ -292,7 +293,9 @@ class Supervisor:
                 self._start_ranks()
             except OSError as e:  # command not found, not executable: restarting cannot help
                 stop_ranks(self._ranks, cfg.stop_timeout, cfg.monitor_interval)
-                self._transition(AgentState.GAVE_UP, f"cannot start the rank command {self.command[0]!r}: {e.strerror or e}")
+                self._transition(
+                    AgentState.GAVE_UP, f"cannot start the rank command {self.command[0]!r}: {e.strerror or e}"
+                )
                 return 1
             if self._stop.requested:
                 return self._drain()
@@ -427,7 +430,7 @@ class Supervisor:
                 log.error("the coordinator took replica %s out: %s; ending its ranks", self.config.replica_id, hung)
                 return f"taken out by the coordinator ({hung})"
             codes = [rank.poll() for rank in self._ranks]
-            for rank, code in zip(self._ranks, codes):
+            for rank, code in zip(self._ranks, codes, strict=True):
                 if code is not None and code != 0:
                     log.error("local rank %d (pid %d) exited with %s", rank.local_rank, rank.pid, describe_exit(code))
                     return f"local rank {rank.local_rank} exited with {describe_exit(code)}"
@@ -471,7 +474,7 @@ class Supervisor:
                 pb.AgentEventRequest(
                     job=cfg.job,
                     replica_id=cfg.replica_id,
-                    state=int(state),
+                    state=cast(pb.AgentState, int(state)),  # the values are the proto's (see AgentState)
                     node_rank=cfg.node_rank,
                     restart_count=self.restart_count,
                     detail=detail[:1000],  # the coordinator refuses over 1024

@@ -49,7 +49,7 @@ def _read_exact(response: http.client.HTTPResponse, view: memoryview) -> None:
     while got < view.nbytes:
         n = response.readinto(view[got:])
         if not n:
-            raise http.client.IncompleteRead(bytes(), view.nbytes - got)
+            raise http.client.IncompleteRead(b"", view.nbytes - got)
         got += n
 
 
@@ -139,7 +139,10 @@ class SourceClient:
             log.debug("releasing snapshot %d: %s", step, e)
 
     def fetch(
-        self, manifest: cpb.SnapshotManifest, progress: Callable[[int], None] = lambda n: None, out: torch.Tensor | None = None
+        self,
+        manifest: cpb.SnapshotManifest,
+        progress: Callable[[int], None] = lambda n: None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The snapshot's bytes, verified; ``progress(bytes_so_far)`` after
         each chunk. ``out``: a uint8 buffer of ``total_bytes`` to fill (a
@@ -151,7 +154,7 @@ class SourceClient:
         data = torch.empty(total, dtype=torch.uint8) if out is None else out
         if data.dtype != torch.uint8 or data.numel() != total or not data.is_contiguous():
             raise ValueError(f"out must be a contiguous uint8 tensor of {total} bytes")
-        view = memoryview(data.numpy()).cast("B")
+        view = data.numpy().data.cast("B")
         done, failures = 0, 0  # ``done``: chunks received *and* verified
         # Each chunk's CRC is checked on a helper thread while the next one is
         # received (zlib and the socket both release the GIL), so the check
@@ -160,7 +163,9 @@ class SourceClient:
             while done < chunks:
                 pending: collections.deque = collections.deque()
                 try:
-                    response = self._request("GET", f"/v1/snapshots/{manifest.step}/data", {"Range": f"bytes={done * size}-"})
+                    response = self._request(
+                        "GET", f"/v1/snapshots/{manifest.step}/data", {"Range": f"bytes={done * size}-"}
+                    )
                     if response.status != 206:
                         self._body(response, f"snapshot data of step {manifest.step}")
                         raise SourceUnavailable(f"catch-up source {self.address}: expected 206, got {response.status}")
@@ -174,7 +179,9 @@ class SourceClient:
                         if pending and (received == chunks or len(pending) > 1):
                             index, crc = pending.popleft()
                             if crc.result() != manifest.chunk_crc32[index]:
-                                raise _BadChunk(f"chunk {index} of the snapshot of step {manifest.step} failed its CRC check")
+                                raise _BadChunk(
+                                    f"chunk {index} of the snapshot of step {manifest.step} failed its CRC check"
+                                )
                             done = index + 1
                             progress(min(total, done * size))
                 except (OSError, http.client.HTTPException, _BadChunk) as e:
@@ -184,7 +191,9 @@ class SourceClient:
                     failures += 1
                     if failures >= self._attempts:
                         raise SourceUnavailable(f"catch-up source {self.address}: {e} ({failures} attempts)") from e
-                    log.warning("snapshot transfer from %s interrupted (%s); resuming at chunk %d", self.address, e, done)
+                    log.warning(
+                        "snapshot transfer from %s interrupted (%s); resuming at chunk %d", self.address, e, done
+                    )
         return data
 
     def log(self, from_step: int, max_bytes: int = 256 << 20, wait: float = 0.0):
@@ -202,7 +211,7 @@ class SourceClient:
             out = []
             for entry in batch.entries:
                 data = torch.empty(entry.numel, dtype=dtype_from_name(entry.dtype))
-                view = memoryview(data.view(torch.uint8).numpy()).cast("B")
+                view = data.view(torch.uint8).numpy().data.cast("B")
                 _read_exact(response, view)
                 if entry.numel and zlib.crc32(view) != entry.crc32:
                     raise _BadChunk(f"log entry of step {entry.step} failed its CRC check")

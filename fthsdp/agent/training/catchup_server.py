@@ -54,7 +54,7 @@ WRITE_PIECE = 1 << 20
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_Server"
+    server: _Server
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
@@ -233,11 +233,12 @@ class CatchUpServer:
         """``tls``: serve HTTPS with this context (fthsdp/agent/training/catchup_tls.py); None: plain HTTP."""
         self._server = _Server((host, port), source, token, max_rate, tls)
         bound_host, bound_port = self._server.server_address[:2]
+        assert isinstance(bound_host, str)  # an AF_INET(6) socket's own address (typeshed allows bytes)
         shown = host if host not in ("", "0.0.0.0", "::") else bound_host
         self.address = f"[{shown}]:{bound_port}" if ":" in shown else f"{shown}:{bound_port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fthsdp-catchup-server", daemon=True)
 
-    def start(self) -> "CatchUpServer":
+    def start(self) -> CatchUpServer:
         self._thread.start()
         return self
 

@@ -74,6 +74,7 @@ class CatchUpSource:
                         raise SnapshotUnavailable(f"no step boundary within {timeout:g}s: is this replica training?")
                     self._cond.wait(left)
                 current = self._latest
+                assert current is not None  # take() set it with the new generation
             current.last_used = time.monotonic()
         return self._ready(current, deadline)
 

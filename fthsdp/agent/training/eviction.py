@@ -47,7 +47,9 @@ class EvictionWatch:
         with self.tracker.cond:
             while not self.stopped():
                 if self._out():
-                    self.evicted = (f"replica {self.tracker.replica_id} was taken out of quorum {self.tracker.quorum.id}"
+                    quorum = self.tracker.quorum
+                    assert quorum is not None  # _out() saw it, under the same lock
+                    self.evicted = (f"replica {self.tracker.replica_id} was taken out of quorum {quorum.id}"
                                     f"{self.tracker.out_because()}")
                     break
                 self.tracker.cond.wait(1.0)

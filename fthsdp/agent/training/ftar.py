@@ -246,7 +246,9 @@ class FTAR:
                 work = self._start(group, buf, dist.ReduceOp.SUM)
                 control = None if slots else self._start_control(group, p)
                 if joining is not None:
-                    step, joining = (yield ReplayTo(joining)), None
+                    reached = yield ReplayTo(joining)
+                    assert reached is not None  # a ReplayTo is answered with the step reached
+                    step, joining = reached, None
                 if self.groups.wait_work(work, group, deadline) == DONE:
                     outcome = Outcome.COMPLETED
                     contributors = self._phase_contributors or group.size
@@ -255,6 +257,7 @@ class FTAR:
                     if slots:
                         self._switch_from_slots(group, buf[numel:])
                     else:
+                        assert control is not None  # started above when the proposal has no slots
                         self._controls.append(control)
                     total = buf[:numel] if control_slots else buf
                     result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
@@ -265,7 +268,9 @@ class FTAR:
             elif phase is Phase.AGREE:
                 # A joiner waiting for the members in a new group replays what
                 # they commit meanwhile, between polls of the agree.
-                rows = self._agree(group, step, numel, structure_hash, deadline, contributes, None if contributes else idle)
+                rows = self._agree(
+                    group, step, numel, structure_hash, deadline, contributes, None if contributes else idle
+                )
                 if rows is None:
                     outcome = Outcome.ABANDONED
                 else:
@@ -274,7 +279,9 @@ class FTAR:
                     joining = self._settle_agree(group, rows, step, action, arg)
             elif phase is Phase.CLOSE_GAP:
                 # Admitted while still replaying: close the gap from the catch-up source.
-                step, outcome = (yield CloseGap(step, arg)), Outcome.ANSWERED
+                reached = yield CloseGap(step, arg)
+                assert reached is not None  # a CloseGap is answered with the step reached
+                step, outcome = reached, Outcome.ANSWERED
             elif phase is Phase.FOLLOW_HEAL:
                 outcome = self._outcome(self._broadcast(group, buffer.new_empty(numel), arg, deadline))
             elif phase is Phase.TAKE_LAST:
@@ -286,6 +293,7 @@ class FTAR:
                 abandoned += 1
             phase = after(phase, outcome, action if phase is Phase.AGREE else None)
             if phase is Phase.DONE:
+                assert result is not None  # DONE follows only a completed DATA or TAKE_LAST, which set it
                 return dataclasses.replace(result, abandoned=abandoned)
             if phase is Phase.NO_GRADIENT:
                 # Nothing to sum: not a step; the caller runs it again with a gradient.
@@ -315,7 +323,10 @@ class FTAR:
         first collective in every new group."""
         last = self._last if self._last is not None and self._last_step == step - 1 else None
         row = torch.tensor(
-            [step, numel, structure_hash, last.contributors if last else 0, last.quorum_id if last else 0, int(contributes)],
+            [
+                step, numel, structure_hash,
+                last.contributors if last else 0, last.quorum_id if last else 0, int(contributes),
+            ],
             dtype=torch.int64,
         )
         rows = [torch.zeros_like(row) for _ in range(group.size)]
@@ -363,9 +374,9 @@ class FTAR:
         self.groups.retire(group)
         return None
 
-    def _start(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp):
+    def _start(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType):
         opts = dist.AllreduceOptions()
-        opts.reduceOp = op
+        opts.reduceOp = op  # type: ignore[assignment]  # pybind11 converts it; torch's stubs do not say so
         return group.pg.allreduce([tensor], opts)
 
     # ----- growth: the agreed switch -------------------------------------------------

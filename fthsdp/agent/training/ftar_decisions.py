@@ -9,6 +9,7 @@ group; and whether the members agreed to switch to it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from fthsdp.core.errors import FtarError
@@ -98,7 +99,9 @@ class AgreeRow(NamedTuple):
     """1 if this member has a gradient for ``step``."""
 
 
-def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id: int = 0) -> tuple[Action, int]:
+def agree_action(
+    step: int, contributes: bool, rows: Sequence[Sequence[int]], quorum_id: int = 0
+) -> tuple[Action, int]:
     """What this member does after an agree, from every member's row.
 
     A row is an ``AgreeRow`` (or its six ints in that order). The members
@@ -110,16 +113,16 @@ def agree_action(step: int, contributes: bool, rows: list[list[int]], quorum_id:
     JOIN_IN_PHASE), one broadcast from the same root (FOLLOW_HEAL,
     TAKE_LAST, SERVE_LAST), or none (NO_GRADIENT: every member returns).
     """
-    rows = [AgreeRow(*r) for r in rows]
-    steps = [r.step for r in rows]
-    counted = [r.step for r in rows if r.contributes]
+    members = [AgreeRow(*r) for r in rows]
+    steps = [r.step for r in members]
+    counted = [r.step for r in members if r.contributes]
     if not counted:
         return NO_GRADIENT, 0
     lo, hi = min(counted), max(counted)
 
     def holder(at: int) -> int:
         """The first member at ``at`` that holds the sum of ``at - 1``."""
-        for i, r in enumerate(rows):
+        for i, r in enumerate(members):
             if r.step == at and r.last_quorum > 0:
                 return i
         raise FtarError(f"quorum {quorum_id}: no member at step {at} holds the result of step {at - 1}")

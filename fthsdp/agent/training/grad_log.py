@@ -42,7 +42,7 @@ class Record:
     def payload(self) -> memoryview:
         """The raw bytes, on the host; the CRC is computed on first use."""
         data = self.data if self.data.device.type == "cpu" else self.data.cpu()
-        view = memoryview(data.contiguous().view(torch.uint8).numpy()).cast("B")
+        view = data.contiguous().view(torch.uint8).numpy().data.cast("B")
         if not self.entry.crc32 and self.entry.numel:
             self.entry.crc32 = zlib.crc32(view)
         return view
@@ -129,7 +129,8 @@ class GradientLog:
             while self._head <= from_step and self._cond.wait(max(0.0, deadline - time.monotonic())):
                 pass
             oldest = next(iter(self._records)) if self._records else self._head
-            out, size = [], 0
+            out: list[Record] = []
+            size = 0
             step = from_step
             while step in self._records:
                 record = self._records[step]

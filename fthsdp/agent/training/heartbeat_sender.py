@@ -39,6 +39,7 @@ class HeartbeatSender:
         self._check()
         if self._call is None:
             self._open()
+        assert self._queue is not None  # _open() made it; close() clears it with the call
         self._queue.put(request)
 
     def close(self) -> None:
@@ -62,6 +63,8 @@ class HeartbeatSender:
         code, details = call.code(), call.details()
         if code in _MOVE_ON:
             self.client.advance()
-            raise CoordinatorUnavailable(f"{self._address}: heartbeat stream ended: {code.name.lower()} {details or ''}")
+            raise CoordinatorUnavailable(
+                f"{self._address}: heartbeat stream ended: {code.name.lower()} {details or ''}"
+            )
         if code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
             raise RequestRejected(code, f"{self._address}: {details}")

@@ -40,16 +40,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+import torch
 
 from fthsdp.agent.training.catchup_client import CatchUpError, SourceClient
 from fthsdp.agent.training.job_finished import JobFinished, finished_step
+from fthsdp.agent.training.lifecycle import Lifecycle
+from fthsdp.agent.training.membership import Membership
 from fthsdp.agent.training.replay import ReplayMismatch
+from fthsdp.agent.training.replica_group import ReplicaGroup
 from fthsdp.agent.training.snapshot import state_from_bytes
 from fthsdp.core.errors import CatchUpFailed, FthsdpError
-
-if TYPE_CHECKING:
-    from fthsdp.agent.training.manager import Manager
+from fthsdp.protos.v1 import catchup_pb2 as cpb
 
 log = logging.getLogger("fthsdp.agent.joiner")
 
@@ -90,6 +94,33 @@ class CatchUpReport:
 
 
 
+class CatchingUp(Protocol):
+    """The replica's state as a joiner brings it to the members' (the
+    ``Manager``, seen through this narrow view only)."""
+
+    @property
+    def step(self) -> int:
+        """The step the state is at."""
+        ...
+
+    def load_snapshot(self, state: dict[str, Any], step: int) -> None:
+        """Load a source's snapshot, taken at ``step``."""
+        ...
+
+    def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
+        """Apply one step from the source's log, exactly as the members did."""
+        ...
+
+    def verify(self, entry: cpb.LogEntry, group: ReplicaGroup) -> bool:
+        """Compare the state after a replayed step with the source's checksum
+        (raises ``ReplayMismatch``); False when the entry carries none."""
+        ...
+
+    def report_progress(self, done: int, total: int) -> None:
+        """Snapshot bytes received so far, for the coordinator's status."""
+        ...
+
+
 class Drained(FthsdpError):
     """A drain was asked for while this replica caught up or waited for admission: it leaves instead."""
 
@@ -99,9 +130,18 @@ class _DrainAsked(CatchUpError):
 
 
 class Joiner:
-    def __init__(self, manager: "Manager") -> None:
-        self.m = manager
-        self.group = manager.group
+    def __init__(self, replica: CatchingUp, *, job: str, replica_id: str, structure: int, group: ReplicaGroup,
+                 membership: Membership, lifecycle: Lifecycle,
+                 connect: Callable[[str], SourceClient]) -> None:
+        """``replica``: the state it catches up; ``membership``: its session
+        (rank 0) or observation (other ranks) of the coordinator; ``connect``:
+        a client to a source's catch-up address, with the job's credentials;
+        ``structure``: the model's structure hash (a source must train the same model)."""
+        self.replica = replica
+        self.job, self.replica_id, self.structure = job, replica_id, structure
+        self.group = group
+        self.membership, self.lifecycle = membership, lifecycle
+        self.connect = connect
         self.client: SourceClient | None = None
         self.snapshot_step = -1
         self.report: CatchUpReport | None = None
@@ -131,11 +171,13 @@ class Joiner:
                 source = self.source
             else:
                 deadline = time.monotonic() + timeout
-                plan = self.group.broadcast_json(self._plan(deadline, failed) if self.group.rank == 0 else None)
+                plan = cast(dict[str, Any], self.group.broadcast_json(
+                    self._plan(deadline, failed) if self.group.rank == 0 else None))
                 if plan.get("finished"):  # every rank raises, not only rank 0, which saw it
-                    raise JobFinished(self.m.config.job, plan["finished"])
+                    raise JobFinished(self.job, plan["finished"])
                 if plan.get("drained"):
-                    raise Drained(f"drained while {'catching up' if self.report is not None else 'waiting for admission'}")
+                    doing = "catching up" if self.report is not None else "waiting for admission"
+                    raise Drained(f"drained while {doing}")
                 if plan["admitted"]:
                     return True
                 source = plan["source"]
@@ -144,19 +186,19 @@ class Joiner:
                     self._catch_up(source, plan["addresses"], deadline)
                 return self._follow(source, until_admitted)
             except CatchUpError as e:
-                if not self.m.lifecycle.drain_requested:  # (a drain ends the catch-up: the plan says so next)
+                if not self.lifecycle.drain_requested:  # (a drain ends the catch-up: the plan says so next)
                     log.warning("catch-up from %s failed: %s; trying again", source, e)
                     failed[source] = time.monotonic()
             self._reset()
 
     def _plan(self, deadline: float, failed: dict[str, float]) -> dict:
         """Rank 0: wait until admitted, or until a source worth trying is named."""
-        membership, tracker = self.m.membership, self.m.tracker
+        membership = self.membership
 
         def usable(event) -> bool:
             if finished_step(event):
                 return True
-            if event.drain_requested or self.m.lifecycle.drain_requested:
+            if event.drain_requested or self.lifecycle.drain_requested:
                 return True
             if event.HasField("place") and event.quorum.member_count >= self.min_members:
                 return True
@@ -167,13 +209,13 @@ class Joiner:
 
         lost_seen = 0
         while True:
-            if self.m.lifecycle.drain_requested:  # SIGTERM: no push wakes the wait below
+            if self.lifecycle.drain_requested:  # SIGTERM: no push wakes the wait below
                 return {"drained": True}
             latest = membership.latest
             if finished_step(latest):  # nothing left to train: no admission or source will come
                 return {"admitted": False, "finished": finished_step(latest)}
             lost = latest.state_lost_step if latest is not None else 0
-            if lost:
+            if latest is not None and lost:
                 # Every replica holding the job's state is gone: no source
                 # will come until one returns or an operator gives the state
                 # up. Waiting is the point; a timeout would only restart us.
@@ -190,7 +232,7 @@ class Joiner:
                 deadline = max(deadline, time.monotonic() + RETRY_SAME_SOURCE_AFTER)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise FthsdpError(f"replica {self.m.replica_id} was neither admitted nor given a catch-up source in time")
+                raise FthsdpError(f"replica {self.replica_id} was neither admitted nor given a catch-up source in time")
             try:
                 event = membership.wait_for(usable, min(left, RETRY_SAME_SOURCE_AFTER))
                 break
@@ -198,7 +240,7 @@ class Joiner:
                 continue
         if finished_step(event):
             return {"admitted": False, "finished": finished_step(event)}
-        if event.drain_requested or self.m.lifecycle.drain_requested:
+        if event.drain_requested or self.lifecycle.drain_requested:
             return {"drained": True}
         if event.HasField("place") and event.quorum.member_count >= self.min_members:
             return {"admitted": True}
@@ -207,12 +249,12 @@ class Joiner:
         return {"admitted": False, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
 
     def _catch_up(self, source: str, addresses: list[str], deadline: float) -> None:
-        m, group = self.m, self.group
+        m, group = self.replica, self.group
         if len(addresses) != group.size:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
-        self.client = m.source_client(addresses[group.rank])
+        self.client = self.connect(addresses[group.rank])
         self.source, self.source_address = source, addresses[group.rank]
-        m.membership.set_catching_up(True)  # not to be admitted on its step alone, until ready
+        self.membership.set_catching_up(True)  # not to be admitted on its step alone, until ready
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
         self.report = report = CatchUpReport(
@@ -235,10 +277,10 @@ class Joiner:
         try:
             if group.rank != 0:
                 manifest = self.client.manifest(step)
-            if manifest.structure_hash != m.structure:
+            if manifest.structure_hash != self.structure:
                 raise CatchUpError(f"source {source} trains a different model (structure hash differs)")
             def progress(done: int) -> None:
-                if m.lifecycle.drain_requested:  # leave now, not after the rest of the transfer
+                if self.lifecycle.drain_requested:  # leave now, not after the rest of the transfer
                     raise _DrainAsked("a drain was asked for during the transfer")
                 m.report_progress(done, manifest.total_bytes)
 
@@ -257,13 +299,15 @@ class Joiner:
         """Replay the source's log as it grows; ask to be admitted once
         verified and close to the head. Returns True once admitted, False
         once ready (without ``until_admitted``)."""
-        m, group, report = self.m, self.group, self.report
+        m, group, report, client = self.replica, self.group, self.report, self.client
+        # Both set by _catch_up, or kept from it (a replica ready before follows the same source on).
+        assert report is not None and client is not None
         gaps: list[int] = []
         while True:
             entries, head, ok, error = [], m.step, 1, ""
             try:
                 wait = 0.05 if self.ready else 0.5
-                entries, head, _ = self.client.log(m.step, LOG_BATCH_BYTES, wait)
+                entries, head, _ = client.log(m.step, LOG_BATCH_BYTES, wait)
             except CatchUpError as e:
                 ok, error = 0, str(e)
             self._agree(ok, error)
@@ -273,15 +317,15 @@ class Joiner:
                 report.replayed_steps += 1
                 if entry.checksum_after and not self.verified:  # once: later steps replay the same way
                     try:
-                        self.verified = m.replayer.verify(entry, group)
+                        self.verified = m.verify(entry, group)
                     except ReplayMismatch as e:
                         # Deterministic: the same loop replays the same way
                         # from any source, so trying again would not help.
                         raise CatchUpFailed(f"{e} (the replay contract: README, the training API)") from e
             admitted, changed, near, drained = 0, 0, 0, 0
             if group.rank == 0:
-                drained = int(m.lifecycle.drain_requested)
-                latest = m.membership.latest  # one event for both: the quorum and the assignment change together
+                drained = int(self.lifecycle.drain_requested)
+                latest = self.membership.latest  # one event for both: the quorum and the assignment change together
                 admitted = int(latest is not None and latest.HasField("place"))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
                 gaps.append(head - m.step)
@@ -305,8 +349,9 @@ class Joiner:
                 # replica is ready to agree at once, and nobody waits for it.
                 self.ready = True
                 report.ready = time.monotonic()
-                log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head, report.ready - report.began)
-                m.membership.set_ready(True)
+                log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head,
+                         report.ready - report.began)
+                self.membership.set_ready(True)
 
     def _agree(self, ok: int, error: str) -> None:
         (all_ok,) = self.group.min(ok)
@@ -320,13 +365,13 @@ class Joiner:
             self.client.close()
         self.client, self.snapshot_step = None, -1
         self.verified = self.ready = False
-        self.m.membership.set_ready(False)
-        self.m.report_progress(0, 0)
+        self.membership.set_ready(False)
+        self.replica.report_progress(0, 0)
 
     def gap_client(self) -> SourceClient | None:
         """A connection to the last source, for the last gap inside FTAR."""
         if self.client is None and self.source_address:
-            self.client = self.m.source_client(self.source_address)
+            self.client = self.connect(self.source_address)
         return self.client
 
     def switch_source(self, wait: float = SWITCH_WAIT) -> SourceClient | None:
@@ -343,7 +388,7 @@ class Joiner:
                     and len(cu.source_catch_up_addresses) == self.group.size)
 
         try:
-            event = self.m.membership.wait_for(named, wait)
+            event = self.membership.wait_for(named, wait)
         except TimeoutError:
             return None
         cu = event.catch_up
@@ -351,11 +396,11 @@ class Joiner:
             self.client.close()  # (no snapshot to release: the new source never took one for us)
         self.snapshot_step = -1
         self.source, self.source_address = cu.source_replica_id, cu.source_catch_up_addresses[self.group.rank]
-        self.client = self.m.source_client(self.source_address)
+        self.client = self.connect(self.source_address)
         log.info("the catch-up source %s was lost during the last gap; closing it from %s", lost, self.source)
         return self.client
 
     def finish(self) -> None:
         """After the first committed step in the quorum: let the source go."""
         self._reset()
-        self.m.membership.set_catching_up(False)
+        self.membership.set_catching_up(False)

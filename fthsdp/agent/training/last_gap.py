@@ -68,7 +68,8 @@ class LastGap:
         if isinstance(request, CloseGap):
             return self._close_gap(request.step, request.head)
         if isinstance(request, EnterStep):
-            return self._enter_members_step(request.head)
+            self._enter_members_step(request.head)
+            return None
         if isinstance(request, ReplayTo):
             return self._replay_to_members(request.head)
         raise FtarError(f"internal: FTAR asked for {request!r}")
@@ -106,7 +107,9 @@ class LastGap:
     def _source(self, head: int) -> SourceClient:
         client = self._client()
         if client is None:
-            raise FtarError(f"this replica is at step {self.replayer.step}, the quorum at {head}, and it has no catch-up source")
+            raise FtarError(
+                f"this replica is at step {self.replayer.step}, the quorum at {head}, and it has no catch-up source"
+            )
         return client
 
     def _lost(self, head: int, e: CatchUpError) -> StateNotHeld:
@@ -160,5 +163,6 @@ class LastGap:
         if self.replayer.step > head:
             raise FtarError(f"this replica is at step {self.replayer.step}, ahead of the quorum's {head}")
         self._from_source(head, lambda client: self.replayer.replay_until(client, head, self.timeout))
+        assert self._join_inputs is not None  # FTAR asks for EnterStep before ReplayTo
         self._take_inputs(self._join_inputs)
         return self.replayer.step

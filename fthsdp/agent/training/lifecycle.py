@@ -92,7 +92,8 @@ class Lifecycle:
 
     @property
     def drain_event(self) -> threading.Event:
-        """The flag itself, for watchers that must not treat a drain as an eviction (fthsdp/agent/training/eviction.py)."""
+        """The flag itself, for watchers that must not treat a drain as an eviction
+        (fthsdp/agent/training/eviction.py)."""
         return self._drain
 
     # ----- the training thread ---------------------------------------------------

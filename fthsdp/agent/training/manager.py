@@ -41,11 +41,15 @@ import json
 import logging
 import os
 import signal
+import ssl
 import threading
 from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
 
 from fthsdp.agent import outcome
 from fthsdp.agent.injection import RankFaults
@@ -87,6 +91,9 @@ __all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation", "StateNotHe
 
 log = logging.getLogger("fthsdp.agent.manager")
 
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | None
+"""What ``signal.signal`` returns: a function, SIG_DFL/SIG_IGN, or None (set outside Python)."""
+
 
 class Manager:
     def __init__(
@@ -104,58 +111,61 @@ class Manager:
         self.model = model
         self.optimizer = optimizer
         self.config = config
-        self.state = TrainState(model, optimizer, state)
+        self._state = TrainState(model, optimizer, state)
         self._update = update if update is not None else default_update(optimizer)
         if not callable(self._update):
             raise ConfigError(f"update must be a function of no arguments, got a {type(self._update).__name__}")
-        self.lifecycle = Lifecycle()
+        self._lifecycle = Lifecycle()
         """Starting, training or stopped, and how it stopped (fthsdp/agent/training/lifecycle.py)."""
-        self.last: StepResult | None = None
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        self.structure = structure_hash(model)
+        self._last: StepResult | None = None
+        self._params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+        self._structure = structure_hash(model)
         self._reduced = False
         self._history = StridedHistory(config.checksum_every)
-        self.group: ReplicaGroup | None = None
-        self.log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
-        self.replayer = Replayer(self.state, self._params, self._update, self.log)
-        self.source = CatchUpSource(config.replica_id, config.shard_rank, self.structure, self.log)
+        self._replica_group: ReplicaGroup | None = None
+        self._log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
+        self._replayer = Replayer(self._state, self._params, self._update, self._log)
+        self._source = CatchUpSource(config.replica_id, config.shard_rank, self._structure, self._log)
         self._server: CatchUpServer | None = None
         self._joiner: Joiner | None = None
         self._checksum_wanted = False
         self._admission_timeout = 120.0
         self.catch_up: CatchUpReport | None = None
         """How this replica caught up in ``start()``; None if it started up to date."""
-        self.leader = config.shard_rank == 0
+        self._leader = config.shard_rank == 0
         """Rank 0 of the replica group holds its session with the coordinator."""
-        self.address = ""
+        self._address = ""
         """The rendezvous store of every quorum whose first member this group is (rank 0; from ``start()``)."""
         self._store: dist.TCPStore | None = None
-        self.tracker = QuorumTracker(config.replica_id)
-        self._source_tls = None  # the catch-up client's TLS context, made on first use
+        self._tracker = QuorumTracker(config.replica_id)
+        self._source_tls: ssl.SSLContext | None = None  # the catch-up client's TLS context, made on first use
         self._catch_up_tls = config.tls if config.catch_up_tls else TlsFiles()
-        self.membership: Membership | None = None
+        self._membership: Membership | None = None
         """The replica's registration with the coordinator (from ``start()``)."""
         self._quorums = QuorumRecord(config.replica_id)
-        self.ftar = FTAR(self.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
+        self._ftar = FTAR(self._tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
                          host=config.host, interface=config.gloo_interface)
         self._proposal = 0
         """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
         self._inputs: cpb.LogEntry | None = None
         """The recorded inputs of the step in progress (logged with its sum at commit)."""
-        self.gap = LastGap(self.replayer, self.source, config.timeout, config.replica_id,
+        self._gap = LastGap(self._replayer, self._source, config.timeout, config.replica_id,
                            client=lambda: self._joiner.gap_client() if self._joiner is not None else None,
                            moved=self._moved,
                            switch=lambda: self._joiner.switch_source() if self._joiner is not None else None)
         """Closes a joiner's last gap inside FTAR (fthsdp/agent/training/last_gap.py)."""
         self._sentinel: torch.Tensor | None = None
         """A copy of the first gradient elements right after the all-reduce: checked at commit."""
-        self._step_hook = None
+        self._step_hook: RemovableHandle | None = None
+        self._sigterm: _SignalHandler | None = None
+        """The script's SIGTERM handler that ``start()`` replaced (a drain while this replica trains)."""
         self._eviction: EvictionWatch | None = None
         """Ranks of a multi-rank group: learns that the coordinator took the group out."""
-        self.clock = StepClock()
-        """Where this process is in its step, for the coordinator's hang verdicts (fthsdp/agent/training/step_clock.py)."""
-        self.hangs = HangNotices(config.replica_id, config.shard_rank, config.restart_count)
-        self.faults = RankFaults(config.replica_id, config.shard_rank, config.restart_count)
+        self._clock = StepClock()
+        """Where this process is in its step, for the coordinator's hang verdicts
+        (fthsdp/agent/training/step_clock.py)."""
+        self._hangs = HangNotices(config.replica_id, config.shard_rank, config.restart_count)
+        self._faults = RankFaults(config.replica_id, config.shard_rank, config.restart_count)
         """Injected hang and slow faults (`fthsdp inject`; fthsdp/agent/injection.py)."""
 
     @property
@@ -165,33 +175,42 @@ class Manager:
         taken its first step in the quorum by then); from there every committed
         iteration advances it by exactly one, so a loop that counts its own
         iterations stays in step with it."""
-        return self.replayer.step
+        return self._replayer.step
 
-    @step.setter
-    def step(self, value: int) -> None:
-        self.replayer.step = value
+    @property
+    def _session(self) -> Membership:
+        """The replica's registration with the coordinator: set by ``start()``
+        before anything that uses it runs (never, standalone)."""
+        assert self._membership is not None, "internal: the coordinator session is used before start()"
+        return self._membership
+
+    @property
+    def _group(self) -> ReplicaGroup:
+        """The replica group's own ranks: set by ``start()``."""
+        assert self._replica_group is not None, "internal: the replica group is used before start()"
+        return self._replica_group
 
     @property
     def stopped(self) -> bool:
         """True once this replica left the job (drained, finished, taken out:
         ``lifecycle.ending``); the loop should end, and the script exit 0."""
-        return self.lifecycle.stopped
+        return self._lifecycle.stopped
 
     @property
     def contributors(self) -> int:
         """Inside ``update``: how many replicas' gradients the step being
         applied averaged (live or replayed), e.g. to count samples trained."""
-        return self.replayer.contributors
+        return self._replayer.contributors
 
     @property
     def replaying(self) -> bool:
         """True while ``update`` runs for a replayed step (skip logging there, say)."""
-        return self.replayer.replaying
+        return self._replayer.replaying
 
     @classmethod
     def from_env(
         cls, model, optimizer, env: Mapping[str, str] | None = None, *, update=None, state=None, **overrides
-    ) -> "Manager":
+    ) -> Manager:
         """The manager configured by `fthsdp agent`. In a warm standby (``fthsdp
         agent --standby``) this waits until the agent activates it."""
         env = os.environ if env is None else env
@@ -213,20 +232,22 @@ class Manager:
     @property
     def quorum_id(self) -> int:
         """The newest quorum this replica knows of (0 before the first)."""
-        return self.tracker.newest_id()
+        return self._tracker.newest_id()
 
     def participation(self) -> Participation:
         """This replica's ``index`` among the ``count`` replicas whose gradients
         the next ``allreduce_gradients()`` is expected to average, the same on
         every member (fthsdp/agent/training/participation.py). A failure during the step may
         leave fewer (``StepResult.contributors``); a joiner's first step has none of its."""
-        if self.group is None:
+        if self._replica_group is None:
             raise ApiMisuse("participation() before start(): the replica is in no quorum yet")
-        return self._quorums.participation(self.membership.training_quorum_id, False)
+        if self._membership is None:  # standalone
+            return Participation(0, 1)
+        return self._quorums.participation(self._membership.training_quorum_id, False)
 
     # ----- lifecycle -----------------------------------------------------------------
 
-    def source_client(self, address: str) -> SourceClient:
+    def _source_client(self, address: str) -> SourceClient:
         """A connection to a catch-up source, with this job's token (and TLS
         when this replica has a certificate: fthsdp/agent/training/catchup_tls.py)."""
         if self._source_tls is None and catchup_tls.uses_tls(self._catch_up_tls):
@@ -249,39 +270,48 @@ class Manager:
                 "(the group's own world, for FSDP) before Manager.start()"
             )
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.lifecycle.request_drain("SIGTERM"))
+            # A drain, until the replica stops; then the script's own handler again (``_leave``).
+            previous = signal.signal(signal.SIGTERM, lambda *_: self._lifecycle.request_drain("SIGTERM"))
+            self._sigterm = signal.SIG_DFL if previous is None else previous  # None: set outside Python
         cfg = self.config
+        if cfg.standalone:
+            self._start_standalone()
+            return
         timeout = datetime.timedelta(seconds=cfg.timeout)
-        if self.leader:
+        if self._leader:
             # The rendezvous store of every quorum whose first member we are.
             self._store = dist.TCPStore(cfg.host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
-            self.address = f"{cfg.host}:{self._store.port}"
-        self.membership = Membership(
-            cfg.coordinator, cfg.job, cfg.replica_id, self.address or "unused:0", cfg.shard_count, 0,
+            self._address = f"{cfg.host}:{self._store.port}"
+        self._membership = Membership(
+            cfg.coordinator, cfg.job, cfg.replica_id, self._address or "unused:0", cfg.shard_count, 0,
             token=cfg.token, tls=cfg.tls,
         )
         # First: a drain is known before the quorum that no longer includes this replica.
-        self.membership.add_listener(self._on_event)
-        self.membership.add_listener(self.tracker.update)
-        self.membership.add_listener(self._quorums.record)
-        self.membership.add_listener(self.hangs)
-        self.membership.add_listener(self.faults)
-        self.membership.add_listener(ReachProbes(cfg.replica_id, cfg.shard_rank, self.membership.report_reach))
-        self.membership.progress, self.membership.restart_count = self.clock.progress, cfg.restart_count
-        self.ftar.groups.horizon = self.hangs.horizon
-        self.group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))
+        self._membership.add_listener(self._on_event)
+        self._membership.add_listener(self._tracker.update)
+        self._membership.add_listener(self._quorums.record)
+        self._membership.add_listener(self._hangs)
+        self._membership.add_listener(self._faults)
+        self._membership.add_listener(ReachProbes(cfg.replica_id, cfg.shard_rank, self._membership.report_reach))
+        self._membership.progress, self._membership.restart_count = self._clock.progress, cfg.restart_count
+        self._ftar.groups.horizon = self._hangs.horizon
+        self._replica_group = ReplicaGroup(cfg.shard_rank, cfg.shard_count, max(cfg.timeout, admission_timeout))
         tls = catchup_tls.server_context(self._catch_up_tls)
-        self._server = CatchUpServer(self.source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate, tls=tls).start()
-        self.membership.catch_up_addresses = self.group.all_gather_strings(self._server.address)
+        self._server = CatchUpServer(self._source, cfg.host, token=cfg.token, max_rate=cfg.catch_up_max_rate,
+                                     tls=tls).start()
+        self._membership.catch_up_addresses = self._replica_group.all_gather_strings(self._server.address)
         self._step_hook = self.optimizer.register_step_pre_hook(self._guard_step)
-        atexit.register(lambda: self.ftar.groups.release(self._store))  # a script that ends by an exception exits promptly too
-        if self.leader:
-            self.membership.start()
+        # A script that ends by an exception exits promptly too.
+        atexit.register(lambda: self._ftar.groups.release(self._store))
+        if self._leader:
+            self._membership.start()
         else:
-            self.membership.observe(cfg.shard_rank)
+            self._membership.observe(cfg.shard_rank)
         self._admission_timeout = admission_timeout
-        self._joiner = Joiner(self)
-        self.clock.working(pb.PHASE_STARTING, self.step)
+        self._joiner = Joiner(self, job=cfg.job, replica_id=cfg.replica_id, structure=self._structure,
+                              group=self._group, membership=self._membership, lifecycle=self._lifecycle,
+                              connect=self._source_client)
+        self._clock.working(pb.PHASE_STARTING, self.step)
         try:
             self._joiner.run(admission_timeout, min_members=wait_for_replicas, until_admitted=True)
         except Drained as e:
@@ -300,33 +330,43 @@ class Manager:
         if self._joiner is not None:
             self._join()
         if not self.stopped:
-            self.lifecycle.joined()
-        self.clock.begin(self.step)
+            self._lifecycle.joined()
+        self._clock.begin(self.step)
+
+    def _start_standalone(self) -> None:
+        """No `fthsdp agent`, no coordinator: one replica on its own, at step 0."""
+        if self._leader:
+            log.warning("fthsdp: FTHSDP_REPLICA_ID is not set (not run by `fthsdp agent`): training as one "
+                        "standalone replica, with no coordinator and no fault tolerance")
+        self._replica_group = ReplicaGroup(self.config.shard_rank, self.config.shard_count, self.config.timeout)
+        self._step_hook = self.optimizer.register_step_pre_hook(self._guard_step)
+        self._lifecycle.joined()
+        self._clock.begin(self.step)
 
     def section(self, name: str, timeout: float | None = None):
         """``with ft.section("eval"):`` marks work that may take long (evaluation, a checkpoint): the
         coordinator then allows ``timeout`` seconds (default: its --section-timeout), not the hang limit."""
-        return self.clock.section(name, timeout)
+        return self._clock.section(name, timeout)
 
     def _on_event(self, event: pb.WatchEvent) -> None:
         """The coordinator's push (its watch thread): a drain asked there (`fthsdp drain`, the admin endpoint)."""
         if event.drain_requested:
-            self.lifecycle.request_drain("the coordinator")
+            self._lifecycle.request_drain("the coordinator")
 
     def _drain_requested(self) -> bool:
-        latest = self.membership.latest if self.membership is not None else None
-        return self.lifecycle.drain_requested or (latest is not None and latest.drain_requested)
+        latest = self._membership.latest if self._membership is not None else None
+        return self._lifecycle.drain_requested or (latest is not None and latest.drain_requested)
 
     def _admitted(self) -> None:
         if self._joiner is not None and not self._joiner.source_address:
             self._joiner = None  # admitted as up to date: no source to let go of
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
-        quorum = self.tracker.wait_for_membership(self._admission_timeout)
-        self.membership.training_quorum_id = quorum.id
+        quorum = self._tracker.wait_for_membership(self._admission_timeout)
+        self._session.training_quorum_id = quorum.id
         log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id, self.step)
         if self.config.shard_count > 1 and self._eviction is None:
-            self._eviction = EvictionWatch(self.tracker, self.config.shard_rank, lambda: self.stopped,
-                                           self.lifecycle.drain_event)
+            self._eviction = EvictionWatch(self._tracker, self.config.shard_rank, lambda: self.stopped,
+                                           self._lifecycle.drain_event)
 
     def _join(self) -> None:
         """A joiner's first step in the quorum, taken inside ``start()`` so that
@@ -342,7 +382,7 @@ class Manager:
         if result.contributors == 0:
             # Every member was lost as this replica joined: it goes on alone
             # only if it reached their step (then the loop trains that step).
-            require_state_held(self.replica_id, self.step, self.ftar.members_step)
+            require_state_held(self.replica_id, self.step, self._ftar.members_step)
             return
         self._apply(result, replayed=True)
 
@@ -354,30 +394,37 @@ class Manager:
 
     def _leave(self, ending: Ending, detail: str) -> None:
         """The one way to STOPPED: tell the coordinator, let the catch-up server and the groups go."""
-        if not self.lifecycle.stop(ending, detail):
+        if not self._lifecycle.stop(ending, detail):
             return
         if ending not in (Ending.FINISHED, Ending.JOB_FINISHED):
             log.info("replica %s stopped (%s): %s", self.config.replica_id, ending.value, detail)
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
-        if self.membership is not None:
+        self._restore_sigterm()
+        if self._membership is not None:
             try:
-                self.membership.leave(_leave_reason(ending, detail), failed=not ending.success)
+                self._membership.leave(_leave_reason(ending, detail), failed=not ending.success)
             except FthsdpError as e:
                 log.warning("could not tell the coordinator that this replica leaves: %s", e)
-                self.membership.close()
+                self._membership.close()
         if self._server is not None:
             self._server.close()
-        self.ftar.groups.release(self._store)  # so that the script exits normally, even past a hung peer
+        self._ftar.groups.release(self._store)  # so that the script exits normally, even past a hung peer
         outcome.write(self.config.outcome_file, ending.value, detail)
+
+    def _restore_sigterm(self) -> None:
+        """Give SIGTERM back to the script's own handler (only the main thread may)."""
+        if self._sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
     def _guard_step(self, optimizer, args, kwargs) -> None:
         """An optimizer step pre-hook: a step outside the update is one a joiner would not replay."""
-        if not self.replayer.in_update and not self.stopped:
+        if not self._replayer.in_update and not self.stopped:
             raise step_outside_update()
 
-    def __enter__(self) -> "Manager":
+    def __enter__(self) -> Manager:
         self.start()
         return self
 
@@ -403,10 +450,10 @@ class Manager:
         self._raise_if_evicted()
         if self._reduced:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
-        if self.group is None:
+        if self._replica_group is None:
             raise ApiMisuse("allreduce_gradients() before start()")
         step = self.step
-        self.faults.at_step(step)  # an injected hang or slow step, in the step's compute time
+        self._faults.at_step(step)  # an injected hang or slow step, in the step's compute time
         result = self._reduce(contributes=True)
         if result is None:
             return None
@@ -414,24 +461,28 @@ class Manager:
             raise FtarError(f"internal: replica {self.replica_id} trained step {step} but the quorum summed step "
                             f"{result.step}")
         self._reduced = True
-        self.last = result
+        self._last = result
         return result
 
     def _reduce(self, contributes: bool) -> StepResult | None:
         """The step's fault-tolerant all-reduce (fthsdp/agent/training/ftar.py); None if this
         replica was dropped from the quorum because it drains."""
+        if self.config.standalone:
+            # Alone: the average over one replica is its own gradient.
+            self._sentinel = gradient_sample(self._params[0])
+            return StepResult(torch.empty(0), contributors=1, quorum_id=0, abandoned=0, step=self.step)
         # From here on this replica, a member, waits for the others.
-        self.clock.arrive(self.step)
+        self._clock.arrive(self.step)
         # The step's inputs, as a joiner will restore them before replaying its update.
-        self._inputs = self.state.inputs(self.step)
-        self.source.publish_inputs(self._inputs)
-        self.gap.taken = None
-        buffer = StepBuffer(self._params, self.state.running, contributes)
+        self._inputs = self._state.inputs(self.step)
+        self._source.publish_inputs(self._inputs)
+        self._gap.taken = None
+        buffer = StepBuffer(self._params, self._state.running, contributes)
         proposal, self._proposal = self._proposal, 0
         try:
-            result = self.ftar.allreduce(
-                self.step, buffer.flatten(), self.structure, refill=buffer.flatten, contributes=contributes,
-                proposal=proposal, control_slots=True, idle=self.gap.while_waiting, serve=self._serve,
+            result = self._ftar.allreduce(
+                self.step, buffer.flatten(), self._structure, refill=buffer.flatten, contributes=contributes,
+                proposal=proposal, control_slots=True, idle=self._gap.while_waiting, serve=self._serve,
                 first_only=buffer.first_only,
             )
         except Evicted as e:
@@ -443,89 +494,103 @@ class Manager:
         if not contributes and self.config.shard_count > 1:
             # Every rank of the group must have joined at the same step (the
             # members switch every shard's group at one agreed step boundary).
-            top, neg_bottom = self.group.max(result.step, -result.step)
+            top, neg_bottom = self._group.max(result.step, -result.step)
             if top != -neg_bottom:
-                raise FtarError(f"the ranks of replica {self.replica_id} joined the quorum at steps {-neg_bottom}..{top}")
+                raise FtarError(f"the ranks of replica {self.replica_id} joined the quorum at steps "
+                                f"{-neg_bottom}..{top}")
         buffer.restore()  # the result goes into the step's gradients
         if result.contributors == 0:  # the members were all lost as this joiner joined
             self._sentinel = None
             return result
-        self.replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
-        if self.gap.taken is not None:
-            self._inputs = self.gap.taken  # a joiner entered the members' step with their inputs
+        self._replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
+        if self._gap.taken is not None:
+            self._inputs = self._gap.taken  # a joiner entered the members' step with their inputs
         if self._inputs.step != result.step:
-            raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step {result.step}")
-        self.step = result.step  # a joiner replayed up to the members' step inside FTAR
+            raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step "
+                            f"{result.step}")
+        self._replayer.step = result.step  # a joiner replayed up to the members' step inside FTAR
         self._sentinel = gradient_sample(self._params[0])
         # A snapshot taken at the last boundary must be copied before the update changes the state.
-        with self.clock.section("snapshot copy", None):  # serving a joiner may take long: not a hang
-            self.source.wait_copied(self.config.timeout)
+        with self._clock.section("snapshot copy", None):  # serving a joiner may take long: not a hang
+            self._source.wait_copied(self.config.timeout)
         return result
 
     def commit(self) -> bool:
         """Run the step's update on the averaged gradients, then mark the step
-        boundary (``step`` advances by one). Returns False when nothing was
-        committed: this replica has left the quorum (``stopped``)."""
+        boundary (``step`` advances by one). Returns True when the step was
+        committed, False only when this replica has left the job (``stopped``
+        is then true: the loop ends). The loop never runs a step again: a
+        member lost mid-step is handled inside ``allreduce_gradients()``,
+        which redoes the all-reduce among the survivors."""
         if self.stopped:
             return False
         if not self._reduced:
             raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
         self._raise_if_evicted()
         self._reduced = False
-        self._apply(self.last, replayed=False)
+        assert self._last is not None  # set with _reduced
+        self._apply(self._last, replayed=False)
         return True
 
     def _apply(self, last: StepResult, replayed: bool) -> None:
         """The update on the step's sum, then the step boundary: the log,
         the checksum, a snapshot for a joiner, a growth switch, a drain."""
-        self.clock.working(pb.PHASE_UPDATE, self.step)
+        self._clock.working(pb.PHASE_UPDATE, self.step)
         check_gradient(self._params[0], self._sentinel)
-        with self.replayer.updating(last.contributors, replay=replayed):
+        with self._replayer.updating(last.contributors, replay=replayed):
             self._update()
-        self.step += 1
-        m = self.membership
+        self._replayer.step += 1
+        m = self._membership
+        if m is None:  # standalone: no log, checksum, snapshot or growth; a SIGTERM still drains
+            if self._drain_requested():
+                self._leave(Ending.DRAINED, f"drained after step {self.step} (asked by SIGTERM)")
+            self._clock.begin(self.step)
+            return
         m.step = self.step
         m.training_quorum_id = last.quorum_id
         every = self.config.checksum_every
         periodic = bool(every) and self.step % every == 0
-        parts = self.replayer.part_checksums(self.group) if periodic or self._checksum_wanted else {}
+        inputs = self._inputs
+        assert inputs is not None  # recorded by the step's all-reduce
+        parts = self._replayer.part_checksums(self._group) if periodic or self._checksum_wanted else {}
         checksum = combine_hex(parts) if parts else ""
         if periodic:
             m.state_checksum, m.checksum_step = checksum, self.step
-            m.recent_checksums = self._history.record(self.step, checksum, self._inputs.hyperparams_json)
+            m.recent_checksums = self._history.record(self.step, checksum, inputs.hyperparams_json)
         self._checksum_wanted = False
-        self.log.append(
-            self._inputs, last.total, last.contributors, last.quorum_id, checksum,
+        self._log.append(
+            inputs, last.total, last.contributors, last.quorum_id, checksum,
             json.dumps(parts, separators=(",", ":")) if parts else "",
         )
         # Every rank of the group must stop, snapshot, or propose a switch to
         # a growth quorum at the same step boundary (the ranks' proposals
         # must be equal, so that every shard's group switches at one step).
-        proposal = self.ftar.growth_ready()
-        drain, snapshot, top, neg_bottom = self.group.max(int(self._drain_requested()), int(self.source.wanted),
+        proposal = self._ftar.growth_ready()
+        drain, snapshot, top, neg_bottom = self._group.max(int(self._drain_requested()), int(self._source.wanted),
                                                           proposal, -proposal)
         self._proposal = top if top == -neg_bottom else 0
         if snapshot:
-            with self.clock.section("snapshot", None):
-                self.source.take(self.step, self.state.capture())
+            with self._clock.section("snapshot", None):
+                self._source.take(self.step, self._state.capture())
             self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
         else:
-            self.source.expire()  # a joiner that died without releasing its snapshot
+            self._source.expire()  # a joiner that died without releasing its snapshot
         if self._joiner is not None:
             self._joiner.finish()  # the first step in the quorum is committed: release the source
             self._joiner = None
         if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, self.step)
-            self._leave(Ending.DRAINED, f"drained after step {self.step} (asked by {self.lifecycle.drain_asked_by or 'another rank'})")
-        self.clock.begin(self.step)
+            asked_by = self._lifecycle.drain_asked_by or "another rank"
+            self._leave(Ending.DRAINED, f"drained after step {self.step} (asked by {asked_by})")
+        self._clock.begin(self.step)
 
     def _serve(self, request):
         """FTAR's requests of a joiner (fthsdp/agent/training/last_gap.py): its own work, not a wait for the others."""
-        self.clock.working(pb.PHASE_UPDATE, self.step)
+        self._clock.working(pb.PHASE_UPDATE, self.step)
         try:
-            return self.gap.serve(request)
+            return self._gap.serve(request)
         finally:
-            self.clock.arrive(self.step)
+            self._clock.arrive(self.step)
 
     def _raise_if_evicted(self) -> None:
         """Another rank of this group died and the coordinator took the group
@@ -537,30 +602,34 @@ class Manager:
             self._leave(Ending.EVICTED, why)
             raise Evicted(why)
 
-    # ----- catch-up (fthsdp/agent/training/joiner.py, fthsdp/agent/training/replay.py, fthsdp/agent/training/last_gap.py) ------------------
+    # ----- catch-up (joiner.py, replay.py, last_gap.py): the state a joiner brings to the members' ---------
 
     def load_snapshot(self, state: dict, step: int) -> None:
-        self.state.load(state)
-        self.step = self.membership.step = step
+        self._state.load(state)
+        self._replayer.step = self._session.step = step
+
+    def verify(self, entry: cpb.LogEntry, group: ReplicaGroup) -> bool:
+        """Check the state after a replayed step against the source's checksum."""
+        return self._replayer.verify(entry, group)
 
     def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
         """Apply one logged step, exactly as the members did."""
-        self.replayer.replay(entry, total)
+        self._replayer.replay(entry, total)
         self._moved()
 
     def _moved(self) -> None:
         """The state's step moved by a replay: heartbeats report it."""
-        if self.membership is not None:
-            self.membership.step = self.step
+        if self._membership is not None:
+            self._membership.step = self.step
 
     def report_progress(self, done: int, total: int) -> None:
-        if self.leader:
-            self.membership.catch_up_progress = (done, total)
+        if self._leader:
+            self._session.catch_up_progress = (done, total)
 
     @property
     def checksum(self) -> str:
         """The last periodic state checksum reported ("" before the first)."""
-        return self.membership.state_checksum if self.membership is not None else ""
+        return self._membership.state_checksum if self._membership is not None else ""
 
 
 def _leave_reason(ending: Ending, detail: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
@@ -94,10 +95,21 @@ class ManagerConfig:
     node agent (FTHSDP_OUTCOME_FILE, set by `fthsdp agent`; fthsdp/agent/outcome.py);
     "": nowhere."""
 
+    standalone: bool = False
+    """No coordinator and no other replica: the script runs as one replica on
+    its own, as plain PyTorch would (``allreduce_gradients()`` averages over
+    this replica alone, ``commit()`` runs the update; nothing is fault
+    tolerant). What ``from_env`` gives a script started outside `fthsdp
+    agent` (no FTHSDP_REPLICA_ID), so that it debugs as a plain run."""
+
     def __post_init__(self) -> None:
-        if not self.coordinator:
+        if self.standalone:
+            if self.num_replicas != 1 or self.replica_rank != 0:
+                raise ConfigError("a standalone replica (no `fthsdp agent`) is the only one: "
+                                  f"replica rank {self.replica_rank} of {self.num_replicas}")
+        elif not self.coordinator:
             raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
-        if not self.replica_id:
+        elif not self.replica_id:
             raise ConfigError("FTHSDP_REPLICA_ID is not set: run the script under `fthsdp agent`")
         if self.replica_rank < 0 or self.num_replicas < 1:
             raise ConfigError("replica rank must be >= 0 and the number of replicas >= 1")
@@ -109,12 +121,20 @@ class ManagerConfig:
             raise ConfigError("catch-up settings: the rate and log bytes must be >= 0, the log steps >= 1")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], **overrides) -> "ManagerConfig":
+    def from_env(cls, env: Mapping[str, str], **overrides) -> ManagerConfig:
+        """The settings `fthsdp agent` gives its ranks; with neither
+        FTHSDP_REPLICA_ID nor FTHSDP_COORDINATOR (a script started on its own,
+        not by the agent) a ``standalone`` replica. One of them without the
+        other is a half-configured replica: a ConfigError."""
         def get(name: str, default: str) -> str:
             return env.get(f"FTHSDP_{name}", default) or default
 
+        started_alone = not get("REPLICA_ID", "") and not get("COORDINATOR", "")
+        if started_alone and "standalone" not in overrides and "replica_id" not in overrides:
+            overrides = {"replica_id": "standalone", "standalone": True, **overrides}
+
         try:
-            values = dict(
+            values: dict[str, Any] = dict(
                 coordinator=tuple(a for a in get("COORDINATOR", "127.0.0.1:29510").split(",") if a),
                 replica_id=get("REPLICA_ID", ""),
                 job=get("JOB", "default"),

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from fthsdp.agent.training.heartbeat_sender import HeartbeatSender
-from fthsdp.agent.training.session_client import SessionCall, open_session
+from fthsdp.agent.training.session_client import SessionCall, WatchStream, open_session
 from fthsdp.client import CoordinatorClient
 from fthsdp.core import quorum_delta
 from fthsdp.core.credentials import TlsFiles
@@ -82,7 +82,7 @@ class Membership:
         self._threads: list[threading.Thread] = []
         self._call: SessionCall | None = None
         """The Session of this incarnation (rank 0)."""
-        self._watch = None
+        self._watch: WatchStream | None = None
         """A Watch stream: another rank's, or a tool's that shows the member list."""
         self._observer = False
         self._member_list = member_list
@@ -217,7 +217,9 @@ class Membership:
             # The coordinator may stretch the interval (many replicas): the
             # latest Watch event says what it is now.
             event = self.latest
-            self._beat_now.wait(event.heartbeat_interval_s if event is not None and event.heartbeat_interval_s else self._interval)
+            self._beat_now.wait(
+                event.heartbeat_interval_s if event is not None and event.heartbeat_interval_s else self._interval
+            )
             if self._stop.is_set():
                 return
             self._beat_now.clear()
@@ -250,6 +252,7 @@ class Membership:
         this process still trains in, so that it keeps its place."""
         while not self._stop.is_set():
             call = self._call
+            assert call is not None  # start() opened it; the loop below opens the next before going round
             for event in call.events():
                 if not self._member_list:  # else the list's Watch stream delivers (start())
                     self._deliver(event)
@@ -285,6 +288,7 @@ class Membership:
                     self._deliver(event)
             except quorum_delta.StaleDelta as e:
                 log.warning("watch: %s; reopening the stream", e)
+                assert self._watch is not None  # its events raised it
                 self._watch.cancel()
             except grpc.RpcError as e:
                 if self._stop.is_set():

@@ -19,7 +19,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol, TypeGuard
 
+import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar_decisions import is_growth
@@ -83,8 +85,18 @@ class QuorumTracker:
         """This replica's rank in ``quorum``; None if it is not a member."""
         return self._ranks.get(quorum.id) if quorum is not None else None
 
-    def includes_me(self, quorum: pb.Quorum | None) -> bool:
+    def includes_me(self, quorum: pb.Quorum | None) -> TypeGuard[pb.Quorum]:
         return self.rank_in(quorum) is not None
+
+
+class _Collectives(Protocol):
+    """The collectives FTAR runs in a group (a gloo backend's)."""
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]) -> dist.Work: ...
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work: ...
 
 
 @dataclasses.dataclass
@@ -92,7 +104,7 @@ class _Group:
     quorum_id: int
     rank: int
     size: int
-    pg: dist.ProcessGroup
+    pg: _Collectives
 
 
 class _Prebuild:
@@ -225,9 +237,11 @@ class QuorumGroups:
                 if target is None or not target.ready():
                     self._prebuild(quorum)
                     return group  # go on here until every member agrees to switch
-                self._adopt(target.group)
+                switched = target.group
+                assert switched is not None  # ready()
+                self._adopt(switched)
                 log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id, group.quorum_id)
-                return target.group
+                return switched
             if group is not None:
                 self.retire(group)
             pre = self._prebuild(quorum)  # one build per quorum, whoever started it
@@ -236,9 +250,11 @@ class QuorumGroups:
                     self._prebuilt.pop(quorum.id, None)
                     self._await_newer(quorum.id, deadline, pre.error)
                     continue
-                self._adopt(pre.group)
-                log.info("quorum %d: group of %d built", quorum.id, pre.group.size)
-                return pre.group
+                built = pre.group
+                assert built is not None  # the build finished without an error
+                self._adopt(built)
+                log.info("quorum %d: group of %d built", quorum.id, built.size)
+                return built
 
     def _adopt(self, group: _Group) -> None:
         if self._group is not None and self._group is not group:
@@ -285,7 +301,9 @@ class QuorumGroups:
         timeout = datetime.timedelta(seconds=self.timeout)
         store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
-        return _Group(quorum.id, rank, quorum.member_count, self._gloo(prefix, rank, quorum.member_count, timeout))
+        pg = self._gloo(prefix, rank, quorum.member_count, timeout)
+        # torch's stubs derive ProcessGroupGloo from a Backend without the collectives it has at runtime.
+        return _Group(quorum.id, rank, quorum.member_count, pg)  # type: ignore[arg-type]
 
     def _gloo(self, store, rank: int, size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
         """A gloo group whose pairs use the data path. Gloo's default device
@@ -296,7 +314,7 @@ class QuorumGroups:
         uses them): there is no public spelling."""
         if not (self._host or self._interface):
             return dist.ProcessGroupGloo(store, rank, size, timeout)
-        options = dist.ProcessGroupGloo._Options()
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's stubs call it Options
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(interface=self._interface) if self._interface
                             else dist.ProcessGroupGloo.create_device(hostname=self._host)]
@@ -322,7 +340,8 @@ class QuorumGroups:
             self._prebuild(newest)
             since[:] = [since[0] if since else time.monotonic(), newest.id]
         if time.monotonic() - since[0] > self._patience():
-            log.warning("quorum %d: no agreed switch to quorum %d in %.1fs; leaving for it", quorum_id, newest.id, self._patience())
+            log.warning("quorum %d: no agreed switch to quorum %d in %.1fs; leaving for it",
+                        quorum_id, newest.id, self._patience())
             return True
         return False
 
@@ -391,7 +410,9 @@ class QuorumGroups:
                     return NEWER
                 left = self._deadline(deadline) - time.monotonic()
                 if left <= 0:
-                    raise FtarTimeout(f"building the group of quorum {quorum_id} did not finish and no newer quorum came")
+                    raise FtarTimeout(
+                        f"building the group of quorum {quorum_id} did not finish and no newer quorum came"
+                    )
                 self.tracker.cond.wait(min(left, 0.1) if since else left)
         if errors:
             return self._await_newer(quorum_id, deadline, errors[0])

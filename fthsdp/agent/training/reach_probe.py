@@ -59,7 +59,7 @@ def probe(targets: Sequence[pb.ReachTarget], shard_rank: int, own_id: str,
     if not todo:
         return [], []
     with concurrent.futures.ThreadPoolExecutor(min(MAX_PARALLEL, len(todo)), "fthsdp-reach") as pool:
-        results = dict(zip(todo, pool.map(lambda a: reaches(a, timeout), todo.values())))
+        results = dict(zip(todo, pool.map(lambda a: reaches(a, timeout), todo.values()), strict=True))
     return sorted(r for r, ok in results.items() if ok), sorted(r for r, ok in results.items() if not ok)
 
 

@@ -35,7 +35,9 @@ class ReplayMismatch(CatchUpError):
 class Replayer:
     """Applies logged steps to this rank's state, through the script's update."""
 
-    def __init__(self, state: TrainState, params: list[torch.Tensor], update: Callable[[], object], log: GradientLog) -> None:
+    def __init__(
+        self, state: TrainState, params: list[torch.Tensor], update: Callable[[], object], log: GradientLog
+    ) -> None:
         self.state = state
         self.params = params
         self.update = update

@@ -46,7 +46,10 @@ class ReplicaGroup:
         data = json.dumps(obj).encode() if self.rank == 0 else b""
         length = torch.tensor([len(data)], dtype=torch.int64)
         dist.broadcast(length, group_src=0, group=self.pg)
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0 else torch.empty(int(length), dtype=torch.uint8)
+        if self.rank == 0:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            payload = torch.empty(int(length), dtype=torch.uint8)
         dist.broadcast(payload, group_src=0, group=self.pg)
         return json.loads(bytes(payload.numpy()))
 

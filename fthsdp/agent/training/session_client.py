@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 
@@ -20,6 +21,14 @@ from fthsdp.core.errors import CoordinatorUnavailable, RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 _MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+class WatchStream(Protocol):
+    """A Watch call's stream of events (grpc ships no types)."""
+
+    def __iter__(self) -> Iterator[pb.WatchEvent]: ...
+
+    def cancel(self) -> bool: ...
 
 
 class SessionCall:
@@ -54,7 +63,9 @@ class SessionCall:
         if code in (None, grpc.StatusCode.OK) or (code == grpc.StatusCode.CANCELLED and self.call.cancelled()):
             return None
         if code in _MOVE_ON:
-            return CoordinatorUnavailable(f"{self.address}: session ended: {code.name.lower()} {self.call.details() or ''}")
+            return CoordinatorUnavailable(
+                f"{self.address}: session ended: {code.name.lower()} {self.call.details() or ''}"
+            )
         return RequestRejected(code, f"{self.address}: {self.call.details()}")
 
     def close(self) -> None:
@@ -86,6 +97,9 @@ def open_session(client: CoordinatorClient, register: pb.RegisterRequest) -> Ses
             raise RequestRejected(e.code(), f"{address}: {e.details()}") from e
         if first.WhichOneof("message") != "registered":
             call.cancel()
-            raise RequestRejected(grpc.StatusCode.INTERNAL, f"{address}: a Session answered {first.WhichOneof('message')} before registering")
+            raise RequestRejected(
+                grpc.StatusCode.INTERNAL,
+                f"{address}: a Session answered {first.WhichOneof('message')} before registering",
+            )
         return SessionCall(call, outbox, address, first.registered)
     raise CoordinatorUnavailable(f"no coordinator answered ({'; '.join(errors)})")

@@ -75,7 +75,8 @@ def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: 
             src = source_model[name]
             if target.shape != src.shape or target.dtype != src.dtype:
                 raise StateCodecError(
-                    f"{name}: the source has {src.dtype} {tuple(src.shape)}, this replica {target.dtype} {tuple(target.shape)}"
+                    f"{name}: the source has {src.dtype} {tuple(src.shape)}, "
+                    f"this replica {target.dtype} {tuple(target.shape)}"
                 )
             target.copy_(src)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -88,7 +89,8 @@ def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: 
                 from torch.distributed.tensor import DTensor
 
                 entry[key] = DTensor.from_local(
-                    value.to(local(p).device), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                    value.to(local(p).device), p.device_mesh, p.placements,
+                    run_check=False, shape=p.shape, stride=p.stride(),
                 )
     try:
         optimizer.load_state_dict(source_optimizer)
@@ -120,9 +122,11 @@ class Snapshot:
     ) -> None:
         skeleton, self._tensors, sharded = flatten(state)
         metas, offset = [], 0
-        for t, is_shard in zip(self._tensors, sharded):
+        for t, is_shard in zip(self._tensors, sharded, strict=True):
             nbytes = t.numel() * t.element_size()
-            metas.append(cpb.TensorMeta(dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset, nbytes=nbytes, sharded=is_shard))
+            metas.append(cpb.TensorMeta(
+                dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset, nbytes=nbytes, sharded=is_shard
+            ))
             offset = _align(offset + nbytes)
         self.total_bytes = offset
         self.manifest = cpb.SnapshotManifest(
@@ -147,11 +151,11 @@ class Snapshot:
         """Set once the manifest is complete (chunk CRCs) and bytes can be served."""
         self.error: BaseException | None = None
         self.last_used = time.monotonic()
-        self._cuda_event = None
+        self._cuda_event: torch.cuda.Event | None = None
 
     def start(self) -> None:
         """Begin the copy (call on the training thread at the step boundary)."""
-        cuda = [(t, m) for t, m in zip(self._tensors, self.manifest.tensors) if t.is_cuda]
+        cuda = [(t, m) for t, m in zip(self._tensors, self.manifest.tensors, strict=True) if t.is_cuda]
         if cuda:
             stream = torch.cuda.Stream(device=cuda[0][0].device)
             stream.wait_stream(torch.cuda.current_stream(cuda[0][0].device))
@@ -176,14 +180,14 @@ class Snapshot:
     def _copy(self) -> None:
         try:
             with torch.no_grad():
-                for t, meta in zip(self._tensors, self.manifest.tensors):
+                for t, meta in zip(self._tensors, self.manifest.tensors, strict=True):
                     if not t.is_cuda:
                         self._view(meta).copy_(t)
             if self._cuda_event is not None:
                 self._cuda_event.synchronize()
             self._tensors = []  # let go of the live tensors
             self.data_copied.set()
-            data = self.buffer.numpy()
+            data = self.buffer.numpy().data
             size = self.manifest.chunk_bytes
             self.manifest.chunk_crc32.extend(
                 zlib.crc32(data[i : i + size]) for i in range(0, self.total_bytes, size)
@@ -196,7 +200,7 @@ class Snapshot:
 
     def data(self) -> memoryview:
         self.last_used = time.monotonic()
-        return memoryview(self.buffer.numpy()).cast("B")
+        return self.buffer.numpy().data.cast("B")
 
 
 def tensors_from_bytes(manifest: cpb.SnapshotManifest, data: torch.Tensor) -> list[torch.Tensor]:
@@ -205,7 +209,8 @@ def tensors_from_bytes(manifest: cpb.SnapshotManifest, data: torch.Tensor) -> li
     for meta in manifest.tensors:
         if meta.offset < 0 or meta.nbytes < 0 or meta.offset + meta.nbytes > data.numel():
             raise StateCodecError(f"tensor at {meta.offset}+{meta.nbytes} lies outside the {data.numel()} bytes sent")
-        out.append(data[meta.offset : meta.offset + meta.nbytes].view(dtype_from_name(meta.dtype)).view(tuple(meta.shape)))
+        raw = data[meta.offset : meta.offset + meta.nbytes]
+        out.append(raw.view(dtype_from_name(meta.dtype)).view(tuple(meta.shape)))
     return out
 
 

@@ -18,17 +18,21 @@ local shard and marked ``sharded``.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 
 from fthsdp.core.errors import FthsdpError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 class StateCodecError(FthsdpError):
     """The state holds something that cannot be sent without pickling."""
 
 
-def is_dtensor(t: object) -> bool:
+def is_dtensor(t: object) -> TypeGuard[DTensor]:
     return isinstance(t, torch.Tensor) and hasattr(t, "to_local") and hasattr(t, "placements")
 
 

@@ -20,11 +20,12 @@ from fthsdp.agent.training.train_state import check_dense
 class StepBuffer:
     def __init__(self, params: list[torch.Tensor], running: RunningBuffers, contributes: bool) -> None:
         """``contributes=False``: a joiner without a gradient for the step: every element is zero."""
+        self.grads: list[torch.Tensor] = []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # (a DTensor for an FSDP2 parameter)
+            self.grads.append(p.grad)
         self.params = params
-        self.grads = [p.grad for p in params]
         check_dense(self.grads)
         self._shards = [local(g) for g in self.grads]
         self._running = running
@@ -42,5 +43,5 @@ class StepBuffer:
 
     def restore(self) -> None:
         """Put the step's gradient tensors back (a joiner's replays inside FTAR reset them)."""
-        for p, grad in zip(self.params, self.grads):
+        for p, grad in zip(self.params, self.grads, strict=True):
             p.grad = grad

@@ -25,7 +25,7 @@ WINDOW = 16
 class StepClock:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._now: tuple[int, float, int, str, float] = (pb.PHASE_STARTING, clock(), 0, "", 0.0)
+        self._now: tuple[pb.Phase, float, int, str, float] = (pb.PHASE_STARTING, clock(), 0, "", 0.0)
         """(phase, since, step, section, section timeout): replaced whole, never changed."""
         self._medians = (0.0, 0.0)
         self._step_times: deque[float] = deque(maxlen=WINDOW)
@@ -53,7 +53,7 @@ class StepClock:
             self._medians = (self._medians[0], statistics.median(self._compute_times))
         self._now = (pb.PHASE_ALLREDUCE, now, step, "", 0.0)
 
-    def working(self, phase: int, step: int) -> None:
+    def working(self, phase: pb.Phase, step: int) -> None:
         """Doing its own work (its update, or a joiner's replay inside the all-reduce)."""
         self._now = (phase, self._clock(), step, "", 0.0)
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import torch
 
@@ -63,6 +63,10 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict) -> object: ...
 
 
+def _is_stateful(obj: object) -> TypeGuard[Stateful]:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
 def default_update(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     def update() -> None:
         optimizer.step()
@@ -77,7 +81,7 @@ def check_registered(state: Mapping[str, object] | None) -> dict[str, Stateful]:
     for name, obj in (state or {}).items():
         if not isinstance(name, str) or not name or name in RESERVED:
             raise StateCodecError(f"registered state needs a name other than {', '.join(RESERVED)}; got {name!r}")
-        if not callable(getattr(obj, "state_dict", None)) or not callable(getattr(obj, "load_state_dict", None)):
+        if not _is_stateful(obj):
             raise StateCodecError(
                 f"registered state {name!r} is a {type(obj).__name__}, which has no state_dict()/load_state_dict()"
             )
@@ -89,9 +93,11 @@ def encode_blob(state: object) -> cpb.StateBlob:
     """A small state as JSON structure plus raw tensor bytes (a copy)."""
     skeleton, tensors, sharded = flatten(state)
     metas, parts, offset = [], [], 0
-    for t, is_shard in zip(tensors, sharded):
+    for t, is_shard in zip(tensors, sharded, strict=True):
         raw = tensor_bytes(t).tobytes()
-        metas.append(cpb.TensorMeta(dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset, nbytes=len(raw), sharded=is_shard))
+        metas.append(cpb.TensorMeta(
+            dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset, nbytes=len(raw), sharded=is_shard
+        ))
         parts.append(raw)
         offset += len(raw)
     return cpb.StateBlob(skeleton_json=skeleton, tensors=metas, data=b"".join(parts))
@@ -102,9 +108,12 @@ def decode_blob(blob: cpb.StateBlob) -> object:
     tensors = []
     for meta in blob.tensors:
         if meta.offset < 0 or meta.offset + meta.nbytes > len(data):
-            raise StateCodecError(f"a recorded tensor at {meta.offset}+{meta.nbytes} lies outside the {len(data)} bytes sent")
+            raise StateCodecError(
+                f"a recorded tensor at {meta.offset}+{meta.nbytes} lies outside the {len(data)} bytes sent"
+            )
         raw = bytearray(data[meta.offset : meta.offset + meta.nbytes])
-        t = torch.frombuffer(raw, dtype=dtype_from_name(meta.dtype)) if raw else torch.empty(0, dtype=dtype_from_name(meta.dtype))
+        dtype = dtype_from_name(meta.dtype)
+        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
         tensors.append(t.reshape(tuple(meta.shape)))
     return unflatten(blob.skeleton_json, tensors)
 
@@ -130,13 +139,17 @@ def _crc_of(state: object, crc: int = 0) -> int:
 class TrainState:
     """The model, the optimizer and the registered objects of one rank."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: Mapping[str, object] | None = None
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.extra = check_registered(extra)
         self.running = RunningBuffers(model)
         """Batch-norm running statistics: kept equal across replicas (fthsdp/agent/training/running_buffers.py)."""
-        self.unrecorded: set[str] = {n for n, obj in self.extra.items() if _tensor_nbytes(obj.state_dict()) > SMALL_STATE_BYTES}
+        self.unrecorded: set[str] = {
+            n for n, obj in self.extra.items() if _tensor_nbytes(obj.state_dict()) > SMALL_STATE_BYTES
+        }
         """Registered objects too large to record with each step (see the module docstring)."""
 
     # ----- hyperparameters ------------------------------------------------------------
@@ -155,7 +168,7 @@ class TrainState:
             raise StateCodecError(
                 f"the source's optimizer has {len(groups)} param groups, this one {len(self.optimizer.param_groups)}"
             )
-        for group, values in zip(self.optimizer.param_groups, groups):
+        for group, values in zip(self.optimizer.param_groups, groups, strict=True):
             group.update(values)
 
     # ----- a step's inputs (recorded at the all-reduce, replayed before the update) ---------
@@ -289,7 +302,8 @@ def explain_mismatch(mine: Mapping[str, str], theirs: Mapping[str, str], step: i
                 f"{name!r}: its state after replaying update() differs; does its load_state_dict() restore "
                 "everything its state_dict() holds?"
             )
-    return f"after step {step} this replica's state differs from the source's in " + "; ".join(hints or ["(no part named)"])
+    parts = "; ".join(hints or ["(no part named)"])
+    return f"after step {step} this replica's state differs from the source's in {parts}"
 
 
 # ----- the contract's checks, run by the manager --------------------------------------
@@ -318,7 +332,9 @@ def check_dense(grads: list[torch.Tensor]) -> None:
 
 def gradient_sample(param: torch.Tensor) -> torch.Tensor:
     """A copy of the first elements of ``param``'s gradient (this rank's shard)."""
-    return local(param.grad).reshape(-1)[:SENTINEL].clone()
+    grad = param.grad
+    assert grad is not None  # called once the step's gradients are in place (StepBuffer makes missing ones)
+    return local(grad).reshape(-1)[:SENTINEL].clone()
 
 
 def check_gradient(param: torch.Tensor, sample: torch.Tensor | None) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 import pyetcd

@@ -1,7 +1,7 @@
 """Train the example GPT as one replica of an fthsdp job.
 
     fthsdp agent --coordinator 127.0.0.1:29510 --replica-id r0 --num-replicas 3 \\
-        -- python examples/gpt/train.py --steps 300
+        -- python -m fthsdp.examples.gpt.train --steps 300
 
 Reads top to bottom like nanoGPT's train.py: config, data, model, optimizer,
 then the loop, where fthsdp adds three calls. Each replica trains on
@@ -32,12 +32,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from data import Dataset, corpus  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-
-from fthsdp import Manager  # noqa: E402
+from fthsdp import Manager
+from fthsdp.examples.gpt.data import Dataset, corpus
+from fthsdp.examples.gpt.model import GPT, GPTConfig
 
 # ----- config -----------------------------------------------------------------------------
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,12 +52,15 @@ p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu
 p.add_argument("--log-every", type=int, default=10)
 p.add_argument("--fail-at-step", type=int, default=-1)
 p.add_argument("--fail-how", choices=("kill", "hang", "exit", "deadlock"), default="kill")
-p.add_argument("--samples", type=int, default=0, help="also stop once the job trained on this many samples (0: no limit)")
-p.add_argument("--eval-every", type=int, default=0, help="validation loss every this many steps and at the end (0: never)")
+p.add_argument("--samples", type=int, default=0,
+               help="also stop once the job trained on this many samples (0: no limit)")
+p.add_argument("--eval-every", type=int, default=0,
+               help="validation loss every this many steps and at the end (0: never)")
 p.add_argument("--eval-batches", type=int, default=20, help="held-out batches of --batch-size per validation loss")
 args = p.parse_args()
 if args.global_batch < 0 or args.batch_size < 1:
-    p.error(f"--global-batch must be 0 or more and --batch-size at least 1, got {args.global_batch} and {args.batch_size}")
+    p.error(f"--global-batch must be 0 or more and --batch-size at least 1, "
+            f"got {args.global_batch} and {args.batch_size}")
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 first_start = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
 
