@@ -154,7 +154,7 @@ while ft.step < args.max_iters and not ft.stopped:
         print(json.dumps({"step": ft.step, "eval": estimate_loss()}), flush=True)
 
     # forward and backward, with gradient accumulation over micro-steps
-    for _ in range(args.gradient_accumulation_steps):
+    for micro_step in range(args.gradient_accumulation_steps):
         X, Y = train_batches.next()  # not prefetched: a step's batches follow from the state at its start
         with ctx:
             logits, loss = model(X.to(args.device), Y.to(args.device))
