@@ -1,0 +1,37 @@
+"""Every benchmark runs from a clean clone: each one once, on its smallest
+setting (slow: minutes together). This proves the scripts work with the
+code as it is, not their figures: the tables in benchmarks/README.md come
+from full runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+SMOKE = {
+    "ftar": (["--sizes-mb", "1", "--replicas", "2", "--pairs", "1"], 300),
+    "step_time": (["--replicas", "2", "--pairs", "1", "--steps", "8"], 300),
+    "failover": (["--trials", "1", "--cases", "rank killed"], 600),
+    "catchup": (["--trials", "1", "--mib", "8", "--skip-large", "--skip-torchft"], 900),
+    "coordinator_scale": (["--replicas", "20", "--clients", "1", "--seconds", "2"], 300),
+    "goodput_sim": (["--failures", "3", "--gpus", "1000", "--png", ""], 300),
+    "accuracy": (["--samples", "1920", "--eval-every", "40", "--png", ""], 1200),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.timeout(SMOKE[name][1] + 30))
+                                  for name in sorted(SMOKE)])
+def test_the_benchmark_runs(name):
+    args, timeout = SMOKE[name]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")}
+    out = subprocess.run([sys.executable, f"benchmarks/{name}.py", *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, f"{name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert "|" in out.stdout, f"{name} printed no table:\n{out.stdout[-2000:]}"
