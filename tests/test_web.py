@@ -151,9 +151,11 @@ def raw(address: str, request: bytes) -> str:
 def test_malformed_requests_get_a_clear_status(tmp_path, processes):
     c = processes(CoordinatorProcess(tmp_path, "--metrics-port", "0").start())
     address = c.metrics_url.removeprefix("http://").removesuffix("/metrics")
-    assert raw(address, b"hello\r\n\r\n") == "HTTP/1.1 400 Bad Request"
-    assert raw(address, b"GET / HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n").startswith("HTTP/1.1 431")
-    big = b"POST /api/replicas/r0/drain HTTP/1.1\r\nContent-Length: 10000000\r\n\r\n"
+    # Not HTTP, so no version to answer in: aiohttp answers in 1.0. (The
+    # requests below carry the Host header that HTTP/1.1 requires: 400 without.)
+    assert raw(address, b"hello\r\n\r\n") in ("HTTP/1.0 400 Bad Request", "HTTP/1.1 400 Bad Request")
+    assert raw(address, b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20_000 + b"\r\n\r\n").startswith("HTTP/1.1 431")
+    big = b"POST /api/replicas/r0/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"
     assert raw(address, big).startswith("HTTP/1.1 413")
     assert raw(address, b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n") == "HTTP/1.1 200 OK"  # still serving
 

@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.http_server import serve_http
+from fthsdp.coordinator.http_server import HttpServer, serve_http
 from fthsdp.coordinator.leadership import Leadership
 from fthsdp.coordinator.runtime import CoordinatorRuntime
 from fthsdp.coordinator.servicer import CoordinatorServicer, add_to_server
@@ -73,7 +73,7 @@ class RunningCoordinator:
     health: health.aio.HealthServicer
     metrics_address: str = ""
     """HOST:PORT of the HTTP server (metrics, status page, JSON API), if --metrics-port is on."""
-    metrics_server: asyncio.base_events.Server | None = None
+    metrics_server: HttpServer | None = None
     leadership: Leadership | None = None
     lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     """Set when this coordinator led and lost its lease: the process should exit."""
@@ -89,7 +89,7 @@ class RunningCoordinator:
         if self.leadership is not None:
             await asyncio.to_thread(self.leadership.resign)  # a follower takes over at once
         if self.metrics_server is not None:
-            self.metrics_server.close()
+            await self.metrics_server.wait_closed()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         self.store.close()
