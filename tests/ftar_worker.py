@@ -238,18 +238,20 @@ def main() -> int:
                 hang()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    ft = Manager.from_env(model, optimizer, update=update, state=state)
     if args.corrupt_first_replay:
-        replay, corrupted = ft.replay, []
+        inner, corrupted = update, []
 
-        def corrupting_replay(entry, data):
-            replay(entry, data)
-            if not corrupted:
-                corrupted.append(entry.step)
+        def update():  # the script's update, with the first replayed step made to differ
+            if inner is not None:
+                inner()
+            else:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            if ft.replaying and not corrupted:
+                corrupted.append(ft.step)
                 with torch.no_grad():
                     next(model.parameters()).view(-1)[0] += 1e-3
-
-        ft.replay = corrupting_replay
+    ft = Manager.from_env(model, optimizer, update=update, state=state)
     ft.start(wait_for_replicas=args.wait_for)
     print(json.dumps({"admitted": ft.quorum_id, "pid": os.getpid(), "t": time.monotonic(),
                       "catch_up": ft.catch_up.as_dict() if ft.catch_up else None}), flush=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fthsdp.coordinator.quorum import Member, Quorum, ReplicaView, Rules, decide
+from fthsdp.coordinator.quorum import decide
+from fthsdp.coordinator.quorum_types import Member, Quorum, ReplicaView, Rules
 
 NOW = 1000.0
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)

@@ -46,10 +46,20 @@ def test_sparse_gradients_are_named():
 
 
 def test_allreduce_twice_in_a_step():
-    ft = offline_manager()
-    ft._reduced = True  # as after a first allreduce_gradients()
+    model = torch.nn.Linear(4, 4)
+    ft = Manager(model, torch.optim.SGD(model.parameters(), lr=0.1), ManagerConfig.from_env({}))  # standalone
+    ft.start()
+    model(torch.ones(2, 4)).sum().backward()
+    ft.allreduce_gradients()
     with pytest.raises(ApiMisuse, match="called twice"):
         ft.allreduce_gradients()
+    assert ft.commit() and ft.step == 1
+    ft.close()
+
+
+def test_allreduce_before_start():
+    with pytest.raises(ApiMisuse, match="before start"):
+        offline_manager().allreduce_gradients()
 
 
 def test_missing_replica_id_is_a_config_error():

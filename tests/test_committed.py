@@ -13,7 +13,7 @@ import pytest
 from fthsdp.coordinator import committed
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum import Member, Quorum, Rules
+from fthsdp.coordinator.quorum_types import Member, Quorum, Rules
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.core.errors import LostOwnership, StateNotLost, StoreUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb

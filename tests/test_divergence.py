@@ -18,7 +18,7 @@ from fthsdp.agent.node.supervisor import AgentState, Supervisor
 from fthsdp.agent.training.checksum import MAX_INPUTS, StridedHistory, cap_inputs
 from fthsdp.coordinator import divergence
 from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum import Rules
+from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.coordinator.status_view import status_table
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import ROOT, _env

@@ -156,7 +156,7 @@ def test_is_growth_agrees_with_the_member_lists_along_random_chains() -> None:
 
     from fthsdp.agent.training.ftar_decisions import is_growth
     from fthsdp.coordinator.codec import quorum_to_pb
-    from fthsdp.coordinator.quorum import Member, Quorum, next_last_drop_id
+    from fthsdp.coordinator.quorum_types import Member, Quorum, next_last_drop_id
 
     rng = random.Random(7)
     for _ in range(50):

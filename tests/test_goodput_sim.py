@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import fthsdp.coordinator.quorum
+import fthsdp.coordinator.quorum_types
 
 # benchmarks/ is not an installed package: import it from the checkout, as
 # `python benchmarks/goodput_sim.py` does, whichever way pytest was started.
@@ -118,7 +119,7 @@ def test_same_seed_same_run_other_seed_other_run():
 
 def test_the_simulator_calls_the_shipped_quorum_decision():
     assert engine.decide is fthsdp.coordinator.quorum.decide
-    assert engine.Rules is fthsdp.coordinator.quorum.Rules
+    assert engine.Rules is fthsdp.coordinator.quorum_types.Rules
 
 
 def test_membership_is_what_the_decision_returns(monkeypatch):

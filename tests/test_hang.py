@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fthsdp.agent.training.step_clock import StepClock
 from fthsdp.coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
 from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum import Rules
+from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 C, A, U, S, N = pb.PHASE_COMPUTE, pb.PHASE_ALLREDUCE, pb.PHASE_UPDATE, pb.PHASE_SECTION, pb.PHASE_UNSPECIFIED
@@ -177,14 +177,14 @@ def joined_job(n=3, hang_rules=RULES):
         sessions[rid] = job.register(rid, f"h:{i}", 1, 0, 0, 0.0, restart_count=2)
         job.heartbeat(rid, sessions[rid], 0, False, "", 0, 0.1)
     decision = job.evaluate(0.2)
-    from fthsdp.coordinator.quorum import Quorum
+    from fthsdp.coordinator.quorum_types import Quorum
     job.apply(decision, Quorum(1, decision.members), 1)
     return job, sessions
 
 
 def adopt(job, now, quorum_id):
     """The next decision, stored and applied as the runtime does; returns its members."""
-    from fthsdp.coordinator.quorum import Quorum
+    from fthsdp.coordinator.quorum_types import Quorum
 
     decision = job.evaluate(now)
     assert decision.members is not None, decision.reason
@@ -260,7 +260,7 @@ def test_a_member_dropped_for_silence_with_its_session_open_gets_a_notice():
         job.heartbeat("r0", s["r0"], 3, False, "", 0, t)
         job.heartbeat("r1", s["r1"], 3, False, "", 0, t)
     decision = job.evaluate(6.0)  # r2 was last heard at 0.1: past the 5 s timeout
-    from fthsdp.coordinator.quorum import Quorum
+    from fthsdp.coordinator.quorum_types import Quorum
     job.apply(decision, Quorum(2, decision.members), 2)
     assert [m.replica_id for m in decision.members] == ["r0", "r1"]
     assert "no heartbeat" in job.watch_event("r2", "leader").hang.reason

@@ -16,7 +16,7 @@ from fthsdp.agent.training.job_finished import JobFinished, finished_line, finis
 from fthsdp.agent.training.joiner import Joiner
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum import Rules
+from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.coordinator.runtime import CoordinatorRuntime
 from fthsdp.coordinator.status_view import status_dict, status_table
 from fthsdp.coordinator.store import MemoryStore

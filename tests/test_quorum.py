@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from fthsdp.coordinator.quorum import Member, Quorum, decide, next_last_drop_id, settle_for
+from fthsdp.coordinator.quorum import decide, settle_for
+from fthsdp.coordinator.quorum_types import Member, Quorum, next_last_drop_id
 from tests.quorum_cases import GRACE, NOW, RULES, Case, alive, awaited, check, quorum, silent, table
 
 CASES = [
@@ -346,7 +347,7 @@ def test_members_that_stay_keep_their_entry() -> None:
     ],
 )
 def test_find_diverged(reports, joined, expected):
-    from fthsdp.coordinator.quorum import find_diverged
+    from fthsdp.coordinator.checksum_vote import find_diverged
 
     assert find_diverged(reports, joined) == expected
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fthsdp.coordinator import silence
-from fthsdp.coordinator.quorum import Quorum
+from fthsdp.coordinator.quorum_types import Quorum
 from fthsdp.coordinator.replica_entry import ReplicaEntry
 from tests.test_hang import joined_job
 
@@ -79,7 +79,7 @@ def test_a_replica_registered_after_a_scan_that_found_none_still_times_out():
     is reached; a scan of no replicas saw none, so a registration must bring
     the next scan forward, or a member's silence would go unseen."""
     from fthsdp.coordinator.job import JobState
-    from fthsdp.coordinator.quorum import Rules
+    from fthsdp.coordinator.quorum_types import Rules
     from tests.test_hang import RULES
 
     job = JobState("j", Rules(min_replicas=1, heartbeat_timeout=5.0), RULES)

@@ -23,7 +23,8 @@ import random
 
 from benchmarks.goodput.inputs import RecoveryCosts
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.quorum import Quorum, ReplicaView, Rules, decide
+from fthsdp.coordinator.quorum import decide
+from fthsdp.coordinator.quorum_types import Quorum, ReplicaView, Rules
 from fthsdp.coordinator.replica_entry import ReplicaEntry
 
 SECONDS_PER_HOUR = 3600.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import overload
 
-from fthsdp.coordinator.quorum import Member, Quorum
+from fthsdp.coordinator.quorum_types import Member, Quorum
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Final
 
 from fthsdp.coordinator.codec import decode
 from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum import Quorum
+from fthsdp.coordinator.quorum_types import Quorum
 from fthsdp.coordinator.status_view import give_up_hint, reopen_hint
 from fthsdp.coordinator.store import Store
 from fthsdp.core.errors import JobNotFinished, LostOwnership, StateNotLost, StoreError

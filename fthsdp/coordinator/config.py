@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from fthsdp.coordinator.hang import HangRules
-from fthsdp.coordinator.quorum import Rules
+from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
 from fthsdp.core.log_format import check_log_format

@@ -4,7 +4,7 @@ Each checksum a replica reports comes with the inputs of the step that
 produced that state (``StepChecksum.inputs``: the optimizer's numeric
 hyperparameters per param group, fthsdp/agent/training/checksum.py). When the coordinator
 flags a member whose checksum disagrees with the members'
-(``fthsdp.coordinator.quorum.find_diverged``), ``explain`` compares those inputs
+(``fthsdp.coordinator.checksum_vote.find_diverged``), ``explain`` compares those inputs
 with the members' at the same step and names what differs, e.g. "r2's lr at
 step 158 was 0.00091, the members' 0.0009: ...". "At step N" means in the
 step that produced the state at step N. A replica that caught up replays

@@ -7,6 +7,11 @@ with a reason. It reads no clock and does no I/O, so every rule is tested
 table-driven with made-up times (tests/test_quorum.py), and the goodput
 simulator runs the same code.
 
+This module holds the rules that weigh the replicas against each other. What
+they read and answer is in fthsdp/coordinator/quorum_types.py; whether one
+replica is lost (rule 1's ``lost_at``) in fthsdp/coordinator/liveness.py; the
+checksum vote that flags a diverged member in fthsdp/coordinator/checksum_vote.py.
+
 The rules, in order:
 
 1. Liveness. A replica is lost when its heartbeats stop for
@@ -16,7 +21,7 @@ The rules, in order:
    that registers again as a new incarnation (a restarted process lost its
    state) leaves the quorum too, and comes back as a joiner; so does a member
    whose state checksum disagrees with the other members' at the same step
-   (see ``find_diverged``). A coordinator that just started (a restart, a
+   (``find_diverged``, fthsdp/coordinator/checksum_vote.py). A coordinator that just started (a restart, a
    failover) has heard from nobody: every replica loaded from the store has
    a grace to reconnect (``reconnect_by``) and is neither lost nor silent
    meanwhile. An agent's failure report ends a replica's grace at once
@@ -90,215 +95,11 @@ The rules, in order:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-
-@dataclasses.dataclass(frozen=True)
-class Rules:
-    """The parameters of the decision (a subset of the coordinator config)."""
-
-    min_replicas: int = 1
-    heartbeat_timeout: float = 5.0
-    join_timeout: float = 10.0
-    disconnect_is_failure: bool = True
-    join_settle: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Member:
-    """One replica of a quorum."""
-
-    replica_id: str
-    address: str
-    world_size: int
-    step: int
-    joined_quorum_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Quorum:
-    """Which replicas train together; ``id`` grows at every membership change."""
-
-    id: int
-    members: tuple[Member, ...]
-    step: int = 0
-    created_unix_ms: int = 0
-    reason: str = ""
-    epoch: int = 0
-    last_drop_id: int = 0
-    """The newest quorum up to this one that dropped an incarnation of the
-    quorum before it: every member of a quorum with an id at or above it is
-    a member of this one (0: unknown, as in a quorum stored by an older
-    version; see ``next_last_drop_id``)."""
-
-    @property
-    def member_ids(self) -> tuple[str, ...]:
-        return tuple(m.replica_id for m in self.members)
-
-
-def next_last_drop_id(prev: Quorum | None, new_id: int, members: tuple[Member, ...]) -> int:
-    """``last_drop_id`` of quorum ``new_id`` with ``members``, formed after
-    ``prev``: unchanged while quorums only add replicas, else ``new_id``. A
-    restarted replica is a new incarnation (another ``joined_quorum_id``): its
-    old one was dropped. Without a known predecessor, ``new_id`` (nothing
-    older is vouched for)."""
-    if prev is None or not prev.last_drop_id:
-        return new_id
-    kept = {(m.replica_id, m.joined_quorum_id) for m in members}
-    if all((m.replica_id, m.joined_quorum_id) in kept for m in prev.members):
-        return prev.last_drop_id
-    return new_id
-
-
-@dataclasses.dataclass(slots=True)
-class ReplicaView:
-    """What the coordinator knows of one replica at decision time.
-
-    Times are coordinator-monotonic seconds. Never mutated, but not frozen:
-    a frozen one takes 3.4 us to build, not 0.2 (34 ms a decision at 10,000).
-    """
-
-    replica_id: str
-    address: str = ""
-    world_size: int = 1
-    step: int = 0
-    catch_up_addresses: tuple[str, ...] = ()
-    last_heartbeat: float = 0.0
-    registered_at: float = 0.0
-    disconnected_at: float | None = None
-    failed_at: float | None = None
-    ready_since: float | None = None
-    catching_up: bool = False
-    """A catch-up is under way: not up to date whatever its step, until ready."""
-    beating: bool = True
-    """It has heartbeated since it registered: a replica that has not is not admitted."""
-    first_heartbeat: float = 0.0
-    """When it first heartbeated since it registered (0: unknown): the
-    arrival time that the join settle counts from, with ``registered_at``."""
-    restarted: bool = False
-    diverged: bool = False
-    cordoned: bool = False
-    drain_requested: bool = False
-    hung_at: float | None = None
-    hung: str = ""
-    """Taken out for making no progress while others waited (fthsdp/coordinator/hang.py)."""
-    unreachable: str = ""
-    """Why it cannot train with the members (e.g. "unreachable from r0, r1":
-    their collectives cannot reach it over the data path, fthsdp/coordinator/stuck.py).
-    Alive, but never a member, a source or admitted until it reaches them again."""
-    reconnect_by: float | None = None
-    """Set while the replica has not reconnected since this coordinator
-    started (it was loaded from the store): the end of its grace to
-    reconnect (``lost_at``). ``last_heartbeat`` is then the coordinator's start."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CatchUpSource:
-    replica_id: str
-    address: str
-    step: int
-    catch_up_addresses: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """The outcome: ``members`` is None to keep the current quorum."""
-
-    members: tuple[Member, ...] | None
-    reason: str
-    head_step: int
-    catch_up: Mapping[str, CatchUpSource]
-    settled: bool = False
-    """The fast path: every member healthy, nobody pending; until something
-    changes or a heartbeat times out, deciding again gives the same answer."""
-    state_lost_step: int = 0
-    """The committed step that no live replica holds (rule 8); 0: not lost."""
-    state_lost: str = ""
-    """While lost: what remains, e.g. "no live replica holds it; r0 at step 0"."""
-    state_ended: bool = False
-    """Every member left on purpose (finished, drained) holding the committed
-    step: the state ended with them and the committed step starts over."""
-    regroup: bool = False
-    """The new quorum regroups the members of the last one (a collective
-    among them was stuck): every member leaves the old group at once."""
-
-    @property
-    def changes_quorum(self) -> bool:
-        return self.members is not None
-
-
-def lost_at(
-    r: ReplicaView, now: float, rules: Rules, others_back_at: float | None = None
-) -> tuple[float, str, bool] | None:
-    """When and why a replica was lost, or None while it is alive.
-
-    The third element says whether the loss was explicit (a report, a restart)
-    rather than silence, which the split-brain guard treats differently.
-
-    A replica that has not reconnected since the coordinator started
-    (``reconnect_by`` set) is silent by the coordinator's doing, not its
-    own: until its grace ends it is neither lost nor silent, unless the
-    other members are back (``others_back_at``, see ``Awaited``: the latest
-    registration; None while some are still missing). Then it is judged as
-    a replica last heard from then (or at the coordinator's start) would be.
-    """
-    if r.failed_at is not None:
-        return r.failed_at, "reported failed", True
-    if r.hung_at is not None:
-        return r.hung_at, r.hung, True
-    if rules.disconnect_is_failure and r.disconnected_at is not None:
-        return r.disconnected_at, "stream closed", False
-    expiry = r.last_heartbeat + rules.heartbeat_timeout
-    if r.reconnect_by is not None:
-        if now < r.reconnect_by and others_back_at is None:
-            return None
-        expiry = max(r.last_heartbeat, others_back_at or 0.0) + rules.heartbeat_timeout
-        if now >= expiry:
-            return expiry, "not reconnected since the coordinator started", False
-        return None
-    if now >= expiry:
-        return expiry, "heartbeat timeout", False
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Awaited:
-    """After a coordinator start: the members of the current quorum not back
-    yet, whether a replica failed before it reconnected, and the latest
-    registration since the start (what ``lost_at`` judges the last missing
-    member by)."""
-
-    ids: frozenset[str] = frozenset()
-    blocked: bool = False
-    """A replica failed (its agent said so) before it reconnected: until it
-    registers again, nothing tells how long the clients take to reconnect."""
-    last_back: float = 0.0
-
-    @classmethod
-    def of(cls, prev: Quorum | None, replicas: Mapping[str, ReplicaView]) -> Awaited:
-        members = prev.member_ids if prev is not None else ()
-        ids = frozenset(i for i in members if (r := replicas.get(i)) is not None and r.reconnect_by is not None
-                        and r.failed_at is None)
-        if not ids:
-            return cls()
-        blocked, last_back = False, 0.0
-        for r in replicas.values():
-            if r.reconnect_by is not None:
-                blocked = blocked or r.failed_at is not None
-            else:
-                last_back = max(last_back, r.registered_at)
-        return cls(ids, blocked, last_back)
-
-    def others_back_at(self, replica_id: str) -> float | None:
-        """For ``lost_at``: when the latest replica registered, if every member
-        but ``replica_id`` is back (None if some are not, or while blocked)."""
-        if not self.ids:
-            return self.last_back
-        if self.blocked or len(self.ids) > 1 or replica_id not in self.ids:
-            return None
-        return self.last_back
+from fthsdp.coordinator.liveness import Awaited, lost_at
+from fthsdp.coordinator.quorum_types import CatchUpSource, Decision, Member, Quorum, ReplicaView, Rules
 
 
 def holds_state(r: ReplicaView, committed_step: int) -> bool:
@@ -580,42 +381,3 @@ def _summary(prev, alive, replicas, pending, catch_up) -> str:
     if prev is not None:
         parts.append(f"quorum {prev.id} has {len(prev.members)} members")
     return "; ".join(parts) + "]"
-
-
-def find_diverged(reports: Mapping[str, Mapping[int, str]], joined: Mapping[str, int]) -> dict[str, int]:
-    """Members whose state checksum disagrees with the others' at a common step.
-
-    ``reports`` maps each member to its recent {step: checksum}; ``joined``
-    maps every member of the quorum to the quorum id that admitted it. At a
-    step, the replicas holding a checksum that a strict majority of all
-    members share are right and the others are flagged. Without such a
-    majority (two members, say) and once every member reported the step, the
-    members admitted earliest are presumed right if that tells the sides
-    apart (a fresh catch-up is the likelier culprit); otherwise nobody is
-    flagged. Returns {replica_id: first step at which it disagreed}.
-    """
-    steps: dict[int, dict[str, str]] = {}
-    for rid, history in reports.items():
-        for step, checksum in history.items():
-            steps.setdefault(step, {})[rid] = checksum
-    out: dict[str, int] = {}
-    for step in sorted(steps):
-        by_checksum: dict[str, list[str]] = {}
-        for rid, checksum in steps[step].items():
-            by_checksum.setdefault(checksum, []).append(rid)
-        if len(by_checksum) < 2:
-            continue
-        groups = sorted(by_checksum.values(), key=len, reverse=True)
-        if len(groups[0]) * 2 > len(joined):
-            wrong = [rid for ids in groups[1:] for rid in ids]
-        elif len(steps[step]) == len(joined):
-            seniority = sorted(groups, key=lambda ids: min(joined.get(i, 0) for i in ids))
-            oldest = min(joined.get(i, 0) for i in seniority[0])
-            if any(min(joined.get(i, 0) for i in ids) == oldest for ids in seniority[1:]):
-                continue  # cannot tell who is right
-            wrong = [rid for ids in seniority[1:] for rid in ids]
-        else:
-            continue
-        for rid in wrong:
-            out.setdefault(rid, step)
-    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from fthsdp.coordinator.quorum import Member, ReplicaView
+from fthsdp.coordinator.quorum_types import Member, ReplicaView
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
@@ -149,7 +149,7 @@ def seed_entries(
 def grant_reconnect_grace(entries: Mapping[str, ReplicaEntry], until: float) -> int:
     """Give every replica not yet back (no session: loaded from the store)
     until ``until`` to reconnect before the quorum decision judges it
-    (fthsdp/coordinator/quorum.py ``lost_at``); returns how many. A coordinator
+    (fthsdp/coordinator/liveness.py ``lost_at``); returns how many. A coordinator
     that just started has heard from nobody: their silence is its own."""
     count = 0
     for entry in entries.values():

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from fthsdp.coordinator.liveness import lost_at
 from fthsdp.coordinator.progress import ProgressBook
-from fthsdp.coordinator.quorum import CatchUpSource, Rules, lost_at
+from fthsdp.coordinator.quorum_types import CatchUpSource, Rules
 from fthsdp.coordinator.replica_entry import ReplicaEntry
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 

@@ -5,6 +5,11 @@ client) and go to worker threads, so an unreachable etcd delays quorum changes
 but never heartbeats or status. A decision is written to the store with a
 revision check *before* it is applied and pushed: a quorum id that reached a
 replica is durable, so ids never go backwards after a restart.
+
+This module is the engine's face: loading the jobs when this coordinator
+starts to lead, and the replicas' and operators' calls. The loop that
+decides runs on its own (fthsdp/coordinator/decision_loop.py), and what is
+read and written in the store for a job is in fthsdp/coordinator/job_store.py.
 """
 
 from __future__ import annotations
@@ -14,30 +19,23 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fthsdp.coordinator import committed
-from fthsdp.coordinator.codec import decode, quorum_from_pb, quorum_to_pb
+from fthsdp.coordinator import committed, job_store
+from fthsdp.coordinator.codec import quorum_to_pb
 from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.decision_loop import DecisionLoop
 from fthsdp.coordinator.gauges import job_gauges
 from fthsdp.coordinator.injection import InjectionBook
 from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
+from fthsdp.coordinator.loop_lag import LagWindow, probe
 from fthsdp.coordinator.metrics import TAKEN_OUT_REASONS, Metrics
-from fthsdp.coordinator.quorum import Decision, Quorum, names, next_last_drop_id, settle_for
 from fthsdp.coordinator.replica_entry import fail_awaited, grant_reconnect_grace
 from fthsdp.coordinator.served_job import ServedJob
 from fthsdp.coordinator.store import Store
 from fthsdp.coordinator.watch_events import HEADER
-from fthsdp.core.errors import LostOwnership, NotLeader, StoreError, StoreUnavailable, UnknownJob
+from fthsdp.core.errors import NotLeader, UnknownJob
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
-
-BACKLOG_EVERY = 0.5
-"""Seconds between measurements of the heartbeat backlog."""
-
-POLL_GAP_PER_COST = 19.0
-"""An unsettled decision is taken again after this many times what it cost
-(so polling takes at most a twentieth of the coordinator's time)."""
 
 
 class CoordinatorRuntime:
@@ -64,12 +62,12 @@ class CoordinatorRuntime:
                 counter.inc(0, job=name)
             for reason in TAKEN_OUT_REASONS:
                 self.metrics.taken_out.inc(0, job=name, reason=reason)
-        self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self.lag = LagWindow(config.heartbeat_timeout)
         """The event loop's recent worst lag: added to the heartbeat timeout (fthsdp/coordinator/loop_lag.py)."""
+        self.decisions = DecisionLoop(config, store, self.jobs, self.metrics, self.lag, clock, wall)
+        """Every job's decisions, each tick or when woken (fthsdp/coordinator/decision_loop.py)."""
         self._prober: asyncio.Task | None = None
-        self._stopped = False
         self.leading = False
         """Whether this coordinator leads (``start()`` ran): only then does it serve replicas."""
         self.leader_hint = ""
@@ -82,11 +80,11 @@ class CoordinatorRuntime:
         for job in self.jobs.values():
             await self._load(job)
         self.leading = True
-        self._ticker = asyncio.create_task(self._tick_loop(), name="fthsdp-quorum-tick")
+        self._ticker = asyncio.create_task(self.decisions.run(), name="fthsdp-quorum-tick")
         self._prober = asyncio.create_task(probe(self.lag, self.clock), name="fthsdp-loop-lag")
 
     async def stop(self) -> None:
-        self._stopped = True
+        self.decisions.stopped = True
         self.leading = False
         for task in (self._ticker, self._prober):
             if task is not None:
@@ -97,17 +95,8 @@ class CoordinatorRuntime:
                     pass
 
     async def _load(self, job: ServedJob) -> None:
-        keys = job.keys
-        job.epoch = await asyncio.to_thread(self._bump_epoch, keys)
-        stored = await asyncio.to_thread(self.store.get, keys.quorum)
-        quorum, revision = None, 0
-        if stored is not None:
-            quorum = quorum_from_pb(decode(pb.Quorum, stored.value, f"quorum of job {job.state.name}"))
-            revision = stored.revision
-        records = {}
-        for key, item in (await asyncio.to_thread(self.store.get_prefix, keys.replicas)).items():
-            rec = decode(pb.ReplicaRecord, item.value, f"record {key}")
-            records[rec.replica_id] = (rec, item.revision)
+        job.epoch = await asyncio.to_thread(job_store.bump_epoch, self.store, job.keys, self.leader, self.wall)
+        quorum, revision, records = await job_store.read(self.store, job)
         committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
         now = self.clock()
         job.state.load(quorum, revision, records, now, committed_step)
@@ -132,7 +121,7 @@ class CoordinatorRuntime:
 
     def _grant_grace(self, job: ServedJob, now: float) -> None:
         """Every replica from the store gets a grace to reconnect before it
-        is judged (fthsdp/coordinator/quorum.py ``lost_at``): a restart or a failover
+        is judged (fthsdp/coordinator/liveness.py ``lost_at``): a restart or a failover
         silenced them all, and after a long outage their clients take a while
         to reconnect. It is what the rules would give silent members in any
         case: their heartbeat timeout, then the split-brain guard's
@@ -142,15 +131,6 @@ class CoordinatorRuntime:
         if count:
             log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
                      "(sooner once every other member is back)", job.state.name, count, grace)
-
-    def _bump_epoch(self, keys: JobKeys) -> int:
-        while True:
-            current = self.store.get(keys.epoch)
-            previous = decode(pb.Epoch, current.value, "epoch").epoch if current else 0
-            msg = pb.Epoch(epoch=previous + 1, coordinator=self.leader, started_unix_ms=int(self.wall() * 1000))
-            result = self.store.compare_and_set(keys.epoch, msg.SerializeToString(), current.revision if current else 0)
-            if result.succeeded:
-                return msg.epoch
 
     # ----- lookups -------------------------------------------------------------------
 
@@ -165,7 +145,7 @@ class CoordinatorRuntime:
         return job
 
     def wake(self) -> None:
-        self._wake.set()
+        self.decisions.wake()
 
     # ----- replica calls -------------------------------------------------------------
 
@@ -177,7 +157,7 @@ class CoordinatorRuntime:
             if needed is not None:
                 rec, expected = needed
                 rec.registered_unix_ms = int(self.wall() * 1000)
-                revision = await self._write_record(job, rec, expected)
+                revision = await job_store.write_record(self.store, job, rec, expected)
             session = job.state.register(
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
                 tuple(req.catch_up_addresses), req.restart_count,
@@ -253,7 +233,7 @@ class CoordinatorRuntime:
             revision = entry.record_revision if entry is not None else 0
             gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock(), req.reason, req.step)
             if gone and revision:
-                await self._store(self.store.compare_and_delete, job.keys.replica(req.replica_id), revision)
+                await job_store.delete_record(self.store, job, req.replica_id, revision)
         log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given")
         self.wake()
 
@@ -286,9 +266,9 @@ class CoordinatorRuntime:
             job=name, leader=self.leader_hint, follower=True, jobs=sorted(self.jobs),
             reason=f"this coordinator follows {self.leader_hint or 'nobody yet'}",
         )
-        stored = await self._store(self.store.get, JobKeys(self.config.store_prefix, name).quorum)
+        stored = await job_store.stored_quorum(self.store, JobKeys(self.config.store_prefix, name), name)
         if stored is not None:
-            response.quorum.CopyFrom(decode(pb.Quorum, stored.value, f"quorum of job {name}"))
+            response.quorum.CopyFrom(stored)
         return response
 
     def status(self, req: pb.StatusRequest) -> pb.StatusResponse:
@@ -345,225 +325,15 @@ class CoordinatorRuntime:
         job = self.job(job_name)
         async with job.lock:
             rec, expected = job.state.admin_record(replica_id, cordoned=cordoned, drain=drain)
-            revision = await self._write_record(job, rec, expected)
+            revision = await job_store.write_record(self.store, job, rec, expected)
             job.state.apply_record(rec, revision)
         log.info("job %s: replica %s cordoned=%s drain=%s", job.state.name, replica_id, rec.cordoned,
                  rec.drain_requested)
         job.notify()
         self.wake()
 
-    async def _write_record(self, job: ServedJob, rec: pb.ReplicaRecord, expected: int) -> int:
-        key = job.keys.replica(rec.replica_id)
-        result = await self._store(self.store.compare_and_set, key, rec.SerializeToString(), expected)
-        if not result.succeeded:
-            # Someone else (an earlier coordinator, an operator) wrote it; keep
-            # their flags, which are the newer intent, and write ours over them.
-            current = decode(pb.ReplicaRecord, result.current.value, key) if result.current else None
-            if current is not None:
-                rec.cordoned = rec.cordoned or current.cordoned
-                rec.drain_requested = rec.drain_requested or current.drain_requested
-            retry_expected = result.current.revision if result.current else 0
-            result = await self._store(self.store.compare_and_set, key, rec.SerializeToString(), retry_expected)
-            if not result.succeeded:
-                raise LostOwnership(f"record {key} keeps changing under this coordinator")
-        return result.current.revision
-
-    async def _store(self, fn, *args):
-        return await asyncio.to_thread(fn, *args)
-
     # ----- the decision loop ---------------------------------------------------------
 
-    async def _tick_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.tick_interval)
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            for job in self.jobs.values():
-                try:
-                    await self.evaluate(job)
-                    # After the decision and its push, outside the job's lock (fthsdp/coordinator/committed.py).
-                    await committed.sync(job.committed, self.store, job.state, self.clock(), int(self.wall() * 1000))
-                except Exception:  # the loop must survive anything one job does
-                    log.exception("job %s: quorum evaluation failed", job.state.name)
-
     async def evaluate(self, job: ServedJob) -> None:
-        async with job.lock:
-            if self._stopped:
-                return
-            for rid, verdict in job.state.check_checksums().items():
-                log.warning("job %s: replica %s's state checksum disagrees at step %d: %s; %s", job.state.name, rid,
-                            verdict.step, verdict.reason,
-                            "its agent gives up" if verdict.give_up else "it is taken out and must catch up",
-                            extra={"event": "checksum_mismatch", "job": job.state.name, "replica": rid,
-                                   "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
-                                   "give_up": verdict.give_up})
-            await self._take_out_hung(job)
-            await self._store_marks(job)
-            self._pace(job)
-            due = job.state.needs_decision(self.clock())
-            self._notice_silent_outsiders(job)
-            if not due:
-                return
-            began, now = time.perf_counter(), self.clock()
-            decision = job.state.evaluate(now)
-            # Polling an unsettled decision (joiners arriving) takes at most
-            # a twentieth of the loop; anything urgent (a member lost) marks the
-            # job dirty and is decided on the next tick regardless.
-            job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
-            mark = job.state.finish_mark(decision, int(self.wall() * 1000))
-            if mark is not None:
-                # Stored before anything is applied or pushed: a coordinator
-                # restart must still know, and a late arrival never be admitted.
-                try:
-                    await committed.mark_finished(job.committed, self.store, job.state, mark, self.clock())
-                except (StoreError, LostOwnership) as e:
-                    pending = f"the job finished at step {mark.step}; storing that is pending ({e})"
-                    self._log_reason(job, pending)
-                    job.state.reason, job.state.dirty = pending, True
-                    return
-                decision = job.state.finish(mark, decision)
-                log.info("job %s: finished at step %d: every member of quorum %d left, finished; no quorum forms "
-                         "until an operator reopens it", job.state.name, mark.step, mark.quorum_id,
-                         extra={"event": "job_finished", "job": job.state.name, "step": mark.step,
-                                "quorum_id": mark.quorum_id})
-            quorum, revision = None, job.state.quorum_revision
-            if not decision.changes_quorum:
-                job.change_since = None
-            else:
-                if job.change_since is None:
-                    job.change_since = self.clock()
-                try:
-                    quorum, revision = await self._publish(job, decision)
-                except StoreUnavailable as e:
-                    pending = f"quorum change pending, the store is unavailable ({e}): {decision.reason}"
-                    self._log_reason(job, pending)
-                    job.state.reason = pending
-                    return
-                except LostOwnership as e:
-                    log.error("job %s: %s", job.state.name, e)
-                    return
-            before, lost_before, step_before = job.state.catch_up, job.state.state_lost_step, job.state.committed_step
-            job.state.apply(decision, quorum, revision)
-            if quorum is not None:
-                job.set_quorum(quorum_to_pb(quorum))
-                self.metrics.quorum_changes.inc(job=job.state.name)
-                assert job.change_since is not None  # set above when the change began (under the job's lock)
-                self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
-                job.change_since = None
-                job.remember(quorum)
-                log.info(
-                    "job %s: quorum %d members=[%s]: %s",
-                    job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
-                    extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
-                           "reason": quorum.reason, "event": "quorum_change"},
-                )
-                job.logged_reason = decision.reason
-            self._log_reason(job, decision.reason)
-            # A new reason alone wakes nobody: at 10,000 watchers every push
-            # counts; each event carries the latest reason anyway. A state
-            # loss does: the replicas must know why they wait.
-            ended = step_before if decision.state_ended and mark is None else 0
-            if (committed.report_transition(job.state, lost_before, ended) or quorum is not None
-                    or before != job.state.catch_up or mark is not None):
-                job.notify()
-
-    async def _take_out_hung(self, job: ServedJob) -> None:
-        """Members that others waited for past the hang limit, and stragglers
-        (cordoned first, in the store, so that they are not admitted again)."""
-        hung, stragglers = job.state.check_progress(self.clock())
-        for rid, why in hung.items():
-            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
-                      extra={"event": "hang", "job": job.state.name, "replica": rid, "reason": why})
-            self.metrics.taken_out.inc(job=job.state.name, reason="hung")
-        for rid, why in stragglers.items():
-            try:
-                rec, expected = job.state.admin_record(rid, cordoned=True)
-                job.state.apply_record(rec, await self._write_record(job, rec, expected))
-            except (StoreUnavailable, LostOwnership) as e:
-                log.warning("job %s: straggler %s not taken out, it could not be cordoned: %s", job.state.name, rid, e)
-                continue
-            job.state.mark_hung(rid, why, self.clock())
-            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
-                      extra={"event": "straggler", "job": job.state.name, "replica": rid, "reason": why})
-            self.metrics.taken_out.inc(job=job.state.name, reason="straggler")
-        if job.state.horizon_moved:
-            job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
-
-    async def _store_marks(self, job: ServedJob) -> None:
-        """Store the unreachable marks set or cleared since the last tick,
-        before the quorum that takes the replica out is published: a
-        coordinator that starts next keeps a still-cut replica out."""
-        for rec, expected in job.state.mark_records():
-            try:
-                job.state.apply_record(rec, await self._write_record(job, rec, expected))
-            except (StoreUnavailable, LostOwnership) as e:
-                job.state.marks_to_store.add(rec.replica_id)  # again on the next tick
-                log.warning("job %s: replica %s's unreachable mark is not stored yet: %s", job.state.name,
-                            rec.replica_id, e)
-
-    def _notice_silent_outsiders(self, job: ServedJob) -> None:
-        """A stopped joiner's agent is told to end it, as a stopped member's is (fthsdp/coordinator/silence.py)."""
-        noticed = job.state.notice_silent_outsiders(self.clock())
-        for rid, why in noticed.items():
-            log.error("job %s: replica %s must be ended: %s", job.state.name, rid, why,
-                      extra={"event": "silent", "job": job.state.name, "replica": rid, "reason": why})
-            self.metrics.taken_out.inc(job=job.state.name, reason="silent")
-        if noticed:
-            job.notify()
-
-    def _pace(self, job: ServedJob) -> None:
-        """Stretch the heartbeat interval (and timeout) to the budget; watchers
-        are told a new interval at once."""
-        before = job.pacer.current
-        senders = job.state.senders()
-        now = self.clock()
-        pace = job.pacer.update(senders, now)
-        # Silence that is the coordinator's own (its loop ran late, or every
-        # replica's heartbeats queue on the way in) is not the replicas'.
-        self.lag.window = max(self.lag.window, pace.timeout)
-        if now - job.backlog_at >= BACKLOG_EVERY:  # a scan of every replica: not every tick
-            job.backlog, job.backlog_at = backlog(job.state.heartbeat_ages(now), pace.interval), now
-        timeout = pace.timeout + lag_allowance(max(self.lag.worst(now), job.backlog))
-        members = len(job.state.quorum.members) if job.state.quorum else 0
-        job.state.set_pace(timeout, settle_for(members, self.config.join_settle))
-        if pace.interval != before.interval:
-            log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
-                     job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)
-            job.notify()
-
-    async def _publish(self, job: ServedJob, decision: Decision) -> tuple[Quorum, int]:
-        prev = job.state.quorum
-        members = decision.members or ()
-        new_id = (prev.id if prev else 0) + 1
-        quorum = Quorum(
-            id=new_id,
-            members=members,
-            # Members that stay keep the step they were admitted at.
-            step=max([decision.head_step, *(m.step for m in members)]),
-            created_unix_ms=int(self.wall() * 1000),
-            reason=decision.reason,
-            epoch=job.epoch,
-            # A regroup drops nobody, but its members must leave the old group at once.
-            last_drop_id=new_id if decision.regroup else next_last_drop_id(prev, new_id, members),
-        )
-        data = quorum_to_pb(quorum).SerializeToString()
-        result = await self._store(self.store.compare_and_set, job.keys.quorum, data, job.state.quorum_revision)
-        if result.succeeded:
-            return quorum, result.current.revision
-        # Another writer moved the quorum on: adopt theirs so our next id is
-        # above it, and decide again on the next tick.
-        if result.current is not None:
-            theirs = quorum_from_pb(decode(pb.Quorum, result.current.value, "quorum"))
-            job.state.set_quorum(theirs, result.current.revision)
-            job.set_quorum(quorum_to_pb(theirs))
-            job.notify()
-        raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding")
-
-    def _log_reason(self, job: ServedJob, reason: str) -> None:
-        if reason != job.logged_reason:
-            log.info("job %s: %s", job.state.name, reason)
-            job.logged_reason = reason
-
-
+        """Decide for ``job`` now, as a tick does (fthsdp/coordinator/decision_loop.py)."""
+        await self.decisions.evaluate(job)

@@ -13,7 +13,7 @@ from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.heartbeat_pace import HeartbeatPacer
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum import Quorum
+from fthsdp.coordinator.quorum_types import Quorum
 from fthsdp.coordinator.watch_events import WatchEvents
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -37,7 +37,7 @@ class ServedJob:
         self.lock = asyncio.Lock()  # serialises this job's store writes
         self.backlog = 0.0
         """How late the typical replica's heartbeats arrive (fthsdp/coordinator/loop_lag.py), measured every
-        runtime.BACKLOG_EVERY."""
+        decision_loop.BACKLOG_EVERY."""
         self.backlog_at = float("-inf")
         self.change_since: float | None = None
         """When a decision first said the membership must change (for the formation latency)."""

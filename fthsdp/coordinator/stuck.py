@@ -27,7 +27,7 @@ probing the members whenever asked, until it reaches them all again
 (``reaches_all``).
 
 Everything here is pure, with the clock passed in (tests/test_stuck.py is
-table-driven); fthsdp/coordinator/job.py keeps the state and applies the actions.
+table-driven); fthsdp/coordinator/member_checks.py applies the actions to the job.
 """
 
 from __future__ import annotations

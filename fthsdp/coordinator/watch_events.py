@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from fthsdp.coordinator.quorum import CatchUpSource
+from fthsdp.coordinator.quorum_types import CatchUpSource
 from fthsdp.coordinator.reach_book import ReachBook
 from fthsdp.coordinator.replica_entry import ReplicaEntry
 from fthsdp.core import quorum_delta

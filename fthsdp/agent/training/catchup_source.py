@@ -2,7 +2,7 @@
 
 Two threads meet here. The HTTP server's threads ask for a snapshot and read
 snapshots and the gradient log; the training thread, at each step boundary,
-takes the snapshot asked for and appends to the log (fthsdp/agent/training/manager.py). The
+takes the snapshot asked for and appends to the log (fthsdp/agent/training/replica_step.py). The
 training thread never waits for a joiner: a request only sets a flag that the
 next step boundary reads, and serving runs from the host copy.
 

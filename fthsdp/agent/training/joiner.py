@@ -95,8 +95,8 @@ class CatchUpReport:
 
 
 class CatchingUp(Protocol):
-    """The replica's state as a joiner brings it to the members' (the
-    ``Manager``, seen through this narrow view only)."""
+    """The replica's state as a joiner brings it to the members'
+    (``CatchUpTarget``: fthsdp/agent/training/catchup_target.py)."""
 
     @property
     def step(self) -> int:

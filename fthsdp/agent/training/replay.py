@@ -21,7 +21,7 @@ from fthsdp.agent.training.catchup_client import CatchUpError, SourceClient
 from fthsdp.agent.training.grad_log import GradientLog
 from fthsdp.agent.training.replica_group import ReplicaGroup
 from fthsdp.agent.training.state_codec import StateCodecError, local
-from fthsdp.agent.training.train_state import TrainState, combine, explain_mismatch
+from fthsdp.agent.training.train_state import TrainState, check_gradient, combine, explain_mismatch
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 
 LONG_POLL = 0.01
@@ -77,6 +77,15 @@ class Replayer:
         if self.state.running.carries:
             self.state.running.load(total[offset:])
 
+    def run_update(self, contributors: int, sample: torch.Tensor | None, replayed: bool) -> None:
+        """The script's update on the step's averaged gradients, which must be
+        as the all-reduce left them (``sample``: their first elements then);
+        the state then is at the next step."""
+        check_gradient(self.params[0], sample)
+        with self.updating(contributors, replay=replayed):
+            self.update()
+        self.step += 1
+
     def numel(self) -> int:
         """Elements of a logged sum: the gradients, then the batch-norm statistics."""
         return sum(local(p).numel() for p in self.params) + self.state.running.numel()
@@ -92,9 +101,7 @@ class Replayer:
         except StateCodecError as e:
             raise CatchUpError(f"the inputs of step {entry.step}: {e}") from e
         self.apply_sum(total, entry.contributors)
-        with self.updating(entry.contributors, replay=True):
-            self.update()
-        self.step += 1
+        self.run_update(entry.contributors, None, replayed=True)
         self.log.append(entry, total, entry.contributors, entry.quorum_id)
 
     def replay_until(self, client: SourceClient, target: int, timeout: float) -> None:

@@ -1,0 +1,299 @@
+"""The fault-tolerant step of one replica in a job: join, all-reduce, step boundary, leave.
+
+``Manager`` (the script's API) drives it; it holds every part the step needs
+and owns the order they run in:
+
+* ``join``: catch up from a peer if behind, wait for admission, take a
+  joiner's first step in the quorum (fthsdp/agent/training/joiner.py);
+* ``reduce``: the step's fault-tolerant all-reduce (fthsdp/agent/training/ftar.py),
+  with a joiner's last gap closed inside it (fthsdp/agent/training/last_gap.py);
+* ``apply``: the script's update on the step's sum, then the step
+  boundary: the log a joiner replays, the checksum, a snapshot for a
+  joiner, a switch to a growth quorum, a drain;
+* ``leave``: the one way to stop.
+
+Every rank of a replica group runs the same sequence: the decisions taken at
+a boundary (drain, snapshot, growth switch) are agreed over the group first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+
+import torch
+
+from fthsdp.agent import outcome
+from fthsdp.agent.training.catchup_source import CatchUpSource
+from fthsdp.agent.training.catchup_target import CatchUpTarget
+from fthsdp.agent.training.checksum import StridedHistory
+from fthsdp.agent.training.connection import JobConnection
+from fthsdp.agent.training.eviction import EvictionWatch
+from fthsdp.agent.training.ftar import FTAR, StepResult
+from fthsdp.agent.training.grad_log import GradientLog
+from fthsdp.agent.training.job_finished import JobFinished
+from fthsdp.agent.training.joiner import CatchUpReport, Drained, Joiner
+from fthsdp.agent.training.last_gap import LastGap, require_state_held
+from fthsdp.agent.training.lifecycle import Ending, Lifecycle, ending_for_eviction
+from fthsdp.agent.training.manager_config import ManagerConfig
+from fthsdp.agent.training.participation import Participation
+from fthsdp.agent.training.replay import Replayer, combine_hex
+from fthsdp.agent.training.script_hooks import ScriptHooks
+from fthsdp.agent.training.step_buffer import StepBuffer
+from fthsdp.agent.training.step_clock import StepClock
+from fthsdp.agent.training.train_state import TrainState, gradient_sample
+from fthsdp.core.errors import Evicted, FtarError
+from fthsdp.protos.v1 import catchup_pb2 as cpb
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("fthsdp.agent.manager")
+
+
+class ReplicaStep:
+    def __init__(self, config: ManagerConfig, state: TrainState, replayer: Replayer, log_: GradientLog,
+                 structure: int, lifecycle: Lifecycle, clock: StepClock, hooks: ScriptHooks,
+                 group_timeout: float) -> None:
+        """Open the replica's links to its job (fthsdp/agent/training/connection.py) and
+        register; ``join`` then makes it a member."""
+        self.config = config
+        self._state = state
+        self._replayer = replayer
+        self._params = replayer.params
+        self._log = log_
+        self._structure = structure
+        self._lifecycle = lifecycle
+        self._clock = clock
+        self._hooks = hooks
+        self._source = CatchUpSource(config.replica_id, config.shard_rank, structure, log_)
+        """This rank's state as joiners copy it: snapshots and the log (served by the connection)."""
+        self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout)
+        self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader)
+        self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
+                          host=config.host, interface=config.gloo_interface)
+        self._ftar.groups.horizon = self._link.hangs.horizon
+        self._joiner: Joiner | None = None
+        """Until a joiner's first step in the quorum is committed: its catch-up, and the source it holds."""
+        self._gap = LastGap(replayer, self._source, config.timeout, config.replica_id,
+                            client=lambda: self._joiner.gap_client() if self._joiner is not None else None,
+                            moved=self._target.moved,
+                            switch=lambda: self._joiner.switch_source() if self._joiner is not None else None)
+        self._history = StridedHistory(config.checksum_every)
+        self._checksum_wanted = False
+        """A joiner took a snapshot at this boundary: the next one carries a checksum it checks its replay by."""
+        self._proposal = 0
+        """The growth quorum this replica group proposes to switch to (agreed by its ranks at commit)."""
+        self._inputs: cpb.LogEntry | None = None
+        """The recorded inputs of the step in progress (logged with its sum at commit)."""
+        self._sentinel: torch.Tensor | None = None
+        """A copy of the first gradient elements right after the all-reduce: checked at commit."""
+        self._eviction: EvictionWatch | None = None
+        """Ranks of a multi-rank group: learns that the coordinator took the group out."""
+        # A script that ends by an exception exits promptly too.
+        atexit.register(lambda: self._ftar.groups.release(self._link.store))
+        self._link.start_session()
+
+    @property
+    def quorum_id(self) -> int:
+        return self._link.tracker.newest_id()
+
+    @property
+    def checksum(self) -> str:
+        return self._link.membership.state_checksum
+
+    def participation(self) -> Participation:
+        return self._link.quorums.participation(self._link.membership.training_quorum_id, False)
+
+    # ----- joining ---------------------------------------------------------------------
+
+    def join(self, wait_for_replicas: int, admission_timeout: float) -> CatchUpReport | None:
+        """Return once this replica is a member, at the step it trains next, or stopped
+        (drained meanwhile, or the job finished before it came). Returns how it caught up (None: it was up to date)."""
+        self._joiner = joiner = Joiner(
+            self._target, job=self.config.job, replica_id=self.config.replica_id, structure=self._structure,
+            group=self._link.group, membership=self._link.membership, lifecycle=self._lifecycle,
+            connect=self._link.source_client)
+        self._clock.working(pb.PHASE_STARTING, self._replayer.step)
+        try:
+            joiner.run(admission_timeout, min_members=wait_for_replicas, until_admitted=True)
+        except Drained as e:
+            joiner.finish()
+            self.leave(Ending.DRAINED, str(e))
+            return joiner.report
+        except JobFinished as e:  # nothing left to train: the script's loop ends and it exits 0
+            log.warning("%s", e)  # the one line: "job default finished at step 500"
+            joiner.finish()
+            self.leave(Ending.JOB_FINISHED, str(e))
+            return joiner.report
+        self._admitted(admission_timeout)
+        if self._joiner is not None:
+            self._first_step()
+        if not self._lifecycle.stopped:
+            self._lifecycle.joined()
+        self._clock.begin(self._replayer.step)
+        return joiner.report
+
+    def _admitted(self, timeout: float) -> None:
+        if self._joiner is not None and not self._joiner.source_address:
+            self._joiner = None  # admitted as up to date: no source to let go of
+        # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
+        quorum = self._link.tracker.wait_for_membership(timeout)
+        self._link.membership.training_quorum_id = quorum.id
+        log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id,
+                 self._replayer.step)
+        if self.config.shard_count > 1 and self._eviction is None:
+            self._eviction = EvictionWatch(self._link.tracker, self.config.shard_rank,
+                                           lambda: self._lifecycle.stopped, self._lifecycle.drain_event)
+
+    def _first_step(self) -> None:
+        """A joiner's first step in the quorum, taken inside ``start()`` so that
+        the loop never sees its step jump. Its state has no gradient for the
+        members' step (it has just replayed up to it, or a step or two short):
+        it joins their all-reduce with zeros, replays what it still lacks
+        while that runs, and applies their sum through ``update`` as a replay
+        does. ``start()`` then returns at the members' next step, which this
+        replica trains with them, with its own gradient."""
+        result = self.reduce(contributes=False)
+        if result is None:
+            return  # drained as it joined
+        if result.contributors == 0:
+            # Every member was lost as this replica joined: it goes on alone
+            # only if it reached their step (then the loop trains that step).
+            require_state_held(self.config.replica_id, self._replayer.step, self._ftar.members_step)
+            return
+        self.apply(result, replayed=True)
+
+    # ----- the step --------------------------------------------------------------------
+
+    def reduce(self, contributes: bool) -> StepResult | None:
+        """The step's fault-tolerant all-reduce; None if this replica was
+        dropped from the quorum because it drains."""
+        step = self._replayer.step
+        if contributes:
+            self._link.faults.at_step(step)  # an injected hang or slow step, in the step's compute time
+        # From here on this replica, a member, waits for the others.
+        self._clock.arrive(step)
+        # The step's inputs, as a joiner will restore them before replaying its update.
+        self._inputs = self._state.inputs(step)
+        self._source.publish_inputs(self._inputs)
+        self._gap.taken = None
+        buffer = StepBuffer(self._params, self._state.running, contributes)
+        proposal, self._proposal = self._proposal, 0
+        try:
+            result = self._ftar.allreduce(
+                step, buffer.flatten(), self._structure, refill=buffer.flatten, contributes=contributes,
+                proposal=proposal, control_slots=True, idle=self._gap.while_waiting, serve=self._serve,
+                first_only=buffer.first_only,
+            )
+        except Evicted as e:
+            ending = ending_for_eviction(self._link.drain_requested())
+            self.leave(ending, "the quorum went on without it" if ending is Ending.DRAINED else str(e))
+            if ending is Ending.DRAINED:
+                return None
+            raise
+        if not contributes and self.config.shard_count > 1:
+            # Every rank of the group must have joined at the same step (the
+            # members switch every shard's group at one agreed step boundary).
+            top, neg_bottom = self._link.group.max(result.step, -result.step)
+            if top != -neg_bottom:
+                raise FtarError(f"the ranks of replica {self.config.replica_id} joined the quorum at steps "
+                                f"{-neg_bottom}..{top}")
+        buffer.restore()  # the result goes into the step's gradients
+        if result.contributors == 0:  # the members were all lost as this joiner joined
+            self._sentinel = None
+            return result
+        self._replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
+        if self._gap.taken is not None:
+            self._inputs = self._gap.taken  # a joiner entered the members' step with their inputs
+        if self._inputs.step != result.step:
+            raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step "
+                            f"{result.step}")
+        self._replayer.step = result.step  # a joiner replayed up to the members' step inside FTAR
+        self._sentinel = gradient_sample(self._params[0])
+        # A snapshot taken at the last boundary must be copied before the update changes the state.
+        with self._clock.section("snapshot copy", None):  # serving a joiner may take long: not a hang
+            self._source.wait_copied(self.config.timeout)
+        return result
+
+    def apply(self, last: StepResult, replayed: bool) -> None:
+        """The update on the step's sum, then the step boundary: the log,
+        the checksum, a snapshot for a joiner, a growth switch, a drain."""
+        self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
+        self._replayer.run_update(last.contributors, self._sentinel, replayed)
+        step = self._replayer.step
+        m, group = self._link.membership, self._link.group
+        m.step = step
+        m.training_quorum_id = last.quorum_id
+        every = self.config.checksum_every
+        periodic = bool(every) and step % every == 0
+        inputs = self._inputs
+        assert inputs is not None  # recorded by the step's all-reduce
+        parts = self._replayer.part_checksums(group) if periodic or self._checksum_wanted else {}
+        checksum = combine_hex(parts) if parts else ""
+        if periodic:
+            m.state_checksum, m.checksum_step = checksum, step
+            m.recent_checksums = self._history.record(step, checksum, inputs.hyperparams_json)
+        self._checksum_wanted = False
+        self._log.append(
+            inputs, last.total, last.contributors, last.quorum_id, checksum,
+            json.dumps(parts, separators=(",", ":")) if parts else "",
+        )
+        # Every rank of the group must stop, snapshot, or propose a switch to
+        # a growth quorum at the same step boundary (the ranks' proposals
+        # must be equal, so that every shard's group switches at one step).
+        proposal = self._ftar.growth_ready()
+        drain, snapshot, top, neg_bottom = group.max(int(self._link.drain_requested()), int(self._source.wanted),
+                                                     proposal, -proposal)
+        self._proposal = top if top == -neg_bottom else 0
+        if snapshot:
+            with self._clock.section("snapshot", None):
+                self._source.take(step, self._state.capture())
+            self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
+        else:
+            self._source.expire()  # a joiner that died without releasing its snapshot
+        if self._joiner is not None:
+            self._joiner.finish()  # the first step in the quorum is committed: release the source
+            self._joiner = None
+        if drain:
+            log.info("replica %s drains after step %d", self.config.replica_id, step)
+            asked_by = self._lifecycle.drain_asked_by or "another rank"
+            self.leave(Ending.DRAINED, f"drained after step {step} (asked by {asked_by})")
+        self._clock.begin(step)
+
+    def _serve(self, request):
+        """FTAR's requests of a joiner (fthsdp/agent/training/last_gap.py): its own work, not a wait for the others."""
+        self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
+        try:
+            return self._gap.serve(request)
+        finally:
+            self._clock.arrive(self._replayer.step)
+
+    def raise_if_evicted(self) -> None:
+        """Another rank of this group died and the coordinator took the group
+        out: this rank's state is lost with it (fthsdp/agent/training/eviction.py)."""
+        watch = self._eviction
+        if watch is not None and watch.evicted and not self._link.drain_requested():
+            watch.acknowledged.set()
+            why = f"{watch.evicted}: its state must be caught up again (its agent restarts the group)"
+            self.leave(Ending.EVICTED, why)
+            raise Evicted(why)
+
+    # ----- leaving ---------------------------------------------------------------------
+
+    def leave(self, ending: Ending, detail: str) -> None:
+        """The one way to STOPPED: tell the coordinator, let the catch-up server and the groups go."""
+        if not self._lifecycle.stop(ending, detail):
+            return
+        if ending not in (Ending.FINISHED, Ending.JOB_FINISHED):
+            log.info("replica %s stopped (%s): %s", self.config.replica_id, ending.value, detail)
+        self._hooks.remove()
+        self._link.close(leave_reason(ending, detail), failed=not ending.success)
+        self._ftar.groups.release(self._link.store)  # so that the script exits normally, even past a hung peer
+        outcome.write(self.config.outcome_file, ending.value, detail)
+
+
+def leave_reason(ending: Ending, detail: str) -> str:
+    """What the coordinator records: the script's own words for a close, else the ending named first."""
+    if ending in (Ending.FINISHED, Ending.FAILED) or detail.startswith(ending.value):
+        return detail
+    return f"{ending.value}: {detail}"
