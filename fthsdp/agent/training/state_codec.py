@@ -46,35 +46,61 @@ def flatten(state: object) -> tuple[str, list[torch.Tensor], list[bool]]:
     tensors: list[torch.Tensor] = []
     sharded: list[bool] = []
 
-    def encode(x: object, path: str) -> object:
+    def mark(x: torch.Tensor, path: tuple[str | int, ...]) -> object:
+        tensors.append(local(x).detach())
+        sharded.append(is_dtensor(x))
+        return {"$t": len(tensors) - 1}
+
+    return _skeleton(state, mark), tensors, sharded
+
+
+def flatten_named(state: object) -> tuple[str, dict[str, torch.Tensor], dict[str, tuple[str | int, ...]]]:
+    """Return (skeleton JSON, tensors by name, each name's path) for ``state``:
+    a tensor at ``state["optimizer"]["state"][0]["exp_avg"]`` is named
+    ``optimizer.state.0.exp_avg`` (torch.distributed.checkpoint's names) and
+    marked ``{"$k": name}`` in the skeleton. DTensors stay DTensors."""
+    tensors: dict[str, torch.Tensor] = {}
+    paths: dict[str, tuple[str | int, ...]] = {}
+
+    def mark(x: torch.Tensor, path: tuple[str | int, ...]) -> object:
+        name = ".".join(str(p) for p in path)
+        if name in tensors:
+            raise StateCodecError(f"two tensors of the state are both named {name!r}")
+        tensors[name], paths[name] = x.detach(), path
+        return {"$k": name}
+
+    return _skeleton(state, mark), tensors, paths
+
+
+def _skeleton(state: object, mark) -> str:
+    def encode(x: object, path: tuple[str | int, ...]) -> object:
+        where = "state" + "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in path)
         if isinstance(x, torch.Tensor):
-            tensors.append(local(x).detach())
-            sharded.append(is_dtensor(x))
-            return {"$t": len(tensors) - 1}
+            return mark(x, path)
         if x is None or isinstance(x, (bool, int, float, str)):
             return x
         if isinstance(x, dict):
             if all(isinstance(k, str) and not k.startswith("$") for k in x):
-                return {k: encode(v, f"{path}.{k}") for k, v in x.items()}
+                return {k: encode(v, (*path, k)) for k, v in x.items()}
             for k in x:
                 if not isinstance(k, (str, int)) or isinstance(k, bool):
-                    raise StateCodecError(f"{path}: a dict key of type {type(k).__name__} cannot be transferred")
-            return {"$d": [[k, encode(v, f"{path}.{k}")] for k, v in x.items()]}
+                    raise StateCodecError(f"{where}: a dict key of type {type(k).__name__} cannot be transferred")
+            return {"$d": [[k, encode(v, (*path, k))] for k, v in x.items()]}
         if isinstance(x, tuple):
-            return {"$tuple": [encode(v, f"{path}[{i}]") for i, v in enumerate(x)]}
+            return {"$tuple": [encode(v, (*path, i)) for i, v in enumerate(x)]}
         if isinstance(x, list):
-            return [encode(v, f"{path}[{i}]") for i, v in enumerate(x)]
+            return [encode(v, (*path, i)) for i, v in enumerate(x)]
         raise StateCodecError(
-            f"{path}: a {type(x).__name__} in the training state cannot be transferred "
+            f"{where}: a {type(x).__name__} in the training state cannot be transferred "
             "(only tensors, numbers, strings, None, lists, tuples and dicts can)"
         )
 
-    skeleton = json.dumps(encode(state, "state"), separators=(",", ":"))
-    return skeleton, tensors, sharded
+    return json.dumps(encode(state, ()), separators=(",", ":"))
 
 
-def unflatten(skeleton: str, tensors: list[torch.Tensor]) -> object:
-    """The inverse of ``flatten`` (shards come back as plain local tensors)."""
+def unflatten(skeleton: str, tensors: list[torch.Tensor] | dict[str, torch.Tensor]) -> object:
+    """The inverse of ``flatten`` (shards come back as plain local tensors) or,
+    with tensors by name, of ``flatten_named``."""
 
     def decode(x: object) -> object:
         if isinstance(x, list):
@@ -82,9 +108,13 @@ def unflatten(skeleton: str, tensors: list[torch.Tensor]) -> object:
         if isinstance(x, dict):
             if "$t" in x:
                 index = x["$t"]
-                if not isinstance(index, int) or not 0 <= index < len(tensors):
+                if not isinstance(tensors, list) or not isinstance(index, int) or not 0 <= index < len(tensors):
                     raise StateCodecError(f"the state refers to tensor {index!r}, but {len(tensors)} were sent")
                 return tensors[index]
+            if "$k" in x:
+                if not isinstance(tensors, dict) or x["$k"] not in tensors:
+                    raise StateCodecError(f"the state refers to tensor {x['$k']!r}, which is missing")
+                return tensors[x["$k"]]
             if "$d" in x:
                 return {k: decode(v) for k, v in x["$d"]}
             if "$tuple" in x:

@@ -1,0 +1,107 @@
+"""Load a complete checkpoint into this rank's state.
+
+Each rank reads only what its state needs (with FSDP2, the chunks that
+overlap its shards), after checking every file it reads against the
+checksums in ``checkpoint.json``; a file that differs is refused, never
+loaded. Tensors are read by torch.distributed.checkpoint itself, so any
+checkpoint DCP can read at this world size is readable here, whatever the
+number of replicas that wrote it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from fthsdp.agent.training.checkpoint import dcp_metadata, layout
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files
+from fthsdp.agent.training.checkpoint.share import per_rank
+from fthsdp.agent.training.state_codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
+
+
+def load(folder: Path, record: dict, *, rank: int, current: dict) -> dict:
+    """The checkpoint's state for this rank, shaped as ``TrainState.capture()``
+    (``current``: this rank's own capture, whose sharding the result takes)."""
+    skeleton = record["skeletons"].get(str(rank))
+    rank_in_checkpoint = rank
+    if skeleton is None:  # restored with more ranks per group than saved: the rest take rank 0's structure
+        skeleton, rank_in_checkpoint = record["skeletons"]["0"], 0
+    try:
+        metadata = dcp_metadata.read(folder / layout.DCP_METADATA, record["files"][layout.DCP_METADATA]["sha256"])
+    except (KeyError, OSError, dcp_metadata.MetadataError) as e:
+        raise CheckpointError(f"{folder}: {e}") from e
+    _, own, _ = flatten_named(per_rank(current, rank_in_checkpoint))
+    names = _names(skeleton)
+    dest: dict[str, torch.Tensor] = {}
+    for name in names:
+        stored = metadata.state_dict_metadata.get(name)
+        if not isinstance(stored, TensorStorageMetadata):
+            raise CheckpointError(f"{folder}: the checkpoint lacks tensor {name!r}")
+        mine = own.get(name)
+        if mine is not None and is_dtensor(mine):
+            dest[name] = torch.empty_like(mine)  # this rank's shard, as FSDP2 placed it
+        else:
+            dest[name] = torch.empty(stored.size, dtype=stored.properties.dtype)
+    verify_files(folder, record, sorted(_files_read(metadata, dest)))
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    try:
+        dcp.load(dest, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    except Exception as e:  # DCP raises its own CheckpointException wrapping the cause
+        raise CheckpointError(f"{folder}: could not be read: {e}") from e
+    try:
+        state = unflatten(skeleton, {name: local(t) for name, t in dest.items()})
+    except StateCodecError as e:
+        raise CheckpointError(f"{folder}: {e}") from e
+    assert isinstance(state, dict)
+    if "rng" in state:
+        state["rng"] = state["rng"][f"rank{rank_in_checkpoint}"]
+    return state
+
+
+def _names(skeleton: str) -> list[str]:
+    """The tensor names a skeleton refers to."""
+    import json
+
+    out: list[str] = []
+
+    def walk(x: object) -> None:
+        if isinstance(x, dict):
+            if "$k" in x and isinstance(x["$k"], str):
+                out.append(x["$k"])
+                return
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(json.loads(skeleton))
+    return out
+
+
+def _files_read(metadata, dest: dict[str, torch.Tensor]) -> set[str]:
+    """The files whose chunks overlap what this rank loads."""
+    wanted: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    for name, t in dest.items():
+        if is_dtensor(t):
+            wanted[name] = [(tuple(c.offsets), tuple(c.sizes)) for c in t.__create_chunk_list__()]
+        else:
+            wanted[name] = [((0,) * t.dim(), tuple(t.shape))]
+    files = set()
+    for index, info in metadata.storage_data.items():
+        boxes = wanted.get(index.fqn)
+        if boxes is None:
+            continue
+        stored = metadata.state_dict_metadata[index.fqn]
+        chunk = stored.chunks[index.index] if index.index is not None else None
+        if chunk is None or any(_overlap(tuple(chunk.offsets), tuple(chunk.sizes), *box) for box in boxes):
+            files.add(info.relative_path)
+    return files
+
+
+def _overlap(a_off, a_size, b_off, b_size) -> bool:
+    return all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a_off, a_size, b_off, b_size, strict=True))

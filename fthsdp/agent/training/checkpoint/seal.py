@@ -1,0 +1,122 @@
+"""Make one checkpoint of the shares its replicas wrote, and check one before use.
+
+Sealing runs once per checkpoint, on the lowest writing replica's rank 0,
+after every share's ``share.json`` exists. It reads only the small files:
+each share's record and DCP ``.metadata`` (checked against the record),
+merges the latter into the checkpoint's ``.metadata``, and writes
+``checkpoint.json`` last, with every file's checksum. A checkpoint without
+``checkpoint.json`` is incomplete and never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fthsdp.agent.training.checkpoint import dcp_metadata, layout
+from fthsdp.core.errors import FthsdpError
+
+
+class CheckpointError(FthsdpError):
+    """A checkpoint that is incomplete, corrupt, or of another job or model."""
+
+
+@dataclass(frozen=True)
+class Sealed:
+    step: int
+    folder: Path
+    digest: str
+    """The sha256 of its ``checkpoint.json``: what the coordinator records."""
+    nbytes: int
+
+
+def missing_shares(folder: Path, shares: int, ranks: int) -> list[str]:
+    """The share folders whose ``share.json`` is not written yet."""
+    return [name for s in range(shares) for r in range(ranks)
+            if not (folder / (name := layout.share_folder_name(s, r)) / layout.SHARE_RECORD).exists()]
+
+
+def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, ranks: int) -> Sealed:
+    """Merge the ``shares`` x ``ranks`` shares under ``folder`` into one checkpoint."""
+    records: dict[str, dict] = {}
+    parts = {}
+    for s in range(shares):
+        for r in range(ranks):
+            name = layout.share_folder_name(s, r)
+            try:
+                record = layout.read_record(folder / name / layout.SHARE_RECORD)
+            except ValueError as e:
+                raise CheckpointError(f"checkpoint of step {step}: share {name}: {e}") from e
+            expected = {"job": job, "step": step, "structure": structure, "share": s, "shares": shares, "rank": r,
+                        "ranks": ranks}
+            wrong = {k: record.get(k) for k, v in expected.items() if record.get(k) != v}
+            if wrong:
+                raise CheckpointError(f"checkpoint of step {step}: share {name} is of another checkpoint ({wrong})")
+            meta = record["files"].get(layout.DCP_METADATA)
+            if meta is None:
+                raise CheckpointError(f"checkpoint of step {step}: share {name} has no DCP metadata")
+            try:
+                parts[name] = dcp_metadata.read(folder / name / layout.DCP_METADATA, meta["sha256"])
+            except (OSError, dcp_metadata.MetadataError) as e:
+                raise CheckpointError(f"checkpoint of step {step}: share {name}: {e}") from e
+            records[name] = record
+    skeletons: dict[str, str] = {}
+    planner_data: dict[str, tuple] = {}
+    for name, record in records.items():
+        rank = str(record["rank"])
+        if skeletons.setdefault(rank, record["skeleton"]) != record["skeleton"]:
+            raise CheckpointError(f"checkpoint of step {step}: the replicas' states differ in structure ({name})")
+        planner_data.update({k: tuple(v) for k, v in record["paths"].items()})
+    try:
+        merged = dcp_metadata.merge(parts, planner_data)
+    except dcp_metadata.MetadataError as e:
+        raise CheckpointError(f"checkpoint of step {step}: {e}") from e
+    dcp_metadata.write(folder / layout.DCP_METADATA, merged)
+    files = {f"{name}/{file}": info for name, record in records.items() for file, info in record["files"].items()}
+    files.update(layout.describe_files(folder, [layout.DCP_METADATA]))
+    first = next(iter(records.values()))
+    checkpoint = {
+        "format": layout.FORMAT, "job": job, "step": step, "structure": structure,
+        "quorum_id": first["quorum_id"], "shares": shares, "ranks": ranks, "skeletons": skeletons,
+        "files": files, "sealed_unix": time.time(),
+    }
+    layout.write_record(folder / layout.CHECKPOINT_RECORD, checkpoint)
+    digest = layout.sha256_file(folder / layout.CHECKPOINT_RECORD)
+    return Sealed(step, folder, digest, sum(int(f["bytes"]) for f in files.values()))
+
+
+def read_checkpoint(folder: Path, *, job: str, structure: int, digest: str = "") -> dict:
+    """The record of a complete checkpoint of this job and model; CheckpointError otherwise.
+    ``digest``: the checksum the coordinator recorded for it ("" to take any)."""
+    path = folder / layout.CHECKPOINT_RECORD
+    if not path.exists():
+        raise CheckpointError(f"{folder} is not a complete checkpoint (no {layout.CHECKPOINT_RECORD})")
+    data = path.read_bytes()
+    if digest and hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointError(f"{path} is not the checkpoint recorded (its checksum differs)")
+    try:
+        record = layout.read_record(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
+    if record.get("job") != job:
+        raise CheckpointError(f"{folder} is a checkpoint of job {record.get('job')!r}, not {job!r}")
+    if record.get("structure") != structure:
+        raise CheckpointError(f"{folder} is a checkpoint of another model (structure {record.get('structure')}, "
+                              f"this model's {structure})")
+    return record
+
+
+def verify_files(folder: Path, record: dict, names: list[str] | None = None) -> None:
+    """Check the files ``names`` (default: all) against their recorded size and checksum."""
+    files = record["files"]
+    for name in names if names is not None else list(files):
+        info = files.get(name)
+        path = folder / name
+        if info is None:
+            raise CheckpointError(f"{path} is not part of the checkpoint")
+        if not path.exists():
+            raise CheckpointError(f"{path} is missing")
+        if path.stat().st_size != info["bytes"] or layout.sha256_file(path) != info["sha256"]:
+            raise CheckpointError(f"{path} is corrupt (its size or checksum differs from the recorded one)")
