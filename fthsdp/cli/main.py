@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 from fthsdp.core.errors import ConfigError, CoordinatorUnavailable, FthsdpError, RequestRejected, StoreError
@@ -266,7 +267,8 @@ def _run_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     with _client(args, env) as client:
         status = client.status(_job_name(args, env))
     view = progress_view(status, status_dict(status))
-    print(json.dumps(view, indent=2) if args.json else "\n".join([status_table(status), *progress_lines(view)]))
+    table = status_table(status, now=time.time())
+    print(json.dumps(view, indent=2) if args.json else "\n".join([table, *progress_lines(view)]))
     return 0
 
 

@@ -92,6 +92,8 @@ class CommittedRecord:
     retry_at: float = float("-inf")
     """After a failed write: not before then."""
     last_give_up: pb.GiveUp | None = None
+    last_restore: pb.Restore | None = None
+    """The latest restore from a checkpoint (fthsdp/coordinator/checkpoints.py)."""
     finished: pb.JobFinished | None = None
     """The stored finished mark (None: the job is not finished)."""
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
@@ -108,6 +110,7 @@ class CommittedRecord:
             assert item is not None  # msg was decoded from it
             self.stored, self.revision, self.quorum_id = msg.step, item.revision, msg.quorum_id
             self.last_give_up = msg.last_give_up if msg.HasField("last_give_up") else None
+            self.last_restore = msg.last_restore if msg.HasField("last_restore") else None
             self.finished = msg.finished if msg.HasField("finished") else None
         step = self.stored
         # A quorum stored after the record was (or by a version without the
@@ -129,23 +132,27 @@ class CommittedRecord:
         return step != self.stored and now - self.written_at >= WRITE_EVERY
 
     def write(self, store: Store, step: int, quorum_id: int, unix_ms: int, give_up: pb.GiveUp | None = None,
-              finished: pb.JobFinished | None | _Keep = KEEP) -> pb.CommittedStep | None:
+              finished: pb.JobFinished | None | _Keep = KEEP,
+              restore: pb.Restore | None = None) -> pb.CommittedStep | None:
         """Store ``step`` (blocking: call in a thread), with the finished mark
         as it is unless ``finished`` is given (None clears it). Returns None
         on success, or what another coordinator wrote meanwhile (its
         revision is adopted, so the next write can succeed)."""
         last = give_up if give_up is not None else self.last_give_up
+        restored = restore if restore is not None else self.last_restore
         mark = self.finished if finished is KEEP else finished
         msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms)
         if last is not None:
             msg.last_give_up.CopyFrom(last)
+        if restored is not None:
+            msg.last_restore.CopyFrom(restored)
         if mark is not None:
             msg.finished.CopyFrom(mark)
         result = store.compare_and_set(self.keys.committed, msg.SerializeToString(), self.revision)
         if result.succeeded:
             assert result.current is not None  # what was just written
             self.stored, self.quorum_id, self.revision = step, quorum_id, result.current.revision
-            self.last_give_up, self.finished = last, mark
+            self.last_give_up, self.finished, self.last_restore = last, mark, restored
             return None
         if result.current is None:
             self.revision, self.stored, self.quorum_id = 0, 0, 0
@@ -179,9 +186,15 @@ def _adopt(record: CommittedRecord, state: JobState, theirs: pb.CommittedStep) -
     """Another coordinator wrote the record: a give-up it took is the
     operator's newer intent; otherwise the higher step stands."""
     newer = theirs.HasField("last_give_up") and theirs.last_give_up != record.last_give_up
+    restored = theirs.HasField("last_restore") and theirs.last_restore != record.last_restore
+    if restored:
+        record.last_restore = theirs.last_restore
     if newer:
         record.last_give_up = theirs.last_give_up
         state.give_up_state(theirs.step)
+    elif restored:
+        state.give_up_state(theirs.step)
+        state.restore = theirs.last_restore.checkpoint
     else:
         state.committed_step = max(state.committed_step, theirs.step)
     # A finish or a reopen the other coordinator stored is as current as its step.

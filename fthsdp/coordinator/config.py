@@ -63,6 +63,11 @@ class CoordinatorConfig:
     join in a few membership changes rather than one each; capped by --join-timeout. A large quorum waits longer (0.2 ms
     per member: every change is pushed to every member; 2 s at 10,000). 0 admits at once in a small quorum."""
 
+    auto_restore: bool = True
+    """When a job's committed state is lost (no live replica holds it) and a complete checkpoint of it is recorded,
+    restore the newest: the replicas load it and the job goes on from its step (the steps after it are lost). Off:
+    the job waits for a replica holding the state, or for an operator (give-up-state)."""
+
     disconnect_is_failure: bool = True
     """Treat a replica whose session stream (or Watch stream) closes as failed at once (a killed process is detected in
     milliseconds instead of after the heartbeat timeout)."""

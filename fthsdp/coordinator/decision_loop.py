@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from fthsdp.coordinator import committed, job_store
+from fthsdp.coordinator import checkpoints, committed, job_store
 from fthsdp.coordinator.codec import quorum_to_pb
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.loop_lag import LagWindow, backlog, lag_allowance
@@ -82,6 +82,7 @@ class DecisionLoop:
                     await self.evaluate(job)
                     # After the decision and its push, outside the job's lock (fthsdp/coordinator/committed.py).
                     await committed.sync(job.committed, self.store, job.state, self.clock(), int(self.wall() * 1000))
+                    await checkpoints.sync(job.checkpoints, self.store, job.state.name, self.clock())
                 except Exception:  # the loop must survive anything one job does
                     log.exception("job %s: quorum evaluation failed", job.state.name)
 
@@ -143,6 +144,14 @@ class DecisionLoop:
                     return
             before, lost_before, step_before = job.state.catch_up, job.state.state_lost_step, job.state.committed_step
             job.state.apply(decision, quorum, revision)
+            if self.config.auto_restore and job.state.state_lost_step and quorum is None:
+                try:
+                    if await checkpoints.restore_if_lost(job.checkpoints, job.committed, self.store, job.state,
+                                                         self.clock(), self.wall):
+                        job.notify()
+                        return
+                except LostOwnership as e:
+                    log.error("job %s: %s", job.state.name, e)
             if quorum is not None:
                 job.set_quorum(quorum_to_pb(quorum))
                 self.metrics.quorum_changes.inc(job=job.state.name)

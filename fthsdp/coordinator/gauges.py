@@ -9,9 +9,10 @@ from collections.abc import Iterable, Iterator
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
-def job_gauges(jobs: Iterable, lag, now: float) -> Iterator[tuple[str, str, dict[str, str], float]]:
+def job_gauges(jobs: Iterable, lag, now: float, wall: float = 0.0) -> Iterator[tuple[str, str, dict[str, str], float]]:
     """(name, help, labels, value) of every gauge: per job (the runtime's
-    job entries), then the event loop's lag (fthsdp/coordinator/loop_lag.py)."""
+    job entries), then the event loop's lag (fthsdp/coordinator/loop_lag.py).
+    ``wall``: the time now in unix seconds, for the checkpoint's age."""
     for job in jobs:
         name = job.state.name
         yield ("fthsdp_quorum_id", "The current quorum id, by job.", {"job": name},
@@ -23,6 +24,12 @@ def job_gauges(jobs: Iterable, lag, now: float) -> Iterator[tuple[str, str, dict
                {"job": name}, job.state.committed_step)
         yield ("fthsdp_state_lost_step", "The committed step that no live replica holds (no quorum until one returns "
                "or it is given up); 0: not lost, by job.", {"job": name}, job.state.state_lost_step)
+        checkpoint = job.checkpoints.newest
+        yield ("fthsdp_checkpoint_step", "The step of the job's newest complete checkpoint (0: none), by job.",
+               {"job": name}, checkpoint.step if checkpoint else 0)
+        yield ("fthsdp_checkpoint_age_seconds", "Seconds since the job's newest complete checkpoint was sealed "
+               "(0: none), by job.", {"job": name},
+               max(0.0, wall - checkpoint.sealed_unix_ms / 1000) if checkpoint and wall else 0.0)
         yield ("fthsdp_heartbeat_interval_seconds",
                "The heartbeat interval replicas are told (stretched past --heartbeat-budget), by job.",
                {"job": name}, job.pacer.current.interval)

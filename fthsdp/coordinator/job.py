@@ -143,8 +143,19 @@ class JobState(ReplicaCalls, MemberChecks):
             entry = self.replicas.get(rid)
             if entry is not None:
                 entry.caught_up = True  # behind the members: what it trains on comes from a catch-up
-        self.reason = decision.reason
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
+        restore = self.restore
+        if restore is not None and self.committed_step > restore.step:
+            self.restore = None  # restored: a quorum trains on from it (a replica behind copies a member now)
+        if self.restore is not None:
+            # Until then every replica loads the checkpoint itself: a quorum formed at its
+            # step may still wait for more replicas, and a waiting member serves no copy.
+            self.catch_up = {}
+        if restore is not None and self.restore is not None and decision.state_lost_step == restore.step:
+            self.reason = (f"restoring the checkpoint of step {restore.step}: waiting for replicas to load it "
+                           f"({decision.state_lost})")
+        else:
+            self.reason = decision.reason
 
     def _notice_silent(self, quorum: Quorum) -> None:
         """Members dropped for silence alone, their session open: their agents must end them

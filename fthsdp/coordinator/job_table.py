@@ -83,6 +83,9 @@ class JobTable:
         """From the latest decision: the committed step no live replica holds (0: not lost)."""
         self.state_lost = ""
         """From the latest decision, while lost: what remains."""
+        self.restore: pb.CheckpointRecord | None = None
+        """While the state is restored from this checkpoint (fthsdp/coordinator/checkpoints.py):
+        sent to every watcher until a quorum forms at its step."""
         self.finished: pb.JobFinished | None = None
         """Set once every member of the last quorum left finished (stored,
         fthsdp/coordinator/committed.py): no quorum forms, and every watcher is

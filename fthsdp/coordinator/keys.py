@@ -3,6 +3,7 @@
     PREFIX/jobs/JOB/quorum              Quorum        the current quorum; its id never decreases
     PREFIX/jobs/JOB/epoch               Epoch         bumped by each coordinator that takes the job over
     PREFIX/jobs/JOB/committed           CommittedStep the newest committed step (a lower bound) and the last give-up
+    PREFIX/jobs/JOB/checkpoint          CheckpointList the newest complete checkpoints, newest first
     PREFIX/jobs/JOB/replicas/REPLICA    ReplicaRecord address, rank count, cordon and drain flags
 
 All values are serialized protobuf messages from protos/fthsdp/v1. Every write
@@ -34,6 +35,10 @@ class JobKeys:
     @property
     def committed(self) -> str:
         return self.root + "committed"
+
+    @property
+    def checkpoint(self) -> str:
+        return self.root + "checkpoint"
 
     @property
     def replicas(self) -> str:

@@ -56,7 +56,7 @@ class CoordinatorRuntime:
         self.injections = {name: InjectionBook() for name in config.job}
         """Faults operators injected, by job (fthsdp/coordinator/injection.py)."""
         self.metrics = Metrics()
-        self.metrics.gauges = lambda: job_gauges(self.jobs.values(), self.lag, self.clock())
+        self.metrics.gauges = lambda: job_gauges(self.jobs.values(), self.lag, self.clock(), self.wall())
         for name in self.jobs:  # every series exists from the start, at 0
             for counter in (self.metrics.heartbeats, self.metrics.quorum_changes, self.metrics.epochs):
                 counter.inc(0, job=name)
@@ -98,6 +98,7 @@ class CoordinatorRuntime:
         job.epoch = await asyncio.to_thread(job_store.bump_epoch, self.store, job.keys, self.leader, self.wall)
         quorum, revision, records = await job_store.read(self.store, job)
         committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
+        await asyncio.to_thread(job.checkpoints.load, self.store)
         now = self.clock()
         job.state.load(quorum, revision, records, now, committed_step)
         self._grant_grace(job, now)
@@ -190,9 +191,29 @@ class CoordinatorRuntime:
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
             req.progress if req.HasField("progress") else None, inputs,
         )
+        if req.shard_rank == 0 and req.HasField("checkpoint"):
+            job.checkpoints.report(req.checkpoint)  # the sealer's, once its session is known good (above)
+        if req.shard_rank == 0 and req.refused_checkpoint:
+            self._refused(job, req.replica_id, req.refused_checkpoint, req.refused_checkpoint_reason)
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
         return response
+
+    def _refused(self, job: ServedJob, replica_id: str, digest: str, reason: str) -> None:
+        """A replica could not restore a recorded checkpoint: drop it, so that a restore takes the one before."""
+        record = job.checkpoints.refuse(digest)
+        if record is None or digest in job.checkpoints.logged_refusals:
+            return
+        job.checkpoints.logged_refusals.add(digest)
+        log.error("job %s: replica %s could not restore the checkpoint of step %d (%s): %s; it is dropped",
+                  job.state.name, replica_id, record.step, record.path, reason,
+                  extra={"event": "checkpoint_refused", "job": job.state.name, "replica": replica_id,
+                         "step": record.step, "reason": reason})
+        if job.state.restore is not None and job.state.restore.digest == digest:
+            job.state.restore = None
+            job.state.dirty = True
+            job.notify()
+        self.wake()
 
     async def watch(self, req: pb.WatchRequest) -> AsyncIterator[bytes]:
         """The stream of serialized WatchEvents for one watcher: the quorum
@@ -290,6 +311,10 @@ class CoordinatorRuntime:
             response.quorum.CopyFrom(job.quorum_pb)
         if job.committed.last_give_up is not None:
             response.last_give_up.CopyFrom(job.committed.last_give_up)
+        if job.checkpoints.records:
+            response.checkpoint.CopyFrom(job.checkpoints.records[0])
+        if job.committed.last_restore is not None:
+            response.last_restore.CopyFrom(job.committed.last_restore)
         if job.state.finished is not None:
             response.finished.CopyFrom(job.state.finished)
         response.injections.extend(self.injections[job.state.name].recent)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from fthsdp.coordinator import committed
+from fthsdp.coordinator import checkpoints, committed
 from fthsdp.coordinator.broadcast import Broadcast
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.heartbeat_pace import HeartbeatPacer
@@ -31,6 +31,8 @@ class ServedJob:
         self.keys = JobKeys(config.store_prefix, name)
         self.committed = committed.CommittedRecord(self.keys)
         """The stored committed step (fthsdp/coordinator/committed.py)."""
+        self.checkpoints = checkpoints.CheckpointBook(self.keys)
+        """The job's complete checkpoints (fthsdp/coordinator/checkpoints.py)."""
         self.epoch = 0
         self.events = WatchEvents()
         """The current quorum and what watchers are sent (fthsdp/coordinator/watch_events.py)."""

@@ -63,6 +63,36 @@ def _give_up_dict(status: pb.StatusResponse) -> dict | None:
             "coordinator": g.coordinator, "quorum_id": g.quorum_id}
 
 
+def _checkpoint_dict(c: pb.CheckpointRecord) -> dict:
+    return {"step": c.step, "path": c.path, "digest": c.digest, "time": c.sealed_unix_ms / 1000,
+            "shares": c.shares, "bytes": c.bytes, "sealed_by": c.sealed_by, "quorum_id": c.quorum_id}
+
+
+def _restore_dict(status: pb.StatusResponse) -> dict | None:
+    if not status.HasField("last_restore"):
+        return None
+    r = status.last_restore
+    return {"step": r.checkpoint.step, "path": r.checkpoint.path, "lost_step": r.lost_step,
+            "steps_lost": r.lost_step - r.checkpoint.step, "time": r.unix_ms / 1000,
+            "requested_by": r.requested_by}
+
+
+def checkpoint_line(d: dict, now: float) -> str:
+    """``checkpoint: step 1200, 4.2 min old, /ckpt/job/step-0000001200``"""
+    c = d["checkpoint"]
+    if c is None:
+        return "checkpoint: none"
+    age = max(0.0, now - c["time"])
+    shown = f"{age:.0f}s" if age < 120 else f"{age / 60:.1f} min" if age < 7200 else f"{age / 3600:.1f} h"
+    return f"checkpoint: step {c['step']}, {shown} old, {c['path']}"
+
+
+def restore_line(d: dict) -> str:
+    r = d["last_restore"]
+    return (f"restored from step {r['step']}; {r['steps_lost']} committed steps lost "
+            f"(state lost at step {r['lost_step']})")
+
+
 def injection_dict(i: pb.FaultInjection) -> dict:
     """One injected fault as status JSON shows it."""
     slow = i.kind == pb.FAULT_KIND_SLOW
@@ -90,6 +120,8 @@ def status_dict(status: pb.StatusResponse) -> dict:
         "state_lost_step": status.state_lost_step,
         "state_lost_reason": status.state_lost_reason,
         "last_give_up": _give_up_dict(status),
+        "checkpoint": _checkpoint_dict(status.checkpoint) if status.HasField("checkpoint") else None,
+        "last_restore": _restore_dict(status),
         "finished": _finished_dict(status),
         "quorum": {
             "id": status.quorum.id if has_quorum else 0,
@@ -130,13 +162,16 @@ def status_json(status: pb.StatusResponse) -> str:
     return json.dumps(status_dict(status), indent=2)
 
 
-def status_table(status: pb.StatusResponse) -> str:
+def status_table(status: pb.StatusResponse, now: float = 0.0) -> str:
+    """``now``: unix seconds, for the checkpoint's age (0: the checkpoint line is left out)."""
     d = status_dict(status)
     q = d["quorum"]
     lines = [
         f"job {d['job']}   leader {d['leader']} (epoch {d['epoch']})   committed step {d['committed_step']}",
         *([state_lost_line(d["job"], d["state_lost_step"], d["state_lost_reason"])] if d["state_lost_step"] else []),
         *([finished_line(d["job"], d["finished"]["step"])] if d["finished"] else []),
+        *([checkpoint_line(d, now)] if now and d["checkpoint"] else []),
+        *([restore_line(d)] if d["last_restore"] else []),
         f"quorum {q['id'] or '-'}: {', '.join(q['members']) or 'none'}" + (f" at step {q['step']}" if q["id"] else ""),
         f"decision: {d['reason']}",
         "",

@@ -36,6 +36,7 @@ class WatcherView(Protocol):
     state_lost_step: int
     hang_horizon: float
     finished: pb.JobFinished | None
+    restore: pb.CheckpointRecord | None
     reach: ReachBook
 
     @property
@@ -126,6 +127,8 @@ def own_event(state: WatcherView, replica_id: str, leader: str) -> pb.WatchEvent
     event.hang_limit_s = state.hang_horizon
     if state.finished is not None:
         event.finished.CopyFrom(state.finished)
+    if state.restore is not None:
+        event.restore.CopyFrom(state.restore)
     if entry is not None:
         event.drain_requested = entry.drain_requested
         if entry.divergence is not None:

@@ -13,6 +13,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
+from fthsdp.core.checkpoint_dir import check_checkpoint_dir
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
 from fthsdp.core.log_format import check_log_format
@@ -114,6 +115,21 @@ class AgentConfig:
     """How long the ranks of a replica the coordinator took out as hung (fthsdp/coordinator/hang.py) get after SIGTERM
     before SIGKILL; their stack dumps are written as the notice arrives."""
 
+    checkpoint_dir: str = ""
+    """Folder for durable checkpoints of the committed state, on a filesystem every node of the job shares (passed to
+    the ranks as FTHSDP_CHECKPOINT_DIR); each replica writes 1/R of each checkpoint. Empty: no checkpoints."""
+
+    checkpoint_every: int = 0
+    """Save a checkpoint at every step that is a multiple of this (all members at once, in the background; 0: never).
+    Needs --checkpoint-dir."""
+
+    checkpoint_keep: int = 3
+    """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
+
+    resume: bool = False
+    """A replica that starts a job (no quorum exists yet, nothing to catch up from) first loads the newest complete
+    checkpoint of this job in --checkpoint-dir, and the job goes on from its step."""
+
     token_file: str = ""
     """File holding the job's bearer token: presented to the coordinator, and passed to the ranks (FTHSDP_TOKEN_FILE)
     for their coordinator calls and catch-up transfers. Empty: no token."""
@@ -190,6 +206,12 @@ class AgentConfig:
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
         check_log_format(self.log_format)
+        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+            raise ConfigError("--checkpoint-every must not be negative and --checkpoint-keep must be at least 1")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ConfigError("--checkpoint-every and --resume need --checkpoint-dir")
+        if self.checkpoint_dir:
+            check_checkpoint_dir(self.checkpoint_dir, "--checkpoint-dir")
 
     @property
     def coordinators(self) -> list[str]:

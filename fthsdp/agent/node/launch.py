@@ -56,6 +56,10 @@ def rank_environments(
         "FTHSDP_BACKEND": config.backend,
         "FTHSDP_RESTART_COUNT": str(restart_count),
         **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
+        **({"FTHSDP_CHECKPOINT_DIR": config.checkpoint_dir,
+            "FTHSDP_CHECKPOINT_EVERY": str(config.checkpoint_every),
+            "FTHSDP_CHECKPOINT_KEEP": str(config.checkpoint_keep),
+            "FTHSDP_RESUME": "1" if config.resume else "0"} if config.checkpoint_dir else {}),
         **{
             f"FTHSDP_TLS_{n.upper()}": getattr(config, f"tls_{n}")
             for n in ("ca", "cert", "key")

@@ -46,6 +46,8 @@ from typing import Any, Protocol, cast
 import torch
 
 from fthsdp.agent.training.catchup_client import CatchUpError, SourceClient
+from fthsdp.agent.training.checkpoint.restoring import restore_group
+from fthsdp.agent.training.checkpoint.seal import CheckpointError
 from fthsdp.agent.training.job_finished import JobFinished, finished_step
 from fthsdp.agent.training.lifecycle import Lifecycle
 from fthsdp.agent.training.membership import Membership
@@ -120,6 +122,14 @@ class CatchingUp(Protocol):
         """Snapshot bytes received so far, for the coordinator's status."""
         ...
 
+    def restore(self, path: str, digest: str, rank: int) -> str:
+        """Load this rank's part of a checkpoint; returns its recorded state checksum."""
+        ...
+
+    def state_checksum(self, group: ReplicaGroup) -> str:
+        """The state's checksum (a collective over the group)."""
+        ...
+
 
 class Drained(FthsdpError):
     """A drain was asked for while this replica caught up or waited for admission: it leaves instead."""
@@ -153,6 +163,8 @@ class Joiner:
         self.verified = False
         """The replay reproduced a checksum of the source's."""
         self.ready = False
+        self.refused: set[str] = set()
+        """Checkpoints (by digest) that could not be restored here: not tried again."""
 
     # ----- the procedure -------------------------------------------------------------
 
@@ -178,6 +190,9 @@ class Joiner:
                 if plan.get("drained"):
                     doing = "catching up" if self.report is not None else "waiting for admission"
                     raise Drained(f"drained while {doing}")
+                if plan.get("restore"):
+                    self._restore(plan["restore"])
+                    continue
                 if plan["admitted"]:
                     return True
                 source = plan["source"]
@@ -195,8 +210,12 @@ class Joiner:
         """Rank 0: wait until admitted, or until a source worth trying is named."""
         membership = self.membership
 
+        def restoring(event) -> bool:
+            r = event.restore
+            return event.HasField("restore") and r.step != self.replica.step and r.digest not in self.refused
+
         def usable(event) -> bool:
-            if finished_step(event):
+            if finished_step(event) or restoring(event):
                 return True
             if event.drain_requested or self.lifecycle.drain_requested:
                 return True
@@ -242,6 +261,9 @@ class Joiner:
             return {"admitted": False, "finished": finished_step(event)}
         if event.drain_requested or self.lifecycle.drain_requested:
             return {"drained": True}
+        if restoring(event):
+            r = event.restore
+            return {"admitted": False, "restore": {"path": r.path, "digest": r.digest, "step": r.step}}
         if event.HasField("place") and event.quorum.member_count >= self.min_members:
             return {"admitted": True}
         cu = event.catch_up
@@ -352,6 +374,16 @@ class Joiner:
                 log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head,
                          report.ready - report.began)
                 self.membership.set_ready(True)
+
+    def _restore(self, ref: dict) -> None:
+        """The coordinator restores the job's lost state from a checkpoint: load it (every rank)."""
+        log.warning("the job's state is restored from the checkpoint of step %d: loading %s", ref["step"], ref["path"])
+        try:
+            restore_group(self.replica, self.group, ref["path"], ref["digest"])
+        except CheckpointError as e:
+            log.error("the checkpoint of step %d was refused: %s", ref["step"], e)
+            self.refused.add(ref["digest"])
+            self.membership.refuse_checkpoint(ref["digest"], str(e))
 
     def _agree(self, ok: int, error: str) -> None:
         (all_ok,) = self.group.min(ok)

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from fthsdp.core.checkpoint_dir import check_checkpoint_dir
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
 
@@ -86,6 +87,20 @@ class ManagerConfig:
     for the joiner to replay; a joiner that falls further behind takes a
     fresh snapshot."""
 
+    checkpoint_dir: str = ""
+    """Where durable checkpoints go (FTHSDP_CHECKPOINT_DIR, from `fthsdp
+    agent --checkpoint-dir`): a folder every replica of the job can read
+    and write; "": no checkpoints (fthsdp/agent/training/checkpoint/)."""
+
+    checkpoint_every: int = 0
+    """Save at every step that is a multiple of this (0: never)."""
+
+    checkpoint_keep: int = 3
+    """Complete checkpoints kept; older ones are deleted."""
+
+    resume: bool = False
+    """Start a job from the newest complete checkpoint in ``checkpoint_dir``."""
+
     restart_count: int = 0
     """How often the node agent restarted this replica group before this
     process (FTHSDP_RESTART_COUNT): names the incarnation that a hang notice is for."""
@@ -119,6 +134,12 @@ class ManagerConfig:
             raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
         if self.catch_up_max_rate < 0 or self.catch_up_log_steps < 1 or self.catch_up_log_bytes < 0:
             raise ConfigError("catch-up settings: the rate and log bytes must be >= 0, the log steps >= 1")
+        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+            raise ConfigError("FTHSDP_CHECKPOINT_EVERY must be >= 0 and FTHSDP_CHECKPOINT_KEEP >= 1")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ConfigError("FTHSDP_CHECKPOINT_EVERY and FTHSDP_RESUME need FTHSDP_CHECKPOINT_DIR")
+        if self.checkpoint_dir:
+            check_checkpoint_dir(self.checkpoint_dir, "FTHSDP_CHECKPOINT_DIR")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides) -> ManagerConfig:
@@ -152,6 +173,10 @@ class ManagerConfig:
                 catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
+                checkpoint_dir=get("CHECKPOINT_DIR", ""),
+                checkpoint_every=int(get("CHECKPOINT_EVERY", "0")),
+                checkpoint_keep=int(get("CHECKPOINT_KEEP", "3")),
+                resume=_flag(get("RESUME", "0"), "FTHSDP_RESUME"),
                 restart_count=int(get("RESTART_COUNT", "0")),
                 outcome_file=get("OUTCOME_FILE", ""),
             )

@@ -69,6 +69,11 @@ class Membership:
         """Snapshot bytes received and expected while catching up."""
         self.progress: Callable[[], pb.Progress] | None = None
         """Where the training thread is in its step (fthsdp/agent/training/step_clock.py), sent with every heartbeat."""
+        self.checkpoint: pb.CheckpointRecord | None = None
+        """The newest checkpoint this replica sealed, sent with every heartbeat
+        (the coordinator records it: fthsdp/coordinator/checkpoints.py). Set from the saver's thread."""
+        self.refused_checkpoint: tuple[str, str] = ("", "")
+        """(digest, why) of the last checkpoint this replica could not restore."""
         self.restart_count = 0
         """This process's incarnation (FTHSDP_RESTART_COUNT), sent when registering."""
         self._beat_now = threading.Event()
@@ -164,6 +169,16 @@ class Membership:
             self.ready = ready
             self._beat_now.set()
 
+    def refuse_checkpoint(self, digest: str, reason: str) -> None:
+        """A checkpoint this replica could not restore: on the next heartbeat, sent at once."""
+        self.refused_checkpoint = (digest, reason)
+        self._beat_now.set()
+
+    def report_checkpoint(self, record: pb.CheckpointRecord) -> None:
+        """A checkpoint this replica sealed: on the next heartbeat, sent at once."""
+        self.checkpoint = record
+        self._beat_now.set()
+
     def close(self) -> None:
         self._stop.set()
         self._beat_now.set()
@@ -237,6 +252,9 @@ class Membership:
                 catch_up_total_bytes=total,
                 catching_up=self.catching_up,
                 progress=self.progress() if self.progress else None,
+                checkpoint=self.checkpoint,
+                refused_checkpoint=self.refused_checkpoint[0],
+                refused_checkpoint_reason=self.refused_checkpoint[1],
             ))
 
     def _recent(self) -> list[pb.StepChecksum]:

@@ -21,12 +21,18 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import time
+from pathlib import Path
 
 import torch
 
 from fthsdp.agent import outcome
 from fthsdp.agent.training.catchup_source import CatchUpSource
 from fthsdp.agent.training.catchup_target import CatchUpTarget
+from fthsdp.agent.training.checkpoint.restoring import resume_newest
+from fthsdp.agent.training.checkpoint.saver import Saver
+from fthsdp.agent.training.checkpoint.seal import Sealed
+from fthsdp.agent.training.checkpoint.share import ShareSpec
 from fthsdp.agent.training.checksum import StridedHistory
 from fthsdp.agent.training.connection import JobConnection
 from fthsdp.agent.training.eviction import EvictionWatch
@@ -68,7 +74,8 @@ class ReplicaStep:
         self._source = CatchUpSource(config.replica_id, config.shard_rank, structure, log_)
         """This rank's state as joiners copy it: snapshots and the log (served by the connection)."""
         self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout)
-        self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader)
+        self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader, job=config.job,
+                                     structure=structure)
         self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
                           host=config.host, interface=config.gloo_interface)
         self._ftar.groups.horizon = self._link.hangs.horizon
@@ -89,8 +96,18 @@ class ReplicaStep:
         """A copy of the first gradient elements right after the all-reduce: checked at commit."""
         self._eviction: EvictionWatch | None = None
         """Ranks of a multi-rank group: learns that the coordinator took the group out."""
+        self._saver: Saver | None = None
+        """Periodic checkpoints (fthsdp/agent/training/checkpoint/saver.py); None: none configured."""
+        if config.checkpoint_dir and config.checkpoint_every:
+            self._saver = Saver(Path(config.checkpoint_dir).resolve(), config.job, every=config.checkpoint_every,
+                                keep=config.checkpoint_keep, seal_timeout=max(60.0, config.timeout),
+                                on_sealed=self._sealed)
         # A script that ends by an exception exits promptly too.
         atexit.register(lambda: self._ftar.groups.release(self._link.store))
+        if config.resume and config.restart_count == 0:
+            # Before registering: the coordinator must never see this replica at step 0
+            # (a restarted replica catches up from a live peer instead).
+            resume_newest(self._target, self._link.group, Path(config.checkpoint_dir), config.job, structure)
         self._link.start_session()
 
     @property
@@ -228,7 +245,8 @@ class ReplicaStep:
         periodic = bool(every) and step % every == 0
         inputs = self._inputs
         assert inputs is not None  # recorded by the step's all-reduce
-        parts = self._replayer.part_checksums(group) if periodic or self._checksum_wanted else {}
+        checkpoint = self._saver is not None and self._saver.due(step)
+        parts = self._replayer.part_checksums(group) if periodic or self._checksum_wanted or checkpoint else {}
         checksum = combine_hex(parts) if parts else ""
         if periodic:
             m.state_checksum, m.checksum_step = checksum, step
@@ -251,6 +269,8 @@ class ReplicaStep:
             self._checksum_wanted = True  # the joiner checks its replay against the next step's checksum
         else:
             self._source.expire()  # a joiner that died without releasing its snapshot
+        if checkpoint:
+            self._save(step, last.quorum_id, checksum)
         if self._joiner is not None:
             self._joiner.finish()  # the first step in the quorum is committed: release the source
             self._joiner = None
@@ -259,6 +279,23 @@ class ReplicaStep:
             asked_by = self._lifecycle.drain_asked_by or "another rank"
             self.leave(Ending.DRAINED, f"drained after step {step} (asked by {asked_by})")
         self._clock.begin(step)
+
+    def _save(self, step: int, quorum_id: int, checksum: str) -> None:
+        """This member's share of the checkpoint of ``step``: every member of
+        the quorum that committed the step writes one, by its place in it."""
+        assert self._saver is not None
+        place = self._link.quorums.participation(quorum_id, False)
+        spec = ShareSpec(self.config.job, step, self._structure, quorum_id, place.index, place.count,
+                         self.config.shard_rank, self.config.shard_count)
+        with self._clock.section("checkpoint staging", None):
+            self._saver.save(self._state.capture(), spec, checksum)
+
+    def _sealed(self, sealed: Sealed) -> None:
+        """The saver's thread: a checkpoint this replica sealed is complete; the coordinator hears of it."""
+        self._link.membership.report_checkpoint(pb.CheckpointRecord(
+            step=sealed.step, path=str(sealed.folder), digest=sealed.digest, quorum_id=sealed.quorum_id,
+            shares=sealed.shares, bytes=sealed.nbytes, sealed_unix_ms=int(time.time() * 1000),
+            sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum))
 
     def _serve(self, request):
         """FTAR's requests of a joiner (fthsdp/agent/training/last_gap.py): its own work, not a wait for the others."""
@@ -287,6 +324,8 @@ class ReplicaStep:
         if ending not in (Ending.FINISHED, Ending.JOB_FINISHED):
             log.info("replica %s stopped (%s): %s", self.config.replica_id, ending.value, detail)
         self._hooks.remove()
+        if self._saver is not None:
+            self._saver.close(self.config.timeout)  # a share in flight is finished: the others may be sealing it
         self._link.close(leave_reason(ending, detail), failed=not ending.success)
         self._ftar.groups.release(self._link.store)  # so that the script exits normally, even past a hung peer
         outcome.write(self.config.outcome_file, ending.value, detail)

@@ -176,7 +176,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,9 @@ class HeartbeatRequest(_message.Message):
     CATCHING_UP_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_CHECKPOINT_REASON_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -205,7 +208,10 @@ class HeartbeatRequest(_message.Message):
     catching_up: bool
     ack: bool
     progress: Progress
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+    checkpoint: CheckpointRecord
+    refused_checkpoint: str
+    refused_checkpoint_reason: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "phase_age_s", "step", "step_time_s", "compute_time_s", "section", "section_timeout_s")
@@ -264,7 +270,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence", "probe", "unreachable", "injections")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence", "probe", "unreachable", "injections", "restore")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +287,7 @@ class WatchEvent(_message.Message):
     PROBE_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     INJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -297,7 +304,8 @@ class WatchEvent(_message.Message):
     probe: ReachProbe
     unreachable: str
     injections: _containers.RepeatedCompositeFieldContainer[FaultInjection]
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ..., probe: _Optional[_Union[ReachProbe, _Mapping]] = ..., unreachable: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ...) -> None: ...
+    restore: CheckpointRecord
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ..., probe: _Optional[_Union[ReachProbe, _Mapping]] = ..., unreachable: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ..., restore: _Optional[_Union[CheckpointRecord, _Mapping]] = ...) -> None: ...
 
 class FaultInjection(_message.Message):
     __slots__ = ("id", "replica_id", "kind", "seconds", "steps", "restart_count", "requested_by", "peer", "unix_ms", "step")
@@ -518,7 +526,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., straggler_score: _Optional[float] = ..., hang_reason: _Optional[str] = ..., mismatch_reason: _Optional[str] = ..., mismatch_strikes: _Optional[int] = ..., unreachable: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished", "injections")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished", "injections", "checkpoint", "last_restore")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -535,6 +543,8 @@ class StatusResponse(_message.Message):
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     INJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESTORE_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -551,7 +561,9 @@ class StatusResponse(_message.Message):
     median_step_time_s: float
     finished: JobFinished
     injections: _containers.RepeatedCompositeFieldContainer[FaultInjection]
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ...) -> None: ...
+    checkpoint: CheckpointRecord
+    last_restore: Restore
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")
@@ -660,15 +672,57 @@ class GiveUp(_message.Message):
     def __init__(self, step: _Optional[int] = ..., unix_ms: _Optional[int] = ..., requested_by: _Optional[str] = ..., peer: _Optional[str] = ..., coordinator: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
 
 class CommittedStep(_message.Message):
-    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up", "finished")
+    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up", "finished", "last_restore")
     STEP_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESTORE_FIELD_NUMBER: _ClassVar[int]
     step: int
     quorum_id: int
     updated_unix_ms: int
     last_give_up: GiveUp
     finished: JobFinished
-    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ...) -> None: ...
+    last_restore: Restore
+    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ...) -> None: ...
+
+class CheckpointRecord(_message.Message):
+    __slots__ = ("step", "path", "digest", "quorum_id", "shares", "bytes", "sealed_unix_ms", "sealed_by", "state_checksum")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SEALED_BY_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    path: str
+    digest: str
+    quorum_id: int
+    shares: int
+    bytes: int
+    sealed_unix_ms: int
+    sealed_by: str
+    state_checksum: str
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., digest: _Optional[str] = ..., quorum_id: _Optional[int] = ..., shares: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed_unix_ms: _Optional[int] = ..., sealed_by: _Optional[str] = ..., state_checksum: _Optional[str] = ...) -> None: ...
+
+class CheckpointList(_message.Message):
+    __slots__ = ("checkpoints",)
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointRecord]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointRecord, _Mapping]]] = ...) -> None: ...
+
+class Restore(_message.Message):
+    __slots__ = ("checkpoint", "lost_step", "unix_ms", "requested_by")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LOST_STEP_FIELD_NUMBER: _ClassVar[int]
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointRecord
+    lost_step: int
+    unix_ms: int
+    requested_by: str
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., lost_step: _Optional[int] = ..., unix_ms: _Optional[int] = ..., requested_by: _Optional[str] = ...) -> None: ...

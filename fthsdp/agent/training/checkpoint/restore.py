@@ -105,3 +105,13 @@ def _files_read(metadata, dest: dict[str, torch.Tensor]) -> set[str]:
 
 def _overlap(a_off, a_size, b_off, b_size) -> bool:
     return all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a_off, a_size, b_off, b_size, strict=True))
+
+
+def newest_complete(root: Path, job: str, structure: int) -> list[tuple[int, Path]]:
+    """This job's checkpoints under ``root`` that have a record, newest first (not yet checked further)."""
+    out = []
+    for step in reversed(layout.steps_in(root, job)):
+        folder = layout.step_folder(root, job, step)
+        if (folder / layout.CHECKPOINT_RECORD).exists():
+            out.append((step, folder))
+    return out

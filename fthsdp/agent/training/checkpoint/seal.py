@@ -27,6 +27,9 @@ class CheckpointError(FthsdpError):
 class Sealed:
     step: int
     folder: Path
+    quorum_id: int
+    shares: int
+    state_checksum: str
     digest: str
     """The sha256 of its ``checkpoint.json``: what the coordinator records."""
     nbytes: int
@@ -77,14 +80,18 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
     files = {f"{name}/{file}": info for name, record in records.items() for file, info in record["files"].items()}
     files.update(layout.describe_files(folder, [layout.DCP_METADATA]))
     first = next(iter(records.values()))
+    if len({r.get("state_checksum", "") for r in records.values()}) != 1:
+        raise CheckpointError(f"checkpoint of step {step}: the shares report different state checksums")
     checkpoint = {
         "format": layout.FORMAT, "job": job, "step": step, "structure": structure,
-        "quorum_id": first["quorum_id"], "shares": shares, "ranks": ranks, "skeletons": skeletons,
+        "quorum_id": first["quorum_id"], "state_checksum": first.get("state_checksum", ""), "shares": shares,
+        "ranks": ranks, "skeletons": skeletons,
         "files": files, "sealed_unix": time.time(),
     }
     layout.write_record(folder / layout.CHECKPOINT_RECORD, checkpoint)
     digest = layout.sha256_file(folder / layout.CHECKPOINT_RECORD)
-    return Sealed(step, folder, digest, sum(int(f["bytes"]) for f in files.values()))
+    nbytes = sum(int(f["bytes"]) for f in files.values())
+    return Sealed(step, folder, first["quorum_id"], shares, checkpoint["state_checksum"], digest, nbytes)
 
 
 def read_checkpoint(folder: Path, *, job: str, structure: int, digest: str = "") -> dict:

@@ -110,8 +110,10 @@ def stage(state: dict, spec: ShareSpec) -> StagedShare:
     return StagedShare(spec, skeleton, {name: list(path) for name, path in paths.items()}, pieces)
 
 
-def write(staged: StagedShare, checkpoint: Path) -> dict:
-    """Write ``staged`` under the checkpoint's folder; returns its ``share.json`` record."""
+def write(staged: StagedShare, checkpoint: Path, state_checksum: str = "") -> dict:
+    """Write ``staged`` under the checkpoint's folder; returns its ``share.json``
+    record. ``state_checksum``: the members' checksum of the whole state at
+    the step ("" if none), which a restored replica checks its state against."""
     spec = staged.spec
     folder = checkpoint / layout.share_folder_name(spec.share, spec.rank)
     if folder.exists():
@@ -124,7 +126,7 @@ def write(staged: StagedShare, checkpoint: Path) -> dict:
     record = {
         "format": layout.FORMAT, "job": spec.job, "step": spec.step, "structure": spec.structure,
         "quorum_id": spec.quorum_id, "share": spec.share, "shares": spec.shares, "rank": spec.rank,
-        "ranks": spec.ranks, "skeleton": staged.skeleton, "paths": staged.paths,
+        "ranks": spec.ranks, "state_checksum": state_checksum, "skeleton": staged.skeleton, "paths": staged.paths,
         "files": layout.describe_files(folder, files),
     }
     layout.write_record(folder / layout.SHARE_RECORD, record)

@@ -1,0 +1,71 @@
+"""Restoring a replica group from a checkpoint: every rank its part, all or none.
+
+Used twice: when the coordinator restores a lost state
+(``WatchEvent.restore``, fthsdp/agent/training/joiner.py), and when a job
+starts with ``--resume`` (the newest complete checkpoint on disk, an older
+one if it is refused). Every rank loads its part; the ranks agree that all
+did before the state's checksum, a collective over the group, is compared
+with the one the members recorded at the checkpoint's step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Protocol
+
+from fthsdp.agent.training.checkpoint.restore import newest_complete
+from fthsdp.agent.training.checkpoint.seal import CheckpointError
+from fthsdp.agent.training.replica_group import ReplicaGroup
+
+log = logging.getLogger("fthsdp.agent.checkpoint")
+
+
+class Restorable(Protocol):
+    """The state a checkpoint is loaded into (``CatchUpTarget``)."""
+
+    @property
+    def step(self) -> int: ...
+
+    def restore(self, path: str, digest: str, rank: int) -> str: ...
+
+    def state_checksum(self, group: ReplicaGroup) -> str: ...
+
+
+def restore_group(target: Restorable, group: ReplicaGroup, path: str, digest: str = "") -> None:
+    """Load the checkpoint at ``path`` on every rank; CheckpointError (on every rank) if any refused it."""
+    began = time.monotonic()
+    try:
+        expected, ok, error = target.restore(path, digest, group.rank), 1, ""
+    except CheckpointError as e:
+        expected, ok, error = "", 0, str(e)
+    (all_ok,) = group.min(ok)
+    if not all_ok:
+        raise CheckpointError(error or "another rank of this replica group could not load its part")
+    if expected:
+        got = target.state_checksum(group)
+        if got != expected:
+            raise CheckpointError(f"{path}: the restored state's checksum {got} differs from the one recorded at "
+                                  f"its step, {expected}")
+    log.info("restored from the checkpoint of step %d in %.2fs: %s", target.step, time.monotonic() - began, path)
+
+
+def resume_newest(target: Restorable, group: ReplicaGroup, root: Path, job: str, structure: int) -> int | None:
+    """Load the newest complete checkpoint of ``job`` under ``root`` that
+    loads (rank 0 names each one to try); returns its step, or None if
+    there is none."""
+    candidates = [str(folder) for _, folder in newest_complete(root, job, structure)] if group.rank == 0 else None
+    names = group.broadcast_json(candidates)
+    assert isinstance(names, list)
+    for path in names:
+        try:
+            restore_group(target, group, path)
+            return target.step
+        except CheckpointError as e:
+            log.error("not resuming from %s: %s; trying the one before", path, e)
+    if names:
+        raise CheckpointError(f"--resume: none of the {len(names)} checkpoints of job {job} in {root} could be "
+                              "loaded (see the errors above)")
+    log.warning("--resume: no complete checkpoint of job %s in %s: starting at step 0", job, root)
+    return None

@@ -1,0 +1,127 @@
+"""Periodic checkpoints of the committed state, written in the background.
+
+At a step boundary that is a checkpoint step (a multiple of
+``checkpoint_every``, the same on every member), each member's training
+thread stages its share (a host copy of about 1/R of the state, R the
+members that committed the step) and hands it to this saver's thread,
+which writes it while training goes on. Rank 0 of the member with share
+index 0 then waits for every share's record, seals the checkpoint
+(fthsdp/agent/training/checkpoint/seal.py), reports it through
+``on_sealed`` (the coordinator records it as the job's newest complete
+checkpoint) and deletes checkpoints older than the newest ``keep``.
+
+One save is in flight at a time: a checkpoint step reached while the
+previous save still writes is skipped, with one warning line, rather than
+stalling the step. A failed write (a full disk, a lost mount) is one
+error line; that checkpoint stays incomplete and is never used, and the
+next one is tried as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fthsdp.agent.training.checkpoint import layout
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, Sealed, missing_shares, seal
+from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
+
+log = logging.getLogger("fthsdp.agent.checkpoint")
+
+SEAL_POLL = 0.05
+"""Seconds between looks for the other shares' records (the sealer's thread only)."""
+
+
+class Saver:
+    def __init__(self, root: Path, job: str, *, every: int, keep: int, seal_timeout: float,
+                 on_sealed: Callable[[Sealed], None]) -> None:
+        """``seal_timeout``: how long the sealer waits for the other shares
+        (a member lost mid-save leaves its share unwritten: the checkpoint
+        is then incomplete)."""
+        self.root, self.job = root, job
+        self.every, self.keep = every, keep
+        self.seal_timeout = seal_timeout
+        self._on_sealed = on_sealed
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last_sealed: Sealed | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether the boundary after ``step - 1`` (the state at ``step``) is a checkpoint step."""
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    def save(self, capture: dict, spec: ShareSpec, state_checksum: str) -> bool:
+        """Stage this rank's share now and write it in the background; False
+        if the previous save still writes (this checkpoint is skipped)."""
+        if self._thread is not None and self._thread.is_alive():
+            log.warning("checkpoint of step %d skipped: the one before is still being written (save less often, "
+                        "or give the writers faster storage)", spec.step)
+            return False
+        began = time.monotonic()
+        staged = stage(capture, spec)
+        log.debug("checkpoint of step %d: %d bytes staged in %.3fs", spec.step, staged.nbytes,
+                  time.monotonic() - began)
+        self._thread = threading.Thread(target=self._write, args=(staged, state_checksum),
+                                        name="fthsdp-checkpoint", daemon=True)
+        self._thread.start()
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Let a save in flight finish (up to ``timeout`` seconds), so that a
+        replica that stops right after a checkpoint step still writes its share."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("a checkpoint save was still running after %.0fs; it is left incomplete", timeout)
+        self._stop.set()
+
+    # ----- the saver's thread -----------------------------------------------------------
+
+    def _write(self, staged, state_checksum: str) -> None:
+        spec = staged.spec
+        folder = layout.step_folder(self.root, self.job, spec.step)
+        began = time.monotonic()
+        try:
+            write(staged, folder, state_checksum)
+        except OSError as e:
+            log.error("checkpoint of step %d: this replica's share was not written (%s); the checkpoint stays "
+                      "incomplete and is never used", spec.step, e)
+            return
+        log.debug("checkpoint of step %d: share %d of %d written in %.2fs", spec.step, spec.share, spec.shares,
+                  time.monotonic() - began)
+        if spec.share != 0 or spec.rank != 0:
+            return
+        deadline = time.monotonic() + self.seal_timeout
+        while missing := missing_shares(folder, spec.shares, spec.ranks):
+            if time.monotonic() > deadline or self._stop.is_set():
+                log.warning("checkpoint of step %d is incomplete: %s not written in %.0fs (a member lost "
+                            "mid-save?); it is never used", spec.step, ", ".join(missing), self.seal_timeout)
+                return
+            self._stop.wait(SEAL_POLL)
+        try:
+            sealed = seal(folder, job=spec.job, step=spec.step, structure=spec.structure, shares=spec.shares,
+                          ranks=spec.ranks)
+        except (OSError, CheckpointError) as e:
+            log.error("checkpoint of step %d could not be sealed: %s; it is never used", spec.step, e)
+            return
+        self.last_sealed = sealed
+        log.info("checkpoint of step %d complete: %d shares, %.1f MB, %.2fs after the step", spec.step,
+                 spec.shares * spec.ranks, sealed.nbytes / 1e6, time.monotonic() - began)
+        self._on_sealed(sealed)
+        self._prune(spec.step)
+
+    def _prune(self, newest: int) -> None:
+        """Delete every checkpoint older than the newest ``keep`` complete ones
+        (an incomplete one older than the newest complete one too)."""
+        steps = layout.steps_in(self.root, self.job)
+        complete = [s for s in steps if (layout.step_folder(self.root, self.job, s) / layout.CHECKPOINT_RECORD)
+                    .exists()]
+        kept = set(complete[-self.keep:])
+        for step in steps:
+            if step < newest and step not in kept:
+                shutil.rmtree(layout.step_folder(self.root, self.job, step), ignore_errors=True)

@@ -1,0 +1,179 @@
+"""The job's complete checkpoints, and the restore of a lost state from the newest.
+
+Replicas write checkpoints themselves (fthsdp/agent/training/checkpoint/);
+the one that seals a checkpoint reports it on its heartbeats
+(``HeartbeatRequest.checkpoint``). The coordinator keeps the newest few
+under ``PREFIX/jobs/JOB/checkpoint`` (a ``CheckpointList``, written by
+compare-and-swap after the decision, outside the job's lock, and retried
+after a failure like the committed step: fthsdp/coordinator/committed.py).
+
+Restore. When the job's committed state is lost (no live replica holds
+it) and a complete checkpoint is recorded, the coordinator restores it,
+unless ``--no-auto-restore``: the committed step becomes the checkpoint's
+and the restore is stored with it (``CommittedStep.last_restore``) before
+it is acted on; then every watcher is sent ``WatchEvent.restore`` until the
+quorum formed at that step has trained past it. A replica not at that step
+loads the checkpoint (checking every file and the state's checksum) and so
+holds the state; meanwhile no replica is given a peer to copy (a quorum
+formed at the checkpoint's step may still wait for more replicas before it
+trains, and a member that waits serves no copy).
+The steps committed after the checkpoint are lost; the log line and the
+status say how many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fthsdp.coordinator.codec import decode
+from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.store import Store
+from fthsdp.core.errors import LostOwnership, StoreError
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from fthsdp.coordinator.committed import CommittedRecord
+    from fthsdp.coordinator.job import JobState
+
+log = logging.getLogger("fthsdp.coordinator")
+
+KEPT = 8
+"""Records kept in the store (the replicas keep their own number on disk)."""
+RETRY_AFTER = 1.0
+"""Seconds before a failed write is tried again."""
+
+
+@dataclasses.dataclass
+class CheckpointBook:
+    keys: JobKeys
+    records: list[pb.CheckpointRecord] = dataclasses.field(default_factory=list)
+    """Stored, newest first."""
+    revision: int = 0
+    pending: pb.CheckpointRecord | None = None
+    """Reported, not stored yet."""
+    refused: set[str] = dataclasses.field(default_factory=set)
+    """Digests a replica could not restore: dropped at the next write."""
+    logged_refusals: set[str] = dataclasses.field(default_factory=set)
+    retry_at: float = float("-inf")
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
+
+    @property
+    def newest(self) -> pb.CheckpointRecord | None:
+        """The newest known, stored or not."""
+        if self.pending is not None:
+            return self.pending
+        return self.usable[0] if self.usable else None
+
+    @property
+    def usable(self) -> list[pb.CheckpointRecord]:
+        """The stored ones no replica refused, newest first."""
+        return [r for r in self.records if r.digest not in self.refused]
+
+    @property
+    def dirty(self) -> bool:
+        return self.pending is not None or any(r.digest in self.refused for r in self.records)
+
+    def load(self, store: Store) -> None:
+        """Read the stored records (blocking: call in a thread)."""
+        item = store.get(self.keys.checkpoint)
+        if item is not None:
+            msg = decode(pb.CheckpointList, item.value, f"checkpoints of job {self.keys.job}")
+            self.records, self.revision = list(msg.checkpoints), item.revision
+
+    def report(self, record: pb.CheckpointRecord) -> bool:
+        """A sealer's report: kept if it is newer than every record; True if it was."""
+        newest = self.newest
+        if not record.step or not record.path or not record.digest:
+            return False
+        if newest is not None and record.step <= newest.step:
+            return False
+        self.pending = record
+        return True
+
+    def refuse(self, digest: str) -> pb.CheckpointRecord | None:
+        """A replica could not restore this checkpoint: it is dropped (stored
+        at the next ``sync``), so that a restore takes the one before. Returns it
+        if it was recorded."""
+        for record in self.records:
+            if record.digest == digest:
+                self.refused.add(digest)
+                return record
+        return None
+
+    def write(self, store: Store) -> bool:
+        """Store the pending record (blocking); False if another coordinator wrote meanwhile (adopted)."""
+        newer = [self.pending] if self.pending is not None else []
+        older = [r for r in self.usable if self.pending is None or r.step < self.pending.step]
+        records = [*newer, *older][:KEPT]
+        msg = pb.CheckpointList(checkpoints=records)
+        result = store.compare_and_set(self.keys.checkpoint, msg.SerializeToString(), self.revision)
+        if result.succeeded:
+            assert result.current is not None
+            self.records, self.revision, self.pending = records, result.current.revision, None
+            return True
+        if result.current is None:
+            self.records, self.revision = [], 0
+        else:
+            theirs = decode(pb.CheckpointList, result.current.value, f"checkpoints of job {self.keys.job}")
+            self.records, self.revision = list(theirs.checkpoints), result.current.revision
+        if self.pending is not None and self.records and self.pending.step <= self.records[0].step:
+            self.pending = None
+        return False
+
+
+async def sync(book: CheckpointBook, store: Store, job: str, now: float) -> None:
+    """Store a reported checkpoint (after the decision, outside the job's lock)."""
+    async with book.lock:
+        if not book.dirty or now < book.retry_at:
+            return
+        record = book.pending
+        try:
+            stored = await asyncio.to_thread(book.write, store)
+        except StoreError as e:
+            book.retry_at = now + RETRY_AFTER
+            log.debug("job %s: the checkpoint records are not stored yet: %s", job, e)
+            return
+        if stored and record is not None:
+            log.info("job %s: checkpoint of step %d complete (%d shares, %.1f MB, sealed by %s): %s", job,
+                     record.step, record.shares, record.bytes / 1e6, record.sealed_by, record.path,
+                     extra={"event": "checkpoint", "job": job, "step": record.step, "path": record.path})
+
+
+async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
+                          now: float, wall: Callable[[], float], requested_by: str = "automatic") -> bool:
+    """Restore the newest checkpoint if the state is lost now (the caller
+    holds the job's lock and checks the setting). True if it did."""
+    lost = state.state_lost_step
+    record = book.usable[0] if book.usable else None
+    if not lost or record is None or record.step > lost:
+        return False
+    last = committed.last_restore
+    if last is not None and last.checkpoint.digest == record.digest and lost == record.step:
+        if state.restore is None:
+            state.restore = record  # under way since before a coordinator restart: offered again
+        return False
+    unix_ms = int(wall() * 1000)
+    msg = pb.Restore(checkpoint=record, lost_step=lost, unix_ms=unix_ms, requested_by=requested_by)
+    quorum_id = state.quorum.id if state.quorum else 0
+    async with committed.lock:
+        try:
+            theirs = await asyncio.to_thread(committed.write, store, record.step, quorum_id, unix_ms, None,
+                                             restore=msg)
+        except StoreError as e:
+            log.warning("job %s: restoring the checkpoint of step %d is pending: %s", state.name, record.step, e)
+            return False
+        if theirs is not None:
+            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator")
+        committed.written_at = now
+    state.give_up_state(record.step)
+    state.restore = record
+    log.warning(
+        "job %s: state lost at step %d: restoring the checkpoint of step %d (%d committed steps lost): %s",
+        state.name, lost, record.step, lost - record.step, record.path,
+        extra={"event": "restore", "job": state.name, "lost_step": lost, "step": record.step, "path": record.path},
+    )
+    return True
