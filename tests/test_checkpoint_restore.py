@@ -8,6 +8,7 @@ and they train on from its step with the state it recorded.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fthsdp.client import CoordinatorClient
@@ -58,3 +59,107 @@ def test_every_replica_killed_the_job_resumes_from_the_newest_checkpoint(cluster
         w.read_until(lambda line: line.get("step", 0) >= step, timeout=60)
     wait_until(lambda: status(c).committed_step >= step, 10, message="the coordinator heard of the steps")
     assert not any(r.checksum_mismatch_step for r in status(c).replicas)
+
+
+def recorded_steps(c) -> int:
+    return status(c).checkpoint.step
+
+
+def test_a_member_killed_mid_save_leaves_that_checkpoint_unused_and_the_next_completes(cluster, tmp_path):
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "2")
+    root = tmp_path / "ckpt"
+    env = checkpointing(root)
+    dying_at = 2 * EVERY  # r2 is SIGKILLed in the forward pass right after staging its share of step 20
+    workers = [worker(c, i, 3, "--hidden", "1536", env=env, name=f"r{i}")  # 28 MB of state: a write of some ms
+               for i in range(2)]
+    workers.append(worker(c, 2, 3, "--hidden", "1536", "--die-at", str(dying_at), env=env, name="r2"))
+    assert workers[2].collect_after_exit(timeout=90) != 0
+    wait_until(lambda: recorded_steps(c) >= 3 * EVERY, 90, message="a later checkpoint recorded")
+    # r2 died within a millisecond of staging, long before its share could be written.
+    sealer = (tmp_path / "worker-r0.log").read_text()
+    assert f"checkpoint of step {dying_at} is incomplete: share-2-rank-0 not written" in sealer
+    coordinator_log = (tmp_path / "coordinator.log").read_text()
+    assert f"checkpoint of step {dying_at} complete" not in coordinator_log  # never recorded, never used
+    s = status(c)
+    assert s.checkpoint.shares == 2  # the survivors wrote the next one between them
+    assert (root / "default" / f"step-{s.checkpoint.step:010d}" / "checkpoint.json").exists()
+
+
+def test_a_corrupt_checkpoint_is_refused_and_the_one_before_restored(cluster, tmp_path):
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "2")
+    root = tmp_path / "ckpt"
+    env = checkpointing(root)
+    first = [worker(c, i, 3, env=env, name=f"r{i}-first") for i in range(3)]
+    wait_until(lambda: recorded_steps(c) >= 2 * EVERY, 60, message="two checkpoints recorded")
+    for w in first:
+        w.kill()
+    wait_until(lambda: status(c).HasField("last_restore"), 30, message="the lost state restored")
+    newest = status(c).last_restore.checkpoint
+    data = Path(newest.path) / "share-1-rank-0" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte, same size
+    data.write_bytes(bytes(raw))
+    second = [worker(c, i, 2, env=env, name=f"r{i}-second") for i in range(2)]  # and fewer replicas than saved
+    wait_until(lambda: status(c).last_restore.checkpoint.step == newest.step - EVERY, 60,
+               message="the checkpoint before restored")
+    for w in second:
+        line = w.read_until(lambda line: "step" in line, timeout=60)
+        assert line["step"] == newest.step - EVERY + 1
+    assert "share-1-rank-0/__0_0.distcp is corrupt" in (tmp_path / "coordinator.log").read_text()
+
+
+def test_plain_dcp_reads_a_checkpoint_the_replicas_wrote(cluster, tmp_path):
+    """What the replicas wrote between them is one ordinary DCP checkpoint:
+    torch's own converter reads every tensor, equal to fthsdp's restore."""
+    import warnings
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from fthsdp.agent.training.checkpoint.restore import load
+    from fthsdp.agent.training.checkpoint.seal import read_checkpoint
+
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "2")
+    env = checkpointing(tmp_path / "ckpt")
+    for i in range(3):
+        worker(c, i, 3, env=env, name=f"r{i}")
+    wait_until(lambda: recorded_steps(c) >= EVERY, 60, message="a checkpoint recorded")
+    record = status(c).checkpoint
+    folder = Path(record.path)
+    out = tmp_path / "converted.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_to_torch_save(str(folder), str(out))
+    converted = torch.load(out, weights_only=True)
+    structure = json.loads((folder / "checkpoint.json").read_text())["structure"]
+    theirs = read_checkpoint(folder, job="default", structure=structure, digest=record.digest)
+    assert theirs["step"] == record.step and theirs["shares"] == 3
+    assert converted["model"]  # the model's tensors, by their state_dict names
+    restored = load(folder, theirs, rank=0, current={"model": {}, "optimizer": {}, "extra": {}, "rng": {}})
+    for name, tensor in converted["model"].items():
+        assert torch.equal(restored["model"][name], tensor), name
+
+
+def test_a_fresh_job_started_with_resume_goes_on_from_the_newest_checkpoint(cluster, tmp_path):
+    coordinator, _, worker = cluster
+    first_coordinator = coordinator("--min-replicas", "2")
+    env = checkpointing(tmp_path / "ckpt")
+    first = [worker(first_coordinator, i, 2, env=env, name=f"r{i}-first") for i in range(2)]
+    wait_until(lambda: recorded_steps(first_coordinator) >= 2 * EVERY, 60, message="two checkpoints recorded")
+    for w in first:
+        w.kill()
+    first_coordinator.stop()
+    # The newest complete one on disk (a later one than the coordinator recorded may have been sealed).
+    sealed = (tmp_path / "ckpt").glob("default/*/checkpoint.json")
+    newest = max(int(p.parent.name.removeprefix("step-")) for p in sealed)
+    # A new coordinator knows nothing of the job: only the checkpoint folder does.
+    c = coordinator("--min-replicas", "2")
+    second = [worker(c, i, 2, env={**env, "FTHSDP_RESUME": "1"}, name=f"r{i}-second") for i in range(2)]
+    for w in second:
+        assert w.read_until(lambda line: "step" in line, timeout=60)["step"] == newest + 1
+    text = (tmp_path / "worker-r0-second.log").read_text()
+    assert f"restored from the checkpoint of step {newest}" in text
+    wait_until(lambda: status(c).committed_step > newest, 10, message="the coordinator heard of the steps")

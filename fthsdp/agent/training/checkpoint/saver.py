@@ -47,6 +47,10 @@ class Saver:
         self.seal_timeout = seal_timeout
         self._on_sealed = on_sealed
         self._thread: threading.Thread | None = None
+        self._writing = threading.Event()
+        """Set while this rank's share is being written."""
+        self._superseded = threading.Event()
+        """The next checkpoint step came: a seal still waiting for shares gives up."""
         self._stop = threading.Event()
         self.last_sealed: Sealed | None = None
 
@@ -56,15 +60,23 @@ class Saver:
 
     def save(self, capture: dict, spec: ShareSpec, state_checksum: str) -> bool:
         """Stage this rank's share now and write it in the background; False
-        if the previous save still writes (this checkpoint is skipped)."""
-        if self._thread is not None and self._thread.is_alive():
+        if the previous save still writes (this checkpoint is skipped). A
+        previous checkpoint still waiting for other shares is given up: one
+        that is not complete by the next checkpoint step never will be (a
+        member was lost mid-save)."""
+        if self._writing.is_set():
             log.warning("checkpoint of step %d skipped: the one before is still being written (save less often, "
                         "or give the writers faster storage)", spec.step)
             return False
+        if self._thread is not None and self._thread.is_alive():
+            self._superseded.set()
+            self._thread.join()  # it only waits for the other shares: it ends at once
+        self._superseded.clear()
         began = time.monotonic()
         staged = stage(capture, spec)
         log.debug("checkpoint of step %d: %d bytes staged in %.3fs", spec.step, staged.nbytes,
                   time.monotonic() - began)
+        self._writing.set()
         self._thread = threading.Thread(target=self._write, args=(staged, state_checksum),
                                         name="fthsdp-checkpoint", daemon=True)
         self._thread.start()
@@ -92,17 +104,20 @@ class Saver:
             log.error("checkpoint of step %d: this replica's share was not written (%s); the checkpoint stays "
                       "incomplete and is never used", spec.step, e)
             return
+        finally:
+            self._writing.clear()
         log.debug("checkpoint of step %d: share %d of %d written in %.2fs", spec.step, spec.share, spec.shares,
                   time.monotonic() - began)
         if spec.share != 0 or spec.rank != 0:
             return
         deadline = time.monotonic() + self.seal_timeout
         while missing := missing_shares(folder, spec.shares, spec.ranks):
-            if time.monotonic() > deadline or self._stop.is_set():
-                log.warning("checkpoint of step %d is incomplete: %s not written in %.0fs (a member lost "
-                            "mid-save?); it is never used", spec.step, ", ".join(missing), self.seal_timeout)
+            if time.monotonic() > deadline or self._stop.is_set() or self._superseded.is_set():
+                log.warning("checkpoint of step %d is incomplete: %s not written after %.0fs (a member lost "
+                            "mid-save?); it is never used", spec.step, ", ".join(missing),
+                            time.monotonic() - began)
                 return
-            self._stop.wait(SEAL_POLL)
+            self._superseded.wait(SEAL_POLL)
         try:
             sealed = seal(folder, job=spec.job, step=spec.step, structure=spec.structure, shares=spec.shares,
                           ranks=spec.ranks)
