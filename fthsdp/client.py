@@ -164,6 +164,13 @@ class CoordinatorClient:
         request = pb.GiveUpStateRequest(job=job, step=step, requested_by=requested_by)
         return self.call("GiveUpState", request).give_up
 
+    def restore_checkpoint(self, job: str, step: int, requested_by: str = "") -> pb.Restore:
+        """Restore a job whose state is lost from its checkpoint of ``step``;
+        raises RequestRejected (FAILED_PRECONDITION) if the state is not lost,
+        NotFound if no complete checkpoint of that step is recorded."""
+        request = pb.RestoreCheckpointRequest(job=job, step=step, requested_by=requested_by)
+        return self.call("RestoreCheckpoint", request).restore
+
     def reopen_job(self, job: str, step: int, requested_by: str = "") -> pb.JobFinished:
         """Reopen a job that finished at exactly ``step``; raises
         RequestRejected (FAILED_PRECONDITION) if it did not."""

@@ -163,3 +163,32 @@ def test_a_fresh_job_started_with_resume_goes_on_from_the_newest_checkpoint(clus
     text = (tmp_path / "worker-r0-second.log").read_text()
     assert f"restored from the checkpoint of step {newest}" in text
     wait_until(lambda: status(c).committed_step > newest, 10, message="the coordinator heard of the steps")
+
+
+def test_without_auto_restore_an_operator_restores_a_checkpoint_by_its_step(cluster, tmp_path):
+    from tests.test_coordinator_etcd import fthsdp
+
+    coordinator, _, worker = cluster
+    c = coordinator("--min-replicas", "2", "--no-auto-restore")
+    env = checkpointing(tmp_path / "ckpt")
+    first = [worker(c, i, 2, env=env, name=f"r{i}-first") for i in range(2)]
+    wait_until(lambda: recorded_steps(c) >= 2 * EVERY, 60, message="two checkpoints recorded")
+    refused = fthsdp("restore", "--coordinator", c.address, "--step", str(EVERY))
+    assert refused.returncode == 1 and "is not lost" in refused.stderr and "Traceback" not in refused.stderr
+    for w in first:
+        w.kill()
+    wait_until(lambda: status(c).state_lost_step > 0, 30, message="the loss detected")
+    assert not status(c).HasField("last_restore")  # nothing restored by itself
+    unknown = fthsdp("restore", "--coordinator", c.address, "--step", "7")
+    assert unknown.returncode == 1 and "no complete checkpoint of step 7" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    done = fthsdp("restore", "--coordinator", c.address, "--step", str(EVERY))  # the older one, by choice
+    assert done.returncode == 0, done.stderr
+    assert f"restoring the checkpoint of step {EVERY}" in done.stdout
+    s = status(c)
+    assert s.last_restore.checkpoint.step == EVERY and s.last_restore.requested_by.endswith(")")
+    table = fthsdp("status", "--coordinator", c.address).stdout
+    assert f"restored from step {EVERY};" in table and "checkpoint: step" in table
+    second = [worker(c, i, 2, env=env, name=f"r{i}-second") for i in range(2)]
+    for w in second:
+        assert w.read_until(lambda line: "step" in line, timeout=60)["step"] == EVERY + 1

@@ -1,4 +1,5 @@
-"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, reopen-job, inject, demo.
+"""The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, restore, reopen-job,
+inject, demo.
 
 This is the only place that reads the environment (FTHSDP_*) and the only
 place that turns errors into exit codes: a user mistake ends with one line on
@@ -166,6 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin_flag(p)
     p.set_defaults(run=_run_give_up)
 
+    text = "restore a job whose committed state every replica lost from one of its checkpoints (see fthsdp status)"
+    p = sub.add_parser("restore", help=text, description=(
+        "Restore a job's committed state that no live replica holds any more from its complete checkpoint of "
+        "--step: the replicas load it and the job goes on from that step (the steps committed after it are "
+        "lost). The coordinator does this by itself with the newest checkpoint unless it runs with "
+        "--no-auto-restore. Refused unless the state is lost right now."))
+    _add_client_flags(p)
+    p.add_argument("--step", type=int, required=True, metavar="N",
+                   help="the checkpoint's step (`fthsdp status` shows the newest)")
+    _add_admin_flag(p)
+    p.set_defaults(run=_run_restore)
+
     text = "reopen a job whose members all finished, so that quorums form again (see fthsdp status)"
     p = sub.add_parser("reopen-job", help=text, description=(
         "Reopen a finished job: once every member of its last quorum left finished, the coordinator forms no "
@@ -315,6 +328,18 @@ def _run_give_up(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         give_up = client.give_up_state(job, args.step, requested_by=who)
     print(f"{f'job {job}: ' if job else ''}state at step {give_up.step} given up; "
           "the coordinator forms a quorum of the replicas there are")
+    return 0
+
+
+def _run_restore(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    job = _job_name(args, env)
+    if args.step <= 0:
+        raise ConfigError(f"--step must be the step of a complete checkpoint (see fthsdp status), got {args.step}")
+    with _client(args, env) as client:
+        restore = client.restore_checkpoint(job, args.step, requested_by=_operator())
+    print(f"{f'job {job}: ' if job else ''}restoring the checkpoint of step {restore.checkpoint.step} "
+          f"({restore.lost_step - restore.checkpoint.step} committed steps lost): the replicas load it from "
+          f"{restore.checkpoint.path}")
     return 0
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from fthsdp.coordinator.codec import decode
 from fthsdp.coordinator.keys import JobKeys
 from fthsdp.coordinator.store import Store
-from fthsdp.core.errors import LostOwnership, StoreError
+from fthsdp.core.errors import LostOwnership, NotFound, StateNotLost, StoreError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 if TYPE_CHECKING:
@@ -53,8 +53,8 @@ class CheckpointBook:
     records: list[pb.CheckpointRecord] = dataclasses.field(default_factory=list)
     """Stored, newest first."""
     revision: int = 0
-    pending: pb.CheckpointRecord | None = None
-    """Reported, not stored yet."""
+    pending: list[pb.CheckpointRecord] = dataclasses.field(default_factory=list)
+    """Reported, not stored yet, oldest first."""
     refused: set[str] = dataclasses.field(default_factory=set)
     """Digests a replica could not restore: dropped at the next write."""
     logged_refusals: set[str] = dataclasses.field(default_factory=set)
@@ -64,8 +64,8 @@ class CheckpointBook:
     @property
     def newest(self) -> pb.CheckpointRecord | None:
         """The newest known, stored or not."""
-        if self.pending is not None:
-            return self.pending
+        if self.pending:
+            return self.pending[-1]
         return self.usable[0] if self.usable else None
 
     @property
@@ -75,7 +75,7 @@ class CheckpointBook:
 
     @property
     def dirty(self) -> bool:
-        return self.pending is not None or any(r.digest in self.refused for r in self.records)
+        return bool(self.pending) or any(r.digest in self.refused for r in self.records)
 
     def load(self, store: Store) -> None:
         """Read the stored records (blocking: call in a thread)."""
@@ -91,7 +91,7 @@ class CheckpointBook:
             return False
         if newest is not None and record.step <= newest.step:
             return False
-        self.pending = record
+        self.pending.append(record)
         return True
 
     def refuse(self, digest: str) -> pb.CheckpointRecord | None:
@@ -104,24 +104,25 @@ class CheckpointBook:
                 return record
         return None
 
-    def write(self, store: Store) -> bool:
-        """Store the pending record (blocking); False if another coordinator wrote meanwhile (adopted)."""
-        newer = [self.pending] if self.pending is not None else []
-        older = [r for r in self.usable if self.pending is None or r.step < self.pending.step]
+    def write(self, store: Store, reported: list[pb.CheckpointRecord]) -> bool:
+        """Store ``reported`` (newest last) before the records (blocking: a
+        thread; heartbeats may report more meanwhile, on the loop, and ``sync``
+        drops only these from ``pending``). False if another coordinator wrote
+        meanwhile: its records are adopted."""
+        newer = list(reversed(reported))
+        older = [r for r in self.usable if not newer or r.step < newer[-1].step]
         records = [*newer, *older][:KEPT]
         msg = pb.CheckpointList(checkpoints=records)
         result = store.compare_and_set(self.keys.checkpoint, msg.SerializeToString(), self.revision)
         if result.succeeded:
             assert result.current is not None
-            self.records, self.revision, self.pending = records, result.current.revision, None
+            self.records, self.revision = records, result.current.revision
             return True
         if result.current is None:
             self.records, self.revision = [], 0
         else:
             theirs = decode(pb.CheckpointList, result.current.value, f"checkpoints of job {self.keys.job}")
             self.records, self.revision = list(theirs.checkpoints), result.current.revision
-        if self.pending is not None and self.records and self.pending.step <= self.records[0].step:
-            self.pending = None
         return False
 
 
@@ -130,21 +131,24 @@ async def sync(book: CheckpointBook, store: Store, job: str, now: float) -> None
     async with book.lock:
         if not book.dirty or now < book.retry_at:
             return
-        record = book.pending
+        reported = list(book.pending)
         try:
-            stored = await asyncio.to_thread(book.write, store)
+            stored = await asyncio.to_thread(book.write, store, reported)
         except StoreError as e:
             book.retry_at = now + RETRY_AFTER
             log.debug("job %s: the checkpoint records are not stored yet: %s", job, e)
             return
-        if stored and record is not None:
+        newest = book.records[0].step if book.records else 0
+        written = reported if stored else []  # else tried again, unless the other coordinator has newer ones
+        book.pending = [r for r in book.pending if r not in written and r.step > newest]
+        for record in reported if stored else []:
             log.info("job %s: checkpoint of step %d complete (%d shares, %.1f MB, sealed by %s): %s", job,
                      record.step, record.shares, record.bytes / 1e6, record.sealed_by, record.path,
                      extra={"event": "checkpoint", "job": job, "step": record.step, "path": record.path})
 
 
 async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
-                          now: float, wall: Callable[[], float], requested_by: str = "automatic") -> bool:
+                          now: float, wall: Callable[[], float]) -> bool:
     """Restore the newest checkpoint if the state is lost now (the caller
     holds the job's lock and checks the setting). True if it did."""
     lost = state.state_lost_step
@@ -156,24 +160,55 @@ async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, stor
         if state.restore is None:
             state.restore = record  # under way since before a coordinator restart: offered again
         return False
+    try:
+        await restore(book, committed, store, state, record, lost, now, wall, "automatic")
+    except StoreError as e:
+        log.warning("job %s: restoring the checkpoint of step %d is pending: %s", state.name, record.step, e)
+        return False
+    return True
+
+
+async def restore_by_request(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
+                             req: pb.RestoreCheckpointRequest, peer: str, now: float,
+                             wall: Callable[[], float]) -> pb.Restore:
+    """An operator's restore (`fthsdp restore`): refused unless the state is
+    lost now and a complete checkpoint of ``req.step`` is recorded. The
+    caller holds the job's lock."""
+    lost = state.lost_step_now(now)
+    if not lost:
+        raise StateNotLost(f"job {state.name}'s state is not lost (a live replica holds step "
+                           f"{state.committed_step}): there is nothing to restore")
+    record = next((r for r in book.usable if r.step == req.step), None)
+    if record is None:
+        steps = ", ".join(str(r.step) for r in book.usable) or "none"
+        raise NotFound(f"job {state.name} has no complete checkpoint of step {req.step} (recorded: {steps})")
+    if record.step > lost:
+        raise StateNotLost(f"the checkpoint of step {record.step} is newer than the state lost at step {lost}")
+    who = req.requested_by or "an unnamed operator"
+    return await restore(book, committed, store, state, record, lost, now, wall, f"{who} (from {peer})")
+
+
+async def restore(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
+                  record: pb.CheckpointRecord, lost: int, now: float, wall: Callable[[], float],
+                  requested_by: str) -> pb.Restore:
+    """Store the restore with the committed step reset to the checkpoint's,
+    then act on it. StoreError if it could not be stored (nothing changed)."""
     unix_ms = int(wall() * 1000)
     msg = pb.Restore(checkpoint=record, lost_step=lost, unix_ms=unix_ms, requested_by=requested_by)
     quorum_id = state.quorum.id if state.quorum else 0
     async with committed.lock:
-        try:
-            theirs = await asyncio.to_thread(committed.write, store, record.step, quorum_id, unix_ms, None,
-                                             restore=msg)
-        except StoreError as e:
-            log.warning("job %s: restoring the checkpoint of step %d is pending: %s", state.name, record.step, e)
-            return False
+        theirs = await asyncio.to_thread(committed.write, store, record.step, quorum_id, unix_ms, None,
+                                         restore=msg)
         if theirs is not None:
-            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator")
+            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                                "look at the status and try again")
         committed.written_at = now
     state.give_up_state(record.step)
     state.restore = record
     log.warning(
-        "job %s: state lost at step %d: restoring the checkpoint of step %d (%d committed steps lost): %s",
-        state.name, lost, record.step, lost - record.step, record.path,
-        extra={"event": "restore", "job": state.name, "lost_step": lost, "step": record.step, "path": record.path},
+        "job %s: state lost at step %d: restoring the checkpoint of step %d (%d committed steps lost; %s): %s",
+        state.name, lost, record.step, lost - record.step, requested_by, record.path,
+        extra={"event": "restore", "job": state.name, "lost_step": lost, "step": record.step, "path": record.path,
+               "requested_by": requested_by},
     )
-    return True
+    return msg

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fthsdp.coordinator import committed, job_store
+from fthsdp.coordinator import checkpoints, committed, job_store
 from fthsdp.coordinator.codec import quorum_to_pb
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decision_loop import DecisionLoop
@@ -335,6 +335,16 @@ class CoordinatorRuntime:
         job.notify()
         self.wake()
         return pb.ReopenJobResponse(finished=mark)
+
+    async def restore_checkpoint(self, req: pb.RestoreCheckpointRequest, peer: str) -> pb.RestoreCheckpointResponse:
+        """Restore a job's lost state from its checkpoint of ``req.step`` (fthsdp/coordinator/checkpoints.py)."""
+        job = self.job(req.job)
+        async with job.lock:
+            restore = await checkpoints.restore_by_request(job.checkpoints, job.committed, self.store, job.state,
+                                                           req, peer, self.clock(), self.wall)
+        job.notify()
+        self.wake()
+        return pb.RestoreCheckpointResponse(restore=restore)
 
     async def give_up_state(self, req: pb.GiveUpStateRequest, peer: str) -> pb.GiveUpStateResponse:
         """Start a job over whose state is lost at exactly ``req.step`` (fthsdp/coordinator/committed.py)."""

@@ -281,6 +281,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return await self.runtime.give_up_state(request, context.peer() or "")
 
     @_edge
+    async def RestoreCheckpoint(self, request, context):
+        self._admin("RestoreCheckpoint", context)
+        validation.check_job_field(request.job, allow_empty=True)
+        validation.check_restore(request)
+        return await self.runtime.restore_checkpoint(request, context.peer() or "")
+
+    @_edge
     async def ReopenJob(self, request, context):
         self._admin("ReopenJob", context)
         validation.check_job_field(request.job, allow_empty=True)

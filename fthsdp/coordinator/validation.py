@@ -153,6 +153,13 @@ def check_give_up(req) -> None:
             "resume_step (resuming from a checkpoint) is not implemented yet; leave it 0 to start over")
 
 
+def check_restore(req) -> None:
+    if req.step <= 0:
+        raise InvalidRequest(
+            f"step must be the step of a complete checkpoint (StatusResponse.checkpoint), got {req.step}")
+    _short("requested_by", req.requested_by)
+
+
 MAX_SLOW_SECONDS = 3600.0
 MAX_SLOW_STEPS = 1_000_000
 

@@ -619,6 +619,22 @@ class ReopenJobResponse(_message.Message):
     finished: JobFinished
     def __init__(self, finished: _Optional[_Union[JobFinished, _Mapping]] = ...) -> None: ...
 
+class RestoreCheckpointRequest(_message.Message):
+    __slots__ = ("job", "step", "requested_by")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step: int
+    requested_by: str
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., requested_by: _Optional[str] = ...) -> None: ...
+
+class RestoreCheckpointResponse(_message.Message):
+    __slots__ = ("restore",)
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
+    restore: Restore
+    def __init__(self, restore: _Optional[_Union[Restore, _Mapping]] = ...) -> None: ...
+
 class GiveUpStateResponse(_message.Message):
     __slots__ = ("give_up",)
     GIVE_UP_FIELD_NUMBER: _ClassVar[int]

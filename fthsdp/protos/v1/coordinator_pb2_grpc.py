@@ -90,6 +90,11 @@ class CoordinatorStub:
                 request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.SerializeToString,
                 response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.FromString,
                 _registered_method=True)
+        self.RestoreCheckpoint = channel.unary_unary(
+                '/fthsdp.v1.Coordinator/RestoreCheckpoint',
+                request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.RestoreCheckpointRequest.SerializeToString,
+                response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.RestoreCheckpointResponse.FromString,
+                _registered_method=True)
         self.ReopenJob = channel.unary_unary(
                 '/fthsdp.v1.Coordinator/ReopenJob',
                 request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.ReopenJobRequest.SerializeToString,
@@ -195,6 +200,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreCheckpoint(self, request, context):
+        """Admin: restore a job's lost state from a checkpoint (see RestoreCheckpointRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReopenJob(self, request, context):
         """Admin: reopen a finished job (see ReopenJobRequest).
         """
@@ -273,6 +285,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GiveUpState,
                     request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.FromString,
                     response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.SerializeToString,
+            ),
+            'RestoreCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreCheckpoint,
+                    request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.RestoreCheckpointRequest.FromString,
+                    response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.RestoreCheckpointResponse.SerializeToString,
             ),
             'ReopenJob': grpc.unary_unary_rpc_method_handler(
                     servicer.ReopenJob,
@@ -588,6 +605,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/GiveUpState',
             fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GiveUpStateRequest.SerializeToString,
             fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GiveUpStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Coordinator/RestoreCheckpoint',
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.RestoreCheckpointRequest.SerializeToString,
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.RestoreCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,
