@@ -1,0 +1,110 @@
+"""The background saver: a failed write is one error line and training goes on; old checkpoints are pruned."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import warnings
+
+import pytest
+import torch
+
+from fthsdp.agent.training.checkpoint import layout
+from fthsdp.agent.training.checkpoint import saver as saver_module
+from fthsdp.agent.training.checkpoint.saver import Saver
+from fthsdp.agent.training.checkpoint.share import ShareSpec
+from tests.waiting import wait_until
+
+JOB = "job"
+
+
+def capture(seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(32, 32)
+    return {"model": model.state_dict(), "optimizer": {"state": {}, "param_groups": []}, "extra": {},
+            "rng": {"cpu": torch.get_rng_state()}}
+
+
+def spec(step: int) -> ShareSpec:
+    return ShareSpec(JOB, step, 99, 1, 0, 1, 0, 1)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def sealed_steps(root) -> list[int]:
+    return [s for s in layout.steps_in(root, JOB)
+            if (layout.step_folder(root, JOB, s) / layout.CHECKPOINT_RECORD).exists()]
+
+
+def test_only_the_newest_complete_checkpoints_are_kept(tmp_path):
+    sealed = []
+    saver = Saver(tmp_path, JOB, every=10, keep=2, seal_timeout=10, on_sealed=sealed.append)
+    assert [saver.due(s) for s in (0, 5, 10, 20)] == [False, False, True, True]
+    for step in (10, 20, 30):
+        assert saver.save(capture(), spec(step), "")
+        saver.close(30)
+    assert [s.step for s in sealed] == [10, 20, 30]
+    assert sealed_steps(tmp_path) == [20, 30]
+
+
+def test_a_failed_write_is_one_error_line_and_the_next_checkpoint_is_tried(tmp_path, monkeypatch, caplog):
+    sealed = []
+    saver = Saver(tmp_path, JOB, every=10, keep=3, seal_timeout=10, on_sealed=sealed.append)
+    real = saver_module.write
+
+    def full_disk(staged, folder, checksum=""):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(saver_module, "write", full_disk)
+    with caplog.at_level(logging.ERROR, "fthsdp.agent.checkpoint"):
+        assert saver.save(capture(), spec(10), "")
+        saver.close(30)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["checkpoint of step 10: this replica's share was not written ([Errno 28] No space left on "
+                      "device); the checkpoint stays incomplete and is never used"]
+    assert sealed == [] and sealed_steps(tmp_path) == []
+    monkeypatch.setattr(saver_module, "write", real)
+    assert saver.save(capture(), spec(20), "")
+    saver.close(30)
+    assert [s.step for s in sealed] == [20]
+
+
+def test_a_save_while_the_last_one_still_writes_is_skipped_not_waited_for(tmp_path, monkeypatch, caplog):
+    release = threading.Event()
+    real = saver_module.write
+
+    def slow(staged, folder, checksum=""):
+        release.wait(30)  # the storage is slow: this write outlasts the next checkpoint step
+        return real(staged, folder, checksum)
+
+    monkeypatch.setattr(saver_module, "write", slow)
+    sealed = []
+    saver = Saver(tmp_path, JOB, every=10, keep=3, seal_timeout=10, on_sealed=sealed.append)
+    assert saver.save(capture(), spec(10), "")
+    with caplog.at_level(logging.WARNING, "fthsdp.agent.checkpoint"):
+        assert not saver.save(capture(), spec(20), "")
+    assert "checkpoint of step 20 skipped: the one before is still being written" in caplog.text
+    release.set()
+    saver.close(30)
+    assert [s.step for s in sealed] == [10]
+
+
+def test_a_seal_waiting_for_a_lost_members_share_gives_up_at_the_next_checkpoint(tmp_path, caplog):
+    sealed = []
+    saver = Saver(tmp_path, JOB, every=10, keep=3, seal_timeout=600, on_sealed=sealed.append)
+    two = ShareSpec(JOB, 10, 99, 1, 0, 2, 0, 1)  # share 0 of 2: share 1's member was lost
+    assert saver.save(capture(), two, "")
+    folder = layout.step_folder(tmp_path, JOB, 10)
+    wait_until(lambda: (folder / "share-0-rank-0" / layout.SHARE_RECORD).exists(), 30, message="share 0 written")
+    with caplog.at_level(logging.WARNING, "fthsdp.agent.checkpoint"):
+        assert saver.save(capture(), spec(20), "")  # does not wait the seal timeout
+        saver.close(30)
+    assert "checkpoint of step 10 is incomplete: share-1-rank-0 not written" in caplog.text
+    assert [s.step for s in sealed] == [20]
+    assert sealed_steps(tmp_path) == [20] and 10 not in layout.steps_in(tmp_path, JOB)  # pruned
