@@ -3,6 +3,9 @@
     python benchmarks/goodput_sim.py [--seed 0] [--failures 100] [--days D]
         [--gpus 1024,...,200000] [--modes synchronous,ft-hsdp,fthsdp,fthsdp-pessimistic]
         [--calibration kokolis|llama3|both] [--png benchmarks/goodput.png]
+        [--correlated [--correlated-gpus 100000] [--domain-share 0.08] [--domain-size 1024|N%]
+         [--whole-job-every-days 30] [--correlated-checkpoints 10,30,60] [--restore-gbs 1000]
+         [--restore-min M] [--save-cost 0.5] [--operator-min 60] [--run-days 30]]
 
 Failures are a Poisson process at a per-GPU rate (calibrations: Kokolis et
 al. via the FT-HSDP paper, a failure every ~18 min at 100,000 GPUs = 3.33e-5
@@ -37,6 +40,19 @@ out at 1/R of the batch with R = 8 (80.6%), an inference the abstract does
 not confirm. Each cell simulates the time in which ``--failures`` failures
 are expected (x100 synchronous, x25 ft-hsdp, which cost less to simulate), or
 ``--days``.
+
+``--correlated`` adds a table (benchmarks/goodput/correlated_runs.py) at
+``--correlated-gpus``: failures that take a domain of replicas at once
+(``--domain-share`` of them, ``--domain-size`` GPUs or N% of the replicas)
+and events that take every replica (``--whole-job-every-days``), for the
+synchronous baseline, fthsdp without checkpoints and fthsdp with a checkpoint
+every ``--correlated-checkpoints`` minutes. A state loss costs the replicas'
+replacement, the restore (``--restore-min``, else every replica loading the
+state at ``--restore-gbs`` in all) and the training since the checkpoint;
+without checkpoints all progress (the job starts over after an operator's
+give-up, ``--operator-min``), over a run of ``--run-days``. Each save costs
+``--save-cost`` of a step. Where each default comes from, and which are
+assumed: benchmarks/goodput/correlated.py. The other tables do not change.
 """
 
 from __future__ import annotations
@@ -51,13 +67,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.goodput import calibration as cal  # noqa: E402
-from benchmarks.goodput import inputs, report  # noqa: E402
+from benchmarks.goodput import correlated as corr  # noqa: E402
+from benchmarks.goodput import correlated_runs, inputs, report  # noqa: E402
 from benchmarks.goodput.modes import _SHAPE, GPU_COUNTS, MODES, run_cell  # noqa: E402
 
 DEFAULT_PNG = ROOT / "benchmarks" / "goodput.png"
 
 
-def gpu_count(text: str) -> int:
+def gpu_count(text: str, least: int = 16) -> int:
     """1024, 100K or 1.5M."""
     scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:].upper(), 1)
     number = text[:-1] if scale > 1 else text
@@ -65,8 +82,8 @@ def gpu_count(text: str) -> int:
         value = round(float(number) * scale)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a GPU count: {text!r}") from None
-    if value < 16:
-        raise argparse.ArgumentTypeError(f"at least 16 GPUs, got {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"at least {least} GPUs, got {text!r}")
     return value
 
 
@@ -95,6 +112,31 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
     p.add_argument("--hang-floor", type=float, default=w.hang_floor_s, help="the coordinator's --hang-floor, seconds")
     p.add_argument("--hang-multiple", type=float, default=w.hang_multiple, help="the coordinator's --hang-multiple")
     p.add_argument("--heartbeat-interval", type=float, default=w.heartbeat_interval_s, help="seconds")
+    g = p.add_argument_group("correlated failures and checkpoints (the --correlated table only; defaults and their "
+                             "sources: benchmarks/goodput/correlated.py)")
+    g.add_argument("--correlated", action="store_true",
+                   help="also print the table of correlated failures at --correlated-gpus")
+    g.add_argument("--correlated-gpus", default=str(cal.PUBLISHED_GPUS), help="that table's job size (default 100000)")
+    g.add_argument("--domain-share", type=float, default=corr.DOMAIN_SHARE,
+                   help="share of the failures that take a whole domain at once (default 0.08: switches and cables, "
+                        "of Llama 3's interruptions)")
+    g.add_argument("--domain-size", default=str(corr.DOMAIN_GPUS),
+                   help="GPUs in a domain, or N%% of the replicas (default 1024, assumed)")
+    g.add_argument("--whole-job-every-days", type=float, default=corr.WHOLE_JOB_EVERY_DAYS,
+                   help="mean days between events that take every replica; 0: never (default 30, assumed)")
+    g.add_argument("--correlated-checkpoints", default=",".join(f"{m:g}" for m in corr.TABLE_CHECKPOINT_MIN),
+                   help="the fthsdp rows' checkpoint intervals, minutes of training (default 10,30,60)")
+    g.add_argument("--restore-gbs", type=float, default=corr.RESTORE_READ_GBS,
+                   help="the checkpoint store's read bandwidth in all, GB/s; every replica loads the whole state "
+                        "(default 1000, assumed)")
+    g.add_argument("--restore-min", type=float, help="restore time, minutes (default: the estimate from --restore-gbs)")
+    g.add_argument("--save-cost", type=float, default=corr.SAVE_COST,
+                   help="what one checkpoint save costs, as a share of one step (default 0.5, assumed until "
+                        "benchmarks/checkpoint.py measures it)")
+    g.add_argument("--operator-min", type=float, default=corr.OPERATOR_MIN,
+                   help="without checkpoints: state lost -> an operator's give-up, minutes (default 60, assumed)")
+    g.add_argument("--run-days", type=float, default=corr.RUN_DAYS,
+                   help="length of the run whose progress is lost without checkpoints (default 30)")
     a = p.parse_args(argv)
     try:
         a.gpu_list = [gpu_count(x.strip()) for x in a.gpus.split(",") if x.strip()]
@@ -107,6 +149,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
     if a.failures <= 0 or (a.days is not None and a.days <= 0) or a.checkpoint_min < 0:
         p.error("--failures and --days must be positive, --checkpoint-min not negative")
     try:
+        a.setup = correlated_setup(a)
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        p.error(str(e))
+    try:
         workload = dataclasses.replace(w, replica_gpus=a.replica_gpus, nic_gbps=a.nic_gbps, step_s=a.step_s,
                                        hang_fraction=a.hang_fraction, heartbeat_timeout_s=a.heartbeat_timeout,
                                        live_hang_share=a.live_hang_share, hang_floor_s=a.hang_floor,
@@ -114,6 +160,35 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
     except ValueError as e:
         p.error(str(e))
     return a, workload
+
+
+def correlated_setup(a: argparse.Namespace) -> correlated_runs.Setup:
+    size = a.domain_size.strip()
+    if size.endswith("%"):
+        try:
+            fraction = float(size[:-1]) / 100
+        except ValueError:
+            raise ValueError(f"--domain-size: not a share: {size!r}") from None
+        model = corr.Correlated(a.domain_share, corr.DOMAIN_GPUS, fraction, a.whole_job_every_days)
+        if not fraction > 0:
+            raise ValueError("--domain-size: a share above 0%")
+    else:
+        model = corr.Correlated(a.domain_share, gpu_count(size, least=1), 0.0, a.whole_job_every_days)
+    try:
+        intervals = tuple(float(x) for x in a.correlated_checkpoints.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--correlated-checkpoints: not minutes: {a.correlated_checkpoints!r}") from None
+    if any(m <= 0 for m in intervals):
+        raise ValueError("--correlated-checkpoints: intervals must be positive")
+    for name in ("restore_gbs", "run_days"):
+        if not getattr(a, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    for name in ("restore_min", "save_cost", "operator_min"):
+        if (getattr(a, name) or 0) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+    return correlated_runs.Setup(
+        model, intervals, a.restore_gbs, None if a.restore_min is None else a.restore_min * 60, a.save_cost,
+        a.operator_min * 60, a.run_days, gpu_count(a.correlated_gpus.strip()))
 
 
 def prediction(cells, workload: inputs.Workload) -> list[str]:
@@ -168,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report.quorum_summary(cells) + "\n")
     for line in prediction(cells, workload):
         print(line + "\n")
+    if a.correlated:
+        rows = correlated_runs.rows(a.setup, calibrations[0], a.seed, a.failures, workload, a.days)
+        print(correlated_runs.describe(a.setup, workload, calibrations[0], a.seed, rows) + "\n")
+        print(report.correlated_table(rows, workload.step_s) + "\n")
     if a.png:
         title = ("Effective training time vs job size (" + ", ".join(c.key for c in calibrations)
                  + f" calibration, seed {a.seed})")

@@ -52,6 +52,16 @@ def test_only_the_newest_few_are_kept():
     assert stored(store) == list(range(checkpoints.KEPT + 3, 3, -1))
 
 
+def test_no_more_are_recorded_than_the_replicas_keep_on_disk():
+    store, book = MemoryStore(), CheckpointBook(KEYS)
+    for step in (10, 20, 30):
+        r = record(step)
+        r.kept = 2
+        book.report(r)
+        asyncio.run(checkpoints.sync(book, store, "job", 0.0))
+    assert stored(store) == [30, 20]
+
+
 def test_a_refused_checkpoint_is_dropped():
     store, book = MemoryStore(), CheckpointBook(KEYS)
     for step in (10, 20):

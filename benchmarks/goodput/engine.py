@@ -8,6 +8,14 @@ coordinator would see (a crash reported by the agent, a Watch stream closed,
 heartbeats that stop), and the share of replicas training is the size of the
 quorum it returns.
 
+Correlated failures (correlated.py), off unless asked for: a domain event
+stops every replica of one domain at once (silent, like a power loss: the
+heartbeat timeout sees them, the split-brain guard of ``decide`` may wait
+first); a whole-job event takes every replica. When no replica is left
+holding the state, the job rolls back to its newest checkpoint after the
+replicas are replaced and have loaded it, or, without checkpoints, starts
+over from step 0 after an operator's give-up.
+
 Accounting, the same in both (see calibration.py for why): failures form a
 Poisson process in wall-clock time at ``rate x GPUs``, also while the job is
 stalled or a replica is out; each costs its own stall, added to the end of a
@@ -19,8 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import random
+from collections.abc import Sequence
 
+from benchmarks.goodput.correlated import Checkpoints, Correlated, roll_back
 from benchmarks.goodput.inputs import RecoveryCosts
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.quorum import decide
@@ -58,6 +69,16 @@ class RunResult:
     """Calls to ``decide``."""
     catch_up_assignments: int = 0
     """Registrations that ``decide`` gave a catch-up source."""
+    domain_events: int = 0
+    """Failures that took a whole domain (counted in ``failures`` too)."""
+    whole_job_events: int = 0
+    """Events that took every replica (not counted in ``failures``)."""
+    state_losses: int = 0
+    """Times no replica was left holding the state."""
+    lost_progress_s: float = 0.0
+    """Training thrown away by those losses (job-seconds at the full batch)."""
+    outage_s: float = 0.0
+    """Time after those losses before the replicas could train (replacement, restore)."""
 
     @property
     def failures_per_day(self) -> float:
@@ -71,14 +92,17 @@ def simulate_synchronous(
     rng: random.Random,
     restart_s: float,
     checkpoint_interval_s: float = 0.0,
+    extra_rate_per_s: float = 0.0,
 ) -> RunResult:
     """Every failure stalls the whole job for ``restart_s`` plus the training
     done since the last checkpoint (every ``checkpoint_interval_s`` of training;
     0: the restart figure already includes it). A failure during a restart is
-    found when the job resumes and costs a restart of its own."""
-    if restart_s < 0 or checkpoint_interval_s < 0 or horizon_s <= 0:
-        raise ValueError("restart, checkpoint interval and horizon must not be negative")
-    rate = rate_per_gpu_hour * gpus / SECONDS_PER_HOUR
+    found when the job resumes and costs a restart of its own.
+    ``extra_rate_per_s``: more events that restart the job (whole-job events;
+    a domain event is one failure to it, like any other)."""
+    if restart_s < 0 or checkpoint_interval_s < 0 or horizon_s <= 0 or extra_rate_per_s < 0:
+        raise ValueError("restart, checkpoint interval, extra rate and horizon must not be negative")
+    rate = rate_per_gpu_hour * gpus / SECONDS_PER_HOUR + extra_rate_per_s
     t = busy_until = progress = charged = 0.0
     failures = 0
     while True:
@@ -124,7 +148,16 @@ class ReplicatedSim:
         costs: RecoveryCosts,
         rng: random.Random,
         step_s: float = 6.0,
+        correlated: Correlated | None = None,
+        checkpoints: Checkpoints | None = None,
+        correlated_rng: random.Random | None = None,
+        scripted: Sequence[tuple[float, str]] = (),
     ):
+        """``correlated``: domain and whole-job events, drawn from
+        ``correlated_rng`` (its own stream, so that runs that differ only in
+        their checkpoints see the same events). ``checkpoints``: what a state
+        loss costs (None: no checkpoints). ``scripted``: events at set times,
+        ``(t, "whole-job")`` or ``(t, "domain:I")`` for the I-th domain."""
         if replicas < 2:
             raise ValueError("a replicated job needs at least 2 replicas")
         self.costs = costs
@@ -133,7 +166,22 @@ class ReplicatedSim:
         self.replica_gpus = replica_gpus
         # A default coordinator's rules, at the heartbeat timeout the costs assume.
         self.rules: Rules = dataclasses.replace(CoordinatorConfig().rules, heartbeat_timeout=costs.heartbeat_timeout_s)
-        self.rate = rate_per_gpu_hour * replicas * replica_gpus / SECONDS_PER_HOUR
+        total_rate = rate_per_gpu_hour * replicas * replica_gpus / SECONDS_PER_HOUR
+        share = correlated.domain_share if correlated is not None else 0.0
+        # Without domain events the rate is left as it was, bit for bit.
+        self.rate = total_rate * (1 - share) if share else total_rate
+        self.domain_rate = total_rate * share
+        self.whole_job_rate = correlated.whole_job_rate_per_s if correlated is not None else 0.0
+        self.domain_size = correlated.domain_replicas(replicas, replica_gpus) if correlated is not None else 1
+        self.correlated_rng = correlated_rng or random.Random(f"correlated/{replicas}")
+        self.scripted = tuple(scripted)
+        for _, kind in self.scripted:
+            if kind != "whole-job" and not (kind.startswith("domain:") and kind[7:].isdigit()):
+                raise ValueError(f"scripted events are 'whole-job' or 'domain:I', not {kind!r}")
+        self.checkpoints = checkpoints or Checkpoints()
+        # Whether to watch for the state being lost: only with the new options,
+        # so that the default runs stay as they were, event for event.
+        self.track_state = correlated is not None or checkpoints is not None or bool(self.scripted)
         width = len(str(replicas - 1))
         self.replicas = [_Replica(f"r{i:0{width}d}", world_size=replica_gpus) for i in range(replicas)]
         self.by_id = {r.replica_id: r for r in self.replicas}
@@ -146,6 +194,15 @@ class ReplicatedSim:
         self.stall_start = self.stall_end = 0.0
         self.failures = self.decisions = self.assignments = 0
         self.out_times: list[float] = []
+        self.quorum_serial = 0
+        # Durable state: the step clock (training time) and the newest checkpoint.
+        self.trained = self.checkpoint_trained = self.checkpoint_progress = 0.0
+        self.restoring_until = -math.inf
+        self.restore_token = 0
+        self.awaiting_restore: set[str] = set()
+        self.guard_until = -math.inf
+        self.domain_events = self.whole_job_events = self.state_losses = 0
+        self.lost_progress = self.outage = 0.0
 
     # ----- the coordinator's view and decision -----------------------------------
 
@@ -163,9 +220,17 @@ class ReplicatedSim:
         views = {r.replica_id: self._view(r, now, head) for r in self.replicas}
         d = decide(self.quorum, views, now, self.rules, self.catch_up)
         self.decisions += 1
+        if (self.track_state and d.members is None and d.reason.startswith("split-brain guard")
+                and now >= self.guard_until):
+            # Most members went silent at once (a domain event): the coordinator
+            # waits join_timeout before shrinking, the survivors wait with it.
+            self.guard_until = now + self.rules.join_timeout
+            self._stall(now, self.rules.join_timeout)
+            self._push(self.guard_until + 1e-6, "tick")
         if d.changes_quorum:
             before = set(self.quorum.member_ids) if self.quorum else set()
-            self.quorum = Quorum((self.quorum.id if self.quorum else 0) + 1, d.members, step=head, reason=d.reason)
+            self.quorum_serial += 1
+            self.quorum = Quorum(self.quorum_serial, d.members, step=head, reason=d.reason)
             after = set(self.quorum.member_ids)
             self.changes.append(QuorumChange(now, self.quorum.id, len(after), d.reason))
             for rid in before - after:
@@ -209,14 +274,32 @@ class ReplicatedSim:
             return
         stalled = max(0.0, min(t, self.stall_end) - max(self.t, self.stall_start))
         members = len(self.quorum.members) if self.quorum else 0
+        before = self.productive
         self.productive += (t - self.t - stalled) * members / len(self.replicas)
+        if members and self.checkpoints.enabled:
+            self._save_through(t - self.t - stalled, before, members)
         self.t = t
+
+    def _save_through(self, trained: float, progress_before: float, members: int) -> None:
+        """The step clock runs while the job trains; a checkpoint every
+        ``interval_s`` of it records the progress at that step."""
+        k = self.checkpoints.interval_s
+        start = self.trained
+        self.trained += trained
+        at = math.floor(self.trained / k) * k
+        if at > start:
+            self.checkpoint_trained = at
+            self.checkpoint_progress = progress_before + (at - start) * members / len(self.replicas)
+
+    @staticmethod
+    def _healthy_member(r: _Replica) -> bool:
+        return (r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None
+                and r.down_since is None)
 
     def _on_failure(self, now: float) -> None:
         self.failures += 1
         r = self.rng.choice(self.replicas)
-        if (r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None
-                and r.down_since is None):
+        if self._healthy_member(r):
             r.down_since = now
             r.token += 1
             live = self.costs.live_hang_share  # no draw at 0 or 1: the default runs stay as they were
@@ -243,12 +326,92 @@ class ReplicatedSim:
                     r.disconnected_at = now
                 self._decide(now)
         elif not r.member:
-            # A failure during its recovery: it starts over.
-            r.token += 1
-            r.failed_at, r.catching_up, r.ready_since = now, False, None
+            self._fail_recovering(now, r)
         else:
             return  # already failed, not yet seen: nothing more is lost
         self._push(now + self.costs.restart_s, "register", r.replica_id, r.token)
+        if self.track_state:
+            self._check_state(now)
+
+    def _fail_recovering(self, now: float, r: _Replica) -> None:
+        """A failure during its recovery (or the job's restore): it starts over."""
+        r.token += 1
+        r.failed_at, r.catching_up, r.ready_since = now, False, None
+        self.awaiting_restore.discard(r.replica_id)
+
+    # ----- correlated failures and the state ------------------------------------------
+
+    def _on_domain(self, now: float, index: int | None = None) -> None:
+        """Every replica of one domain stops at once, silently (a power loss):
+        the survivors block in the all-reduce until the heartbeat timeout."""
+        self.failures += 1
+        self.domain_events += 1
+        k = self.domain_size
+        domains = math.ceil(len(self.replicas) / k)
+        d = self.correlated_rng.randrange(domains) if index is None else index % domains
+        stalled = False
+        for r in self.replicas[d * k:(d + 1) * k]:
+            if self._healthy_member(r):
+                r.down_since = r.hung_since = now
+                r.token += 1
+                if not stalled:
+                    self._stall(now, self.costs.hang_stall_s)
+                    stalled = True
+                self._push(now + self.costs.heartbeat_timeout_s, "detect", r.replica_id, r.token)
+            elif not r.member:
+                self._fail_recovering(now, r)
+            else:
+                continue
+            self._push(now + self.costs.restart_s, "register", r.replica_id, r.token)
+        self._check_state(now)
+
+    @staticmethod
+    def _holds_state(r: _Replica) -> bool:
+        """A live member, or a joiner caught up and waiting to be admitted."""
+        if r.member:
+            return r.down_since is None
+        return r.ready_since is not None and not r.catching_up and r.failed_at is None
+
+    def _check_state(self, now: float) -> None:
+        if self.restoring_until > now or any(self._holds_state(r) for r in self.replicas):
+            return
+        self._lose_state(now)
+
+    def _lose_state(self, now: float) -> None:
+        """No replica holds the state (or a whole-job event took them all): every
+        replica is out until the restore (or the operator's give-up); the job
+        rolls back to its newest checkpoint, or to step 0."""
+        self.state_losses += 1
+        back = roll_back(self.productive, self.trained, self.checkpoint_progress, self.checkpoint_trained,
+                         self.checkpoints)
+        self.productive, self.trained = back.progress_s, back.trained_s
+        if not self.checkpoints.enabled:
+            self.checkpoint_progress = self.checkpoint_trained = 0.0
+        self.lost_progress += back.lost_s
+        outage = self.checkpoints.outage_s(self.costs.restart_s)
+        # A loss during the restore of an earlier one starts the outage over.
+        self.outage += outage - max(0.0, self.restoring_until - now)
+        self.quorum, self.catch_up = None, {}
+        self.stall_start = self.stall_end = now
+        for r in self.replicas:
+            r.token += 1
+            r.member = r.catching_up = r.restarted = False
+            r.failed_at = r.disconnected_at = r.hung_since = r.hung_at = r.down_since = r.ready_since = None
+            r.hung_reason = ""
+        self.awaiting_restore = {r.replica_id for r in self.replicas}
+        self.restoring_until = now + outage
+        self.restore_token += 1
+        self._push(self.restoring_until, "restore", "", self.restore_token)
+
+    def _on_restore(self, now: float) -> None:
+        """The replicas back (and done loading the checkpoint) form a first quorum."""
+        self.restoring_until = now
+        head = int(now / self.step_s)
+        for rid in sorted(self.awaiting_restore):
+            r = self.by_id[rid]
+            r.ready_since, r.catching_up, r.registered_at, r.step = now, False, now, head
+        self.awaiting_restore = set()
+        self._decide_and_wait(now)
 
     def _on_register(self, now: float, r: _Replica) -> None:
         r.restarted = r.member  # a member that registers anew lost its state
@@ -256,6 +419,10 @@ class ReplicatedSim:
         r.hung_reason = ""
         r.registered_at = now
         r.step = int(now / self.step_s)
+        if self.restoring_until > now:  # the job is restoring: it loads the checkpoint with the others
+            r.ready_since, r.catching_up = None, False
+            self.awaiting_restore.add(r.replica_id)
+            return
         if self.costs.catch_up_s <= 0:  # it registers up to date
             self._on_ready(now, r)
             return
@@ -287,7 +454,15 @@ class ReplicatedSim:
         for r in self.replicas:  # the first quorum: every replica up to date at step 0
             r.ready_since = 0.0
         self._decide_and_wait(0.0)
-        self._push(self.rng.expovariate(self.rate), "fail")
+        if self.rate > 0:
+            self._push(self.rng.expovariate(self.rate), "fail")
+        if self.domain_rate > 0:
+            self._push(self.correlated_rng.expovariate(self.domain_rate), "domain")
+        if self.whole_job_rate > 0:
+            self._push(self.correlated_rng.expovariate(self.whole_job_rate), "whole-job")
+        for when, kind in self.scripted:
+            name, _, index = kind.partition(":")
+            self._push(when, name, index or "scripted")
         while self.events and self.events[0][0] < horizon_s:
             when, _, kind, rid, token = heapq.heappop(self.events)
             self._advance(when)
@@ -295,8 +470,24 @@ class ReplicatedSim:
                 self._on_failure(when)
                 self._push(when + self.rng.expovariate(self.rate), "fail")
                 continue
+            if kind == "domain":
+                self._on_domain(when, int(rid) if rid else None)
+                if not rid:
+                    self._push(when + self.correlated_rng.expovariate(self.domain_rate), "domain")
+                continue
+            if kind == "whole-job":
+                self.whole_job_events += 1
+                self._lose_state(when)
+                if not rid:
+                    self._push(when + self.correlated_rng.expovariate(self.whole_job_rate), "whole-job")
+                continue
+            if kind == "restore":
+                if token == self.restore_token:
+                    self._on_restore(when)
+                continue
             if kind == "tick":
-                self._decide_and_wait(when)
+                if self.restoring_until <= when:  # nothing to decide while the job restores
+                    self._decide_and_wait(when)
                 continue
             r = self.by_id[rid]
             if token != r.token:
@@ -320,4 +511,9 @@ class ReplicatedSim:
             tuple(self.changes),
             self.decisions,
             self.assignments,
+            self.domain_events,
+            self.whole_job_events,
+            self.state_losses,
+            self.lost_progress,
+            self.outage,
         )

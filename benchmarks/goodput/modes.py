@@ -17,6 +17,7 @@ import random
 
 from benchmarks.goodput import calibration as cal
 from benchmarks.goodput import inputs
+from benchmarks.goodput.correlated import Checkpoints, Correlated
 from benchmarks.goodput.engine import ReplicatedSim, RunResult, simulate_synchronous
 
 GPU_COUNTS = (1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 100_000, 131_072, 200_000)
@@ -84,16 +85,24 @@ def run_cell(
     workload: inputs.Workload = DEFAULT_WORKLOAD,
     days: float | None = None,
     checkpoint_s: float = 0.0,
+    correlated: Correlated | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> Cell:
     """Simulate ``mode`` on ``gpus`` GPUs for ``days``, or else for the time in
     which ``failures`` x the mode's budget failures are expected.
     ``checkpoint_s``: synchronous only, model the work lost since the last
-    checkpoint apart from the 10-minute stall (0: the stall includes it)."""
+    checkpoint apart from the 10-minute stall (0: the stall includes it).
+    ``correlated``: domain and whole-job events (correlated.py; None: every
+    failure alone, as in the main tables); to the synchronous job a domain
+    event is one failure like any other and a whole-job event one more
+    restart. ``checkpoints``: replicated modes, what losing the state costs
+    (None: no checkpoints), and the steady cost of saving."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     if gpus < 16 or failures <= 0 or (days is not None and days <= 0):
         raise ValueError("need at least 16 GPUs, a positive failure budget and positive days")
     rng = cell_rng(seed, mode, calibration.key, gpus)
+    extra = correlated.whole_job_rate_per_s if correlated is not None else 0.0
     rate = calibration.rate_per_gpu_hour
     budget = failures * MODES[mode].budget
 
@@ -102,7 +111,7 @@ def run_cell(
 
     if mode == "synchronous":
         stall = cal.PUBLISHED_SYNC_STALL_MIN * inputs.MIN
-        result = simulate_synchronous(gpus, rate, horizon(gpus), rng, stall, checkpoint_s)
+        result = simulate_synchronous(gpus, rate, horizon(gpus), rng, stall, checkpoint_s, extra)
         return Cell(mode, gpus, 1, calibration, result, requested=gpus)
     if mode == "ft-hsdp":
         replicas = cal.PUBLISHED_FTHSDP_REPLICAS
@@ -115,9 +124,14 @@ def run_cell(
         replicas = max(2, round(gpus / replica_gpus))
         costs = inputs.fthsdp_costs(replicas, w)
     job_gpus = replicas * replica_gpus
-    sim = ReplicatedSim(replicas, replica_gpus, rate, costs, rng, step_s=workload.step_s)
+    # Its own stream, named without the checkpoints: runs that differ only in
+    # them see the same correlated events.
+    correlated_rng = random.Random(f"{seed}/{mode}/{calibration.key}/{gpus}/correlated")
+    sim = ReplicatedSim(replicas, replica_gpus, rate, costs, rng, step_s=workload.step_s, correlated=correlated,
+                        checkpoints=checkpoints, correlated_rng=correlated_rng)
     result = sim.run(horizon(job_gpus))
-    return Cell(mode, job_gpus, replicas, calibration, result, costs.steady_factor, requested=gpus)
+    steady = costs.steady_factor * (checkpoints.steady_factor(workload.step_s) if checkpoints else 1.0)
+    return Cell(mode, job_gpus, replicas, calibration, result, steady, requested=gpus)
 
 
 # The job's shape and the coordinator's hang settings, shared by both fthsdp

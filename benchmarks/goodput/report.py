@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from benchmarks.goodput import calibration as cal
+from benchmarks.goodput.correlated_runs import Row
 from benchmarks.goodput.modes import MODES, Cell
 
 
@@ -79,6 +80,26 @@ def detail_table(cells: Sequence[Cell]) -> str:
               "job stall per failure", "replica out per failure", "effective training time",
               "goodput (with steady cost)"]
     return markdown(header, rows)
+
+
+def correlated_table(rows: Sequence[Row], step_s: float) -> str:
+    """fthsdp without and with checkpoints, and the synchronous baseline, under correlated failures."""
+    out = []
+    for r in rows:
+        if r.checkpoints is None:
+            label, saving = MODES[r.mode].label, "in the restart (published)"
+        elif not r.checkpoints.enabled:
+            label, saving = MODES[r.mode].label, "none"
+        else:
+            label = MODES[r.mode].label
+            saving = (f"every {r.checkpoints.interval_s / 60:g} min "
+                      f"(+{r.checkpoints.steady_factor(step_s) - 1:.2%} step time)")
+        simulated = r.cell.result.effective
+        out.append([label, saving, r.event_cost, f"{pct(simulated)} ± {100 * standard_error(r.cell):.1f}",
+                    f"{r.whole_job_share:.2%}", pct(r.effective), pct(r.goodput)])
+    header = ["mode", "checkpoints", "a whole-job event costs", "effective: failures and domain events (simulated)",
+              "lost to whole-job events (expected)", "effective training time", "goodput (with steady costs)"]
+    return markdown(header, out, "lllrrrr")
 
 
 def calibration_table(used: Iterable[cal.Calibration]) -> str:

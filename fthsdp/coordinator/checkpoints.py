@@ -111,7 +111,9 @@ class CheckpointBook:
         meanwhile: its records are adopted."""
         newer = list(reversed(reported))
         older = [r for r in self.usable if not newer or r.step < newer[-1].step]
-        records = [*newer, *older][:KEPT]
+        records = [*newer, *older]
+        kept = records[0].kept if records and records[0].kept > 0 else KEPT
+        records = records[:min(KEPT, kept)]  # the replicas delete older ones from disk
         msg = pb.CheckpointList(checkpoints=records)
         result = store.compare_and_set(self.keys.checkpoint, msg.SerializeToString(), self.revision)
         if result.succeeded:

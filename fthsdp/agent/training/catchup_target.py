@@ -61,7 +61,8 @@ class CatchUpTarget:
         unless the state itself did not fit (then it is to be loaded again)."""
         folder = Path(path)
         record = read_checkpoint(folder, job=self._job, structure=self._structure, digest=digest)
-        loaded = checkpoint_restore.load(folder, record, rank=rank, current=self._state.capture())
+        params = [p for group in self._state.optimizer.param_groups for p in group["params"]]
+        loaded = checkpoint_restore.load(folder, record, rank=rank, current=self._state.capture(), params=params)
         try:
             self._state.load(loaded)
         except FthsdpError as e:

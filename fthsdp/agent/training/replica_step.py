@@ -49,6 +49,7 @@ from fthsdp.agent.training.script_hooks import ScriptHooks
 from fthsdp.agent.training.step_buffer import StepBuffer
 from fthsdp.agent.training.step_clock import StepClock
 from fthsdp.agent.training.train_state import TrainState, gradient_sample
+from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import Evicted, FtarError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -104,11 +105,18 @@ class ReplicaStep:
                                 on_sealed=self._sealed)
         # A script that ends by an exception exits promptly too.
         atexit.register(lambda: self._ftar.groups.release(self._link.store))
-        if config.resume and config.restart_count == 0:
-            # Before registering: the coordinator must never see this replica at step 0
-            # (a restarted replica catches up from a live peer instead).
-            resume_newest(self._target, self._link.group, Path(config.checkpoint_dir), config.job, structure)
+        if config.resume:
+            # Before registering: the coordinator must never see this replica at step 0.
+            resume_newest(self._target, self._link.group, Path(config.checkpoint_dir), config.job, structure,
+                          job_is_new=self._job_is_new)
         self._link.start_session()
+
+    def _job_is_new(self) -> bool:
+        """Whether the job has never formed a quorum (asked before this replica registers)."""
+        cfg = self.config
+        with CoordinatorClient(cfg.coordinator, timeout=cfg.timeout, token=cfg.token, tls=cfg.tls) as client:
+            status = client.status(cfg.job)
+        return not status.quorum.id and not status.committed_step
 
     @property
     def quorum_id(self) -> int:
@@ -295,7 +303,7 @@ class ReplicaStep:
         self._link.membership.report_checkpoint(pb.CheckpointRecord(
             step=sealed.step, path=str(sealed.folder), digest=sealed.digest, quorum_id=sealed.quorum_id,
             shares=sealed.shares, bytes=sealed.nbytes, sealed_unix_ms=int(time.time() * 1000),
-            sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum))
+            sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum, kept=self.config.checkpoint_keep))
 
     def _serve(self, request):
         """FTAR's requests of a joiner (fthsdp/agent/training/last_gap.py): its own work, not a wait for the others."""

@@ -704,7 +704,7 @@ class CommittedStep(_message.Message):
     def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ...) -> None: ...
 
 class CheckpointRecord(_message.Message):
-    __slots__ = ("step", "path", "digest", "quorum_id", "shares", "bytes", "sealed_unix_ms", "sealed_by", "state_checksum")
+    __slots__ = ("step", "path", "digest", "quorum_id", "shares", "bytes", "sealed_unix_ms", "sealed_by", "state_checksum", "kept")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -714,6 +714,7 @@ class CheckpointRecord(_message.Message):
     SEALED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     SEALED_BY_FIELD_NUMBER: _ClassVar[int]
     STATE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     step: int
     path: str
     digest: str
@@ -723,7 +724,8 @@ class CheckpointRecord(_message.Message):
     sealed_unix_ms: int
     sealed_by: str
     state_checksum: str
-    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., digest: _Optional[str] = ..., quorum_id: _Optional[int] = ..., shares: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed_unix_ms: _Optional[int] = ..., sealed_by: _Optional[str] = ..., state_checksum: _Optional[str] = ...) -> None: ...
+    kept: int
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., digest: _Optional[str] = ..., quorum_id: _Optional[int] = ..., shares: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed_unix_ms: _Optional[int] = ..., sealed_by: _Optional[str] = ..., state_checksum: _Optional[str] = ..., kept: _Optional[int] = ...) -> None: ...
 
 class CheckpointList(_message.Message):
     __slots__ = ("checkpoints",)

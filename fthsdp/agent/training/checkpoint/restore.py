@@ -10,6 +10,7 @@ number of replicas that wrote it.
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -22,10 +23,15 @@ from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files
 from fthsdp.agent.training.checkpoint.share import per_rank
 from fthsdp.agent.training.state_codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
 
+_OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.(\d+)\.")
 
-def load(folder: Path, record: dict, *, rank: int, current: dict) -> dict:
+
+def load(folder: Path, record: dict, *, rank: int, current: dict, params: list[torch.Tensor] | None = None) -> dict:
     """The checkpoint's state for this rank, shaped as ``TrainState.capture()``
-    (``current``: this rank's own capture, whose sharding the result takes)."""
+    (``current``: this rank's own capture, whose sharding the result takes;
+    ``params``: the optimizer's parameters in its order, whose sharding an
+    optimizer state the current optimizer does not hold yet takes, as it
+    would once created)."""
     skeleton = record["skeletons"].get(str(rank))
     rank_in_checkpoint = rank
     if skeleton is None:  # restored with more ranks per group than saved: the rest take rank 0's structure
@@ -42,8 +48,13 @@ def load(folder: Path, record: dict, *, rank: int, current: dict) -> dict:
         if not isinstance(stored, TensorStorageMetadata):
             raise CheckpointError(f"{folder}: the checkpoint lacks tensor {name!r}")
         mine = own.get(name)
+        match = _OPTIMIZER_STATE.match(name)
+        if mine is None and match and params is not None and int(match.group(1)) < len(params):
+            param = params[int(match.group(1))]
+            if tuple(param.shape) == tuple(stored.size):
+                mine = param  # a state the optimizer makes on its first step, sharded as its parameter
         if mine is not None and is_dtensor(mine):
-            dest[name] = torch.empty_like(mine)  # this rank's shard, as FSDP2 placed it
+            dest[name] = torch.empty_like(mine, dtype=stored.properties.dtype)  # this rank's shard
         else:
             dest[name] = torch.empty(stored.size, dtype=stored.properties.dtype)
     verify_files(folder, record, sorted(_files_read(metadata, dest)))

@@ -3,7 +3,9 @@
 Used twice: when the coordinator restores a lost state
 (``WatchEvent.restore``, fthsdp/agent/training/joiner.py), and when a job
 starts with ``--resume`` (the newest complete checkpoint on disk, an older
-one if it is refused). Every rank loads its part; the ranks agree that all
+one if it is refused; only for a job that has not trained yet, so that a
+replica restarted in a running job, which its agent starts with the same
+``--resume``, copies a live peer instead). Every rank loads its part; the ranks agree that all
 did before the state's checksum, a collective over the group, is compared
 with the one the members recorded at the checkpoint's step.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -51,12 +54,22 @@ def restore_group(target: Restorable, group: ReplicaGroup, path: str, digest: st
     log.info("restored from the checkpoint of step %d in %.2fs: %s", target.step, time.monotonic() - began, path)
 
 
-def resume_newest(target: Restorable, group: ReplicaGroup, root: Path, job: str, structure: int) -> int | None:
+def resume_newest(target: Restorable, group: ReplicaGroup, root: Path, job: str, structure: int,
+                  job_is_new: Callable[[], bool]) -> int | None:
     """Load the newest complete checkpoint of ``job`` under ``root`` that
-    loads (rank 0 names each one to try); returns its step, or None if
-    there is none."""
-    candidates = [str(folder) for _, folder in newest_complete(root, job, structure)] if group.rank == 0 else None
-    names = group.broadcast_json(candidates)
+    loads (rank 0 names each one to try), if ``job_is_new()`` (asked on rank
+    0: a job that has trained already is caught up from, not resumed);
+    returns its step, or None if none was loaded."""
+    names: object = None
+    if group.rank == 0:
+        if job_is_new():
+            names = [str(folder) for _, folder in newest_complete(root, job, structure)]
+            if not names:
+                log.warning("--resume: no complete checkpoint of job %s in %s: starting at step 0", job, root)
+        else:
+            log.info("--resume: job %s has trained already: this replica catches up from a live one", job)
+            names = []
+    names = group.broadcast_json(names)
     assert isinstance(names, list)
     for path in names:
         try:
@@ -67,5 +80,4 @@ def resume_newest(target: Restorable, group: ReplicaGroup, root: Path, job: str,
     if names:
         raise CheckpointError(f"--resume: none of the {len(names)} checkpoints of job {job} in {root} could be "
                               "loaded (see the errors above)")
-    log.warning("--resume: no complete checkpoint of job %s in %s: starting at step 0", job, root)
     return None
