@@ -21,6 +21,8 @@ SMOKE = {
     "failover": (["--trials", "1", "--cases", "rank killed"], 600),
     "catchup": (["--trials", "1", "--mib", "8", "--skip-large", "--skip-torchft"], 900),
     "catchup_server": (["--mib", "8", "--trials", "1", "--requests", "50"], 300),
+    "checkpoint": (["--mib", "8", "--trials", "1", "--hidden", "256", "--every", "5", "--intervals", "2",
+                    "--pairs", "1", "--restore-mib", "8"], 600),
     "coordinator_scale": (["--replicas", "20", "--clients", "1", "--seconds", "2"], 300),
     "goodput_sim": (["--failures", "3", "--gpus", "1000", "--png", ""], 300),
     "accuracy": (["--samples", "1920", "--eval-every", "40", "--png", ""], 1200),
