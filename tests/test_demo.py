@@ -18,8 +18,8 @@ from waiting import wait_until
 
 from fthsdp.cli.main import main
 from fthsdp.demo.children import child_environment, marked_pids
-from fthsdp.demo.record import Failure, RankStart, Recorder, StepLine
-from fthsdp.demo.summary import summarize
+from fthsdp.demo.record import Failure, RankStart, Recorder, StatusSample, StepLine
+from fthsdp.demo.summary import summarize, summary_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MARK = "DEMO_TEST_MARK"
@@ -85,6 +85,35 @@ def test_demo_kill_restart_catch_up(tmp_path):
         assert key in summary["definitions"] or key in f
     assert "time to recover" in output and "effective training time" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.timeout(300)
+def test_demo_kill_all_restores_the_newest_checkpoint(tmp_path):
+    """Every replica SIGKILLed at once after step 15: the coordinator restores the
+    checkpoint of step 10, the restarted replicas load it and train on to the end."""
+    summary, output = _run_to_end(tmp_path, "--fail-mode", "kill-all", "--steps", "40", "--fail-step", "15")
+    assert summary["ok"] and summary["error"] is None
+    assert summary["all_reached_final_step"] and summary["final_steps"] == {"r0": 40, "r1": 40, "r2": 40}
+    f = summary["failure"]
+    assert f["mode"] == "kill-all" and f["replica"] == "all" and f["step"] >= 15
+    assert sorted(f["pids"]) == ["r0", "r1", "r2"] and len(set(f["pids"].values())) == 3
+    assert f["restored"] and f["restored_step"] == 10 and f["requested_by"] == "automatic"
+    assert f["checkpoint_path"].startswith(str(tmp_path / "out" / "checkpoints"))
+    # The coordinator's lost step is the newest it heard of; the replicas' lines may be a step ahead.
+    assert 10 < f["lost_step"] <= f["last_step_committed"] and f["last_step_committed"] >= 15
+    assert f["committed_steps_lost"] == f["last_step_committed"] - 10
+    assert f["restarted"] and f["restart_count"] >= 1
+    assert sorted(f["loaded_checkpoint"]) + sorted(f["caught_up_from"]) == ["r0", "r1", "r2"]
+    assert f["loaded_checkpoint"], "no replica loaded the checkpoint"
+    assert 0 <= f["time_to_restore_s"] < f["time_to_rejoin_quorum_s"] <= f["time_to_recover_s"] < 60, f
+    assert f["first_step_trained_again"] >= 11
+    # The steps after the checkpoint were committed by three replicas, lost with the state and trained again.
+    assert summary["replica_steps_redone"] >= 3 * 5
+    assert summary["replica_steps_trained"] == 120 - summary["steps_lost"] and summary["steps_lost"] < 20
+    assert 0.3 < summary["effective_training_time"] < 1.0
+    assert "SIGKILL every replica's training process" in output
+    assert "the coordinator restored the checkpoint of step 10 automatically" in output
+    assert "never dropped" not in output and "Traceback" not in output
 
 
 @pytest.mark.slow
@@ -175,6 +204,13 @@ def test_an_unreachable_store_is_one_error_and_nothing_left(tmp_path):
     (["--fail-replica", "3"], "--fail-replica must be in [0, 3)"),
     (["--fail-step", "0"], "--fail-step must be at least 1"),
     (["--store", "zookeeper"], "--store: expected memory, etcd or etcd://HOST:PORT"),
+    (["--fail-mode", "kill-all", "--fail-step", "5"], "--fail-step 5 comes before the first checkpoint "
+                                                      "(--checkpoint-every 10)"),
+    (["--fail-mode", "kill-all", "--fail-step", "12", "--checkpoint-every", "15"],
+     "--fail-step 12 comes before the first checkpoint (--checkpoint-every 15)"),
+    (["--fail-mode", "kill-all", "--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+    (["--fail-mode", "kill-all", "--fail-replica", "1"], "--fail-mode kill-all kills every replica"),
+    (["--checkpoint-every", "5"], "--checkpoint-every is for --fail-mode kill-all"),
 ])
 def test_bad_settings_are_one_line(args, message, capsys, tmp_path):
     assert main(["demo", "--out", str(tmp_path / "x"), *args]) == 2
@@ -219,3 +255,43 @@ def test_summary_counts_lost_steps_and_effective_time():
     assert s["failure"]["restarted"] and s["failure"]["survivor_steps_skipped"] == 0
     assert s["failure"]["detected"] is False  # no status was recorded: nothing is claimed
     assert s["failure"]["time_to_recover_s"] is None and not s["failure"]["caught_up"]
+
+
+def test_summary_of_kill_all_counts_the_redone_steps_once():
+    """Two replicas, 1 s steps; a checkpoint of step 2; both killed at t=4.1 after
+    step 4; the coordinator restores step 2 at 4.4; both restart (load it) at
+    t=5, are one quorum again at 5.2 and commit steps 3-6 at t=6-9. Steps 3 and
+    4 were committed twice: their first training is lost, not trained."""
+    before = [(s, float(s), 2) for s in range(1, 5)]
+    after = [(s, float(s + 3), 2) for s in range(3, 7)]
+    rec = _recorder_with({"a": before + after, "b": before + after}, {"a": [(0.0, 0), (5.0, 2)],
+                                                                      "b": [(0.0, 0), (5.0, 2)]})
+    wall = rec.wall_offset
+    failure = Failure("all", "kill-all", pid=2, step=4, t=4.1, wall=wall + 4.1, quorum_before=1,
+                      killed_t=4.1, pids={"a": 1, "b": 2})
+    restore = {"restored_step": 2, "restored_path": "/c/step-2", "lost_step": 4,
+               "restore_unix_ms": int((wall + 4.4) * 1000), "restore_requested_by": "automatic"}
+    rec.samples += [
+        StatusSample(1.0, 1, ("a", "b"), int(wall * 1000), "admitting a, b", {}, checkpoint_step=2),
+        StatusSample(4.6, 1, ("a", "b"), int(wall * 1000), "admitting a, b", {}, checkpoint_step=2, **restore),
+        StatusSample(5.5, 3, ("a", "b"), int((wall + 5.2) * 1000), "admitting a, b", {}, quorum_step=2,
+                     checkpoint_step=2, **restore),
+    ]
+    s = summarize(rec, failure, replicas=2, steps=6)
+    assert s["steps_lost"] == 0 and s["replica_steps_trained"] == 12 and s["replica_steps_redone"] == 4
+    # Each replica: steps 1-2 (2 s) and 3-6 after its restart at 5.0 (4 s); 9 s from the first start to the end.
+    assert s["effective_training_time"] == pytest.approx(12 / 18, abs=1e-3)
+    f = s["failure"]
+    assert f["restored"] and f["restored_step"] == 2 and f["committed_steps_lost"] == 2
+    assert f["time_to_restore_s"] == pytest.approx(0.3, abs=0.01)
+    assert f["quorum_rejoined"] == 3 and f["time_to_rejoin_quorum_s"] == pytest.approx(1.1, abs=0.01)
+    assert f["first_step_trained_again"] == 3 and f["time_to_recover_s"] == pytest.approx(1.9, abs=1e-3)
+    assert f["loaded_checkpoint"] == ["a", "b"] and f["caught_up_from"] == {}
+    text = summary_text(s, "/out")
+    assert "every replica's training process was SIGKILLed at once after step 4" in text
+    assert "the coordinator restored the checkpoint of step 2 automatically, 0.3 s after the kill: " \
+           "2 committed steps lost: 3-4" in text
+    assert "a, b loaded the checkpoint" in text
+    assert "every replica in one quorum again 1.1 s after the kill (quorum 3, at step 2)" in text
+    assert "training again from step 3: time to recover 1.9 s" in text
+    assert "4 replica-steps redone" in text and "never dropped" not in text and "caught up" not in text

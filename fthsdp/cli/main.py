@@ -119,11 +119,16 @@ def _add_demo_parser(sub) -> None:
                    help="fail once the failing replica committed this step (default 30)")
     p.add_argument("--fail-replica", type=int, default=-1, metavar="INDEX",
                    help="which replica fails (default: the last)")
-    p.add_argument("--fail-mode", choices=("kill", "hang", "deadlock"), default="kill",
+    p.add_argument("--fail-mode", choices=("kill", "hang", "deadlock", "kill-all"), default="kill",
                    help="kill: SIGKILL its training process; hang: SIGSTOP it (found by the heartbeat timeout), "
                    "then SIGKILL it; deadlock: its training loop blocks after the backward pass, process and "
                    "heartbeats alive (taken out as hung once the others waited past the hang limit, ended and "
-                   "restarted by its agent) (default kill)")
+                   "restarted by its agent); kill-all: the replicas write checkpoints, and every replica's "
+                   "training process is SIGKILLed at once: the coordinator restores the newest checkpoint "
+                   "and the restarted replicas train on from its step (default kill)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="kill-all: the replicas write a checkpoint every N steps, into --out/checkpoints "
+                   "(default 10; at most --fail-step)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--out", default="", metavar="DIR",
                    help="folder for demo.png, summary.json and the logs (default: a new ./fthsdp-demo-DATE-TIME/)")
@@ -394,7 +399,7 @@ def _run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     config = DemoConfig(replicas=args.replicas, steps=args.steps, fail_step=args.fail_step,
                         fail_replica=args.fail_replica, fail_mode=args.fail_mode, live=not args.no_live,
-                        out=args.out, store=args.store)
+                        out=args.out, store=args.store, checkpoint_every=args.checkpoint_every)
     return run_demo(config)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, TextIO
 
 from fthsdp.demo.record import RankStart, Recorder, StepLine
@@ -65,10 +66,11 @@ class LiveView:
     """The live table: each replica's agent and coordinator state, step, loss,
     catch-up progress; the quorum id and members; the latest events."""
 
-    def __init__(self, rec: Recorder, steps: int, victim: str) -> None:
+    def __init__(self, rec: Recorder, steps: int, victims: Collection[str]) -> None:
         self.rec = rec
         self.steps = steps
-        self.victim = victim
+        self.victims = set(victims)
+        """The replicas the failure hits (every one with --fail-mode kill-all), starred."""
         self._live: Live | None = None
         self._agent_states: dict[str, str] = {}
 
@@ -118,7 +120,7 @@ class LiveView:
             if replica in snap["done"]:
                 note = f"finished at step {snap['done'][replica]}"
             table.add_row(
-                replica + (" *" if replica == self.victim else ""), agent, Text(state, style=style),
+                replica + (" *" if replica in self.victims else ""), agent, Text(state, style=style),
                 # The coordinator's step runs ahead of the last printed one while a replica catches up.
                 f"{max(line.step if line else 0, view.step if view else 0)}/{self.steps}",
                 f"{line.loss:.4f}" if line else "-",

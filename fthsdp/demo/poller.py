@@ -1,6 +1,6 @@
 """Polls the coordinator's Status over gRPC into the recorder, and turns its
-changes (a new quorum, an agent's transition, a replica catching up) into
-events for the views."""
+changes (a new quorum, an agent's transition, a replica catching up, a new
+checkpoint) into events for the views."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def changes(before: StatusSample | None, now: StatusSample) -> list[str]:
     out = []
     if now.quorum_id and (before is None or before.quorum_id != now.quorum_id):
         out.append(f"quorum {now.quorum_id}: {', '.join(now.members) or 'none'} ({short_reason(now.quorum_reason)})")
+    if now.checkpoint_step and now.checkpoint_step != (before.checkpoint_step if before else 0):
+        out.append(f"checkpoint of step {now.checkpoint_step} complete")
     for replica, view in now.replicas.items():
         old = before.replicas.get(replica) if before else None
         if view.agent_state and (old is None or old.agent_state != view.agent_state):

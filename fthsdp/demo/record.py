@@ -68,10 +68,25 @@ class StatusSample:
     quorum_created_unix_ms: int
     quorum_reason: str
     replicas: dict[str, ReplicaView]
+    quorum_step: int = 0
+    """The step the quorum was formed at (the newest any member had reported)."""
+    checkpoint_step: int = 0
+    """The job's newest complete checkpoint (0: none yet)."""
+    checkpoint_path: str = ""
+    restored_step: int = 0
+    """The checkpoint the coordinator last restored the lost state from (0: never)."""
+    restored_path: str = ""
+    lost_step: int = 0
+    """That restore's lost committed step: the steps after ``restored_step`` up to it were lost."""
+    restore_unix_ms: int = 0
+    """When the coordinator decided that restore."""
+    restore_requested_by: str = ""
 
     @classmethod
     def from_status(cls, status, t: float) -> StatusSample:
         has_quorum = status.HasField("quorum")
+        has_checkpoint = status.HasField("checkpoint")
+        restore = status.last_restore if status.HasField("last_restore") else None
         return cls(
             t=t,
             quorum_id=status.quorum.id if has_quorum else 0,
@@ -90,6 +105,14 @@ class StatusSample:
                 )
                 for r in status.replicas
             },
+            quorum_step=status.quorum.step if has_quorum else 0,
+            checkpoint_step=status.checkpoint.step if has_checkpoint else 0,
+            checkpoint_path=status.checkpoint.path if has_checkpoint else "",
+            restored_step=restore.checkpoint.step if restore is not None else 0,
+            restored_path=restore.checkpoint.path if restore is not None else "",
+            lost_step=restore.lost_step if restore is not None else 0,
+            restore_unix_ms=restore.unix_ms if restore is not None else 0,
+            restore_requested_by=restore.requested_by if restore is not None else "",
         )
 
 
@@ -233,3 +256,6 @@ class Failure:
     coordinator dropped it for hang; for deadlock, when its agent had ended it."""
     stacks_in: str = ""
     """deadlock: the log holding the stack dump of the process taken out (empty: none found)."""
+    pids: dict[str, int] = dataclasses.field(default_factory=dict)
+    """kill-all: every replica's training process SIGKILLed, by replica (``replica`` is "all",
+    ``pid`` the last one's, ``step`` the newest step any of them had committed)."""

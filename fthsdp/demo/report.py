@@ -86,7 +86,13 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
 
     fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(11, 8), gridspec_kw={"height_ratios": [3, 2]})
     title = f"fthsdp demo: {len(rec.replica_ids)} replicas of the example GPT"
-    if failure:
+    f = summary.get("failure") or {}
+    all_killed = failure is not None and failure.mode == "kill-all"
+    if failure and all_killed:
+        title += f", every replica killed after step {failure.step}"
+        if f.get("restored_step") is not None:
+            title += f", restored from the checkpoint of step {f['restored_step']}"
+    elif failure:
         what = {"kill": "killed", "deadlock": "deadlocked"}.get(failure.mode, "hung")
         title += f", {failure.replica} {what} after step {failure.step}"
     fig.suptitle(title)
@@ -94,11 +100,16 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
     for replica in rec.replica_ids:
         steps, losses = _with_gaps(rec.steps[replica])
         ax_loss.plot(steps, losses, ".-", markersize=3, linewidth=1, label=replica, alpha=0.85)
-    f = summary.get("failure") or {}
-    if failure:
+    if failure and all_killed:
+        ax_loss.axvline(failure.step, color=COLOURS["failed"], linestyle="--", linewidth=1,
+                        label="every replica killed")
+        if f.get("committed_steps_lost"):
+            ax_loss.axvspan(f["restored_step"], f["last_step_committed"], color=COLOURS["failed"], alpha=0.12,
+                            label="steps lost with the state, trained again")
+    elif failure:
         ax_loss.axvline(failure.step, color=COLOURS["failed"], linestyle="--", linewidth=1,
                         label=f"{failure.replica} fails")
-    if failure and f.get("first_step_trained_again"):
+    if failure and not all_killed and f.get("first_step_trained_again"):
         ax_loss.axvspan(failure.step, f["first_step_trained_again"] - 1, color=COLOURS["failed"], alpha=0.12,
                         label=f"steps without {failure.replica}")
     ax_loss.set_xlabel("step")
@@ -124,7 +135,9 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
             previous, shown = sample.quorum_id, shown + 1
     marks: list[tuple[float, str, str, MarkStyle]] = []
     if failure:
-        marks.append((failure.t, "failure", COLOURS["failed"], "--"))
+        marks.append((failure.t, "every replica killed" if all_killed else "failure", COLOURS["failed"], "--"))
+        if f.get("time_to_restore_s") is not None:
+            marks.append((failure.t + f["time_to_restore_s"], "checkpoint restored", "#ef6c00", ":"))
         if f.get("time_to_detect_s") is not None:
             marks.append((failure.t + f["time_to_detect_s"], "detected", "#ef6c00", ":"))
         if f.get("time_to_rejoin_quorum_s") is not None:
@@ -143,7 +156,12 @@ def write_report(path: Path, rec: Recorder, failure: Failure | None, summary: di
         ax_time.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(6, len(handles)),
                        fontsize=8)
 
-    if f.get("time_to_recover_s") is not None:
+    if all_killed and f.get("time_to_recover_s") is not None:
+        fig.text(0.01, 0.01, f"restored step {f['restored_step']} {f['time_to_restore_s']:.1f} s after the kill "
+                 f"({f['committed_steps_lost']} committed steps lost), recover {f['time_to_recover_s']:.1f} s, "
+                 f"effective training time {100 * summary['effective_training_time']:.1f}%, steps lost "
+                 f"{summary['steps_lost']}, redone {summary.get('replica_steps_redone', 0)}", fontsize=8)
+    elif f.get("time_to_recover_s") is not None:
         fig.text(0.01, 0.01, f"detect {f['time_to_detect_s'] * 1000:.0f} ms, recover {f['time_to_recover_s']:.1f} s, "
                  f"catch-up {f['catch_up_bytes'] / 2**20:.1f} MiB, effective training time "
                  f"{100 * summary['effective_training_time']:.1f}%, steps lost {summary['steps_lost']}", fontsize=8)

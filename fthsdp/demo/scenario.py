@@ -10,6 +10,12 @@
    deadlock``: alive and heartbeating; the coordinator takes it out as hung,
    its agent ends it after a stack dump). Its agent restarts it (the warm
    standby takes over), it catches up from a healthy peer and rejoins.
+   ``kill-all``: the replicas write a checkpoint every ``--checkpoint-every``
+   steps (into ``--out``/checkpoints); once the newest one before
+   ``--fail-step`` is complete and the replicas committed ``--fail-step``,
+   every training process is SIGKILLed at once. Their agents restart them,
+   the coordinator restores that checkpoint (the steps committed after it
+   are lost), they load it and form a quorum at its step.
 4. Every replica trains to ``--steps``; then the summary, ``summary.json`` and
    ``demo.png`` in ``--out``.
 
@@ -35,7 +41,7 @@ from fthsdp.demo.children import Child, Children
 from fthsdp.demo.config import DemoConfig
 from fthsdp.demo.live import LiveView, PlainLog
 from fthsdp.demo.poller import StatusPoller
-from fthsdp.demo.record import DemoFailed, Failure, Recorder, StatusSample, StepLine
+from fthsdp.demo.record import DemoFailed, Failure, RankStart, Recorder, StatusSample, StepLine
 from fthsdp.demo.report import write_report
 from fthsdp.demo.summary import summarize, summary_text
 
@@ -136,8 +142,11 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
     def say(text: str) -> None:
         print(text, file=out, flush=True)
 
+    what = (f"SIGKILL of every replica after step {config.fail_step} (a checkpoint every "
+            f"{config.checkpoint_interval} steps)" if config.fail_mode == "kill-all"
+            else f"{config.fail_mode} of {config.victim} after step {config.fail_step}")
     say(f"fthsdp demo: {config.replicas} replicas of fthsdp.examples.gpt on the CPU, {config.steps} steps, "
-        f"{config.fail_mode} of {config.victim} after step {config.fail_step}; output in {out_dir}/")
+        f"{what}; output in {out_dir}/")
     failure = None
     error: DemoFailed | None = None
     with _interruptible() as shield:
@@ -148,9 +157,9 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
                 etcd = _start_etcd()
                 store = etcd.url
                 say(f"started a private etcd at {etcd.endpoint} (data in {etcd.data_dir})")
-            view = LiveView(rec, config.steps, config.victim) if config.live else PlainLog(rec, config.steps, out)
+            view = LiveView(rec, config.steps, config.victims) if config.live else PlainLog(rec, config.steps, out)
             with view:
-                scenario = _Scenario(config, children, rec, store)
+                scenario = _Scenario(config, children, rec, store, out_dir.resolve() / "checkpoints")
                 try:
                     scenario.start()
                     failure = scenario.play()
@@ -216,11 +225,14 @@ def _rank_lines(rec: Recorder, replica: str) -> Callable[[str, float], None]:
 
 
 class _Scenario:
-    def __init__(self, config: DemoConfig, children: Children, rec: Recorder, store: str) -> None:
+    def __init__(self, config: DemoConfig, children: Children, rec: Recorder, store: str,
+                 checkpoint_dir: Path) -> None:
         self.config = config
         self.children = children
         self.rec = rec
         self.store = store
+        self.checkpoint_dir = checkpoint_dir
+        """kill-all: where the replicas write their checkpoints."""
         self.agents: dict[str, Child] = {}
         self.coordinator: Child | None = None
         self.client: CoordinatorClient | None = None
@@ -259,15 +271,20 @@ class _Scenario:
         rec.event(f"coordinator serving on {address} (store: {self.store})")
         self.client = CoordinatorClient([address], timeout=2.0)
         self.poller = StatusPoller(self.client, rec).start()
+        checkpoints = ("--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every",
+                       str(cfg.checkpoint_interval)) if cfg.fail_mode == "kill-all" else ()
+        if checkpoints:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         for replica in cfg.replica_ids:
             deadlock = ("--fail-at-step", str(cfg.fail_step), "--fail-how", "deadlock")
             self.agents[replica] = self.children.start(replica, Children.python(
                 "fthsdp", "agent", "--coordinator", address, "--replica-id", replica,
-                "--num-replicas", str(cfg.replicas), *AGENT_FLAGS,
+                "--num-replicas", str(cfg.replicas), *AGENT_FLAGS, *checkpoints,
                 "--", sys.executable, "-m", TRAIN_MODULE, "--steps", str(cfg.steps), "--log-every", "1",
                 *(deadlock if cfg.fail_mode == "deadlock" and replica == cfg.victim else ()),
             ), on_line=_rank_lines(rec, replica), stops_first=True)
-        rec.event(f"started {cfg.replicas} agents, each training {TRAIN_MODULE}")
+        rec.event(f"started {cfg.replicas} agents, each training {TRAIN_MODULE}"
+                  + (f", a checkpoint every {cfg.checkpoint_interval} steps" if checkpoints else ""))
 
     def play(self) -> Failure:
         cfg, rec = self.config, self.rec
@@ -275,6 +292,11 @@ class _Scenario:
         ids = set(cfg.replica_ids)
         self._wait(lambda: (s := rec.latest()) and set(s.members) == ids and all(rec.starts[r] for r in ids),
                    START_TIMEOUT, "the first quorum of every replica")
+        if cfg.fail_mode == "kill-all":
+            self.failure = failure = self._kill_all()
+            self._restored(failure)
+            self._finish()
+            return failure
         if cfg.fail_mode == "deadlock":
             self.failure = failure = self._deadlocked(victim)
         else:
@@ -304,6 +326,12 @@ class _Scenario:
 
         back = self._wait(rejoined, RECOVERY_TIMEOUT, f"{victim} catching up and rejoining")
         rec.event(f"{victim} rejoined: quorum {back.quorum_id} of {', '.join(back.members)}")
+        self._finish()
+        return failure
+
+    def _finish(self) -> None:
+        """Every agent ends once its replica trained to --steps."""
+        cfg, rec = self.config, self.rec
         self._wait(lambda: all(agent.proc.poll() is not None for agent in self.agents.values()),
                    cfg.steps * SECONDS_PER_STEP_BOUND, f"every replica training to step {cfg.steps}")
         self._check()
@@ -311,7 +339,93 @@ class _Scenario:
         if missing:
             raise DemoFailed(f"{', '.join(missing)} did not reach step {cfg.steps}")
         rec.event(f"every replica reached step {cfg.steps}")
+
+    def _ours(self, path: str) -> bool:
+        """Whether a checkpoint is one this run wrote (an existing etcd may hold older runs' records)."""
+        return Path(path).is_relative_to(self.checkpoint_dir)
+
+    def _kill_all(self) -> Failure:
+        """Once the replicas committed --fail-step and the newest checkpoint before
+        it (the first one if --fail-step is its step) is complete: SIGKILL every
+        replica's training process at once. The steps committed after that
+        checkpoint are lost with the state."""
+        cfg, rec = self.config, self.rec
+        every = cfg.checkpoint_interval
+        wanted = max(every, (cfg.fail_step - 1) // every * every)
+
+        def ready() -> bool:
+            s = rec.latest()
+            if s is None:
+                return False
+            line = rec.last_step(cfg.victim)
+            if s.checkpoint_step >= wanted and self._ours(s.checkpoint_path) and line and line.step >= cfg.fail_step:
+                return True
+            if rec.done:
+                raise DemoFailed(f"the replicas finished before the checkpoint of step {wanted} was complete")
+            return False
+
+        self._wait(ready, cfg.steps * SECONDS_PER_STEP_BOUND,
+                   f"the checkpoint of step {wanted} complete and the replicas at step {cfg.fail_step}")
+        sample = _latest(rec)
+        pids = {r: rec.starts[r][-1].pid for r in cfg.replica_ids}
+        step = max(_last_step(rec, r).step for r in cfg.replica_ids)
+        t, wall = time.monotonic(), time.time()
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        failure = Failure("all", "kill-all", pids[cfg.replica_ids[-1]], step, t, wall, sample.quorum_id,
+                          killed_t=t, pids=pids)
+        rec.event(f"SIGKILL every replica's training process ({', '.join(f'{r} {p}' for r, p in pids.items())}) "
+                  f"after step {step}; the newest complete checkpoint is of step {sample.checkpoint_step}")
         return failure
+
+    def _restored(self, failure: Failure) -> None:
+        """The agents restart their replicas, the coordinator restores the newest
+        checkpoint, the replicas load it and form a quorum at its step, and train."""
+        cfg, rec = self.config, self.rec
+        ids = set(cfg.replica_ids)
+
+        def restore():
+            s = rec.latest()
+            return s if s and s.restored_step and s.restore_unix_ms >= int(failure.wall * 1000) and \
+                self._ours(s.restored_path) else None
+
+        decided = self._wait(restore, RECOVERY_TIMEOUT, "the coordinator restoring the newest checkpoint")
+        checkpoint = decided.restored_step
+        last = max(decided.lost_step, failure.step)  # the coordinator's may lag the replicas' last commit
+        lost = last - checkpoint
+        lost_text = "no committed step lost" if lost <= 0 else \
+            f"{lost} committed step{'s' if lost != 1 else ''} lost: {checkpoint + 1}-{last}"
+        rec.event(f"the coordinator restores the checkpoint of step {checkpoint} ({lost_text}), "
+                  f"{decided.restore_unix_ms / 1000 - failure.wall:.1f} s after the kill")
+
+        def restarted(replica: str) -> RankStart | None:
+            return next((start for start in rec.starts[replica] if start.t > failure.t), None)
+
+        def reformed():
+            s = _latest(rec)
+            if s.quorum_id > failure.quorum_before and set(s.members) == ids and all(restarted(r) for r in ids):
+                return s
+            if rec.done:
+                raise DemoFailed(f"{', '.join(sorted(rec.done))} finished before every replica was back")
+            return None
+
+        back = self._wait(reformed, RECOVERY_TIMEOUT, "every replica restarted and in one quorum again")
+        starts = {r: start for r in cfg.replica_ids if (start := restarted(r))}
+        loaded = [r for r, start in starts.items() if not start.catch_up]
+        copied = [f"{r} caught up from {start.catch_up.get('source')}" for r, start in starts.items()
+                  if start.catch_up]
+        how = "every replica loaded it" if not copied else \
+            "; ".join(([f"{', '.join(loaded)} loaded it"] if loaded else []) + copied)
+        rec.event(f"{how}: quorum {back.quorum_id} of {', '.join(back.members)} at step {back.quorum_step}")
+
+        def trained():  # each replica's first step since its restart
+            firsts = [next((line for line in rec.steps[r] if line.t > start.t), None) for r, start in starts.items()]
+            return firsts if all(firsts) else None
+
+        firsts = self._wait(trained, RECOVERY_TIMEOUT, "every replica training again")
+        first = min(line.step for line in firsts)
+        rec.event(f"every replica trains again from step {first}, "
+                  f"{max(line.t for line in firsts) - failure.t:.1f} s after the kill")
 
     def _inject(self, victim: str) -> Failure:
         rec = self.rec

@@ -20,6 +20,16 @@ Definitions (also in README and the JSON's ``definitions``):
   quorum had it again.
 * **bytes transferred**: the snapshot the restarted replica fetched from its
   source (its own report; the coordinator's status shows the same progress).
+
+With ``--fail-mode kill-all`` every replica is killed: the steps committed
+after the restored checkpoint are lost with the state and trained again.
+Their first training counts as neither trained steps nor effective time
+(it is as if it never happened: *steps lost* counts each step once, by its
+training after the restore) and is reported as ``replica_steps_redone``. The
+failure's figures are then the restore's: ``time_to_restore_s`` (kill to the
+coordinator's restore decision), ``time_to_rejoin_quorum_s`` (kill to the
+quorum of every replica again), ``time_to_recover_s`` (kill to the commit of
+the first step every replica trained again).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from __future__ import annotations
 import statistics
 from itertools import pairwise
 
-from fthsdp.demo.record import Failure, Recorder, StatusSample, short_reason
+from fthsdp.demo.record import Failure, RankStart, Recorder, StatusSample, StepLine, short_reason
 
 DEFINITIONS = {
     "effective_training_time": "replica-seconds spent training steps that were committed / "
@@ -36,6 +46,9 @@ DEFINITIONS = {
     "time_to_detect_s": "failure -> the coordinator's quorum without the failed replica (its creation time)",
     "time_to_recover_s": "failure -> the commit of the first step the failed replica trained with the others again",
     "catch_up_bytes": "bytes of the snapshot the restarted replica fetched from a healthy peer",
+    "replica_steps_redone": "kill-all: replica-steps committed after the restored checkpoint, lost with the "
+                            "state and trained again (their first training counts as lost time, not as trained)",
+    "time_to_restore_s": "kill-all: the kill -> the coordinator's decision to restore the newest checkpoint",
 }
 
 
@@ -47,11 +60,48 @@ def _quorum_time(sample: StatusSample, wall_offset: float) -> float:
     return sample.t
 
 
-def _effective_seconds(rec: Recorder, replica: str) -> float:
-    """Seconds this replica spent training steps it committed one after the other."""
-    marks = sorted([(s.t, s.start_step) for s in rec.starts[replica]]
-                   + [(line.t, line.step) for line in rec.steps[replica]])
+def _effective_seconds(rec: Recorder, replica: str, lines: list[StepLine]) -> float:
+    """Seconds this replica spent training the steps ``lines`` it committed one after the other."""
+    marks = sorted([(s.t, s.start_step) for s in rec.starts[replica]] + [(line.t, line.step) for line in lines])
     return sum(t - t_prev for (t_prev, step_prev), (t, step) in pairwise(marks) if step == step_prev + 1)
+
+
+def _restore(rec: Recorder, failure: Failure | None) -> StatusSample | None:
+    """kill-all: the first status showing the coordinator's restore after the kill."""
+    if failure is None or failure.mode != "kill-all":
+        return None
+    return next((s for s in rec.samples if s.t >= failure.t and s.restored_step
+                 and s.restore_unix_ms >= int(failure.wall * 1000)), None)
+
+
+def _restart(rec: Recorder, replica: str, failure: Failure) -> RankStart | None:
+    """The replica's first training process started after the failure."""
+    return next((s for s in rec.starts[replica] if s.t > failure.t), None)
+
+
+def _kept_and_redone(rec: Recorder, failure: Failure | None) -> tuple[dict[str, list[StepLine]], list[StepLine]]:
+    """Each replica's committed steps that count, and (kill-all, once restored)
+    those lost with the state: committed after the restored checkpoint by the
+    processes that were killed, and trained again after the restore."""
+    restore = _restore(rec, failure)
+    if restore is None or failure is None:
+        return {r: list(lines) for r, lines in rec.steps.items()}, []
+    kept: dict[str, list[StepLine]] = {}
+    redone: list[StepLine] = []
+    for replica, lines in rec.steps.items():
+        restart = _restart(rec, replica, failure)
+        before = restart.t if restart else float("inf")
+        kept[replica] = [line for line in lines if not (line.t < before and line.step > restore.restored_step)]
+        redone += [line for line in lines if line.t < before and line.step > restore.restored_step]
+    return kept, redone
+
+
+def _contributors(lines: list[StepLine]) -> dict[int, int]:
+    """Per step, the replicas that contributed a gradient to it (the most any line reports)."""
+    out: dict[int, int] = {}
+    for line in lines:
+        out[line.step] = max(out.get(line.step, 0), line.contributors)
+    return out
 
 
 def summarize(rec: Recorder, failure: Failure | None, replicas: int, steps: int) -> dict:
@@ -60,20 +110,19 @@ def summarize(rec: Recorder, failure: Failure | None, replicas: int, steps: int)
     out["final_steps"] = {r: rec.done.get(r) for r in rec.replica_ids}
     out["all_reached_final_step"] = all(rec.done.get(r) == steps for r in rec.replica_ids)
 
-    contributors: dict[int, int] = {}
-    for lines in rec.steps.values():
-        for line in lines:
-            contributors[line.step] = max(contributors.get(line.step, 0), line.contributors)
+    kept, redone = _kept_and_redone(rec, failure)
+    contributors = _contributors([line for lines in kept.values() for line in lines])
     trained = sum(contributors.get(s, 0) for s in range(1, steps + 1))
     out["replica_steps_total"] = replicas * steps
     out["replica_steps_trained"] = trained
     out["steps_lost"] = replicas * steps - trained
+    out["replica_steps_redone"] = sum(_contributors(redone).values())
 
     starts = [s.t for ss in rec.starts.values() for s in ss]
     ends = [lines[-1].t for lines in rec.steps.values() if lines]
     window = (max(ends) - min(starts)) if starts and ends else 0.0
     out["training_wall_s"] = round(window, 3)
-    effective = sum(_effective_seconds(rec, r) for r in rec.replica_ids)
+    effective = sum(_effective_seconds(rec, r, kept[r]) for r in rec.replica_ids)
     out["effective_training_time"] = round(effective / (replicas * window), 4) if window > 0 else 0.0
 
     quorums: list[dict] = []
@@ -82,8 +131,67 @@ def summarize(rec: Recorder, failure: Failure | None, replicas: int, steps: int)
             quorums.append({"id": sample.quorum_id, "members": list(sample.members), "reason": sample.quorum_reason,
                             "t": round(_quorum_time(sample, rec.wall_offset) - rec.started, 3)})
     out["quorum_history"] = quorums
-    out["failure"] = None if failure is None else _failure_figures(rec, failure)
+    if failure is None:
+        out["failure"] = None
+    elif failure.mode == "kill-all":
+        out["failure"] = _restore_figures(rec, failure, kept, redone)
+    else:
+        out["failure"] = _failure_figures(rec, failure)
     return out
+
+
+def _median_step(rec: Recorder, replicas: list[str], failure: Failure) -> float | None:
+    """The median time between two committed steps of ``replicas``, leaving out the gaps around the failure."""
+    intervals = [line.t - prev.t for r in replicas for prev, line in pairwise(rec.steps[r])
+                 if line.step == prev.step + 1 and not prev.t <= failure.t <= line.t]
+    return round(statistics.median(intervals), 3) if intervals else None
+
+
+def _restore_figures(rec: Recorder, failure: Failure, kept: dict[str, list[StepLine]],
+                     redone: list[StepLine]) -> dict:
+    """kill-all: every replica killed at once; the checkpoint restored, and how
+    long until every replica was in one quorum and trained again."""
+    ids = list(rec.replica_ids)
+    fig: dict = {"replica": "all", "replicas": ids, "mode": failure.mode, "step": failure.step,
+                 "pid": failure.pid, "pids": dict(failure.pids), "quorum_before": failure.quorum_before}
+    restore = _restore(rec, failure)
+    fig["restored"] = restore is not None
+    fig["restored_step"] = restore.restored_step if restore else None
+    fig["checkpoint_path"] = restore.restored_path if restore else ""
+    fig["lost_step"] = restore.lost_step if restore else None
+    # The coordinator's lost step is the newest it had heard of (heartbeats lag a step or so);
+    # the replicas' own lines say which steps they committed before they were killed.
+    last = max([failure.step] + [line.step for line in redone])
+    fig["last_step_committed"] = max(last, restore.lost_step) if restore else last
+    fig["committed_steps_lost"] = fig["last_step_committed"] - restore.restored_step if restore else None
+    fig["requested_by"] = restore.restore_requested_by if restore else ""
+    fig["time_to_restore_s"] = round(restore.restore_unix_ms / 1000 - failure.wall, 3) if restore else None
+
+    restarts = {r: start for r in ids if (start := _restart(rec, r, failure))}
+    fig["restarted"] = len(restarts) == len(ids)
+    counts = {r: max((s.replicas[r].restart_count for s in rec.samples if s.t >= failure.t and r in s.replicas),
+                     default=0) for r in ids}
+    fig["restart_counts"] = counts
+    fig["restart_count"] = min(counts.values(), default=0)
+    restored = restore.restored_step if restore else None
+    fig["loaded_checkpoint"] = [r for r, s in restarts.items() if not s.catch_up and s.start_step == restored]
+    fig["caught_up_from"] = {r: (s.catch_up or {}).get("source", "") for r, s in restarts.items() if s.catch_up}
+
+    back = next((s for s in rec.samples if restore and s.t >= restore.t and s.quorum_id > failure.quorum_before
+                 and set(s.members) == set(ids)), None)
+    fig["quorum_rejoined"] = back.quorum_id if back else None
+    fig["quorum_rejoined_step"] = back.quorum_step if back else None
+    fig["time_to_rejoin_quorum_s"] = round(_quorum_time(back, rec.wall_offset) - failure.t, 3) if back else None
+    fig["rejoin_reason"] = back.quorum_reason if back else ""
+    # Recovered: a step committed after the restore with every replica's gradient in it.
+    together = [line for r, start in restarts.items() for line in kept[r]
+                if line.t > start.t and line.contributors >= len(ids)]
+    first = min((line.step for line in together), default=None) if back and fig["restarted"] else None
+    commits = [line.t for line in together if line.step == first]
+    fig["first_step_trained_again"] = first
+    fig["time_to_recover_s"] = round(max(commits) - failure.t, 3) if first is not None and commits else None
+    fig["median_step_s"] = _median_step(rec, ids, failure)
+    return fig
 
 
 def _failure_figures(rec: Recorder, failure: Failure) -> dict:
@@ -143,6 +251,7 @@ HOW = {
     "kill": "killed (SIGKILL)",
     "hang": "hung (SIGSTOP, later SIGKILLed)",
     "deadlock": "deadlocked (its training loop blocked after the backward pass, process and heartbeats alive)",
+    "kill-all": "killed (SIGKILL), every replica at once",
 }
 
 
@@ -154,7 +263,9 @@ def summary_text(s: dict, out_dir: str) -> str:
     """The summary printed at the end of the demo."""
     lines = ["", f"Summary (JSON: {out_dir}/summary.json, report: {out_dir}/demo.png, logs: {out_dir}/logs/)"]
     f = s["failure"]
-    if f:
+    if f and f["mode"] == "kill-all":
+        lines += _restore_text(f)
+    elif f:
         how = HOW.get(f["mode"], f["mode"])
         if f["detected"]:
             taken = " as hung" if f["mode"] == "deadlock" else ""
@@ -191,6 +302,44 @@ def summary_text(s: dict, out_dir: str) -> str:
         lines.append("  final steps: " + ", ".join(f"{r} {v if v is not None else '-'}" for r, v in finals.items()))
     lines.append(f"  effective training time: {100 * s['effective_training_time']:.1f}% of "
                  f"{s['replicas']} x {s['training_wall_s']:.1f} replica-seconds trained committed steps")
-    lines.append(f"  steps lost: {s['steps_lost']} of {s['replica_steps_total']} replica-steps never trained "
-                 "(batches the failed replica missed while out; no committed step was redone)")
+    if f and f["mode"] == "kill-all":
+        redone = s.get("replica_steps_redone", 0)
+        lines.append(f"  steps lost: {s['steps_lost']} of {s['replica_steps_total']} replica-steps never trained; "
+                     f"{redone} replica-steps redone (committed after the checkpoint, lost with the state and "
+                     "trained again: counted once, their first training as lost time)")
+    else:
+        lines.append(f"  steps lost: {s['steps_lost']} of {s['replica_steps_total']} replica-steps never trained "
+                     "(batches the failed replica missed while out; no committed step was redone)")
     return "\n".join(lines)
+
+
+def _restore_text(f: dict) -> list[str]:
+    """kill-all: the kill, the restore, the quorum of every replica, training again."""
+    who = ", ".join(f"{r} pid {pid}" for r, pid in f["pids"].items())
+    lines = [f"  every replica's training process was SIGKILLed at once after step {f['step']} ({who})"]
+    if not f["restored"]:
+        lines.append("  the coordinator did not restore a checkpoint")
+        return lines
+    lost = f["committed_steps_lost"]
+    which = f": {f['restored_step'] + 1}-{f['last_step_committed']}" if lost > 0 else ""
+    by = "automatically" if f["requested_by"] in ("", "automatic") else f"as {f['requested_by']} asked"
+    lines.append(f"  the coordinator restored the checkpoint of step {f['restored_step']} {by}, "
+                 f"{f['time_to_restore_s']:.1f} s after the kill: {lost} committed step{'s' if lost != 1 else ''} "
+                 f"lost{which}")
+    if f["restarted"]:
+        loaded = f["loaded_checkpoint"]
+        how = [f"{', '.join(loaded)} loaded the checkpoint"] if loaded else []
+        how += [f"{r} caught up from {src or 'a peer'}" for r, src in f["caught_up_from"].items()]
+        lines.append(f"  their agents restarted them; {'; '.join(how)}")
+    else:
+        lines.append("  not every replica was restarted")
+    if f["quorum_rejoined"] is not None:
+        lines.append(f"  every replica in one quorum again {f['time_to_rejoin_quorum_s']:.1f} s after the kill "
+                     f"(quorum {f['quorum_rejoined']}, at step {f['quorum_rejoined_step']})")
+    if f["time_to_recover_s"] is not None:
+        lines.append(f"  training again from step {f['first_step_trained_again']}: time to recover "
+                     f"{f['time_to_recover_s']:.1f} s" + (f"; median step {f['median_step_s']:.2f} s"
+                                                           if f["median_step_s"] is not None else ""))
+    else:
+        lines.append("  the replicas did not train together again")
+    return lines
