@@ -112,7 +112,12 @@ def test_a_corrupt_checkpoint_is_refused_and_the_one_before_restored(cluster, tm
 
 def test_plain_dcp_reads_a_checkpoint_the_replicas_wrote(cluster, tmp_path):
     """What the replicas wrote between them is one ordinary DCP checkpoint:
-    torch's own converter reads every tensor, equal to fthsdp's restore."""
+    torch's own converter reads every tensor, equal to fthsdp's restore.
+
+    The checkpoints here are timed (``--checkpoint-every 1s``): each
+    replica's clock is its own, and the members still save at one step
+    boundary (every checkpoint recorded has a share from each of the three,
+    and none was left incomplete)."""
     import warnings
 
     import torch
@@ -123,11 +128,14 @@ def test_plain_dcp_reads_a_checkpoint_the_replicas_wrote(cluster, tmp_path):
 
     coordinator, _, worker = cluster
     c = coordinator("--min-replicas", "2")
-    env = checkpointing(tmp_path / "ckpt")
+    env = {**checkpointing(tmp_path / "ckpt"), "FTHSDP_CHECKPOINT_EVERY": "1s"}
     for i in range(3):
         worker(c, i, 3, env=env, name=f"r{i}")
-    wait_until(lambda: recorded_steps(c) >= EVERY, 60, message="a checkpoint recorded")
+    wait_until(lambda: recorded_steps(c) > 0, 60, message="a checkpoint recorded")
+    first = recorded_steps(c)
+    wait_until(lambda: recorded_steps(c) > first, 60, message="a second timed checkpoint recorded")
     record = status(c).checkpoint
+    assert record.shares == 3
     folder = Path(record.path)
     out = tmp_path / "converted.pt"
     with warnings.catch_warnings():
@@ -141,6 +149,8 @@ def test_plain_dcp_reads_a_checkpoint_the_replicas_wrote(cluster, tmp_path):
     restored = load(folder, theirs, rank=0, current={"model": {}, "optimizer": {}, "extra": {}, "rng": {}})
     for name, tensor in converted["model"].items():
         assert torch.equal(restored["model"][name], tensor), name
+    logs = "".join((tmp_path / f"worker-r{i}.log").read_text() for i in range(3))
+    assert "incomplete" not in logs and "skipped" not in logs
 
 
 def test_a_fresh_job_started_with_resume_goes_on_from_the_newest_checkpoint(cluster, tmp_path):

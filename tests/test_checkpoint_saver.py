@@ -14,6 +14,7 @@ from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint import saver as saver_module
 from fthsdp.agent.training.checkpoint.saver import Saver
 from fthsdp.agent.training.checkpoint.share import ShareSpec
+from fthsdp.core.every import Every
 from tests.waiting import wait_until
 
 JOB = "job"
@@ -42,12 +43,25 @@ def sealed_steps(root) -> list[int]:
             if (layout.step_folder(root, JOB, s) / layout.CHECKPOINT_RECORD).exists()]
 
 
+def test_a_timed_interval_asks_once_the_time_since_the_last_save_has_passed(tmp_path):
+    saver = Saver(tmp_path, JOB, every=Every(seconds=60), keep=2, seal_timeout=10, on_sealed=lambda s: None,
+                  now=100.0)
+    assert not saver.due(60)  # no step is a checkpoint step by count
+    assert [saver.clock_ran_out(t) for t in (100.0, 159.9, 160.0)] == [False, False, True]
+    assert saver.save(capture(), spec(7), "", now=170.0)  # the members agreed on step 7, late for this one
+    assert not saver.clock_ran_out(229.9) and saver.clock_ran_out(230.0)
+    saver.close(10)
+    by_count = Saver(tmp_path, JOB, every=Every(steps=10), keep=2, seal_timeout=10, on_sealed=lambda s: None,
+                     now=0.0)
+    assert not by_count.clock_ran_out(1e9)
+
+
 def test_only_the_newest_complete_checkpoints_are_kept(tmp_path):
     sealed = []
-    saver = Saver(tmp_path, JOB, every=10, keep=2, seal_timeout=10, on_sealed=sealed.append)
+    saver = Saver(tmp_path, JOB, every=Every(steps=10), keep=2, seal_timeout=10, on_sealed=sealed.append, now=0.0)
     assert [saver.due(s) for s in (0, 5, 10, 20)] == [False, False, True, True]
     for step in (10, 20, 30):
-        assert saver.save(capture(), spec(step), "")
+        assert saver.save(capture(), spec(step), "", now=0.0)
         saver.close(30)
     assert [s.step for s in sealed] == [10, 20, 30]
     assert sealed_steps(tmp_path) == [20, 30]
@@ -55,7 +69,7 @@ def test_only_the_newest_complete_checkpoints_are_kept(tmp_path):
 
 def test_a_failed_write_is_one_error_line_and_the_next_checkpoint_is_tried(tmp_path, monkeypatch, caplog):
     sealed = []
-    saver = Saver(tmp_path, JOB, every=10, keep=3, seal_timeout=10, on_sealed=sealed.append)
+    saver = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=10, on_sealed=sealed.append, now=0.0)
     real = saver_module.write
 
     def full_disk(staged, folder, checksum=""):
@@ -63,14 +77,14 @@ def test_a_failed_write_is_one_error_line_and_the_next_checkpoint_is_tried(tmp_p
 
     monkeypatch.setattr(saver_module, "write", full_disk)
     with caplog.at_level(logging.ERROR, "fthsdp.agent.checkpoint"):
-        assert saver.save(capture(), spec(10), "")
+        assert saver.save(capture(), spec(10), "", now=0.0)
         saver.close(30)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == ["checkpoint of step 10: this replica's share was not written ([Errno 28] No space left on "
                       "device); the checkpoint stays incomplete and is never used"]
     assert sealed == [] and sealed_steps(tmp_path) == []
     monkeypatch.setattr(saver_module, "write", real)
-    assert saver.save(capture(), spec(20), "")
+    assert saver.save(capture(), spec(20), "", now=0.0)
     saver.close(30)
     assert [s.step for s in sealed] == [20]
 
@@ -85,10 +99,10 @@ def test_a_save_while_the_last_one_still_writes_is_skipped_not_waited_for(tmp_pa
 
     monkeypatch.setattr(saver_module, "write", slow)
     sealed = []
-    saver = Saver(tmp_path, JOB, every=10, keep=3, seal_timeout=10, on_sealed=sealed.append)
-    assert saver.save(capture(), spec(10), "")
+    saver = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=10, on_sealed=sealed.append, now=0.0)
+    assert saver.save(capture(), spec(10), "", now=0.0)
     with caplog.at_level(logging.WARNING, "fthsdp.agent.checkpoint"):
-        assert not saver.save(capture(), spec(20), "")
+        assert not saver.save(capture(), spec(20), "", now=0.0)
     assert "checkpoint of step 20 skipped: the one before is still being written" in caplog.text
     release.set()
     saver.close(30)
@@ -97,13 +111,13 @@ def test_a_save_while_the_last_one_still_writes_is_skipped_not_waited_for(tmp_pa
 
 def test_a_seal_waiting_for_a_lost_members_share_gives_up_at_the_next_checkpoint(tmp_path, caplog):
     sealed = []
-    saver = Saver(tmp_path, JOB, every=10, keep=3, seal_timeout=600, on_sealed=sealed.append)
+    saver = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=600, on_sealed=sealed.append, now=0.0)
     two = ShareSpec(JOB, 10, 99, 1, 0, 2, 0, 1)  # share 0 of 2: share 1's member was lost
-    assert saver.save(capture(), two, "")
+    assert saver.save(capture(), two, "", now=0.0)
     folder = layout.step_folder(tmp_path, JOB, 10)
     wait_until(lambda: (folder / "share-0-rank-0" / layout.SHARE_RECORD).exists(), 30, message="share 0 written")
     with caplog.at_level(logging.WARNING, "fthsdp.agent.checkpoint"):
-        assert saver.save(capture(), spec(20), "")  # does not wait the seal timeout
+        assert saver.save(capture(), spec(20), "", now=0.0)  # does not wait the seal timeout
         saver.close(30)
     assert "checkpoint of step 10 is incomplete: share-1-rank-0 not written" in caplog.text
     assert [s.step for s in sealed] == [20]

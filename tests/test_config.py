@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from fthsdp.agent.node.config import config_from_args
+from fthsdp.agent.training.manager_config import ManagerConfig
 from fthsdp.cli.main import build_parser, coordinator_config
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.errors import ConfigError
+from fthsdp.core.every import Every, parse_every
 from fthsdp.core.settings import field_docs, parse_duration, reference_markdown
 
 
@@ -49,6 +52,36 @@ def test_booleans():
 ])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text, every", [
+    ("500", Every(steps=500)), (" 0 ", Every()), (7, Every(steps=7)), ("90s", Every(seconds=90.0)),
+    ("30m", Every(seconds=1800.0)), ("1.5h", Every(seconds=5400.0)), ("0.5s", Every(seconds=0.5)),
+])
+def test_intervals_are_steps_or_a_time(text, every):
+    assert parse_every(text) == every
+    assert parse_every(str(every)) == every  # the form passed to the ranks reads back the same
+
+
+@pytest.mark.parametrize("text", ["-5", "5ms", "1.5", "ten", "", "5 steps", True, -1])
+def test_a_bad_interval_is_one_clear_error(text):
+    with pytest.raises(ConfigError, match="checkpoint-every"):
+        parse_every(text, "--checkpoint-every")
+
+
+def agent_config(argv):
+    return config_from_args(build_parser().parse_args(["agent", "--replica-id", "r0", *argv, "--", "x"]), {})[0]
+
+
+def test_checkpoint_every_reaches_the_ranks_as_the_agent_read_it(tmp_path):
+    config = agent_config(["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "30m"])
+    assert config.checkpoint_every == Every(seconds=1800.0)
+    env = {"FTHSDP_COORDINATOR": "127.0.0.1:1", "FTHSDP_REPLICA_ID": "r0", "FTHSDP_CHECKPOINT_DIR": str(tmp_path),
+           "FTHSDP_CHECKPOINT_EVERY": str(config.checkpoint_every)}
+    assert ManagerConfig.from_env(env).checkpoint_every == Every(seconds=1800.0)
+    assert ManagerConfig.from_env(env, checkpoint_every=40).checkpoint_every == Every(steps=40)
+    with pytest.raises(ConfigError, match="need --checkpoint-dir"):
+        agent_config(["--checkpoint-every", "500"])
 
 
 def test_every_field_is_documented():

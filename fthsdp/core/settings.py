@@ -23,10 +23,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from fthsdp.core.errors import ConfigError
+from fthsdp.core.every import parse_every
 
 ENV_PREFIX = "FTHSDP_"
 DURATION = {"kind": "duration"}
 """Field metadata marking a float of seconds that also accepts '500ms', '5s', '2m'."""
+EVERY = {"kind": "every"}
+"""Field metadata marking an ``Every``: a number of steps ('500') or a time ('30m'); fthsdp/core/every.py."""
 LIST = {"kind": "list"}
 """Field metadata marking a tuple of strings given as a repeatable flag or a comma list."""
 
@@ -136,6 +139,8 @@ def _convert(value: Any, kind: str, name: str) -> Any:
     try:
         if kind == "duration":
             return parse_duration(value, name)
+        if kind == "every":
+            return parse_every(value, name)
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -208,6 +213,7 @@ def reference_markdown(cls: type, section: str) -> str:
 
 __all__ = [
     "DURATION",
+    "EVERY",
     "LIST",
     "add_flags",
     "field_docs",

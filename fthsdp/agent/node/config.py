@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from fthsdp.core.checkpoint_dir import check_checkpoint_dir
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
+from fthsdp.core.every import Every
 from fthsdp.core.log_format import check_log_format
 from fthsdp.core.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
-from fthsdp.core.settings import DURATION, load_toml, resolve
+from fthsdp.core.settings import DURATION, EVERY, load_toml, resolve
 
 BACKENDS = ("gloo", "nccl")
 MAX_BACKOFF = 30.0
@@ -119,9 +120,10 @@ class AgentConfig:
     """Folder for durable checkpoints of the committed state, on a filesystem every node of the job shares (passed to
     the ranks as FTHSDP_CHECKPOINT_DIR); each replica writes 1/R of each checkpoint. Empty: no checkpoints."""
 
-    checkpoint_every: int = 0
-    """Save a checkpoint at every step that is a multiple of this (all members at once, in the background; 0: never).
-    Needs --checkpoint-dir."""
+    checkpoint_every: Every = dataclasses.field(default=Every(), metadata=EVERY)
+    """How often to save a checkpoint, all members at the same step boundary, in the background: a number of steps
+    (500: at every multiple of 500) or a time (30m, 90s, 2h: at the first boundary after that long since the last
+    one); 0: never. Needs --checkpoint-dir."""
 
     checkpoint_keep: int = 3
     """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
@@ -206,9 +208,9 @@ class AgentConfig:
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
         check_log_format(self.log_format)
-        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
-            raise ConfigError("--checkpoint-every must not be negative and --checkpoint-keep must be at least 1")
-        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+        if self.checkpoint_keep < 1:
+            raise ConfigError("--checkpoint-keep must be at least 1")
+        if (not self.checkpoint_every.never or self.resume) and not self.checkpoint_dir:
             raise ConfigError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.checkpoint_dir:
             check_checkpoint_dir(self.checkpoint_dir, "--checkpoint-dir")

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar_decisions import (
+    CHECKPOINT_SLOT,
     CONTROL_SLOTS,
     IN_PHASE,
     JOIN_IN_PHASE,
@@ -84,6 +85,11 @@ class StepResult:
     step: int = -1
     """The step this sum belongs to (a joiner that closed a gap is further on
     than the step it asked for)."""
+    checkpoint: bool = False
+    """Some member asked for a checkpoint at this step's boundary (CHECKPOINT_SLOT).
+    False when the sum was taken from a peer after a failure: that checkpoint
+    then lacks this member's share and is never used (as when a member dies
+    mid-save), and the next one is taken on time."""
 
 
 
@@ -178,6 +184,7 @@ class FTAR:
         control_slots: bool = False,
         idle: Callable[[], None] | None = None,
         first_only: tuple[int, int] | None = None,
+        checkpoint: bool = False,
     ) -> Generator[Request, int | None, StepResult]:
         """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
         A generator: it yields what this replica must do before it can go on
@@ -195,6 +202,9 @@ class FTAR:
         The ranks of a multi-rank replica group must propose the same.
         ``control_slots``: ``buffer`` (and every ``refill``) ends in
         CONTROL_SLOTS spare elements that carry it; the result excludes them.
+        ``checkpoint``: this member asks for a checkpoint at this step's
+        boundary (with ``control_slots`` only); the result's ``checkpoint``
+        says whether any member asked.
 
         The data all-reduce runs in place in ``buffer`` (no copy on the fast
         path); a redo needs the local values again in a *fresh* tensor, since
@@ -240,7 +250,9 @@ class FTAR:
                 p = self.growth_ready() if proposal is None else proposal
                 if slots:
                     d = p - group.quorum_id if 0 < p - group.quorum_id <= MAX_SLOT_PROPOSAL else 0
-                    buf[numel:] = torch.tensor([d, d * d], dtype=buf.dtype)
+                    buf[numel : numel + 2] = torch.tensor([d, d * d], dtype=buf.dtype)
+                if control_slots:
+                    buf[numel + CHECKPOINT_SLOT] = 1.0 if checkpoint and contributes else 0.0
                 if first_only is not None and group.rank != self._first_contributor:
                     buf[first_only[0] : first_only[1]].zero_()
                 work = self._start(group, buf, dist.ReduceOp.SUM)
@@ -260,7 +272,9 @@ class FTAR:
                         assert control is not None  # started above when the proposal has no slots
                         self._controls.append(control)
                     total = buf[:numel] if control_slots else buf
-                    result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step)
+                    wanted = control_slots and float(buf[numel + CHECKPOINT_SLOT]) > 0
+                    result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step,
+                                                     wanted)
                     self._last_step = step
                 else:
                     self.groups.retire(group)
@@ -383,7 +397,7 @@ class FTAR:
 
     def _switch_from_slots(self, group: _Group, summed: torch.Tensor) -> None:
         """The proposals carried in the data all-reduce (see CONTROL_SLOTS)."""
-        total, squares = (int(round(float(x))) for x in summed)
+        total, squares = (int(round(float(x))) for x in summed[:2])
         self.groups.agree_switch(slot_switch(group.quorum_id, group.size, total, squares))
 
     def _start_control(self, group: _Group, p: int):

@@ -17,15 +17,25 @@ from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 # ----- growth: the agreed switch --------------------------------------------------------
 
-CONTROL_SLOTS = 2
+CONTROL_SLOTS = 3
 """Spare elements at the end of a gradient buffer (``allreduce(...,
-control_slots=True)``) that carry this member's switch proposal inside the
-data all-reduce, at no cost: d and d*d, d being the proposed quorum id minus
-the group's (0: none). Every member proposed the same d > 0 exactly when
-(sum d)^2 == n * sum d^2 (Cauchy-Schwarz), exact in float32 for d <= 15 and
-up to 74,000 members. Other dtypes, or no spare elements: a separate small
-all-reduce carries the proposal."""
+control_slots=True)``) that carry control values inside the data
+all-reduce, at no cost.
+
+The first two carry this member's switch proposal: d and d*d, d being the
+proposed quorum id minus the group's (0: none). Every member proposed the
+same d > 0 exactly when (sum d)^2 == n * sum d^2 (Cauchy-Schwarz), exact in
+float32 for d <= 15 and up to 74,000 members. Other dtypes, or no spare
+elements: a separate small all-reduce carries the proposal.
+
+The third is CHECKPOINT_SLOT."""
 MAX_SLOT_PROPOSAL = 15
+CHECKPOINT_SLOT = 2
+"""1 from a member that asks for a checkpoint at this step's boundary (its
+``--checkpoint-every 30m`` clock ran out), else 0. The sum is positive
+exactly when some member asked, in any dtype (a sum of non-negative values
+with a 1 in it does not round to 0), so every member that completes the
+all-reduce reads the same answer at the same step."""
 
 
 def is_growth(group_quorum_id: int, quorum: pb.Quorum | None) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 from fthsdp.core.checkpoint_dir import check_checkpoint_dir
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
+from fthsdp.core.every import Every, parse_every
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +93,10 @@ class ManagerConfig:
     agent --checkpoint-dir`): a folder every replica of the job can read
     and write; "": no checkpoints (fthsdp/agent/training/checkpoint/)."""
 
-    checkpoint_every: int = 0
-    """Save at every step that is a multiple of this (0: never)."""
+    checkpoint_every: Every = Every()
+    """How often to save (FTHSDP_CHECKPOINT_EVERY): every N steps or every
+    T of wall-clock time (fthsdp/core/every.py); an int or a string such as
+    "30m" is read as ``parse_every`` reads it. Never by default."""
 
     checkpoint_keep: int = 3
     """Complete checkpoints kept; older ones are deleted."""
@@ -134,9 +137,11 @@ class ManagerConfig:
             raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
         if self.catch_up_max_rate < 0 or self.catch_up_log_steps < 1 or self.catch_up_log_bytes < 0:
             raise ConfigError("catch-up settings: the rate and log bytes must be >= 0, the log steps >= 1")
-        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
-            raise ConfigError("FTHSDP_CHECKPOINT_EVERY must be >= 0 and FTHSDP_CHECKPOINT_KEEP >= 1")
-        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+        if not isinstance(self.checkpoint_every, Every):  # 500 or "30m" given in code
+            object.__setattr__(self, "checkpoint_every", parse_every(self.checkpoint_every, "checkpoint_every"))
+        if self.checkpoint_keep < 1:
+            raise ConfigError("FTHSDP_CHECKPOINT_KEEP must be >= 1")
+        if (not self.checkpoint_every.never or self.resume) and not self.checkpoint_dir:
             raise ConfigError("FTHSDP_CHECKPOINT_EVERY and FTHSDP_RESUME need FTHSDP_CHECKPOINT_DIR")
         if self.checkpoint_dir:
             check_checkpoint_dir(self.checkpoint_dir, "FTHSDP_CHECKPOINT_DIR")
@@ -174,7 +179,7 @@ class ManagerConfig:
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
                 checkpoint_dir=get("CHECKPOINT_DIR", ""),
-                checkpoint_every=int(get("CHECKPOINT_EVERY", "0")),
+                checkpoint_every=parse_every(get("CHECKPOINT_EVERY", "0"), "FTHSDP_CHECKPOINT_EVERY"),
                 checkpoint_keep=int(get("CHECKPOINT_KEEP", "3")),
                 resume=_flag(get("RESUME", "0"), "FTHSDP_RESUME"),
                 restart_count=int(get("RESTART_COUNT", "0")),

@@ -99,10 +99,10 @@ class ReplicaStep:
         """Ranks of a multi-rank group: learns that the coordinator took the group out."""
         self._saver: Saver | None = None
         """Periodic checkpoints (fthsdp/agent/training/checkpoint/saver.py); None: none configured."""
-        if config.checkpoint_dir and config.checkpoint_every:
+        if config.checkpoint_dir and not config.checkpoint_every.never:
             self._saver = Saver(Path(config.checkpoint_dir).resolve(), config.job, every=config.checkpoint_every,
                                 keep=config.checkpoint_keep, seal_timeout=max(60.0, config.timeout),
-                                on_sealed=self._sealed)
+                                on_sealed=self._sealed, now=time.monotonic())
         # A script that ends by an exception exits promptly too.
         atexit.register(lambda: self._ftar.groups.release(self._link.store))
         if config.resume:
@@ -209,6 +209,7 @@ class ReplicaStep:
                 step, buffer.flatten(), self._structure, refill=buffer.flatten, contributes=contributes,
                 proposal=proposal, control_slots=True, idle=self._gap.while_waiting, serve=self._serve,
                 first_only=buffer.first_only,
+                checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
             )
         except Evicted as e:
             ending = ending_for_eviction(self._link.drain_requested())
@@ -253,7 +254,19 @@ class ReplicaStep:
         periodic = bool(every) and step % every == 0
         inputs = self._inputs
         assert inputs is not None  # recorded by the step's all-reduce
-        checkpoint = self._saver is not None and self._saver.due(step)
+        # Every rank of the group must stop, snapshot, save a checkpoint, or
+        # propose a switch to a growth quorum at the same step boundary (the
+        # ranks' proposals must be equal, so that every shard's group switches
+        # at one step). A timed checkpoint: each rank's FTAR tells whether a
+        # member of its shard's group asked; the max over the ranks is then
+        # the same in every replica.
+        proposal = self._ftar.growth_ready()
+        by_count = self._saver is not None and self._saver.due(step)
+        drain, snapshot, top, neg_bottom, checkpoint = group.max(
+            int(self._link.drain_requested()), int(self._source.wanted), proposal, -proposal,
+            int(by_count or last.checkpoint))
+        self._proposal = top if top == -neg_bottom else 0
+        checkpoint = checkpoint and self._saver is not None
         parts = self._replayer.part_checksums(group) if periodic or self._checksum_wanted or checkpoint else {}
         checksum = combine_hex(parts) if parts else ""
         if periodic:
@@ -264,13 +277,6 @@ class ReplicaStep:
             inputs, last.total, last.contributors, last.quorum_id, checksum,
             json.dumps(parts, separators=(",", ":")) if parts else "",
         )
-        # Every rank of the group must stop, snapshot, or propose a switch to
-        # a growth quorum at the same step boundary (the ranks' proposals
-        # must be equal, so that every shard's group switches at one step).
-        proposal = self._ftar.growth_ready()
-        drain, snapshot, top, neg_bottom = group.max(int(self._link.drain_requested()), int(self._source.wanted),
-                                                     proposal, -proposal)
-        self._proposal = top if top == -neg_bottom else 0
         if snapshot:
             with self._clock.section("snapshot", None):
                 self._source.take(step, self._state.capture())
@@ -296,7 +302,7 @@ class ReplicaStep:
         spec = ShareSpec(self.config.job, step, self._structure, quorum_id, place.index, place.count,
                          self.config.shard_rank, self.config.shard_count)
         with self._clock.section("checkpoint staging", None):
-            self._saver.save(self._state.capture(), spec, checksum)
+            self._saver.save(self._state.capture(), spec, checksum, now=time.monotonic())
 
     def _sealed(self, sealed: Sealed) -> None:
         """The saver's thread: a checkpoint this replica sealed is complete; the coordinator hears of it."""

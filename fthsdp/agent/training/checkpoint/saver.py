@@ -1,7 +1,9 @@
 """Periodic checkpoints of the committed state, written in the background.
 
-At a step boundary that is a checkpoint step (a multiple of
-``checkpoint_every``, the same on every member), each member's training
+At a step boundary that is a checkpoint step, the same on every member (a
+multiple of ``--checkpoint-every N``; or, for ``--checkpoint-every 30m``,
+the boundary of the first step in whose all-reduce some member said its
+clock ran out: FTAR's CHECKPOINT_SLOT), each member's training
 thread stages its share (a host copy of about 1/R of the state, R the
 members that committed the step) and hands it to this saver's thread,
 which writes it while training goes on. Rank 0 of the member with share
@@ -29,6 +31,7 @@ from pathlib import Path
 from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, Sealed, missing_shares, seal
 from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
+from fthsdp.core.every import Every
 
 log = logging.getLogger("fthsdp.agent.checkpoint")
 
@@ -37,13 +40,15 @@ SEAL_POLL = 0.05
 
 
 class Saver:
-    def __init__(self, root: Path, job: str, *, every: int, keep: int, seal_timeout: float,
-                 on_sealed: Callable[[Sealed], None]) -> None:
+    def __init__(self, root: Path, job: str, *, every: Every, keep: int, seal_timeout: float,
+                 on_sealed: Callable[[Sealed], None], now: float) -> None:
         """``seal_timeout``: how long the sealer waits for the other shares
         (a member lost mid-save leaves its share unwritten: the checkpoint
         is then incomplete)."""
         self.root, self.job = root, job
         self.every, self.keep = every, keep
+        self._since = now
+        """When this member last saved (or started): the clock of ``--checkpoint-every 30m``."""
         self.seal_timeout = seal_timeout
         self._on_sealed = on_sealed
         self._thread: threading.Thread | None = None
@@ -55,15 +60,25 @@ class Saver:
         self.last_sealed: Sealed | None = None
 
     def due(self, step: int) -> bool:
-        """Whether the boundary after ``step - 1`` (the state at ``step``) is a checkpoint step."""
-        return self.every > 0 and step > 0 and step % self.every == 0
+        """Whether the boundary after ``step - 1`` (the state at ``step``) is a
+        checkpoint step by count (``--checkpoint-every N``): every member
+        computes the same alone."""
+        return self.every.steps > 0 and step > 0 and step % self.every.steps == 0
 
-    def save(self, capture: dict, spec: ShareSpec, state_checksum: str) -> bool:
+    def clock_ran_out(self, now: float) -> bool:
+        """Whether this member asks for a checkpoint at the step in progress
+        (``--checkpoint-every T``): T has passed since it last saved. The
+        members agree through the step's all-reduce (any member asking is
+        enough), so they all save at the same boundary."""
+        return self.every.seconds > 0 and now - self._since >= self.every.seconds
+
+    def save(self, capture: dict, spec: ShareSpec, state_checksum: str, now: float) -> bool:
         """Stage this rank's share now and write it in the background; False
         if the previous save still writes (this checkpoint is skipped). A
         previous checkpoint still waiting for other shares is given up: one
         that is not complete by the next checkpoint step never will be (a
-        member was lost mid-save)."""
+        member was lost mid-save). ``now`` restarts the clock of a timed interval."""
+        self._since = now
         if self._writing.is_set():
             log.warning("checkpoint of step %d skipped: the one before is still being written (save less often, "
                         "or give the writers faster storage)", spec.step)
