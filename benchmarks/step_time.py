@@ -1,6 +1,7 @@
 """Step time of the example GPT under fthsdp vs under torch DDP, same world size.
 
     python benchmarks/step_time.py [--replicas 2] [--pairs 5] [--steps 40]
+    python benchmarks/step_time.py --model comm-heavy [--replicas 2] [--pairs 5] [--steps 20]
 
 Each run starts N OS processes (one torch thread each, gloo on loopback)
 training fthsdp.examples.gpt for --steps steps; a run's figure is its median step
@@ -9,6 +10,13 @@ the table reports each side's median and the median of the per-pair ratios,
 since this machine's run-to-run spread (about 6%) is larger than the effect.
 fthsdp runs against a real coordinator (embedded store) with the full
 training API with its defaults: FTAR, commit, a state checksum every 10 steps.
+
+``--model comm-heavy``: an MLP whose gradients are 100 MB (six 2048x2048
+layers, float32), on a small batch, so that the all-reduce takes more of the
+step than the computation. Each round then runs three: DDP, fthsdp with its
+all-reduce started bucket by bucket during the backward pass (the default,
+25 MB buckets), and fthsdp with one all-reduce after the backward pass
+(FTHSDP_BUCKET_CAP_MB=0), the overlap's before and after in the same run.
 """
 
 from __future__ import annotations
@@ -28,19 +36,51 @@ sys.path.insert(0, str(ROOT))
 WARMUP = 5
 
 
-def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
+COMM_HEAVY_WIDTH, COMM_HEAVY_LAYERS, COMM_HEAVY_BATCH = 2048, 6, 8
+
+
+class _CommHeavy:
+    """The MLP of ``--model comm-heavy`` and its batches, shaped like the GPT example's."""
+
+    def __init__(self) -> None:
+        import torch
+
+        layers: list[torch.nn.Module] = []
+        for _ in range(COMM_HEAVY_LAYERS):
+            layers += [torch.nn.Linear(COMM_HEAVY_WIDTH, COMM_HEAVY_WIDTH), torch.nn.ReLU()]
+        self.net = torch.nn.Sequential(*layers)
+
+    def batch(self, step: int, rank: int, _size: int):
+        import torch
+
+        g = torch.Generator().manual_seed(step * 1000 + rank)
+        return (torch.randn(COMM_HEAVY_BATCH, COMM_HEAVY_WIDTH, generator=g),
+                torch.randn(COMM_HEAVY_BATCH, COMM_HEAVY_WIDTH, generator=g))
+
+
+def build(model_name: str):
+    """(model, data, forward): forward(model, x, y) returns the loss."""
+    import torch
+
+    torch.manual_seed(0)
+    if model_name == "comm-heavy":
+        heavy = _CommHeavy()
+        return heavy.net, heavy, lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
+    from fthsdp.examples.gpt.data import Dataset, corpus
+    from fthsdp.examples.gpt.model import GPT, GPTConfig
+
+    data = Dataset(corpus(), 128)
+    return GPT(GPTConfig(vocab_size=data.vocab_size)), data, lambda m, x, y: m(x, y)[1]
+
+
+def train(mode: str, rank: int, world: int, init: str, steps: int, model_name: str) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    from fthsdp.examples.gpt.data import Dataset, corpus
-    from fthsdp.examples.gpt.model import GPT, GPTConfig
-
     torch.set_num_threads(1)
-    data = Dataset(corpus(), 128)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=data.vocab_size))
+    model, data, forward = build(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     times = []
     if mode == "ddp":
@@ -50,7 +90,7 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
         for step in range(steps):
             start = time.perf_counter()
             x, y = data.batch(step, rank, 8)
-            _, loss = ddp(x, y)
+            loss = forward(ddp, x, y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -64,7 +104,7 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
         while ft.step < steps:
             start = time.perf_counter()
             x, y = data.batch(ft.step, ft.replica_rank, 8)
-            _, loss = model(x, y)
+            loss = forward(model, x, y)
             loss.backward()
             ft.allreduce_gradients()
             ft.commit()  # the default update: optimizer.step(), zero_grad
@@ -75,12 +115,13 @@ def train(mode: str, rank: int, world: int, init: str, steps: int) -> None:
     os._exit(0)
 
 
-def run(mode: str, world: int, steps: int) -> float:
+def run(mode: str, world: int, steps: int, model_name: str = "gpt") -> float:
+    """One run's median step time; ``mode``: ddp, fthsdp, or fthsdp-flat (no overlap)."""
     from fthsdp.testing.local_etcd import free_port
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     coordinator = None
-    if mode == "fthsdp":
+    if mode.startswith("fthsdp"):
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--min-replicas", str(world)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT,
@@ -90,12 +131,14 @@ def run(mode: str, world: int, steps: int) -> float:
     procs = []
     for rank in range(world):
         renv = dict(env)
-        if mode == "fthsdp":
+        if mode.startswith("fthsdp"):
             renv.update(FTHSDP_COORDINATOR=address, FTHSDP_REPLICA_ID=f"r{rank}", FTHSDP_REPLICA_RANK=str(rank),
                         FTHSDP_NUM_REPLICAS=str(world))
+        if mode == "fthsdp-flat":
+            renv["FTHSDP_BUCKET_CAP_MB"] = "0"
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--worker", mode, "--rank", str(rank), "--world", str(world),
-             "--init", init, "--steps", str(steps)],
+            [sys.executable, __file__, "--worker", mode.split("-")[0], "--rank", str(rank), "--world", str(world),
+             "--init", init, "--steps", str(steps), "--model", model_name],
             stdout=subprocess.PIPE, text=True, env=renv, cwd=ROOT,
         ))
     times = json.loads(procs[0].communicate(timeout=1800)[0].strip().splitlines()[-1])
@@ -112,13 +155,18 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--model", choices=("gpt", "comm-heavy"), default="gpt",
+                   help="comm-heavy: 100 MB of gradients on a small batch, with and without overlap")
     p.add_argument("--worker", choices=("ddp", "fthsdp"), help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--init", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        train(args.worker, args.rank, args.world, args.init, args.steps)
+        train(args.worker, args.rank, args.world, args.init, args.steps, args.model)
+        return
+    if args.model == "comm-heavy":
+        comm_heavy(args.replicas, args.pairs, args.steps)
         return
     ddp, ft = [], []
     for _ in range(args.pairs):
@@ -132,6 +180,28 @@ def main() -> None:
         f"| {args.replicas} | {statistics.median(ddp) * 1e3:.1f} ms | {statistics.median(ft) * 1e3:.1f} ms | "
         f"{statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |"
     )
+
+
+def comm_heavy(replicas: int, rounds: int, steps: int) -> None:
+    """Rounds of DDP, fthsdp (overlapped) and fthsdp with one all-reduce after the backward pass, interleaved."""
+    ddp, ft, flat = [], [], []
+    for _ in range(rounds):
+        ddp.append(run("ddp", replicas, steps, "comm-heavy"))
+        ft.append(run("fthsdp", replicas, steps, "comm-heavy"))
+        flat.append(run("fthsdp-flat", replicas, steps, "comm-heavy"))
+
+    def ratio(a: list[float], b: list[float]) -> str:
+        pairs = [x / y for x, y in zip(a, b, strict=True)]
+        return f"{statistics.median(pairs):.3f} ({', '.join(f'{r:.2f}' for r in pairs)})"
+
+    gradients = COMM_HEAVY_LAYERS * (COMM_HEAVY_WIDTH + 1) * COMM_HEAVY_WIDTH * 4 / 1e6
+    print(f"comm-heavy: {gradients:.0f} MB of gradients, batch {COMM_HEAVY_BATCH}, {replicas} replicas, "
+          f"{rounds} rounds of {steps} steps")
+    print("| DDP step | fthsdp step (overlapped) | fthsdp step (one all-reduce after backward) | "
+          "fthsdp / DDP | fthsdp no overlap / DDP | overlapped / no overlap |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| {statistics.median(ddp) * 1e3:.0f} ms | {statistics.median(ft) * 1e3:.0f} ms | "
+          f"{statistics.median(flat) * 1e3:.0f} ms | {ratio(ft, ddp)} | {ratio(flat, ddp)} | {ratio(ft, flat)} |")
 
 
 if __name__ == "__main__":

@@ -24,15 +24,16 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", required=True)
     p.add_argument("--names", default="plain", help="the model, as tests/ftar_worker.py's --names")
+    p.add_argument("--dtype", default="float32", help="the parameters' dtype, as tests/ftar_worker.py's --dtype")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=60))
-    model = make_model(args.hidden, args.seed, args.names)
+    model = make_model(args.hidden, args.seed, args.names).to(getattr(torch, args.dtype))
     ddp = DistributedDataParallel(model)  # broadcast_buffers: rank 0's batch-norm statistics before each forward
     optimizer = make_optimizer(model)
     for step in range(args.steps):
-        x, y = batch(step, args.rank, args.hidden, args.seed)
+        x, y = (t.to(getattr(torch, args.dtype)) for t in batch(step, args.rank, args.hidden, args.seed))
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -190,7 +190,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wait-for", type=int, default=1)
     p.add_argument("--die-at", type=int, default=-1)
-    p.add_argument("--die-in", choices=("forward", "allreduce", "commit"), default="forward")
+    p.add_argument("--die-in", choices=("forward", "backward", "allreduce", "commit"), default="forward",
+                   help="backward: as the first parameter's gradient is ready, the buckets of the later ones on "
+                        "their way (fthsdp/agent/training/overlap.py)")
     p.add_argument("--die-after", type=float, default=0.005, help="seconds into the all-reduce")
     p.add_argument("--hang-at", type=int, default=-1, help="block forever during this step (first incarnation only)")
     p.add_argument("--hang-in", choices=("data", "backward", "update", "section"), default="backward",
@@ -203,6 +205,8 @@ def main() -> int:
     p.add_argument("--slow", type=float, default=0.0, help="seconds of extra compute per step (a straggler)")
     p.add_argument("--save", default="")
     p.add_argument("--names", choices=("plain", "renamed", "batchnorm"), default="plain")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the parameters' (and so the gradients') dtype, with --loop plain")
     p.add_argument("--corrupt-at", type=int, default=-1, help="silently perturb a weight after this step")
     p.add_argument("--loop", choices=("plain", "full"), default="plain",
                    help="full: accumulation, autocast + GradScaler, clipping, a scheduler, an EMA (see full_loop)")
@@ -222,7 +226,7 @@ def main() -> int:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    model = make_model(args.hidden, args.seed, args.names)
+    model = make_model(args.hidden, args.seed, args.names).to(getattr(torch, args.dtype))
     if args.loop == "full":
         optimizer, update, state, forward_backward = full_loop(model, args.amp, args.replay_delay, lambda: ft.replaying,
                                                                variant=args.variant)
@@ -269,7 +273,7 @@ def main() -> int:
                 time.sleep(args.section_s)  # the work of the section (an evaluation), not a synchronisation
         if args.slow:
             time.sleep(args.slow)  # a straggler's slower compute
-        x, y = batch(ft.step, ft.replica_rank, args.hidden, args.seed)
+        x, y = (t.to(getattr(torch, args.dtype)) for t in batch(ft.step, ft.replica_rank, args.hidden, args.seed))
         if dying and args.die_in == "forward" and forward_backward is None:
             die()
         if forward_backward is not None:
@@ -277,6 +281,8 @@ def main() -> int:
                                     die if dying and args.die_in == "forward" else None)
         else:
             loss = torch.nn.functional.mse_loss(model(x), y)
+            if dying and args.die_in == "backward":
+                next(model.parameters()).register_post_accumulate_grad_hook(lambda _p: die())
             loss.backward()
         if hanging and args.hang_in == "backward":
             hang()

@@ -98,3 +98,13 @@ def test_help_shows_docs_and_env(capsys):
         build_parser().parse_args(["coordinator", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "FTHSDP_HEARTBEAT_TIMEOUT" in out and "dropped from the next quorum" in out
+
+
+@pytest.mark.parametrize("value, says", [("-1", "between 0 and"), ("lots", r"bad FTHSDP_\* setting")])
+def test_a_bad_bucket_size_is_one_clear_error(value, says):
+    env = {"FTHSDP_COORDINATOR": "127.0.0.1:1", "FTHSDP_REPLICA_ID": "r0", "FTHSDP_BUCKET_CAP_MB": value}
+    with pytest.raises(ConfigError, match=says):
+        ManagerConfig.from_env(env)
+    with pytest.raises(ConfigError, match="bucket-cap-mb"):
+        agent_config(["--bucket-cap-mb", value])
+    assert ManagerConfig.from_env({**env, "FTHSDP_BUCKET_CAP_MB": "0"}).bucket_cap_mb == 0

@@ -11,17 +11,33 @@ from tests.processes import CoordinatorProcess, WorkerProcess, start_ddp_oracle
 N, STEPS, HIDDEN = 3, 12, "96"
 
 
-@pytest.mark.parametrize("model", ["plain", "batchnorm"])
-def test_same_parameters_as_ddp(tmp_path, model):
+@pytest.mark.parametrize("model, bucket_cap_mb", [("plain", "25"), ("batchnorm", "25"), ("plain", "0.004"),
+                                                   ("plain", "0")])
+def test_same_parameters_as_ddp(tmp_path, model, bucket_cap_mb):
     """With batch norm, DDP's replica 0 sets every replica's running
     statistics before each forward pass (broadcast_buffers); fthsdp's first
-    contributor does, in the all-reduce: the same statistics."""
-    oracle = start_ddp_oracle(tmp_path, N, STEPS, HIDDEN, "--names", model)
+    contributor does, in the all-reduce: the same statistics. The all-reduce
+    starts during the backward pass in buckets (one bucket of this small
+    model by default, many 4 KB ones, or none: one all-reduce after it)."""
+    expected, replicas = train_with_ddp_and_fthsdp(tmp_path, ("--names", model),
+                                                   {"FTHSDP_BUCKET_CAP_MB": bucket_cap_mb})
+    for r, got in enumerate(replicas):
+        for name, value in expected.items():
+            # Equal up to float32 rounding: DDP divides before summing, FTAR after.
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=f"replica {r}, {name}")
+        # and the replicas are bit-identical among themselves
+        assert all(torch.equal(got[k], replicas[0][k]) for k in replicas[0])
+
+
+def train_with_ddp_and_fthsdp(tmp_path, worker_args: tuple[str, ...], env: dict[str, str]):
+    """N ranks of torch DDP and N fthsdp replicas, the same model and data;
+    (DDP's final parameters, each replica's)."""
+    oracle = start_ddp_oracle(tmp_path, N, STEPS, HIDDEN, *worker_args)
     coordinator = CoordinatorProcess(tmp_path, "--min-replicas", str(N)).start()
     try:
         workers = [
             WorkerProcess(tmp_path, coordinator.address, f"r{r}", r, "--steps", str(STEPS), "--wait-for", str(N),
-                          "--hidden", HIDDEN, "--names", model, "--save", str(tmp_path / f"ft{r}.pt")).start()
+                          "--hidden", HIDDEN, *worker_args, "--save", str(tmp_path / f"ft{r}.pt"), env=env).start()
             for r in range(N)
         ]
         for w in workers:
@@ -31,11 +47,4 @@ def test_same_parameters_as_ddp(tmp_path, model):
     for p in oracle:
         assert p.wait(timeout=120) == 0
     expected = torch.load(tmp_path / "ddp0.pt", weights_only=True)
-    for r in range(N):
-        got = torch.load(tmp_path / f"ft{r}.pt", weights_only=True)
-        for name, value in expected.items():
-            # Equal up to float32 rounding: DDP divides before summing, FTAR after.
-            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=f"replica {r}, {name}")
-        # and the replicas are bit-identical among themselves
-        first = torch.load(tmp_path / "ft0.pt", weights_only=True)
-        assert all(torch.equal(got[k], first[k]) for k in first)
+    return expected, [torch.load(tmp_path / f"ft{r}.pt", weights_only=True) for r in range(N)]

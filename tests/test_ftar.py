@@ -54,7 +54,7 @@ def assert_consistent(survivors, victim_steps, steps: int = STEPS):
         assert len(checksums) == 1, f"replicas disagree at step {step}: {checksums}"
 
 
-@pytest.mark.parametrize("die_in", ["forward", "allreduce", "commit"])
+@pytest.mark.parametrize("die_in", ["forward", "backward", "allreduce", "commit"])
 def test_survivors_commit_every_step_when_a_replica_is_killed(cluster, die_in):
     _, (r0, r1, r2) = cluster(3, ("--die-at", str(DIE_AT), "--die-in", die_in))
     for w in (r0, r1):

@@ -19,6 +19,7 @@ CASES = [
     (P.FIND_GROUP, Out.NEW_GROUP, None, P.AGREE),
     (P.DATA, Out.COMPLETED, None, P.DONE),
     (P.DATA, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.DATA, Out.STALE, None, P.DATA),  # buckets sent before a later backward pass: once more, flat
     (P.AGREE, Out.ABANDONED, None, P.FIND_GROUP),
     (P.AGREE, Out.AGREED, A.IN_PHASE, P.FIND_GROUP),  # marked in step: FIND_GROUP then leads to DATA
     (P.AGREE, Out.AGREED, A.JOIN_IN_PHASE, P.FIND_GROUP),
@@ -76,6 +77,7 @@ def test_random_walks_end_once_the_quorum_stops_changing():
     rng = random.Random(0)
     for _ in range(500):
         phase, in_step, settled_after, healed, n = P.FIND_GROUP, False, rng.randrange(8), False, 0
+        stale = rng.random() < 0.3  # the first data all-reduce's buckets were stale (its redo is flat: never)
         while phase not in TERMINAL:
             n += 1
             assert n < settled_after + 12, "the walk does not end"
@@ -90,6 +92,8 @@ def test_random_walks_end_once_the_quorum_stops_changing():
                 in_step = action is A.IN_PHASE
             elif phase is P.CLOSE_GAP:
                 outcome, action = Out.ANSWERED, None
+            elif phase is P.DATA and stale:
+                outcome, action, stale = Out.STALE, None, False
             else:
                 outcome, action = Out.COMPLETED, None
             phase = after(phase, outcome, action)

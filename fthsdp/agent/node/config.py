@@ -89,6 +89,11 @@ class AgentConfig:
     backend: str = "gloo"
     """torch.distributed backend of the ranks: gloo or nccl (passed as FTHSDP_BACKEND)."""
 
+    bucket_cap_mb: float = 25.0
+    """Size of the buckets in which the cross-replica all-reduce starts during the backward pass, as torch DDP's
+    bucket_cap_mb (passed as FTHSDP_BUCKET_CAP_MB); 0: one all-reduce after the backward pass. The same on every
+    agent of the job."""
+
     max_restarts: int = 3
     """How often the whole group is restarted after a rank fails before the agent gives up."""
 
@@ -196,6 +201,8 @@ class AgentConfig:
             raise ConfigError(
                 "--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port"
             )
+        if not 0 <= self.bucket_cap_mb <= 1 << 20:
+            raise ConfigError(f"--bucket-cap-mb must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend must be gloo or nccl, got {self.backend!r}")
         if self.max_restarts < 0:

@@ -55,12 +55,14 @@ from fthsdp.agent.training.ftar_decisions import (
     IN_PHASE,
     JOIN_IN_PHASE,
     MAX_SLOT_PROPOSAL,
+    STALE_SLOT,
     Action,
     AgreeRow,
     FtarError,
     agree_action,
     slot_switch,
 )
+from fthsdp.agent.training.overlap import Prelaunched
 from fthsdp.agent.training.quorum_groups import DONE, QuorumGroups, QuorumTracker, _Group
 from fthsdp.agent.training.step_protocol import Outcome, Phase, after
 from fthsdp.core.errors import Evicted, FtarTimeout
@@ -150,6 +152,8 @@ class FTAR:
         self.members_step = -1
         """The step the contributing members were last seen at in an agree
         (a joiner learns the committed state's step from them)."""
+        self.plan_signature = 0
+        """This replica's bucket plan (fthsdp/agent/training/overlap.py), checked equal in every agree."""
         self._controls: list[tuple[_Group, object, torch.Tensor]] = []
         """The control all-reduces of switch proposals of the last steps (see ``_settle_switch``)."""
     def growth_ready(self) -> int:
@@ -185,6 +189,7 @@ class FTAR:
         idle: Callable[[], None] | None = None,
         first_only: tuple[int, int] | None = None,
         checkpoint: bool = False,
+        prelaunched: Prelaunched | None = None,
     ) -> Generator[Request, int | None, StepResult]:
         """Sum ``buffer`` over the quorum for ``step``; see the module docstring.
         A generator: it yields what this replica must do before it can go on
@@ -205,6 +210,11 @@ class FTAR:
         ``checkpoint``: this member asks for a checkpoint at this step's
         boundary (with ``control_slots`` only); the result's ``checkpoint``
         says whether any member asked.
+        ``prelaunched``: the step's buckets, started during the backward pass
+        (fthsdp/agent/training/overlap.py); ``buffer`` must be their buffer, its tail filled.
+        The step uses them if it runs in the group they were started in;
+        otherwise they are dropped with that group and the step is summed
+        flat from ``refill``.
 
         The data all-reduce runs in place in ``buffer`` (no copy on the fast
         path); a redo needs the local values again in a *fresh* tensor, since
@@ -244,6 +254,10 @@ class FTAR:
                 group = self.groups.current_group(deadline)
                 outcome = Outcome.IN_STEP if self.groups.in_step(group) else Outcome.NEW_GROUP
             elif phase is Phase.DATA:
+                pre, prelaunched = prelaunched, None  # only the first attempt, and only in their group
+                if pre is not None and pre.group is not group:
+                    pre = None
+                    buffers.clear()  # their all-reduces may still write it
                 buf = buffers.pop() if buffers else refill()
                 if joining is not None:
                     yield EnterStep(joining)
@@ -253,19 +267,31 @@ class FTAR:
                     buf[numel : numel + 2] = torch.tensor([d, d * d], dtype=buf.dtype)
                 if control_slots:
                     buf[numel + CHECKPOINT_SLOT] = 1.0 if checkpoint and contributes else 0.0
+                    buf[numel + STALE_SLOT] = 1.0 if pre is not None and pre.stale else 0.0
                 if first_only is not None and group.rank != self._first_contributor:
                     buf[first_only[0] : first_only[1]].zero_()
-                work = self._start(group, buf, dist.ReduceOp.SUM)
+                # Prelaunched: the buckets run; the tail (statistics, control slots) follows them.
+                works = ([*pre.works, self._start(group, buf[pre.gradients:], dist.ReduceOp.SUM)]
+                         if pre is not None else [self._start(group, buf, dist.ReduceOp.SUM)])
                 control = None if slots else self._start_control(group, p)
                 if joining is not None:
                     reached = yield ReplayTo(joining)
                     assert reached is not None  # a ReplayTo is answered with the step reached
                     step, joining = reached, None
-                if self.groups.wait_work(work, group, deadline) == DONE:
+                if all(self.groups.wait_work(work, group, deadline) == DONE for work in works):
                     outcome = Outcome.COMPLETED
                     contributors = self._phase_contributors or group.size
                     self._phase_contributors = None  # every member contributes from the next step on
                     self._first_contributor = 0
+                    if pre is not None and control_slots and float(buf[numel + STALE_SLOT]) > 0:
+                        # A member's buckets carried a gradient that changed afterwards: all sum again.
+                        log.debug("quorum %d: step %d summed again (a gradient changed after its bucket left)",
+                                  group.quorum_id, step)
+                        if control is not None:
+                            self._controls.append(control)
+                        outcome = Outcome.STALE
+                        phase = after(phase, outcome)
+                        continue
                     if slots:
                         self._switch_from_slots(group, buf[numel:])
                     else:
@@ -340,6 +366,7 @@ class FTAR:
             [
                 step, numel, structure_hash,
                 last.contributors if last else 0, last.quorum_id if last else 0, int(contributes),
+                self.plan_signature,
             ],
             dtype=torch.int64,
         )
@@ -356,6 +383,9 @@ class FTAR:
             )
         if len({r.structure for r in named}) > 1:
             raise FtarError("replicas disagree on the model's parameters (names, shapes or dtypes differ)")
+        if len({r.plan for r in named}) > 1:
+            raise FtarError("replicas cut the gradients into different buckets: give every agent the same "
+                            "--bucket-cap-mb")
         return rows
 
     def _catch_up_step(self, group, rows, step, total, root, deadline) -> StepResult | None:

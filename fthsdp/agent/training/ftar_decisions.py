@@ -17,7 +17,7 @@ from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 # ----- growth: the agreed switch --------------------------------------------------------
 
-CONTROL_SLOTS = 3
+CONTROL_SLOTS = 4
 """Spare elements at the end of a gradient buffer (``allreduce(...,
 control_slots=True)``) that carry control values inside the data
 all-reduce, at no cost.
@@ -28,7 +28,7 @@ same d > 0 exactly when (sum d)^2 == n * sum d^2 (Cauchy-Schwarz), exact in
 float32 for d <= 15 and up to 74,000 members. Other dtypes, or no spare
 elements: a separate small all-reduce carries the proposal.
 
-The third is CHECKPOINT_SLOT."""
+The third is CHECKPOINT_SLOT, the fourth STALE_SLOT."""
 MAX_SLOT_PROPOSAL = 15
 CHECKPOINT_SLOT = 2
 """1 from a member that asks for a checkpoint at this step's boundary (its
@@ -36,6 +36,12 @@ CHECKPOINT_SLOT = 2
 exactly when some member asked, in any dtype (a sum of non-negative values
 with a 1 in it does not round to 0), so every member that completes the
 all-reduce reads the same answer at the same step."""
+STALE_SLOT = 3
+"""1 from a member whose buckets, started during the backward pass
+(fthsdp/agent/training/overlap.py), carried a gradient that changed afterwards (another
+micro-batch's backward pass), else 0. Positive: every member sums the step
+again, flat, in the same group (the same answer on every member, as for
+CHECKPOINT_SLOT)."""
 
 
 def is_growth(group_quorum_id: int, quorum: pb.Quorum | None) -> bool:
@@ -107,6 +113,8 @@ class AgreeRow(NamedTuple):
     """The quorum id of that sum (0: not held)."""
     contributes: int
     """1 if this member has a gradient for ``step``."""
+    plan: int = 0
+    """The signature of its bucket plan (fthsdp/agent/training/buckets.py; 0: none): equal on every member."""
 
 
 def agree_action(

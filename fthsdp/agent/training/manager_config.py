@@ -88,6 +88,10 @@ class ManagerConfig:
     for the joiner to replay; a joiner that falls further behind takes a
     fresh snapshot."""
 
+    bucket_cap_mb: float = 25.0
+    """The buckets of the all-reduce started during the backward pass
+    (FTHSDP_BUCKET_CAP_MB; fthsdp/agent/training/overlap.py); 0: one all-reduce after it."""
+
     checkpoint_dir: str = ""
     """Where durable checkpoints go (FTHSDP_CHECKPOINT_DIR, from `fthsdp
     agent --checkpoint-dir`): a folder every replica of the job can read
@@ -135,6 +139,8 @@ class ManagerConfig:
             raise ConfigError("timeout must be positive and checksum_every >= 0")
         if not 0 <= self.shard_rank < self.shard_count:
             raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
+        if not 0 <= self.bucket_cap_mb <= 1 << 20:
+            raise ConfigError(f"FTHSDP_BUCKET_CAP_MB must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
         if self.catch_up_max_rate < 0 or self.catch_up_log_steps < 1 or self.catch_up_log_bytes < 0:
             raise ConfigError("catch-up settings: the rate and log bytes must be >= 0, the log steps >= 1")
         if not isinstance(self.checkpoint_every, Every):  # 500 or "30m" given in code
@@ -178,6 +184,7 @@ class ManagerConfig:
                 catch_up_max_rate=float(get("CATCH_UP_MAX_RATE", "0")),
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
+                bucket_cap_mb=float(get("BUCKET_CAP_MB", "25")),
                 checkpoint_dir=get("CHECKPOINT_DIR", ""),
                 checkpoint_every=parse_every(get("CHECKPOINT_EVERY", "0"), "FTHSDP_CHECKPOINT_EVERY"),
                 checkpoint_keep=int(get("CHECKPOINT_KEEP", "3")),

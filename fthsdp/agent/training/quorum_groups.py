@@ -196,6 +196,20 @@ class QuorumGroups:
         """After an agree: the members of ``group`` are at one step (None: not known, agree again)."""
         self._in_step_with = group.quorum_id if group is not None else 0
 
+    def next_group(self) -> _Group | None:
+        """The group the next step's data all-reduce will run in, where that
+        is known now and needs no agree: the current group while it is in
+        step, with no switch agreed and no newer quorum but one that only
+        grows it (that one waits for the agreed switch); else None. The
+        members of a group in step all see the same, except for a newer
+        quorum that comes meanwhile, which takes them out of the group anyway."""
+        group, quorum = self._group, self.tracker.quorum
+        if group is None or self._in_step_with != group.quorum_id or self._switch_to:
+            return None
+        if quorum is None or (quorum.id != group.quorum_id and not is_growth(group.quorum_id, quorum)):
+            return None
+        return group
+
     def agree_switch(self, quorum_id: int) -> None:
         """Every member agreed to switch to growth quorum ``quorum_id`` at this step (0: none)."""
         self._switch_to = quorum_id

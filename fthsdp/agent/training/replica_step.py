@@ -36,13 +36,14 @@ from fthsdp.agent.training.checkpoint.share import ShareSpec
 from fthsdp.agent.training.checksum import StridedHistory
 from fthsdp.agent.training.connection import JobConnection
 from fthsdp.agent.training.eviction import EvictionWatch
-from fthsdp.agent.training.ftar import FTAR, StepResult
+from fthsdp.agent.training.ftar import CONTROL_SLOTS, FTAR, StepResult
 from fthsdp.agent.training.grad_log import GradientLog
 from fthsdp.agent.training.job_finished import JobFinished
 from fthsdp.agent.training.joiner import CatchUpReport, Drained, Joiner
 from fthsdp.agent.training.last_gap import LastGap, require_state_held
 from fthsdp.agent.training.lifecycle import Ending, Lifecycle, ending_for_eviction
 from fthsdp.agent.training.manager_config import ManagerConfig
+from fthsdp.agent.training.overlap import Overlap
 from fthsdp.agent.training.participation import Participation
 from fthsdp.agent.training.replay import Replayer, combine_hex
 from fthsdp.agent.training.script_hooks import ScriptHooks
@@ -80,6 +81,11 @@ class ReplicaStep:
         self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
                           host=config.host, interface=config.gloo_interface)
         self._ftar.groups.horizon = self._link.hangs.horizon
+        running = state.running
+        self._overlap = Overlap(self._params, int(config.bucket_cap_mb * (1 << 20)),
+                                tail=(running.numel() if running.carries else 0) + CONTROL_SLOTS)
+        """Starts the step's all-reduce bucket by bucket during the backward pass (fthsdp/agent/training/overlap.py)."""
+        self._ftar.plan_signature = self._overlap.signature
         self._joiner: Joiner | None = None
         """Until a joiner's first step in the quorum is committed: its catch-up, and the source it holds."""
         self._gap = LastGap(replayer, self._source, config.timeout, config.replica_id,
@@ -155,6 +161,7 @@ class ReplicaStep:
             self._first_step()
         if not self._lifecycle.stopped:
             self._lifecycle.joined()
+            self._arm()
         self._clock.begin(self._replayer.step)
         return joiner.report
 
@@ -202,11 +209,17 @@ class ReplicaStep:
         self._inputs = self._state.inputs(step)
         self._source.publish_inputs(self._inputs)
         self._gap.taken = None
+        prelaunched = self._overlap.complete()  # the buckets the backward pass did not start, started now
+        if not contributes:
+            prelaunched = None
         buffer = StepBuffer(self._params, self._state.running, contributes)
+        if prelaunched is not None:
+            buffer.fill_tail(prelaunched.buffer, prelaunched.gradients)
         proposal, self._proposal = self._proposal, 0
         try:
             result = self._ftar.allreduce(
-                step, buffer.flatten(), self._structure, refill=buffer.flatten, contributes=contributes,
+                step, prelaunched.buffer if prelaunched is not None else buffer.flatten(), self._structure,
+                refill=buffer.flatten, contributes=contributes, prelaunched=prelaunched,
                 proposal=proposal, control_slots=True, idle=self._gap.while_waiting, serve=self._serve,
                 first_only=buffer.first_only,
                 checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
@@ -292,7 +305,18 @@ class ReplicaStep:
             log.info("replica %s drains after step %d", self.config.replica_id, step)
             asked_by = self._lifecycle.drain_asked_by or "another rank"
             self.leave(Ending.DRAINED, f"drained after step {step} (asked by {asked_by})")
+        else:
+            self._arm()
         self._clock.begin(step)
+
+    def _arm(self) -> None:
+        """Let the next step's buckets start during its backward pass, if the
+        group it runs in is known now (fthsdp/agent/training/overlap.py)."""
+        group = self._ftar.groups.next_group()
+        if group is not None:
+            self._overlap.arm(group, group.pg)
+        else:
+            self._overlap.disarm()
 
     def _save(self, step: int, quorum_id: int, checksum: str) -> None:
         """This member's share of the checkpoint of ``step``: every member of
@@ -338,6 +362,7 @@ class ReplicaStep:
         if ending not in (Ending.FINISHED, Ending.JOB_FINISHED):
             log.info("replica %s stopped (%s): %s", self.config.replica_id, ending.value, detail)
         self._hooks.remove()
+        self._overlap.close()
         if self._saver is not None:
             self._saver.close(self.config.timeout)  # a share in flight is finished: the others may be sealing it
         self._link.close(leave_reason(ending, detail), failed=not ending.success)

@@ -41,6 +41,12 @@ class StepBuffer:
         flat = torch.cat([g.reshape(-1) for g in self._shards] + stats + [self._spare])
         return flat if self._contributes else flat.zero_()
 
+    def fill_tail(self, buffer: torch.Tensor, start: int) -> None:
+        """Write what follows the gradients (the statistics, the spare slots) into ``buffer[start:]``
+        (the buffer of buckets started during the backward pass: fthsdp/agent/training/overlap.py)."""
+        stats = self._running.pieces(self._spare.dtype, self._spare.device) if self.first_only else []
+        buffer[start:].copy_(torch.cat(stats + [self._spare]))
+
     def restore(self) -> None:
         """Put the step's gradient tensors back (a joiner's replays inside FTAR reset them)."""
         for p, grad in zip(self.params, self.grads, strict=True):

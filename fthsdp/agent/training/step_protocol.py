@@ -7,7 +7,8 @@ outcome, action)``. fthsdp/agent/training/ftar.py runs the collectives and the r
 this decides, and tests/test_step_protocol.py checks the whole table.
 
     FIND_GROUP --in-step--> DATA --completed--> DONE
-        |                     \\--abandoned--> FIND_GROUP
+        |                    | \\--abandoned--> FIND_GROUP
+        |                    \\--stale--> DATA (again, flat, in the same group)
         \\--new-group--> AGREE --(agree_action)--> CLOSE_GAP | FOLLOW_HEAL |
                                  TAKE_LAST | SERVE_LAST | NO_GRADIENT | FIND_GROUP
 
@@ -65,6 +66,9 @@ class Outcome(str, enum.Enum):
     """A collective was given up for a newer quorum (or its group failed)."""
     ANSWERED = "answered"
     """The caller answered a request."""
+    STALE = "stale"
+    """DATA: its buckets, started during the backward pass, carried a gradient
+    that changed afterwards (STALE_SLOT, the same on every member): sum again."""
 
 
 _AFTER_AGREE = {
@@ -83,6 +87,7 @@ _TABLE: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.FIND_GROUP, Outcome.IN_STEP): Phase.DATA,
     (Phase.FIND_GROUP, Outcome.NEW_GROUP): Phase.AGREE,
     (Phase.DATA, Outcome.COMPLETED): Phase.DONE,
+    (Phase.DATA, Outcome.STALE): Phase.DATA,
     (Phase.TAKE_LAST, Outcome.COMPLETED): Phase.DONE,
     (Phase.FOLLOW_HEAL, Outcome.COMPLETED): Phase.FIND_GROUP,
     (Phase.SERVE_LAST, Outcome.COMPLETED): Phase.FIND_GROUP,
