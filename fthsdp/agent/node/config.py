@@ -89,6 +89,11 @@ class AgentConfig:
     backend: str = "gloo"
     """torch.distributed backend of the ranks: gloo or nccl (passed as FTHSDP_BACKEND)."""
 
+    cross_replica_backend: str = "auto"
+    """What the all-reduce across replica groups runs on (passed as FTHSDP_CROSS_REPLICA_BACKEND): gloo, nccl, or
+    auto: NCCL when the gradients are on a GPU (each replica's rank k on a GPU of its own: NCCL refuses two ranks on
+    one), else gloo."""
+
     bucket_cap_mb: float = 25.0
     """Size of the buckets in which the cross-replica all-reduce starts during the backward pass, as torch DDP's
     bucket_cap_mb (passed as FTHSDP_BUCKET_CAP_MB); 0: one all-reduce after the backward pass. The same on every
@@ -201,6 +206,8 @@ class AgentConfig:
             raise ConfigError(
                 "--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port"
             )
+        if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"--cross-replica-backend must be auto, gloo or nccl, got {self.cross_replica_backend!r}")
         if not 0 <= self.bucket_cap_mb <= 1 << 20:
             raise ConfigError(f"--bucket-cap-mb must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
         if self.backend not in BACKENDS:

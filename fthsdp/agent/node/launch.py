@@ -55,6 +55,7 @@ def rank_environments(
         "FTHSDP_NUM_REPLICAS": str(config.num_replicas),
         "FTHSDP_BACKEND": config.backend,
         "FTHSDP_BUCKET_CAP_MB": f"{config.bucket_cap_mb:g}",
+        "FTHSDP_CROSS_REPLICA_BACKEND": config.cross_replica_backend,
         "FTHSDP_RESTART_COUNT": str(restart_count),
         **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
         **({"FTHSDP_CHECKPOINT_DIR": config.checkpoint_dir,

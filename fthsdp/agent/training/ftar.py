@@ -65,6 +65,8 @@ from fthsdp.agent.training.ftar_decisions import (
 from fthsdp.agent.training.overlap import Prelaunched
 from fthsdp.agent.training.quorum_groups import DONE, QuorumGroups, QuorumTracker, _Group
 from fthsdp.agent.training.step_protocol import Outcome, Phase, after
+from fthsdp.agent.training.transport import Transport
+from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.core.errors import Evicted, FtarTimeout
 
 __all__ = [
@@ -139,10 +141,16 @@ class FTAR:
         timeout: float = 60.0,
         host: str = "",
         interface: str = "",
+        transport: Transport | None = None,
     ) -> None:
+        """``transport``: what the quorums' groups are (fthsdp/agent/training/transport/);
+        by default gloo, its pairs on ``host`` or ``interface``."""
         self.tracker = tracker
         self.timeout = timeout
-        self.groups = QuorumGroups(tracker, job, shard_rank, timeout, host, interface)
+        self.groups = QuorumGroups(tracker, job, shard_rank, timeout,
+                                   transport if transport is not None else GlooTransport(host, interface))
+        self._device = self.groups.transport.device
+        """Where the agree rows and the control values go (the transport's device)."""
         self._phase_contributors: int | None = None
         """How many members contribute to the step the last agree settled (None: all)."""
         self._first_contributor = 0
@@ -368,12 +376,13 @@ class FTAR:
                 last.contributors if last else 0, last.quorum_id if last else 0, int(contributes),
                 self.plan_signature,
             ],
-            dtype=torch.int64,
+            dtype=torch.int64, device=self._device,
         )
         rows = [torch.zeros_like(row) for _ in range(group.size)]
         if self.groups.wait_work(group.pg.allgather([rows], [row]), group, deadline, idle) != DONE:
             self.groups.retire(group)
             return None
+        rows = list(torch.stack(rows).cpu())  # one copy from the device (NCCL), not one per element
         named = [AgreeRow(*(int(x) for x in r)) for r in rows]
         sizes = {r.numel for r in named}
         if len(sizes) > 1:
@@ -432,7 +441,7 @@ class FTAR:
 
     def _start_control(self, group: _Group, p: int):
         """After the data all-reduce, in the same group: (max, -min) of the proposals."""
-        t = torch.tensor([p, -p], dtype=torch.int64)
+        t = torch.tensor([p, -p], dtype=torch.int64, device=self._device)
         return group, self._start(group, t, dist.ReduceOp.MAX), t
 
     def _settle_switch(self, deadline: float) -> None:

@@ -88,6 +88,10 @@ class ManagerConfig:
     for the joiner to replay; a joiner that falls further behind takes a
     fresh snapshot."""
 
+    cross_replica_backend: str = "auto"
+    """What the all-reduce across replicas runs on (FTHSDP_CROSS_REPLICA_BACKEND;
+    fthsdp/agent/training/transport/): gloo, nccl, or auto (NCCL for CUDA gradients)."""
+
     bucket_cap_mb: float = 25.0
     """The buckets of the all-reduce started during the backward pass
     (FTHSDP_BUCKET_CAP_MB; fthsdp/agent/training/overlap.py); 0: one all-reduce after it."""
@@ -139,6 +143,9 @@ class ManagerConfig:
             raise ConfigError("timeout must be positive and checksum_every >= 0")
         if not 0 <= self.shard_rank < self.shard_count:
             raise ConfigError(f"RANK {self.shard_rank} is outside WORLD_SIZE {self.shard_count}")
+        if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError("FTHSDP_CROSS_REPLICA_BACKEND must be auto, gloo or nccl, got "
+                              f"{self.cross_replica_backend!r}")
         if not 0 <= self.bucket_cap_mb <= 1 << 20:
             raise ConfigError(f"FTHSDP_BUCKET_CAP_MB must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
         if self.catch_up_max_rate < 0 or self.catch_up_log_steps < 1 or self.catch_up_log_bytes < 0:
@@ -185,6 +192,7 @@ class ManagerConfig:
                 catch_up_log_steps=int(get("CATCH_UP_LOG_STEPS", "4")),
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
                 bucket_cap_mb=float(get("BUCKET_CAP_MB", "25")),
+                cross_replica_backend=get("CROSS_REPLICA_BACKEND", "auto"),
                 checkpoint_dir=get("CHECKPOINT_DIR", ""),
                 checkpoint_every=parse_every(get("CHECKPOINT_EVERY", "0"), "FTHSDP_CHECKPOINT_EVERY"),
                 checkpoint_keep=int(get("CHECKPOINT_KEEP", "3")),

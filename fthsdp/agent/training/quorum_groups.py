@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar_decisions import is_growth
+from fthsdp.agent.training.transport import Transport
+from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.core.errors import Evicted, FtarTimeout
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -147,15 +149,14 @@ class QuorumGroups:
     """The group of the quorum this replica trains in, and the waits on it."""
 
     def __init__(self, tracker: QuorumTracker, job: str, shard_rank: int = 0, timeout: float = 60.0,
-                 host: str = "", interface: str = "") -> None:
+                 transport: Transport | None = None) -> None:
+        """``transport``: what the groups are built with (gloo by default:
+        fthsdp/agent/training/transport/)."""
         self.tracker = tracker
         self.job = job
         self.shard_rank = shard_rank
         self.timeout = timeout
-        self._host, self._interface = host, interface
-        """Where this rank's gloo pairs listen: the advertised host (the data
-        path), or GLOO_SOCKET_IFNAME's interface when set ("" and "": gloo's
-        default, the address the host name resolves to)."""
+        self.transport: Transport = transport if transport is not None else GlooTransport()
         self._group: _Group | None = None
         self._in_step_with = 0
         """The group whose members are known to be at the same step."""
@@ -278,6 +279,7 @@ class QuorumGroups:
         self._prebuilt = {q: p for q, p in self._prebuilt.items() if q > group.quorum_id}
 
     def retire(self, group: _Group) -> None:
+        self.transport.abort(group.pg)
         now = time.monotonic()
         # Past twice the timeout their collectives have ended: let them go.
         self._abandoned = [(t, g) for t, g in self._abandoned if now - t < 2 * self.timeout]
@@ -315,24 +317,9 @@ class QuorumGroups:
         timeout = datetime.timedelta(seconds=self.timeout)
         store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
-        pg = self._gloo(prefix, rank, quorum.member_count, timeout)
+        pg = self.transport.build(prefix, rank, quorum.member_count, timeout)
         # torch's stubs derive ProcessGroupGloo from a Backend without the collectives it has at runtime.
         return _Group(quorum.id, rank, quorum.member_count, pg)  # type: ignore[arg-type]
-
-    def _gloo(self, store, rank: int, size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
-        """A gloo group whose pairs use the data path. Gloo's default device
-        is the address the host name resolves to, which on many hosts is a
-        loopback or the management network, not the address peers were told
-        (FTHSDP_ADVERTISE_HOST). The device can only be chosen through the
-        group's options, which torch names ``_Options`` (its own new_group
-        uses them): there is no public spelling."""
-        if not (self._host or self._interface):
-            return dist.ProcessGroupGloo(store, rank, size, timeout)
-        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's stubs call it Options
-        options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(interface=self._interface) if self._interface
-                            else dist.ProcessGroupGloo.create_device(hostname=self._host)]
-        return dist.ProcessGroupGloo(store, rank, size, options)
 
     # ----- waiting -------------------------------------------------------------------
 

@@ -47,9 +47,11 @@ from fthsdp.agent.training.overlap import Overlap
 from fthsdp.agent.training.participation import Participation
 from fthsdp.agent.training.replay import Replayer, combine_hex
 from fthsdp.agent.training.script_hooks import ScriptHooks
+from fthsdp.agent.training.state_codec import local
 from fthsdp.agent.training.step_buffer import StepBuffer
 from fthsdp.agent.training.step_clock import StepClock
 from fthsdp.agent.training.train_state import TrainState, gradient_sample
+from fthsdp.agent.training.transport import choose
 from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import Evicted, FtarError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -78,8 +80,10 @@ class ReplicaStep:
         self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout)
         self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader, job=config.job,
                                      structure=structure)
+        transport = choose(config.cross_replica_backend, local(self._params[0]).device, config.host,
+                           config.gloo_interface)
         self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
-                          host=config.host, interface=config.gloo_interface)
+                          transport=transport)
         self._ftar.groups.horizon = self._link.hangs.horizon
         running = state.running
         self._overlap = Overlap(self._params, int(config.bucket_cap_mb * (1 << 20)),

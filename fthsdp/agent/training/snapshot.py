@@ -147,17 +147,21 @@ class Snapshot:
         self.step = step
         self.data_copied = threading.Event()
         """Set once the live tensors may change again (the host copy is taken)."""
+        self._host_tensors_copied = threading.Event()
+        """Set once the CPU tensors are copied (the CUDA ones are ordered by ``_cuda_event``)."""
         self.ready = threading.Event()
         """Set once the manifest is complete (chunk CRCs) and bytes can be served."""
         self.error: BaseException | None = None
         self.last_used = time.monotonic()
         self._cuda_event: torch.cuda.Event | None = None
+        self._cuda_device: torch.device | None = None
 
     def start(self) -> None:
         """Begin the copy (call on the training thread at the step boundary)."""
         cuda = [(t, m) for t, m in zip(self._tensors, self.manifest.tensors, strict=True) if t.is_cuda]
         if cuda:
-            stream = torch.cuda.Stream(device=cuda[0][0].device)
+            self._cuda_device = cuda[0][0].device
+            stream = torch.cuda.Stream(device=self._cuda_device)
             stream.wait_stream(torch.cuda.current_stream(cuda[0][0].device))
             with torch.cuda.stream(stream):
                 for t, meta in cuda:
@@ -169,8 +173,9 @@ class Snapshot:
     def wait_copied(self, timeout: float) -> None:
         """Make the training thread's next change of the state safe."""
         if self._cuda_event is not None:
-            torch.cuda.current_stream().wait_event(self._cuda_event)  # the device waits, not the host
-        if not self.data_copied.wait(timeout):
+            # The training stream of the tensors' device waits for their copy; the host goes on.
+            torch.cuda.current_stream(self._cuda_device).wait_event(self._cuda_event)
+        if not self._host_tensors_copied.wait(timeout):
             raise TimeoutError(f"the snapshot of step {self.step} was not copied within {timeout:g}s")
 
     def _view(self, meta: cpb.TensorMeta) -> torch.Tensor:
@@ -183,6 +188,7 @@ class Snapshot:
                 for t, meta in zip(self._tensors, self.manifest.tensors, strict=True):
                     if not t.is_cuda:
                         self._view(meta).copy_(t)
+            self._host_tensors_copied.set()
             if self._cuda_event is not None:
                 self._cuda_event.synchronize()
             self._tensors = []  # let go of the live tensors
@@ -194,6 +200,7 @@ class Snapshot:
             )
         except BaseException as e:  # noqa: BLE001 - handed to the waiters
             self.error = e
+            self._host_tensors_copied.set()
             self.data_copied.set()
         finally:
             self.ready.set()
