@@ -9,6 +9,9 @@ test_coordinator_etcd's ``cluster``); pytest then uses that one in that module.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -48,8 +51,25 @@ def cluster(tmp_path):
         return w
 
     yield coordinator, agent, worker
+    stop_together([p for p in started if not isinstance(p, CoordinatorProcess)])
     for proc in reversed(started):
         proc.stop()
+
+
+def stop_together(procs, timeout: float = 10.0) -> None:
+    """SIGTERM every replica at once, then wait for them: one by one, each
+    would drain while its peers still train, and wait for the next quorum."""
+    for proc in procs:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        if proc.proc is None:
+            continue
+        try:
+            proc.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 # ----- the admin token (test_web, test_drain) -----------------------------------------
