@@ -8,7 +8,9 @@ step; torchft 0.2.0's heal side by side.
    behind fthsdp's catch-up server; this process asks for a snapshot, then
    times ``SourceClient.fetch`` (chunked, CRC-checked, into a fresh buffer).
    Baseline, same run, same bytes: a raw loopback socket (``sendall`` of one
-   buffer from another process, ``recv_into`` a fresh buffer here).
+   buffer from another process, ``recv_into`` a fresh buffer here). Also
+   timed: the same snapshot over a two-rank gloo group
+   (``--catch-up-transport distributed``, fthsdp/agent/training/catchup_group.py).
 2. Rejoin. Three replicas under ``fthsdp agent`` (the third with --standby,
    or without for a cold start); after a warm-up the third one's training
    process is SIGKILLed; its agent restarts it and it catches up. Reported:
@@ -61,7 +63,9 @@ def serve_http(mib: int, certs: Path | None = None) -> None:
 
     state = {"model": {f"w{i}": torch.rand(mib * 2**20 // 4 // 16) for i in range(16)}}
     source = CatchUpSource("bench", 0, 0, GradientLog())
-    server = CatchUpServer(source, tls=catchup_tls.server_context(node_tls(certs)) if certs else None).start()
+    channel = None if certs else group_channel()  # the same server pushes over a gloo group when asked
+    server = CatchUpServer(source, tls=catchup_tls.server_context(node_tls(certs)) if certs else None,
+                           channel=channel).start()
     print(json.dumps({"address": server.address}), flush=True)
     step = 0
     while True:  # the "training thread": a step boundary every millisecond
@@ -105,11 +109,20 @@ def node_tls(certs: Path):
     return TlsFiles(str(certs / "ca.pem"), str(certs / "node.pem"), str(certs / "node.key"))
 
 
-def fetch_http(address: str, buf=None, certs: Path | None = None) -> tuple[float, int]:
+def group_channel():
+    from fthsdp.agent.training.catchup_group import GroupChannel
+    from fthsdp.agent.training.transport.gloo import GlooTransport
+
+    return GroupChannel(GlooTransport(), "127.0.0.1", 60.0)
+
+
+def fetch_http(address: str, buf=None, certs: Path | None = None, group: bool = False) -> tuple[float, int]:
+    """Over HTTP(S), or with ``group`` over a two-rank gloo group (HTTP for the manifest)."""
     from fthsdp.agent.training import catchup_tls
     from fthsdp.agent.training.catchup_client import SourceClient
 
-    client = SourceClient(address, tls=catchup_tls.client_context(node_tls(certs)) if certs else None)
+    client = SourceClient(address, tls=catchup_tls.client_context(node_tls(certs)) if certs else None,
+                          channel=group_channel() if group else None)
     manifest = client.request_snapshot()
     began = time.perf_counter()
     client.fetch(manifest, out=buf)
@@ -143,10 +156,12 @@ def transfer(mib: int, trials: int, tls: bool) -> None:
         # One destination buffer, faulted in before timing: this compares the
         # transports, not the kernel's page faults (which cost both the same).
         buf = torch.ones(nbytes, dtype=torch.uint8)
-        times_http, times_raw = [], []
-        for _ in range(trials):  # interleaved, so machine noise hits both
+        fetch_http(http_address, group=True)  # warm-up of the group path
+        times_http, times_raw, times_group = [], [], []
+        for _ in range(trials):  # interleaved, so machine noise hits all
             times_http.append(fetch_http(http_address, buf)[0])
             times_raw.append(fetch_raw(raw_address, buf))
+            times_group.append(fetch_http(http_address, buf, group=True)[0])
             if https is not None:
                 times_https.append(fetch_http(https_address, buf, certs)[0])
     finally:
@@ -163,6 +178,10 @@ def transfer(mib: int, trials: int, tls: bool) -> None:
     print(f"| fthsdp catch-up (HTTP, 8 MiB chunks, CRC-32 checked) | {gbps(h):.2f} | "
           f"{', '.join(f'{gbps(t):.2f}' for t in times_http)} |")
     print(f"| ratio fthsdp / raw | {r / h:.2f} | |")
+    g = statistics.median(times_group)
+    print(f"| fthsdp catch-up over a two-rank gloo group (same chunks and CRCs; a new group per transfer) | "
+          f"{gbps(g):.2f} | {', '.join(f'{gbps(t):.2f}' for t in times_group)} |")
+    print(f"| ratio group / HTTP | {h / g:.2f} | |")
     if times_https:
         t = statistics.median(times_https)
         print(f"| fthsdp catch-up over mutual TLS (HTTPS, same chunks) | {gbps(t):.2f} | "
@@ -402,6 +421,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="rejoin runs per state and restart kind")
     p.add_argument("--logs", type=Path, help="a folder for the rejoin runs' logs (stderr of every agent and rank)")
     p.add_argument("--skip-transfer", action="store_true")
+    p.add_argument("--only-transfer", action="store_true", help="the transfer table alone")
     p.add_argument("--only-large", action="store_true", help="leave out fthsdp.examples.gpt")
     p.add_argument("--pin", action="store_true",
                    help="rejoin: the two members on CPU 0, the replica killed and restarted on CPU 1 (Linux taskset)")
@@ -416,6 +436,8 @@ def main() -> None:
         return serve_raw(args.mib)
     if not args.skip_transfer:
         transfer(args.mib, args.trials, args.tls)
+    if args.only_transfer:
+        return None
     configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)[1:] if args.only_large else list(CONFIGS)
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("--pin needs 2 CPUs")

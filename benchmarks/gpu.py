@@ -57,8 +57,10 @@ and the run goes on.
    chunks, CRC-checked, into a fresh host buffer), then each tensor copied
    into a CUDA tensor of the same shape (``load_state`` copies the same way).
    Server and client share this process's GIL (benchmarks/catchup_server.py
-   measures the HTTP path between two processes, on CPU). GPU-direct
-   catch-up over NCCL is not built in fthsdp: its row says so, with no figure.
+   measures the HTTP path between two processes, on CPU). Catch-up over
+   an NCCL group (``--catch-up-transport distributed``) needs two GPUs, one
+   per side (NCCL refuses two ranks on one): its row says so, with no
+   figure; benchmarks/catchup.py measures its gloo twin on CPU.
 """
 
 from __future__ import annotations
@@ -531,7 +533,7 @@ def catchup_http(device, nbytes: int, trials: int) -> list[str]:
 
     m = statistics.median(totals)
     return [
-        f"### 4. Catch-up of a CUDA state ({total / GIB:.2f} GiB): HTTP, and GPU-direct",
+        f"### 4. Catch-up of a CUDA state ({total / GIB:.2f} GiB): HTTP, and over NCCL",
         "",
         "| path | total (median) | GB/s | snapshot asked → manifest (source's copy + CRCs) | HTTP fetch "
         "(CRC-checked) | into the joiner's CUDA tensors | all trials |",
@@ -539,8 +541,8 @@ def catchup_http(device, nbytes: int, trials: int) -> list[str]:
         f"| HTTP (`CatchUpServer` → `SourceClient`), loopback, one process | {fmt_time(m)} | {total / m / 1e9:.2f} | "
         f"{fmt_time(statistics.median(asked))} | {fmt_time(statistics.median(fetched))} | "
         f"{fmt_time(statistics.median(loaded))} | {', '.join(fmt_time(t) for t in totals)} |",
-        "| GPU-direct over NCCL | not measured: GPU-direct catch-up is not built; HTTP path measured by "
-        "benchmarks/catchup_server.py on CPU | | | | | |",
+        "| over a two-rank NCCL group (`--catch-up-transport distributed`) | not measured: needs two GPUs "
+        "(NCCL refuses two ranks on one); its gloo twin is measured by benchmarks/catchup.py on CPU | | | | | |",
         "",
         "The HTTP row runs source and joiner in one process (they share its GIL; benchmarks/catchup_server.py "
         "runs them as two, on CPU), so it is a floor of what that path costs a joiner on one host, not a figure "

@@ -12,6 +12,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.status_view import STATE_NAMES
 from tests.processes import AgentProcess
@@ -123,10 +125,14 @@ def wait_transfer_started(client, replica_id: str) -> str:
     return found[0]
 
 
-def test_source_killed_mid_transfer_the_joiner_finishes_from_another(cluster):
+@pytest.mark.parametrize("transport", ["http", "distributed"])
+def test_source_killed_mid_transfer_the_joiner_finishes_from_another(cluster, transport):
+    """Over HTTP, or over a two-rank gloo group (fthsdp/agent/training/catchup_group.py),
+    which breaks off when the source dies; the joiner then tries HTTP on the
+    same dead source, gives it up, and copies the other one."""
     coordinator, _, worker = cluster
     c, (r0, r1, _) = start_and_lose_one(coordinator, worker, 3, min_replicas=1)
-    joiner = worker(c, 2, 1, env=SLOW, name="r2-joiner")
+    joiner = worker(c, 2, 1, env={**SLOW, "FTHSDP_CATCH_UP_TRANSPORT": transport}, name="r2-joiner")
     with CoordinatorClient([c.address]) as client:
         source = wait_transfer_started(client, "r2")
         victim, other = (r0, r1) if source == "r0" else (r1, r0)
@@ -140,6 +146,8 @@ def test_source_killed_mid_transfer_the_joiner_finishes_from_another(cluster):
 
         wait_until(rejoined, 60, interval=0.01, message="r2 caught up from the other source and rejoined")
     assert other.replica_id in sources, sources
+    admitted = joiner.read_until(lambda line: "admitted" in line)
+    assert admitted["catch_up"]["transport"] == {"http": "http", "distributed": "distributed (gloo)"}[transport]
     assert_same_state_after_rejoin(joiner, other)
 
 

@@ -94,6 +94,11 @@ class AgentConfig:
     auto: NCCL when the gradients are on a GPU (each replica's rank k on a GPU of its own: NCCL refuses two ranks on
     one), else gloo."""
 
+    catch_up_transport: str = "auto"
+    """How a joiner copies a peer's snapshot (passed as FTHSDP_CATCH_UP_TRANSPORT): http; distributed (over a
+    two-rank group of the cross-replica backend: NCCL between GPUs, gloo on CPU; HTTP takes over if it breaks off);
+    or auto: distributed when the cross-replica all-reduce runs on NCCL and catch-up is not over TLS, else http."""
+
     bucket_cap_mb: float = 25.0
     """Size of the buckets in which the cross-replica all-reduce starts during the backward pass, as torch DDP's
     bucket_cap_mb (passed as FTHSDP_BUCKET_CAP_MB); 0: one all-reduce after the backward pass. The same on every
@@ -208,6 +213,10 @@ class AgentConfig:
             )
         if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"--cross-replica-backend must be auto, gloo or nccl, got {self.cross_replica_backend!r}")
+        if self.catch_up_transport not in ("auto", "http", "distributed"):
+            raise ConfigError(
+                f"--catch-up-transport must be auto, http or distributed, got {self.catch_up_transport!r}"
+            )
         if not 0 <= self.bucket_cap_mb <= 1 << 20:
             raise ConfigError(f"--bucket-cap-mb must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
         if self.backend not in BACKENDS:

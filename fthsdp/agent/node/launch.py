@@ -56,6 +56,7 @@ def rank_environments(
         "FTHSDP_BACKEND": config.backend,
         "FTHSDP_BUCKET_CAP_MB": f"{config.bucket_cap_mb:g}",
         "FTHSDP_CROSS_REPLICA_BACKEND": config.cross_replica_backend,
+        "FTHSDP_CATCH_UP_TRANSPORT": config.catch_up_transport,
         "FTHSDP_RESTART_COUNT": str(restart_count),
         **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
         **({"FTHSDP_CHECKPOINT_DIR": config.checkpoint_dir,

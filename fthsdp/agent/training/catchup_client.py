@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from fthsdp.agent.training.catchup_group import GroupChannel, PushRequest
 from fthsdp.agent.training.state_codec import dtype_from_name
 from fthsdp.core.errors import FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -55,11 +56,16 @@ def _read_exact(response: http.client.HTTPResponse, view: memoryview) -> None:
 
 class SourceClient:
     def __init__(
-        self, address: str, token: str = "", timeout: float = 30.0, attempts: int = 3, tls: ssl.SSLContext | None = None
+        self, address: str, token: str = "", timeout: float = 30.0, attempts: int = 3,
+        tls: ssl.SSLContext | None = None, channel: GroupChannel | None = None,
     ) -> None:
-        """``tls``: talk HTTPS with this context (fthsdp/agent/training/catchup_tls.py); None: plain HTTP."""
+        """``tls``: talk HTTPS with this context (fthsdp/agent/training/catchup_tls.py); None: plain HTTP.
+        ``channel``: fetch a snapshot's bytes over torch.distributed first
+        (fthsdp/agent/training/catchup_group.py), HTTP taking over from where it broke off."""
         host, _, port = address.rpartition(":")
         self._tls = tls
+        self._channel = channel
+        self._token = token
         self.address = address
         self._host, self._port = host.strip("[]"), int(port)
         self._timeout = timeout
@@ -69,7 +75,20 @@ class SourceClient:
 
     @property
     def transport(self) -> str:
+        if self._channel is not None:
+            return self._channel.name
         return "https" if self._tls is not None else "http"
+
+    def push(self, step: int, request: PushRequest) -> None:
+        """Ask the source to send the snapshot of ``step`` over a group (on a
+        connection of its own: the answer comes once the bytes are sent)."""
+        other = SourceClient(self.address, self._token, timeout=self._timeout, tls=self._tls)
+        try:
+            response = other._request("POST", f"/v1/snapshots/{step}/push?{request.query()}",
+                                      timeout=2 * self._timeout)
+            other._body(response, f"push of the snapshot of step {step}")
+        finally:
+            other.close()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -156,6 +175,9 @@ class SourceClient:
             raise ValueError(f"out must be a contiguous uint8 tensor of {total} bytes")
         view = data.numpy().data.cast("B")
         done, failures = 0, 0  # ``done``: chunks received *and* verified
+        if self._channel is not None and chunks:
+            done = self._channel.receive(lambda request: self.push(manifest.step, request), manifest, data, 0,
+                                         progress)
         # Each chunk's CRC is checked on a helper thread while the next one is
         # received (zlib and the socket both release the GIL), so the check
         # costs little of the transfer's time.

@@ -16,6 +16,11 @@ when the job has a token):
 ``GET /v1/snapshots/<step>/data``
     The raw bytes; a ``Range: bytes=A-`` (or ``A-B``) header resumes an
     interrupted transfer (206). The joiner checks each chunk's CRC-32.
+``POST /v1/snapshots/<step>/push?store=H:P&prefix=X&from=C&backend=B``
+    Send the snapshot's bytes from chunk C on over a two-rank
+    torch.distributed group that meets in the joiner's store
+    (fthsdp/agent/training/catchup_group.py); answers once they are sent
+    (200), or why not (400, 404, 503).
 ``DELETE /v1/snapshots/<step>``
     The joiner is done: release the host copy and the pinned log.
 ``GET /v1/inputs``
@@ -41,13 +46,14 @@ import threading
 import time
 import urllib.parse
 
+from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, PushRequest
 from fthsdp.agent.training.catchup_source import CatchUpSource, SnapshotUnavailable
 
 log = logging.getLogger("fthsdp.agent.catchup")
 
 PROTOBUF = "application/x-protobuf"
 MAX_WAIT = 60.0
-_SNAPSHOT = re.compile(r"^/v1/snapshots/(\d+)(/manifest|/data)?$")
+_SNAPSHOT = re.compile(r"^/v1/snapshots/(\d+)(/manifest|/data|/push)?$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 WRITE_PIECE = 1 << 20
 
@@ -118,6 +124,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path, query = self._query()
         if not self._authorized():
             return None
+        m = _SNAPSHOT.match(path)
+        if m and m.group(2) == "/push":
+            return self._push(int(m.group(1)), query)
         if path != "/v1/snapshots":
             return self._error(404, f"no such resource: {path}")
         try:
@@ -161,6 +170,42 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         snap.last_used = time.monotonic()
         return None
 
+    def _push(self, step: int, query: dict[str, str]) -> None:
+        channel = self.server.channel
+        if channel is None:
+            return self._error(404, "this source sends snapshots over HTTP only")
+        try:
+            request = PushRequest.parse(query)
+            snap = self.server.source.snapshot(step, min(float(query.get("wait", "10")), MAX_WAIT))
+        except ValueError as e:
+            return self._error(400, f"bad request: {e}")
+        except SnapshotUnavailable as e:
+            return self._error(404, str(e))
+        began = time.monotonic()
+        try:
+            chunks = channel.push(snap.buffer[: snap.total_bytes], snap.manifest.chunk_bytes, request,
+                                  pace=self._pacer(began))
+        except GroupTransferError as e:
+            log.info("pushing the snapshot of step %d to %s over %s: %s", step, self.address_string(),
+                     channel.name, e)
+            return self._error(503, str(e))
+        finally:
+            snap.last_used = time.monotonic()
+        log.info("pushed %d chunks of the snapshot of step %d over %s in %.2fs", chunks, step, channel.name,
+                 time.monotonic() - began)
+        return self._send(200, f"{chunks} chunks sent\n".encode())
+
+    def _pacer(self, began: float):
+        """Hold a push to the configured rate (see ``_write``)."""
+        rate = self.server.max_rate
+
+        def pace(sent: int) -> None:
+            ahead = sent / rate - (time.monotonic() - began) if rate else 0.0
+            if ahead > 0:
+                time.sleep(ahead)
+
+        return pace
+
     def _log(self, query: dict[str, str]) -> None:
         start = int(query["from"]) if "from" in query else 0
         max_bytes = int(query.get("max_bytes", str(256 << 20)))
@@ -202,7 +247,8 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, source: CatchUpSource, token: str, max_rate: float, tls=None) -> None:
+    def __init__(self, address, source: CatchUpSource, token: str, max_rate: float, tls=None,
+                 channel: GroupChannel | None = None) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
         if tls is not None:
@@ -212,6 +258,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.source = source
         self.token = token
         self.max_rate = max_rate
+        self.channel = channel
 
     def handle_error(self, request, client_address) -> None:
         # A joiner that died mid-transfer breaks the connection: routine, not a traceback.
@@ -229,9 +276,12 @@ class CatchUpServer:
         token: str = "",
         max_rate: float = 0.0,
         tls: ssl.SSLContext | None = None,
+        channel: GroupChannel | None = None,
     ):
-        """``tls``: serve HTTPS with this context (fthsdp/agent/training/catchup_tls.py); None: plain HTTP."""
-        self._server = _Server((host, port), source, token, max_rate, tls)
+        """``tls``: serve HTTPS with this context (fthsdp/agent/training/catchup_tls.py); None: plain HTTP.
+        ``channel``: push snapshots over torch.distributed when a joiner asks
+        (fthsdp/agent/training/catchup_group.py); None: HTTP only."""
+        self._server = _Server((host, port), source, token, max_rate, tls, channel)
         bound_host, bound_port = self._server.server_address[:2]
         assert isinstance(bound_host, str)  # an AF_INET(6) socket's own address (typeshed allows bytes)
         shown = host if host not in ("", "0.0.0.0", "::") else bound_host

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from fthsdp.agent.injection import RankFaults
 from fthsdp.agent.training import catchup_tls
 from fthsdp.agent.training.catchup_client import SourceClient
+from fthsdp.agent.training.catchup_group import GroupChannel
 from fthsdp.agent.training.catchup_server import CatchUpServer
 from fthsdp.agent.training.catchup_source import CatchUpSource
 from fthsdp.agent.training.ftar import QuorumTracker
@@ -31,8 +32,9 @@ from fthsdp.agent.training.participation import QuorumRecord
 from fthsdp.agent.training.reach_probe import ReachProbes
 from fthsdp.agent.training.replica_group import ReplicaGroup
 from fthsdp.agent.training.step_clock import StepClock
+from fthsdp.agent.training.transport import Transport
 from fthsdp.core.credentials import TlsFiles
-from fthsdp.core.errors import FthsdpError
+from fthsdp.core.errors import ConfigError, FthsdpError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.connection")
@@ -40,8 +42,9 @@ log = logging.getLogger("fthsdp.agent.connection")
 
 class JobConnection:
     def __init__(self, config: ManagerConfig, source: CatchUpSource, lifecycle: Lifecycle, clock: StepClock,
-                 group_timeout: float) -> None:
-        """Open every link (the session is not started yet: ``start_session``)."""
+                 group_timeout: float, transport: Transport) -> None:
+        """Open every link (the session is not started yet: ``start_session``).
+        ``transport``: the cross-replica one, which catch-up's group transfers use too."""
         self.config = config
         self._lifecycle = lifecycle
         self.leader = config.shard_rank == 0
@@ -70,8 +73,13 @@ class JobConnection:
         self.group = ReplicaGroup(config.shard_rank, config.shard_count, group_timeout)
         self._catch_up_tls = config.tls if config.catch_up_tls else TlsFiles()
         self._source_tls: ssl.SSLContext | None = None  # the catch-up client's, made on first use
+        channel = GroupChannel(transport, config.host, config.timeout)
+        self._fetch_channel = channel if self._over_group(config, transport) else None
+        """Whether this rank, as a joiner, fetches snapshots over a group (it always serves them so)."""
+        # A source with catch-up TLS pushes nothing in the clear.
+        push_channel = None if catchup_tls.uses_tls(self._catch_up_tls) else channel
         self._server = CatchUpServer(source, config.host, token=config.token, max_rate=config.catch_up_max_rate,
-                                     tls=catchup_tls.server_context(self._catch_up_tls)).start()
+                                     tls=catchup_tls.server_context(self._catch_up_tls), channel=push_channel).start()
         m.catch_up_addresses = self.group.all_gather_strings(self._server.address)
 
     def start_session(self) -> None:
@@ -91,7 +99,18 @@ class JobConnection:
         when this replica has a certificate: fthsdp/agent/training/catchup_tls.py)."""
         if self._source_tls is None and catchup_tls.uses_tls(self._catch_up_tls):
             self._source_tls = catchup_tls.client_context(self._catch_up_tls)
-        return SourceClient(address, self.config.token, timeout=self.config.timeout, tls=self._source_tls)
+        return SourceClient(address, self.config.token, timeout=self.config.timeout, tls=self._source_tls,
+                            channel=self._fetch_channel)
+
+    def _over_group(self, config: ManagerConfig, transport: Transport) -> bool:
+        """``--catch-up-transport``: auto picks the group on NCCL without TLS."""
+        tls = catchup_tls.uses_tls(self._catch_up_tls)
+        if config.catch_up_transport == "distributed" and tls:
+            raise ConfigError("--catch-up-transport distributed would send the state unencrypted while catch-up "
+                              "uses TLS: choose http, or turn catch-up TLS off (FTHSDP_CATCH_UP_TLS=0)")
+        if config.catch_up_transport == "auto":
+            return transport.name == "nccl" and not tls
+        return config.catch_up_transport == "distributed"
 
     def close(self, reason: str, failed: bool) -> None:
         """Tell the coordinator this replica leaves, and stop serving joiners."""

@@ -92,6 +92,12 @@ class ManagerConfig:
     """What the all-reduce across replicas runs on (FTHSDP_CROSS_REPLICA_BACKEND;
     fthsdp/agent/training/transport/): gloo, nccl, or auto (NCCL for CUDA gradients)."""
 
+    catch_up_transport: str = "auto"
+    """How this rank copies a peer's snapshot when it joins (FTHSDP_CATCH_UP_TRANSPORT;
+    fthsdp/agent/training/catchup_group.py): http, distributed (a two-rank group of
+    the cross-replica backend, HTTP taking over if it breaks off), or auto
+    (distributed on NCCL without catch-up TLS, else http)."""
+
     bucket_cap_mb: float = 25.0
     """The buckets of the all-reduce started during the backward pass
     (FTHSDP_BUCKET_CAP_MB; fthsdp/agent/training/overlap.py); 0: one all-reduce after it."""
@@ -146,6 +152,9 @@ class ManagerConfig:
         if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
             raise ConfigError("FTHSDP_CROSS_REPLICA_BACKEND must be auto, gloo or nccl, got "
                               f"{self.cross_replica_backend!r}")
+        if self.catch_up_transport not in ("auto", "http", "distributed"):
+            raise ConfigError("FTHSDP_CATCH_UP_TRANSPORT must be auto, http or distributed, got "
+                              f"{self.catch_up_transport!r}")
         if not 0 <= self.bucket_cap_mb <= 1 << 20:
             raise ConfigError(f"FTHSDP_BUCKET_CAP_MB must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
         if self.catch_up_max_rate < 0 or self.catch_up_log_steps < 1 or self.catch_up_log_bytes < 0:
@@ -193,6 +202,7 @@ class ManagerConfig:
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
                 bucket_cap_mb=float(get("BUCKET_CAP_MB", "25")),
                 cross_replica_backend=get("CROSS_REPLICA_BACKEND", "auto"),
+                catch_up_transport=get("CATCH_UP_TRANSPORT", "auto"),
                 checkpoint_dir=get("CHECKPOINT_DIR", ""),
                 checkpoint_every=parse_every(get("CHECKPOINT_EVERY", "0"), "FTHSDP_CHECKPOINT_EVERY"),
                 checkpoint_keep=int(get("CHECKPOINT_KEEP", "3")),

@@ -77,11 +77,11 @@ class ReplicaStep:
         self._hooks = hooks
         self._source = CatchUpSource(config.replica_id, config.shard_rank, structure, log_)
         """This rank's state as joiners copy it: snapshots and the log (served by the connection)."""
-        self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout)
-        self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader, job=config.job,
-                                     structure=structure)
         transport = choose(config.cross_replica_backend, local(self._params[0]).device, config.host,
                            config.gloo_interface)
+        self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout, transport)
+        self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader, job=config.job,
+                                     structure=structure)
         self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
                           transport=transport)
         self._ftar.groups.horizon = self._link.hangs.horizon
