@@ -309,6 +309,7 @@ def main() -> int:
         print(json.dumps({
             "step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
             "abandoned": result.abandoned, "checksum": ft.checksum, "loss": loss.item(), "t": time.monotonic(),
+            "overlapped": result.overlapped,
         }), flush=True)
     if args.save:
         torch.save(model.state_dict(), args.save)

@@ -59,7 +59,8 @@ def main() -> None:
         ft.commit()  # the default update: optimizer.step(), zero_grad
         if rank == 0:
             print(json.dumps({"step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
-                              "abandoned": result.abandoned, "checksum": ft.checksum}), flush=True)
+                              "abandoned": result.abandoned, "checksum": ft.checksum,
+                              "overlapped": result.overlapped}), flush=True)
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective: every rank
     if args.save and rank == 0:
         torch.save(full, args.save)

@@ -150,3 +150,48 @@ def test_overlap_is_off_without_a_cap():
     assert not overlap.enabled and overlap.buckets == ()
     overlap.arm("g", _Pg())
     assert overlap.complete() is None
+
+
+FSDP2_SCRIPT = """
+import json, os, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from fthsdp.agent.training.overlap import Overlap
+from fthsdp.agent.training.state_codec import local
+from tests.test_buckets import _Pg, model
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+m = model()
+for layer in (m[0], m[2], m[4]):
+    fully_shard(layer)
+fully_shard(m)
+params = list(m.parameters())
+overlap = Overlap(params, cap_bytes=64 * 65 * 4, tail=0)
+pg = _Pg()
+overlap.arm("g", pg)
+m(torch.randn(4, 64)).sum().backward()
+started_in_backward = len(pg.started)
+pre = overlap.complete()
+flat = torch.cat([local(p.grad).reshape(-1) for p in params])
+print(json.dumps({"buckets": len(overlap.buckets), "started_in_backward": started_in_backward,
+                  "equal": bool(torch.equal(pre.buffer, flat)), "enabled": overlap.enabled}))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_parameters_start_their_buckets_during_backward():
+    """FSDP2 calls the sharded parameters' post-accumulate-grad hooks once it
+    has set their gradients, module by module: the buckets of the local
+    shards start inside backward(). (A process of its own: FSDP2 needs a
+    default process group.)"""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", FSDP2_SCRIPT], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["enabled"] and result["buckets"] >= 3
+    assert result["started_in_backward"] == result["buckets"]
+    assert result["equal"]

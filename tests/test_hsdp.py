@@ -17,7 +17,11 @@ from tests.waiting import wait_until
 REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
 
 
-def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
+@pytest.mark.parametrize("bucket_cap_mb", ["25", "0.001", "0"], ids=["one-bucket", "many-buckets", "no-overlap"])
+def test_hsdp_matches_ddp_over_all_ranks(tmp_path, bucket_cap_mb):
+    """Each shard rank's cross-replica sum, overlapped with the backward pass
+    in buckets of its local shards (fthsdp/agent/training/overlap.py: FSDP2
+    calls their hooks), in one bucket, or after the backward pass."""
     world = REPLICAS * RANKS
     oracle = start_ddp_oracle(tmp_path, world, STEPS, HIDDEN)
     for p in oracle:
@@ -25,7 +29,8 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
     c = CoordinatorProcess(tmp_path, "--min-replicas", str(REPLICAS)).start()
     try:
         agents = [
-            hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt")).start()
+            hsdp_agent(tmp_path, c.address, k, "--steps", str(STEPS), "--save", str(tmp_path / f"hsdp{k}.pt"),
+                       agent_args=("--bucket-cap-mb", bucket_cap_mb)).start()
             for k in range(REPLICAS)
         ]
         for a in agents:
@@ -36,6 +41,14 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path):
     for step in range(1, STEPS + 1):
         assert r0.steps[step]["checksum"] == r1.steps[step]["checksum"], f"replicas differ at step {step}"
         assert r0.steps[step]["contributors"] == REPLICAS
+    # The first step in a group sums after the backward pass; from the next on, in buckets during it.
+    overlapped = [r.steps[s]["overlapped"] for r in agents for s in range(3, STEPS + 1)]
+    if bucket_cap_mb == "25":
+        assert set(overlapped) == {1}, overlapped  # the whole shard in one bucket
+    elif bucket_cap_mb == "0":
+        assert set(overlapped) == {0}, overlapped
+    else:
+        assert min(overlapped) >= 1 and max(overlapped) >= 3, overlapped
     expected = torch.load(tmp_path / "ddp0.pt", weights_only=True)
     for k in range(REPLICAS):
         got = torch.load(tmp_path / f"hsdp{k}.pt", weights_only=True)

@@ -94,6 +94,9 @@ class StepResult:
     False when the sum was taken from a peer after a failure: that checkpoint
     then lacks this member's share and is never used (as when a member dies
     mid-save), and the next one is taken on time."""
+    overlapped: int = 0
+    """Buckets of this sum that started during the backward pass
+    (fthsdp/agent/training/overlap.py); 0: it ran after the backward pass."""
 
 
 
@@ -308,7 +311,7 @@ class FTAR:
                     total = buf[:numel] if control_slots else buf
                     wanted = control_slots and float(buf[numel + CHECKPOINT_SLOT]) > 0
                     result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step,
-                                                     wanted)
+                                                     wanted, pre.in_backward if pre is not None else 0)
                     self._last_step = step
                 else:
                     self.groups.retire(group)

@@ -13,6 +13,15 @@ then starts what has not started (parameters with no gradient this step)
 and hands the lot to FTAR, which adds the small tail (batch-norm statistics
 and control slots) and waits.
 
+FSDP2 replica groups: FSDP2 sets each sharded parameter's gradient (this
+rank's shard of the replica group's reduce-scatter) after the backward pass
+of its module and then calls that parameter's post-accumulate-grad hooks
+itself, so the same hooks start the cross-replica buckets of the local
+shards, module by module, while the backward pass goes on. (FSDP2's
+``set_all_reduce_hook`` would hand over the reduce-scatter output to be
+summed in place, leaving no intact local gradient to redo a step from after
+a failure, and is refused for modules with several parameter groups.)
+
 The gradients themselves are never touched, so everything FTAR does on a
 failure stays as it was: a bucket in flight in a group that a newer quorum
 replaced is dropped with that group, and the survivors redo the step flat
@@ -36,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.buckets import Bucket, bucket_of, plan_buckets, plan_signature
-from fthsdp.agent.training.state_codec import is_dtensor
+from fthsdp.agent.training.state_codec import local
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +62,8 @@ class Prelaunched:
     """Elements of the gradient part: the tail (statistics, control slots) follows."""
     stale: bool
     """A gradient changed after its bucket started (another backward pass): the sum must be redone."""
+    in_backward: int = 0
+    """Buckets started during the backward pass (the others at ``complete``)."""
 
 
 @dataclasses.dataclass
@@ -71,16 +82,17 @@ class Overlap:
     def __init__(self, params: list[torch.Tensor], cap_bytes: int, tail: int) -> None:
         """``params``: the parameters with gradients, in the flat buffer's
         order; ``tail``: elements after the gradients (statistics, control
-        slots). Overlap is off (``enabled`` False) for ``cap_bytes`` 0, for
-        FSDP2 parameters (their all-reduce follows FSDP's reduce-scatter:
-        not yet overlapped) and for gradients of mixed dtypes or devices."""
+        slots). FSDP2 parameters count by this rank's shard. Overlap is off
+        (``enabled`` False) for ``cap_bytes`` 0 and for gradients of mixed
+        dtypes or devices."""
         self._params = params
         self._tail = tail
-        dtypes = {(p.dtype, p.device) for p in params}
-        self.enabled = cap_bytes > 0 and bool(params) and len(dtypes) == 1 and not any(is_dtensor(p) for p in params)
-        numels = [p.numel() for p in params]
+        shards = [local(p) for p in params]
+        dtypes = {(p.dtype, p.device) for p in shards}
+        self.enabled = cap_bytes > 0 and bool(params) and len(dtypes) == 1
+        numels = [p.numel() for p in shards]
         self.buckets: tuple[Bucket, ...] = (
-            plan_buckets(numels, params[0].element_size(), cap_bytes) if self.enabled else ())
+            plan_buckets(numels, shards[0].element_size(), cap_bytes) if self.enabled else ())
         self.signature = plan_signature(self.buckets)
         """Compared in every new group's agree (FTAR.plan_signature)."""
         self._gradients = sum(numels)
@@ -100,7 +112,7 @@ class Overlap:
         """At a step boundary: start the next step's buckets in ``group`` (its process group ``pg``)."""
         if not self.enabled:
             return
-        p = self._params[0]
+        p = local(self._params[0])
         buffer = torch.empty(self._gradients + self._tail, dtype=p.dtype, device=p.device)
         with self._lock:
             self._armed = _Armed(group, pg, buffer, [0] * len(self._params), [0] * len(self.buckets))
@@ -116,13 +128,14 @@ class Overlap:
             armed, self._armed = self._armed, None
             if armed is None:
                 return None
+            in_backward = armed.started
             while armed.started < len(self.buckets):
                 self._start(armed)
         fired = armed.fired
         self._passes = max(1, max(fired))
         self._expected = [n > 0 for n in fired]
         self._need = [sum(self._expected[b.first:b.stop]) for b in self.buckets]
-        return Prelaunched(armed.group, armed.buffer, tuple(armed.works), self._gradients, armed.stale)
+        return Prelaunched(armed.group, armed.buffer, tuple(armed.works), self._gradients, armed.stale, in_backward)
 
     def close(self) -> None:
         """Take the hooks off the script's model."""
@@ -156,12 +169,13 @@ class Overlap:
         offset = bucket.start_element
         with torch.no_grad():
             for p in self._params[bucket.first:bucket.stop]:
-                piece = armed.buffer[offset:offset + p.numel()]
+                n = local(p).numel()
+                piece = armed.buffer[offset:offset + n]
                 if p.grad is None:
                     piece.zero_()
                 else:
-                    piece.copy_(p.grad.reshape(-1))
-                offset += p.numel()
+                    piece.copy_(local(p.grad).reshape(-1))
+                offset += n
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # pybind11 converts it
         view = armed.buffer[bucket.start_element:bucket.stop_element]
