@@ -212,6 +212,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         wait = min(float(query.get("wait", "0")), MAX_WAIT)
         self.server.source.touch(start)
         records, head, oldest = self.server.source.log.read(start, max_bytes, wait)
+        try:
+            return self._send_log(records, start, head, oldest)
+        finally:
+            self.server.source.log.done(records)  # their buffers may be reused from now on
+
+    def _send_log(self, records, start: int, head: int, oldest: int) -> None:
         if not records and start < head and start < oldest:
             return self._error(410, f"step {start} is no longer held (oldest {oldest}, head {head})")
         from fthsdp.protos.v1 import catchup_pb2 as cpb

@@ -22,6 +22,7 @@ import dataclasses
 import threading
 import time
 import zlib
+from collections.abc import Callable
 
 import torch
 
@@ -34,6 +35,10 @@ class Record:
     entry: cpb.LogEntry
     data: torch.Tensor
     """The flat sum of the step's gradients (this rank's shards)."""
+    readers: int = 0
+    """Catch-up servers sending it now (``read`` until ``done``)."""
+    dropped: bool = False
+    """The log let it go while it was being read: handed back at ``done``."""
 
     @property
     def nbytes(self) -> int:
@@ -49,9 +54,13 @@ class Record:
 
 
 class GradientLog:
-    def __init__(self, keep_steps: int = 4, max_bytes: int = 2 << 30) -> None:
+    def __init__(self, keep_steps: int = 4, max_bytes: int = 2 << 30,
+                 on_drop: Callable[[torch.Tensor], None] = lambda data: None) -> None:
+        """``on_drop(data)``: an entry's sum is let go and nobody reads it
+        any more (fthsdp/agent/training/buffer_pool.py reuses its buffer)."""
         if keep_steps < 1 or max_bytes < 0:
             raise ValueError("keep_steps must be >= 1 and max_bytes >= 0")
+        self._on_drop = on_drop
         self.keep_steps = keep_steps
         self.max_bytes = max_bytes
         self._records: collections.OrderedDict[int, Record] = collections.OrderedDict()
@@ -80,7 +89,9 @@ class GradientLog:
         step = entry.step
         with self._cond:
             if self._records and step != next(reversed(self._records)) + 1:
-                self._records.clear()  # a gap (this replica was out): older entries cannot be replayed
+                for old in self._records.values():  # a gap (this replica was out): older entries cannot be replayed
+                    self._drop(old)
+                self._records.clear()
                 self._bytes = 0
             record = Record(entry, total.detach())
             self._records[step] = record
@@ -113,7 +124,15 @@ class GradientLog:
             oldest = next(iter(self._records))
             if oldest >= floor and self._bytes <= self.max_bytes:
                 break
-            self._bytes -= self._records.pop(oldest).nbytes
+            record = self._records.pop(oldest)
+            self._bytes -= record.nbytes
+            self._drop(record)
+
+    def _drop(self, record: Record) -> None:
+        if record.readers:
+            record.dropped = True
+        else:
+            self._on_drop(record.data)
 
     @property
     def head(self) -> int:
@@ -123,7 +142,8 @@ class GradientLog:
     def read(self, from_step: int, max_bytes: int, wait: float = 0.0) -> tuple[list[Record], int, int]:
         """Entries from ``from_step`` on (at least one if any, then up to
         ``max_bytes``), waiting up to ``wait`` seconds for one to exist.
-        Returns (records, head step, oldest step held)."""
+        Returns (records, head step, oldest step held). The caller says
+        ``done(records)`` once it has sent them."""
         deadline = time.monotonic() + wait
         with self._cond:
             while self._head <= from_step and self._cond.wait(max(0.0, deadline - time.monotonic())):
@@ -139,4 +159,15 @@ class GradientLog:
                 out.append(record)
                 size += record.nbytes
                 step += 1
+            for record in out:
+                record.readers += 1
             return out, self._head, oldest
+
+    def done(self, records: list[Record]) -> None:
+        """The records of a ``read`` are sent: those let go meanwhile are handed back now."""
+        with self._cond:
+            for record in records:
+                record.readers -= 1
+                if record.dropped and not record.readers:
+                    record.dropped = False
+                    self._on_drop(record.data)

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.standby import wait_for_activation
+from fthsdp.agent.training.buffer_pool import BufferPool
 from fthsdp.agent.training.checksum import structure_hash
 from fthsdp.agent.training.ftar import StepResult
 from fthsdp.agent.training.grad_log import GradientLog
@@ -105,7 +106,9 @@ class Manager:
             raise ConfigError(f"update must be a function of no arguments, got a {type(update).__name__}")
         self._state = TrainState(model, optimizer, state)
         params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
-        self._log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes)
+        self._buffers = BufferPool(config.catch_up_log_steps + 3)
+        """The steps' flat host buffers, lent to each step and handed back by the log."""
+        self._log = GradientLog(config.catch_up_log_steps, config.catch_up_log_bytes, on_drop=self._buffers.give_back)
         """The steps this rank committed, with their sums: what a joiner replays."""
         self._replayer = Replayer(self._state, params, update, self._log)
         """The one place the state moves: the update, live or replayed, and the step it is at."""
@@ -222,7 +225,8 @@ class Manager:
             return
         try:
             step = ReplicaStep(cfg, self._state, self._replayer, self._log, structure_hash(self.model),
-                               self._lifecycle, self._clock, self._hooks, max(cfg.timeout, admission_timeout))
+                               self._lifecycle, self._clock, self._hooks, max(cfg.timeout, admission_timeout),
+                               self._buffers)
         except BaseException:
             self._hooks.remove()  # the script gets its process back as it was
             raise

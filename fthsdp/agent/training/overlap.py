@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.buckets import Bucket, bucket_of, plan_buckets, plan_signature
+from fthsdp.agent.training.buffer_pool import BufferPool
 from fthsdp.agent.training.state_codec import local
 
 
@@ -79,13 +80,16 @@ class _Armed:
 
 
 class Overlap:
-    def __init__(self, params: list[torch.Tensor], cap_bytes: int, tail: int) -> None:
+    def __init__(self, params: list[torch.Tensor], cap_bytes: int, tail: int,
+                 buffers: BufferPool | None = None) -> None:
         """``params``: the parameters with gradients, in the flat buffer's
         order; ``tail``: elements after the gradients (statistics, control
         slots). FSDP2 parameters count by this rank's shard. Overlap is off
         (``enabled`` False) for ``cap_bytes`` 0 and for gradients of mixed
-        dtypes or devices."""
+        dtypes or devices. ``buffers``: where each step's flat buffer comes
+        from (fthsdp/agent/training/buffer_pool.py); None: a fresh one per step."""
         self._params = params
+        self._buffers = buffers if buffers is not None else BufferPool(0)
         self._tail = tail
         shards = [local(p) for p in params]
         dtypes = {(p.dtype, p.device) for p in shards}
@@ -113,12 +117,16 @@ class Overlap:
         if not self.enabled:
             return
         p = local(self._params[0])
-        buffer = torch.empty(self._gradients + self._tail, dtype=p.dtype, device=p.device)
+        buffer = self._buffers.take(self._gradients + self._tail, p.dtype, p.device)
         with self._lock:
+            if self._armed is not None:
+                self._buffers.forget(self._armed.buffer)
             self._armed = _Armed(group, pg, buffer, [0] * len(self._params), [0] * len(self.buckets))
 
     def disarm(self) -> None:
         with self._lock:
+            if self._armed is not None:
+                self._buffers.forget(self._armed.buffer)  # a bucket of it may be in flight
             self._armed = None
 
     def complete(self) -> Prelaunched | None:

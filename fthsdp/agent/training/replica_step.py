@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from fthsdp.agent import outcome
+from fthsdp.agent.training.buffer_pool import BufferPool
 from fthsdp.agent.training.catchup_source import CatchUpSource
 from fthsdp.agent.training.catchup_target import CatchUpTarget
 from fthsdp.agent.training.checkpoint.restoring import resume_newest
@@ -63,7 +64,7 @@ log = logging.getLogger("fthsdp.agent.manager")
 class ReplicaStep:
     def __init__(self, config: ManagerConfig, state: TrainState, replayer: Replayer, log_: GradientLog,
                  structure: int, lifecycle: Lifecycle, clock: StepClock, hooks: ScriptHooks,
-                 group_timeout: float) -> None:
+                 group_timeout: float, buffers: BufferPool) -> None:
         """Open the replica's links to its job (fthsdp/agent/training/connection.py) and
         register; ``join`` then makes it a member."""
         self.config = config
@@ -87,7 +88,8 @@ class ReplicaStep:
         self._ftar.groups.horizon = self._link.hangs.horizon
         running = state.running
         self._overlap = Overlap(self._params, int(config.bucket_cap_mb * (1 << 20)),
-                                tail=(running.numel() if running.carries else 0) + CONTROL_SLOTS)
+                                tail=(running.numel() if running.carries else 0) + CONTROL_SLOTS, buffers=buffers)
+        self._buffers = buffers
         """Starts the step's all-reduce bucket by bucket during the backward pass (fthsdp/agent/training/overlap.py)."""
         self._ftar.plan_signature = self._overlap.signature
         self._joiner: Joiner | None = None
@@ -214,7 +216,8 @@ class ReplicaStep:
         self._source.publish_inputs(self._inputs)
         self._gap.taken = None
         prelaunched = self._overlap.complete()  # the buckets the backward pass did not start, started now
-        if not contributes:
+        if not contributes and prelaunched is not None:
+            self._buffers.forget(prelaunched.buffer)
             prelaunched = None
         buffer = StepBuffer(self._params, self._state.running, contributes)
         if prelaunched is not None:
@@ -229,6 +232,8 @@ class ReplicaStep:
                 checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
             )
         except Evicted as e:
+            if prelaunched is not None:
+                self._buffers.forget(prelaunched.buffer)
             ending = ending_for_eviction(self._link.drain_requested())
             self.leave(ending, "the quorum went on without it" if ending is Ending.DRAINED else str(e))
             if ending is Ending.DRAINED:
@@ -241,6 +246,8 @@ class ReplicaStep:
             if top != -neg_bottom:
                 raise FtarError(f"the ranks of replica {self.config.replica_id} joined the quorum at steps "
                                 f"{-neg_bottom}..{top}")
+        if prelaunched is not None and result.total.data_ptr() != prelaunched.buffer.data_ptr():
+            self._buffers.forget(prelaunched.buffer)  # summed again elsewhere: its collectives may still write it
         buffer.restore()  # the result goes into the step's gradients
         if result.contributors == 0:  # the members were all lost as this joiner joined
             self._sentinel = None
