@@ -179,7 +179,7 @@ def transfer(mib: int, trials: int, tls: bool) -> None:
           f"{', '.join(f'{gbps(t):.2f}' for t in times_http)} |")
     print(f"| ratio fthsdp / raw | {r / h:.2f} | |")
     g = statistics.median(times_group)
-    print(f"| fthsdp catch-up over a two-rank gloo group (same chunks and CRCs; a new group per transfer) | "
+    print(f"| fthsdp catch-up over a two-rank gloo group (same chunks and CRCs; the group built in the timing) | "
           f"{gbps(g):.2f} | {', '.join(f'{gbps(t):.2f}' for t in times_group)} |")
     print(f"| ratio group / HTTP | {h / g:.2f} | |")
     if times_https:

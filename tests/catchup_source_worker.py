@@ -1,13 +1,15 @@
 """A catch-up source in a process of its own, for tests/test_catchup_group.py.
 
-It holds a small trained model behind a CatchUpServer that also pushes over
-a two-rank gloo group, takes a snapshot whenever one is asked for, and
-prints one JSON line: its address and the state's checksum. ``--fault``
-breaks the group push on purpose, to show the joiner going on over HTTP:
+It holds a small trained model and a log of three steps behind a
+CatchUpServer that also opens catch-up sessions over a two-rank gloo group,
+takes a snapshot whenever one is asked for, and prints one JSON line: its
+address, the state's checksum and the log's sums. ``--fault`` breaks the
+group on purpose, to show the joiner going on over HTTP:
 
-* ``corrupt``: the group carries chunk 1 with one byte flipped;
-* ``stop``: the source leaves the group after chunk 1;
-* ``http-only``: the source serves no push at all.
+* ``corrupt``: the snapshot's chunk 1 arrives with one byte flipped;
+* ``stop``: the source leaves the session after the snapshot's chunk 1;
+* ``corrupt-log``: the log's first entry arrives with one byte flipped;
+* ``http-only``: the source opens no session at all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 
 import torch
 
-from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, PushRequest
+from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, Session, SessionRequest
 from fthsdp.agent.training.catchup_server import CatchUpServer
 from fthsdp.agent.training.catchup_source import CatchUpSource
 from fthsdp.agent.training.checksum import state_checksum
@@ -27,6 +29,8 @@ from fthsdp.agent.training.grad_log import GradientLog
 from fthsdp.agent.training.snapshot import capture_state
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.protos.v1 import catchup_pb2 as cpb
+
+LOG_STEPS = 3
 
 
 def model_and_optimizer(seed: int, width: int):
@@ -36,33 +40,51 @@ def model_and_optimizer(seed: int, width: int):
     return model, opt
 
 
+def log_sums() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randn(1000, generator=g) for _ in range(LOG_STEPS)]
+
+
 class FaultyChannel(GroupChannel):
+    """Sessions whose sends break as ``fault`` says (the first send of a
+    session is the snapshot's push, the next ones the log's)."""
+
     def __init__(self, fault: str, *args) -> None:
         super().__init__(*args)
         self.fault = fault
 
-    def push(self, data: torch.Tensor, chunk_bytes: int, request: PushRequest, pace=lambda sent: None) -> int:
-        if self.fault == "corrupt":
-            data = data.clone()
-            data[chunk_bytes + 3] ^= 0xFF
-        if self.fault == "stop":
-            data = data[: 2 * chunk_bytes]  # two chunks, then the group is dropped
-            super().push(data, chunk_bytes, request, pace)
-            raise GroupTransferError("stopped on purpose")
-        return super().push(data, chunk_bytes, request, pace)
+    def accept(self, request: SessionRequest) -> Session:
+        session = super().accept(request)
+        send, sends = session.send, [0]
+
+        def faulty(pieces: list[torch.Tensor], pace=lambda sent: None) -> None:
+            sends[0] += 1
+            first = sends[0] == 1
+            if self.fault == "corrupt" and first or self.fault == "corrupt-log" and not first:
+                pieces = [p.clone() for p in pieces]
+                pieces[1 if first else 0][3] ^= 0xFF
+            if self.fault == "stop" and first:
+                send(pieces[:2], pace)
+                session.close()
+                raise GroupTransferError("stopped on purpose")
+            send(pieces, pace)
+
+        session.send = faulty  # type: ignore[method-assign]
+        return session
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--fault", choices=("none", "corrupt", "stop", "http-only"), default="none")
+    parser.add_argument("--fault", choices=("none", "corrupt", "stop", "corrupt-log", "http-only"), default="none")
     args = parser.parse_args()
     model, opt = model_and_optimizer(0, args.width)
     model(torch.randn(8, args.width)).sum().backward()
     opt.step()
     log = GradientLog()
-    log.append(cpb.LogEntry(step=0, hyperparams_json="[]"), torch.zeros(4), 1, 1)
+    for step, total in enumerate(log_sums()):
+        log.append(cpb.LogEntry(step=step, hyperparams_json="[]"), total, 1, 1)
     source = CatchUpSource("r0", 0, 42, log, chunk_bytes=args.chunk)
     channel = None if args.fault == "http-only" else FaultyChannel(args.fault, GlooTransport(), "127.0.0.1", 10.0)
     server = CatchUpServer(source, channel=channel).start()

@@ -1,7 +1,9 @@
-"""A snapshot over a two-rank torch.distributed group (fthsdp/agent/training/catchup_group.py):
-a real source process, this process the joiner; every chunk CRC-checked,
-and HTTP taking over from the first unverified chunk whenever the group
-path breaks (a corrupt chunk, a source that leaves, a source without it)."""
+"""Catch-up over a two-rank torch.distributed group (fthsdp/agent/training/catchup_group.py):
+a real source process, this process the joiner. The snapshot's chunks and
+the log's entries travel over one session, every chunk and entry
+CRC-checked, and HTTP takes over from the first unverified chunk whenever
+the group path breaks (a corrupt chunk or entry, a source that leaves, a
+source without it)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ import pytest
 import torch
 
 from fthsdp.agent.training.catchup_client import SourceClient
-from fthsdp.agent.training.catchup_group import GroupChannel, PushRequest
+from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, SessionRequest
 from fthsdp.agent.training.checksum import state_checksum
 from fthsdp.agent.training.snapshot import load_state, state_from_bytes
 from fthsdp.agent.training.transport.gloo import GlooTransport
-from tests.catchup_source_worker import model_and_optimizer
+from tests.catchup_source_worker import LOG_STEPS, log_sums, model_and_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 4096
@@ -48,25 +50,32 @@ def source():
 
 
 class Recorded(SourceClient):
-    """A client that remembers the HTTP requests it made (method, path, Range)."""
+    """A client that remembers the HTTP requests it made (method, path and query, Range)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.requests: list[tuple[str, str, str]] = []
 
     def _request(self, method, path, headers=None, timeout=None):
-        self.requests.append((method, path.split("?")[0], (headers or {}).get("Range", "")))
+        self.requests.append((method, path, (headers or {}).get("Range", "")))
         return super()._request(method, path, headers, timeout)
 
 
 def fetch(address: str, channel: GroupChannel | None) -> tuple[str, Recorded, list[int], object]:
+    """Fetch the snapshot and the log as a joiner does; the state's checksum,
+    the client, the progress seen, the manifest."""
     client = Recorded(address, timeout=10, channel=channel)
     manifest = client.request_snapshot()
     seen: list[int] = []
     data = client.fetch(manifest, progress=seen.append)
     model, opt = model_and_optimizer(1, 64)
     load_state(model, opt, state_from_bytes(manifest, data))
+    entries, head, _ = client.log(0)
+    assert head == LOG_STEPS and [e.step for e, _ in entries] == list(range(LOG_STEPS))
+    for (_, got), expected in zip(entries, log_sums(), strict=True):
+        assert torch.equal(got, expected)
     client.release(manifest.step)
+    client.close()
     assert seen == sorted(seen) and seen[-1] == manifest.total_bytes
     return state_checksum(model, opt), client, seen, manifest
 
@@ -76,35 +85,49 @@ def channel() -> GroupChannel:
 
 
 def data_requests(client: Recorded) -> list[str]:
-    return [rng for method, path, rng in client.requests if method == "GET" and path.endswith("/data")]
+    return [rng for method, path, rng in client.requests if method == "GET" and "/data" in path]
 
 
-def test_the_snapshot_travels_over_the_group_and_nothing_over_http(source):
+def log_requests(client: Recorded) -> list[bool]:
+    """For each log request: whether it asked for the bytes over the session."""
+    return ["session=" in path for method, path, _ in client.requests if path.startswith("/v1/log")]
+
+
+def test_the_snapshot_and_the_log_travel_over_the_group_and_nothing_over_http(source):
     src = source()
     checksum, client, seen, manifest = fetch(src["address"], channel())
     assert checksum == src["checksum"]
     assert len(manifest.chunk_crc32) >= 4 and len(seen) == len(manifest.chunk_crc32)
-    assert data_requests(client) == []
+    assert data_requests(client) == [] and log_requests(client) == [True]
     assert client.transport == "distributed (gloo)"
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "stop"])
 def test_http_takes_over_from_the_first_chunk_the_group_did_not_deliver_intact(source, fault):
-    """Chunk 0 arrives intact over the group; chunk 1 is corrupt or never
-    comes: HTTP resumes at chunk 1, and the state is exact."""
+    """Chunk 0 arrives intact over the group (and chunk 1 too before the
+    source leaves); then chunk 1 is corrupt or nothing more comes: HTTP
+    resumes at the first chunk not verified, the log comes over HTTP too,
+    and the state is exact."""
     src = source(fault)
     checksum, client, _, _ = fetch(src["address"], channel())
     assert checksum == src["checksum"]
-    # "stop" delivers chunks 0 and 1 before leaving, "corrupt" only chunk 0 intact.
     first = 2 if fault == "stop" else 1
     assert data_requests(client) == [f"bytes={first * CHUNK}-"]
+    assert log_requests(client) == [False]
 
 
-def test_a_source_that_pushes_nothing_is_read_over_http(source):
+def test_a_corrupt_log_entry_is_fetched_again_over_http(source):
+    src = source("corrupt-log")
+    checksum, client, _, _ = fetch(src["address"], channel())
+    assert checksum == src["checksum"]
+    assert data_requests(client) == [] and log_requests(client) == [True, False]
+
+
+def test_a_source_without_sessions_is_read_over_http(source):
     src = source("http-only")
     checksum, client, _, _ = fetch(src["address"], channel())
     assert checksum == src["checksum"]
-    assert data_requests(client) == ["bytes=0-"]
+    assert data_requests(client) == ["bytes=0-"] and log_requests(client) == [False]
 
 
 def test_http_alone_gives_the_same_state(source):
@@ -114,24 +137,22 @@ def test_http_alone_gives_the_same_state(source):
 
 
 @pytest.mark.parametrize("query, message", [
-    ({"prefix": "p", "from": "0", "backend": "gloo"}, "store is missing"),
-    ({"store": "nowhere", "prefix": "p", "from": "0", "backend": "gloo"}, "malformed"),
-    ({"store": "h:1", "prefix": "a b", "from": "0", "backend": "gloo"}, "malformed"),
-    ({"store": "h:1", "prefix": "p", "from": "-1", "backend": "gloo"}, "malformed"),
+    ({"prefix": "p", "backend": "gloo"}, "store is missing"),
+    ({"store": "nowhere", "prefix": "p", "backend": "gloo"}, "malformed"),
+    ({"store": "h:1", "prefix": "a b", "backend": "gloo"}, "malformed"),
+    ({"store": "h:1", "prefix": "a/b", "backend": "gloo"}, "malformed"),
 ])
-def test_a_malformed_push_request_is_refused(query, message):
+def test_a_malformed_session_request_is_refused(query, message):
     with pytest.raises(ValueError, match=message):
-        PushRequest.parse(query)
+        SessionRequest.parse(query)
 
 
-def test_a_push_request_round_trips_through_its_query():
-    request = PushRequest("[::1]:4242", "catchup/7/abc", 3, "gloo")
+def test_a_session_request_round_trips_through_its_query():
+    request = SessionRequest("[::1]:4242", "catchup-abc", "gloo")
     parsed = dict(part.split("=", 1) for part in request.query().split("&"))
-    assert PushRequest.parse(parsed) == request
+    assert SessionRequest.parse(parsed) == request
 
 
 def test_a_source_refuses_a_backend_it_does_not_send_over():
-    from fthsdp.agent.training.catchup_group import GroupTransferError
-
     with pytest.raises(GroupTransferError, match="asked for nccl"):
-        channel().push(torch.zeros(8, dtype=torch.uint8), 4, PushRequest("127.0.0.1:1", "p", 0, "nccl"))
+        channel().accept(SessionRequest("127.0.0.1:1", "p", "nccl"))

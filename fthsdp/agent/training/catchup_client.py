@@ -16,12 +16,20 @@ import http.client
 import logging
 import ssl
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 
 import torch
 
-from fthsdp.agent.training.catchup_group import GroupChannel, PushRequest
+from fthsdp.agent.training.catchup_group import (
+    LOG_PIECE,
+    GroupChannel,
+    GroupTransferError,
+    Session,
+    chunks_of,
+    piece_bytes,
+)
 from fthsdp.agent.training.state_codec import dtype_from_name
 from fthsdp.core.errors import FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -65,6 +73,8 @@ class SourceClient:
         host, _, port = address.rpartition(":")
         self._tls = tls
         self._channel = channel
+        self._session: Session | None = None
+        """The group to the source, opened by the first snapshot fetched over it."""
         self._token = token
         self.address = address
         self._host, self._port = host.strip("[]"), int(port)
@@ -79,21 +89,52 @@ class SourceClient:
             return self._channel.name
         return "https" if self._tls is not None else "http"
 
-    def push(self, step: int, request: PushRequest) -> None:
-        """Ask the source to send the snapshot of ``step`` over a group (on a
-        connection of its own: the answer comes once the bytes are sent)."""
-        other = SourceClient(self.address, self._token, timeout=self._timeout, tls=self._tls)
-        try:
-            response = other._request("POST", f"/v1/snapshots/{step}/push?{request.query()}",
-                                      timeout=2 * self._timeout)
-            other._body(response, f"push of the snapshot of step {step}")
-        finally:
-            other.close()
-
     def close(self) -> None:
+        """Done with this source: its session (if any) and the connection."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            try:
+                self._request("DELETE", f"/v1/sessions/{session.name}").read()
+            except (CatchUpError, OSError, http.client.HTTPException) as e:
+                log.debug("closing session %s: %s", session.name, e)
+            session.close()
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _post_elsewhere(self, path: str, what: str) -> None:
+        """A POST on a connection of its own (its answer comes once the source
+        is done, while this one receives meanwhile)."""
+        other = SourceClient(self.address, self._token, timeout=self._timeout, tls=self._tls)
+        try:
+            other._body(other._request("POST", path, timeout=2 * self._timeout), what)
+        finally:
+            other._disconnect()
+
+    def _group_session(self) -> Session | None:
+        """The open session to this source, opened on first use; None once
+        the group path failed or the source has none (HTTP from then on)."""
+        if self._channel is None:
+            return None
+        if self._session is None:
+            try:
+                self._session = self._channel.open(
+                    lambda request: self._post_elsewhere(f"/v1/sessions?{request.query()}", "session"))
+            except GroupTransferError as e:
+                self._fall_back(e)
+        return self._session
+
+    def _fall_back(self, error: BaseException) -> None:
+        """The group path failed: HTTP for everything from now on with this source."""
+        log.warning("catch-up from %s over %s failed (%s); going on over HTTP", self.address,
+                    self._channel.name if self._channel is not None else "a group", error)
+        self._channel = None
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     # ----- requests ------------------------------------------------------------------
 
@@ -116,7 +157,7 @@ class SourceClient:
                 self._conn.request(method, path, headers={**self._headers, **(headers or {})})
                 response = self._conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
-                self.close()
+                self._disconnect()
                 if retry:
                     raise SourceUnavailable(f"catch-up source {self.address}: {e}") from e
                 continue
@@ -130,7 +171,7 @@ class SourceClient:
         try:
             body = response.read()
         except (OSError, http.client.HTTPException) as e:
-            self.close()
+            self._disconnect()
             raise SourceUnavailable(f"catch-up source {self.address}: {what}: {e}") from e
         if response.status >= 300:
             text = body.decode(errors="replace").strip()
@@ -176,8 +217,7 @@ class SourceClient:
         view = data.numpy().data.cast("B")
         done, failures = 0, 0  # ``done``: chunks received *and* verified
         if self._channel is not None and chunks:
-            done = self._channel.receive(lambda request: self.push(manifest.step, request), manifest, data, 0,
-                                         progress)
+            done = self._fetch_over_group(manifest, data, progress)
         # Each chunk's CRC is checked on a helper thread while the next one is
         # received (zlib and the socket both release the GIL), so the check
         # costs little of the transfer's time.
@@ -207,7 +247,7 @@ class SourceClient:
                             done = index + 1
                             progress(min(total, done * size))
                 except (OSError, http.client.HTTPException, _BadChunk) as e:
-                    self.close()
+                    self._disconnect()
                     for _, crc in pending:
                         crc.cancel()
                     failures += 1
@@ -218,28 +258,99 @@ class SourceClient:
                     )
         return data
 
+    def _fetch_over_group(self, manifest: cpb.SnapshotManifest, data: torch.Tensor,
+                          progress: Callable[[int], None]) -> int:
+        """The snapshot's chunks over the session, each CRC-checked; returns
+        how many arrived intact (all, or fewer: HTTP goes on from there)."""
+        session = self._group_session()
+        if session is None:
+            return 0
+        view = data.numpy().data.cast("B")
+        size = manifest.chunk_bytes
+        asked: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                self._post_elsewhere(f"/v1/snapshots/{manifest.step}/push?session={session.name}&from=0",
+                                     f"push of the snapshot of step {manifest.step}")
+            except CatchUpError as e:
+                asked.append(e)
+
+        thread = threading.Thread(target=ask, name="fthsdp-catchup-push", daemon=True)
+        thread.start()
+        verified, checks = 0, collections.deque[tuple[int, concurrent.futures.Future]]()
+        finished = False
+        try:
+            # Each chunk's CRC is checked on a helper thread while the next one arrives.
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fthsdp-crc") as checker:
+                try:
+                    pieces = chunks_of(data, piece_bytes(size))
+                    per = size // piece_bytes(size)  # pieces of a chunk
+                    for index in session.receive(pieces):
+                        if (index + 1) % per and index + 1 < len(pieces):
+                            continue  # the chunk is not complete yet
+                        c = index // per
+                        checks.append((c, checker.submit(zlib.crc32, view[c * size : (c + 1) * size])))
+                        verified = self._checked(checks, 1, manifest, progress, verified)
+                finally:  # what did arrive counts, also when the rest did not
+                    verified = self._checked(checks, 0, manifest, progress, verified)
+            finished = True
+        except (GroupTransferError, _BadChunk) as e:
+            self._fall_back(asked[0] if asked else e)
+        finally:
+            if not finished and self._session is not None:
+                self._fall_back(RuntimeError("the transfer was left"))  # a drain: the group is out of step
+        thread.join(self._timeout if verified == len(manifest.chunk_crc32) else 1.0)
+        return verified
+
+    @staticmethod
+    def _checked(checks: collections.deque, keep: int, manifest: cpb.SnapshotManifest,
+                 progress: Callable[[int], None], verified: int) -> int:
+        """Take the CRC results in order, leaving the newest ``keep`` to run on."""
+        while len(checks) > keep:
+            index, crc = checks.popleft()
+            if crc.result() != manifest.chunk_crc32[index]:
+                checks.clear()  # nothing after a bad chunk counts
+                raise _BadChunk(f"chunk {index} of the snapshot of step {manifest.step} failed its CRC check")
+            verified = index + 1
+            progress(min(manifest.total_bytes, verified * manifest.chunk_bytes))
+        return verified
+
     def log(self, from_step: int, max_bytes: int = 256 << 20, wait: float = 0.0):
         """Entries from ``from_step`` on: (list of (LogEntry, tensor), head step, oldest step)."""
-        response = self._request(
-            "GET", f"/v1/log?from={from_step}&max_bytes={max_bytes}&wait={wait:g}", timeout=wait + self._timeout
-        )
+        session = self._session  # opened by the snapshot's fetch; None: over HTTP
+        query = f"from={from_step}&max_bytes={max_bytes}&wait={wait:g}"
+        if session is not None:
+            query += f"&session={session.name}"
+        response = self._request("GET", f"/v1/log?{query}", timeout=wait + self._timeout)
         if response.status == 410:
             raise LogGone(self._body_text(response))
         try:
+            if response.status == 404 and session is not None:
+                raise GroupTransferError(f"the source closed the session: {self._body_text(response)}")
             if response.status != 200:
                 self._body(response, "log")
             (length,) = struct.unpack(">I", response.read(4))
             batch = cpb.LogBatch.FromString(response.read(length))
-            out = []
-            for entry in batch.entries:
-                data = torch.empty(entry.numel, dtype=dtype_from_name(entry.dtype))
-                view = data.view(torch.uint8).numpy().data.cast("B")
-                _read_exact(response, view)
+            out = [(entry, torch.empty(entry.numel, dtype=dtype_from_name(entry.dtype))) for entry in batch.entries]
+            raw = [data.view(torch.uint8) for _, data in out]
+            if session is not None:
+                for _ in session.receive([piece for r in raw for piece in chunks_of(r, LOG_PIECE)]):
+                    pass
+            for (entry, _), data in zip(out, raw, strict=True):
+                view = data.numpy().data.cast("B")
+                if session is None:
+                    _read_exact(response, view)
                 if entry.numel and zlib.crc32(view) != entry.crc32:
                     raise _BadChunk(f"log entry of step {entry.step} failed its CRC check")
-                out.append((entry, data))
-        except (OSError, http.client.HTTPException, struct.error, _BadChunk) as e:
-            self.close()
+        except (GroupTransferError, _BadChunk) as e:
+            if session is None:
+                self._disconnect()
+                raise SourceUnavailable(f"catch-up source {self.address}: log: {e}") from e
+            self._fall_back(e)
+            return self.log(from_step, max_bytes, wait)  # the same entries, over HTTP
+        except (OSError, http.client.HTTPException, struct.error) as e:
+            self._disconnect()
             raise SourceUnavailable(f"catch-up source {self.address}: log: {e}") from e
         return out, batch.head_step, batch.oldest_step
 
@@ -247,7 +358,7 @@ class SourceClient:
         try:
             return response.read().decode(errors="replace").strip()
         except (OSError, http.client.HTTPException) as e:
-            self.close()
+            self._disconnect()
             return str(e)
 
 

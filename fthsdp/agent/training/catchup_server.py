@@ -16,11 +16,15 @@ when the job has a token):
 ``GET /v1/snapshots/<step>/data``
     The raw bytes; a ``Range: bytes=A-`` (or ``A-B``) header resumes an
     interrupted transfer (206). The joiner checks each chunk's CRC-32.
-``POST /v1/snapshots/<step>/push?store=H:P&prefix=X&from=C&backend=B``
-    Send the snapshot's bytes from chunk C on over a two-rank
-    torch.distributed group that meets in the joiner's store
-    (fthsdp/agent/training/catchup_group.py); answers once they are sent
-    (200), or why not (400, 404, 503).
+``POST /v1/sessions?store=H:P&prefix=X&backend=B``
+    Open a session: a two-rank torch.distributed group with the joiner,
+    which meets in its store (fthsdp/agent/training/catchup_group.py);
+    answers once the group is built (200) or why not (404: this source has
+    none; 400, 503). ``DELETE /v1/sessions/<X>`` closes it (it also closes
+    after ``SESSION_IDLE`` seconds unused, or when a transfer on it fails).
+``POST /v1/snapshots/<step>/push?session=X&from=C``
+    Send the snapshot's chunks from chunk C on over session X; answers
+    once they are sent (200), or why not (404, 409, 503).
 ``DELETE /v1/snapshots/<step>``
     The joiner is done: release the host copy and the pinned log.
 ``GET /v1/inputs``
@@ -30,7 +34,8 @@ when the job has a token):
 ``GET /v1/log?from=S&max_bytes=N&wait=T``
     Log entries from step S on: a 4-byte big-endian length, a ``LogBatch``,
     then each entry's raw bytes in order. Waits up to T seconds for an entry
-    to exist. 410 Gone when step S is no longer held.
+    to exist. 410 Gone when step S is no longer held. With ``&session=X``
+    the raw bytes go over that session's group instead, after the answer.
 """
 
 from __future__ import annotations
@@ -46,7 +51,17 @@ import threading
 import time
 import urllib.parse
 
-from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, PushRequest
+import torch
+
+from fthsdp.agent.training.catchup_group import (
+    LOG_PIECE,
+    GroupChannel,
+    GroupTransferError,
+    Session,
+    SessionRequest,
+    chunks_of,
+    piece_bytes,
+)
 from fthsdp.agent.training.catchup_source import CatchUpSource, SnapshotUnavailable
 
 log = logging.getLogger("fthsdp.agent.catchup")
@@ -54,6 +69,9 @@ log = logging.getLogger("fthsdp.agent.catchup")
 PROTOBUF = "application/x-protobuf"
 MAX_WAIT = 60.0
 _SNAPSHOT = re.compile(r"^/v1/snapshots/(\d+)(/manifest|/data|/push)?$")
+_SESSION = re.compile(r"^/v1/sessions/([A-Za-z0-9_.-]+)$")
+SESSION_IDLE = 120.0
+"""Seconds a session may go unused before the source closes it (a joiner that died)."""
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 WRITE_PIECE = 1 << 20
 
@@ -127,6 +145,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         m = _SNAPSHOT.match(path)
         if m and m.group(2) == "/push":
             return self._push(int(m.group(1)), query)
+        if path == "/v1/sessions":
+            return self._open_session(query)
         if path != "/v1/snapshots":
             return self._error(404, f"no such resource: {path}")
         try:
@@ -142,6 +162,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path, _ = self._query()
         if not self._authorized():
             return None
+        session = _SESSION.match(path)
+        if session:
+            closed = self.server.sessions.close(session.group(1))
+            return self._send(204 if closed else 404)
         m = _SNAPSHOT.match(path)
         if not m or m.group(2):
             return self._error(404, f"no such resource: {path}")
@@ -170,30 +194,53 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         snap.last_used = time.monotonic()
         return None
 
-    def _push(self, step: int, query: dict[str, str]) -> None:
+    def _open_session(self, query: dict[str, str]) -> None:
         channel = self.server.channel
         if channel is None:
-            return self._error(404, "this source sends snapshots over HTTP only")
+            return self._error(404, "this source sends over HTTP only")
         try:
-            request = PushRequest.parse(query)
-            snap = self.server.source.snapshot(step, min(float(query.get("wait", "10")), MAX_WAIT))
+            request = SessionRequest.parse(query)
         except ValueError as e:
             return self._error(400, f"bad request: {e}")
+        try:
+            self.server.sessions.add(channel.accept(request))
+        except GroupTransferError as e:
+            return self._error(503, str(e))
+        log.info("catch-up session %s with %s over %s", request.prefix, self.address_string(), channel.name)
+        return self._send(200, b"open\n")
+
+    def _push(self, step: int, query: dict[str, str]) -> None:
+        try:
+            first = int(query.get("from", "0"))
+            wait = min(float(query.get("wait", "10")), MAX_WAIT)
+            if first < 0:
+                raise ValueError(f"from={first}")
+        except ValueError as e:
+            return self._error(400, f"bad request: {e}")
+        session = self.server.sessions.get(query.get("session", ""))
+        if session is None:
+            return self._error(404, f"no open session {query.get('session', '')!r}")
+        try:
+            snap = self.server.source.snapshot(step, wait)
         except SnapshotUnavailable as e:
             return self._error(404, str(e))
+        if not session.lock.acquire(blocking=False):
+            return self._error(409, f"session {session.name} is busy")
         began = time.monotonic()
         try:
-            chunks = channel.push(snap.buffer[: snap.total_bytes], snap.manifest.chunk_bytes, request,
-                                  pace=self._pacer(began))
+            chunk = snap.manifest.chunk_bytes
+            piece = piece_bytes(chunk)
+            pieces = chunks_of(snap.buffer[: snap.total_bytes], piece, first * (chunk // piece))
+            session.send(pieces, pace=self._pacer(began))
         except GroupTransferError as e:
-            log.info("pushing the snapshot of step %d to %s over %s: %s", step, self.address_string(),
-                     channel.name, e)
+            log.info("pushing the snapshot of step %d over session %s: %s", step, session.name, e)
             return self._error(503, str(e))
         finally:
+            session.lock.release()
             snap.last_used = time.monotonic()
-        log.info("pushed %d chunks of the snapshot of step %d over %s in %.2fs", chunks, step, channel.name,
-                 time.monotonic() - began)
-        return self._send(200, f"{chunks} chunks sent\n".encode())
+        log.info("pushed %d pieces of the snapshot of step %d over %s in %.2fs", len(pieces), step,
+                 session.channel.name, time.monotonic() - began)
+        return self._send(200, f"{len(pieces)} pieces sent\n".encode())
 
     def _pacer(self, began: float):
         """Hold a push to the configured rate (see ``_write``)."""
@@ -211,13 +258,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         max_bytes = int(query.get("max_bytes", str(256 << 20)))
         wait = min(float(query.get("wait", "0")), MAX_WAIT)
         self.server.source.touch(start)
+        session = None
+        if "session" in query:
+            session = self.server.sessions.get(query["session"])
+            if session is None:
+                return self._error(404, f"no open session {query['session']!r}")
         records, head, oldest = self.server.source.log.read(start, max_bytes, wait)
         try:
-            return self._send_log(records, start, head, oldest)
+            return self._send_log(records, start, head, oldest, session)
         finally:
             self.server.source.log.done(records)  # their buffers may be reused from now on
 
-    def _send_log(self, records, start: int, head: int, oldest: int) -> None:
+    def _send_log(self, records, start: int, head: int, oldest: int, session: Session | None) -> None:
         if not records and start < head and start < oldest:
             return self._error(410, f"step {start} is no longer held (oldest {oldest}, head {head})")
         from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -227,11 +279,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         header = batch.SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(4 + len(header) + sum(p.nbytes for p in payloads)))
+        inline = 0 if session is not None else sum(p.nbytes for p in payloads)
+        self.send_header("Content-Length", str(4 + len(header) + inline))
         self.end_headers()
         self.wfile.write(struct.pack(">I", len(header)) + header)
-        for p in payloads:
-            self._write(p, rate=0.0)  # never limited: a joiner must replay faster than the members train
+        if session is None:
+            for p in payloads:
+                self._write(p, rate=0.0)  # never limited: a joiner must replay faster than the members train
+            return None
+        self.wfile.flush()
+        if not session.lock.acquire(timeout=MAX_WAIT):
+            return None  # the joiner's receive times out and it goes on over HTTP
+        try:
+            pieces = [piece for p in payloads
+                      for piece in chunks_of(torch.frombuffer(p, dtype=torch.uint8), LOG_PIECE)]
+            session.send(pieces)
+        except GroupTransferError as e:
+            log.info("sending log entries over session %s: %s", session.name, e)
+        finally:
+            session.lock.release()
         return None
 
     def _write(self, view: memoryview, rate: float | None = None) -> None:
@@ -247,6 +313,39 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ahead = (offset + piece.nbytes) / rate - (time.monotonic() - began)
             if ahead > 0:
                 time.sleep(ahead)
+
+
+class _Sessions:
+    """The open sessions of a source, by name (the HTTP threads share them)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: Session) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for name, old in list(self._open.items()):
+                if old.closed or now - old.last_used > SESSION_IDLE:
+                    old.close()
+                    del self._open[name]
+            self._open[session.name] = session
+
+    def get(self, name: str) -> Session | None:
+        with self._lock:
+            session = self._open.get(name)
+            if session is not None and session.closed:
+                del self._open[name]
+                return None
+            return session
+
+    def close(self, name: str) -> bool:
+        with self._lock:
+            session = self._open.pop(name, None)
+        if session is None:
+            return False
+        session.close()
+        return True
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -265,6 +364,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.token = token
         self.max_rate = max_rate
         self.channel = channel
+        self.sessions = _Sessions()
 
     def handle_error(self, request, client_address) -> None:
         # A joiner that died mid-transfer breaks the connection: routine, not a traceback.
