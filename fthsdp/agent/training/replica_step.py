@@ -44,7 +44,7 @@ from fthsdp.agent.training.joiner import CatchUpReport, Drained, Joiner
 from fthsdp.agent.training.last_gap import LastGap, require_state_held
 from fthsdp.agent.training.lifecycle import Ending, Lifecycle, ending_for_eviction
 from fthsdp.agent.training.manager_config import ManagerConfig
-from fthsdp.agent.training.overlap import Overlap
+from fthsdp.agent.training.overlap import Overlap, Prelaunched
 from fthsdp.agent.training.participation import Participation
 from fthsdp.agent.training.replay import Replayer, combine_hex
 from fthsdp.agent.training.script_hooks import ScriptHooks
@@ -219,7 +219,7 @@ class ReplicaStep:
         if not contributes and prelaunched is not None:
             self._buffers.forget(prelaunched.buffer)
             prelaunched = None
-        buffer = StepBuffer(self._params, self._state.running, contributes)
+        buffer = StepBuffer(self._params, self._state.running, contributes, self._buffers)
         if prelaunched is not None:
             buffer.fill_tail(prelaunched.buffer, prelaunched.gradients)
         proposal, self._proposal = self._proposal, 0
@@ -232,8 +232,7 @@ class ReplicaStep:
                 checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
             )
         except Evicted as e:
-            if prelaunched is not None:
-                self._buffers.forget(prelaunched.buffer)
+            self._forget_except(None, prelaunched, buffer)
             ending = ending_for_eviction(self._link.drain_requested())
             self.leave(ending, "the quorum went on without it" if ending is Ending.DRAINED else str(e))
             if ending is Ending.DRAINED:
@@ -246,8 +245,7 @@ class ReplicaStep:
             if top != -neg_bottom:
                 raise FtarError(f"the ranks of replica {self.config.replica_id} joined the quorum at steps "
                                 f"{-neg_bottom}..{top}")
-        if prelaunched is not None and result.total.data_ptr() != prelaunched.buffer.data_ptr():
-            self._buffers.forget(prelaunched.buffer)  # summed again elsewhere: its collectives may still write it
+        self._forget_except(result.total, prelaunched, buffer)
         buffer.restore()  # the result goes into the step's gradients
         if result.contributors == 0:  # the members were all lost as this joiner joined
             self._sentinel = None
@@ -319,6 +317,14 @@ class ReplicaStep:
         else:
             self._arm()
         self._clock.begin(step)
+
+    def _forget_except(self, kept: torch.Tensor | None, prelaunched: Prelaunched | None, buffer: StepBuffer) -> None:
+        """The step's pooled buffers other than the one its sum is in (which the
+        log hands back) are never reused: an abandoned collective may still write them."""
+        lent = buffer.lent + ([prelaunched.buffer] if prelaunched is not None else [])
+        for b in lent:
+            if kept is None or b.data_ptr() != kept.data_ptr():
+                self._buffers.forget(b)
 
     def _arm(self) -> None:
         """Let the next step's buckets start during its backward pass, if the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from fthsdp.agent.training.buffer_pool import BufferPool
 from fthsdp.agent.training.ftar_decisions import CONTROL_SLOTS
 from fthsdp.agent.training.running_buffers import RunningBuffers
 from fthsdp.agent.training.state_codec import local
@@ -18,8 +19,12 @@ from fthsdp.agent.training.train_state import check_dense
 
 
 class StepBuffer:
-    def __init__(self, params: list[torch.Tensor], running: RunningBuffers, contributes: bool) -> None:
-        """``contributes=False``: a joiner without a gradient for the step: every element is zero."""
+    def __init__(self, params: list[torch.Tensor], running: RunningBuffers, contributes: bool,
+                 buffers: BufferPool | None = None) -> None:
+        """``contributes=False``: a joiner without a gradient for the step: every element is zero.
+        ``buffers``: where flat tensors come from (fthsdp/agent/training/buffer_pool.py); ``lent`` lists them."""
+        self._pool = buffers if buffers is not None else BufferPool(0)
+        self.lent: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
         for p in params:
             if p.grad is None:
@@ -38,8 +43,12 @@ class StepBuffer:
     def flatten(self) -> torch.Tensor:
         """A fresh flat tensor of this step's values."""
         stats = self._running.pieces(self._spare.dtype, self._spare.device) if self.first_only else []
-        flat = torch.cat([g.reshape(-1) for g in self._shards] + stats + [self._spare])
-        return flat if self._contributes else flat.zero_()
+        pieces = [g.reshape(-1) for g in self._shards] + stats + [self._spare]
+        flat = self._pool.take(sum(p.numel() for p in pieces), self._spare.dtype, self._spare.device)
+        self.lent.append(flat)
+        if not self._contributes:
+            return flat.zero_()
+        return torch.cat(pieces, out=flat)
 
     def fill_tail(self, buffer: torch.Tensor, start: int) -> None:
         """Write what follows the gradients (the statistics, the spare slots) into ``buffer[start:]``
