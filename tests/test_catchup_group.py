@@ -156,3 +156,19 @@ def test_a_session_request_round_trips_through_its_query():
 def test_a_source_refuses_a_backend_it_does_not_send_over():
     with pytest.raises(GroupTransferError, match="asked for nccl"):
         channel().accept(SessionRequest("127.0.0.1:1", "p", "nccl"))
+
+
+def test_device_staging_gives_each_piece_in_flight_a_buffer_of_its_size():
+    """NCCL's path stages pieces through device buffers, one slot per piece in
+    flight, across transfers of different sizes (a meta device stands in for
+    a GPU: only the bookkeeping is checked here)."""
+    from fthsdp.agent.training.catchup_group import IN_FLIGHT, Session
+
+    class Meta:
+        name, device = "nccl", torch.device("meta")
+
+    session = Session(GroupChannel(Meta(), "127.0.0.1", 1.0), group=None, rank=0, name="s")
+    first = [session._stage(i, 10) for i in range(2)]  # a transfer of two pieces
+    assert [t.numel() for t in first] == [10, 10]
+    second = [session._stage(i, 20 if i == 0 else 5) for i in range(IN_FLIGHT + 1)]
+    assert [t.numel() for t in second] == [20] + [5] * IN_FLIGHT

@@ -143,13 +143,12 @@ class Session:
         device = self.channel.transport.device
         if device.type == "cpu":
             return None
-        if len(self._staging) < IN_FLIGHT or self._staging[index % IN_FLIGHT].numel() < size:
-            buffer = torch.empty(size, dtype=torch.uint8, device=device)
-            if len(self._staging) < IN_FLIGHT:
-                self._staging.append(buffer)
-            else:
-                self._staging[index % IN_FLIGHT] = buffer
-        return self._staging[index % IN_FLIGHT][:size]
+        slot = index % IN_FLIGHT  # free again: the piece IN_FLIGHT before this one is done
+        while len(self._staging) <= slot:
+            self._staging.append(torch.empty(0, dtype=torch.uint8, device=device))
+        if self._staging[slot].numel() < size:
+            self._staging[slot] = torch.empty(size, dtype=torch.uint8, device=device)
+        return self._staging[slot][:size]
 
     def _await(self, work, deadline: float) -> None:
         """Wait for one piece up to ``deadline``; never a blind blocking wait:
