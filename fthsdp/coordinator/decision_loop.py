@@ -71,9 +71,13 @@ class DecisionLoop:
 
     async def run(self) -> None:
         """Decide for every job each tick, or at once when woken (``wake``)."""
-        while True:
+        while not self.stopped:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation
+            # that arrives as the wake-up completes, and the loop would never
+            # stop (the coordinator's shutdown waits for it).
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.tick_interval)
+                async with asyncio.timeout(self.config.tick_interval):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
