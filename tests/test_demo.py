@@ -46,6 +46,18 @@ def _png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
+def _logs(folder: Path, lines: int = 25) -> str:
+    """The end of every log the demo wrote (the agents' stdout holds the ranks'
+    JSON lines), so that a failure in CI can be read without the machine."""
+    tails = []
+    for path in sorted(folder.glob("*")):
+        text = path.read_text(errors="replace").splitlines()
+        if path.suffix == ".out":  # the ranks' lines but their step lines
+            text = [line for line in text if '"loss"' not in line]
+        tails.append(f"\n----- {path.name} (last {min(lines, len(text))} lines) -----\n" + "\n".join(text[-lines:]))
+    return "".join(tails)
+
+
 def _run_to_end(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[dict, str]:
     mark = uuid.uuid4().hex
     proc = _demo(tmp_path, mark, *args)
@@ -54,7 +66,7 @@ def _run_to_end(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[dict,
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output
+    assert proc.returncode == 0, output + _logs(tmp_path / "out" / "logs")
     wait_until(lambda: not marked_pids(mark, TEST_MARK), 10, message="processes of the demo still running")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     width, height = _png_size(tmp_path / "out" / "demo.png")
