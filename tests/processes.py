@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from fthsdp.demo.record import json_objects
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,23 +27,6 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def _json_objects(text: str) -> list[dict]:
-    """The JSON objects on one output line; ranks sharing an agent's stdout
-    can land two on a line, and log lines are not JSON at all."""
-    decoder, out, i = json.JSONDecoder(), [], 0
-    while True:
-        i = text.find("{", i)
-        if i < 0:
-            return out
-        try:
-            obj, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            i += 1
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
 
 
 class _Process:
@@ -205,7 +190,7 @@ class WorkerProcess(_Process):
             if left <= 0:
                 raise AssertionError(
                     f"worker {self.replica_id}: nothing matching in {timeout}s; log:\n{self.log_tail()}")
-            for line in _json_objects(self.next_line(left)):
+            for line in json_objects(self.next_line(left)):
                 if "step" in line:
                     self.steps[line["step"]] = line
                 if "done" in line:
@@ -218,7 +203,7 @@ class WorkerProcess(_Process):
         code = self.proc.wait(timeout=timeout)
         self._pumper.join(timeout)
         while not self.lines.empty():
-            for line in _json_objects(self.lines.get_nowait()):
+            for line in json_objects(self.lines.get_nowait()):
                 if "step" in line:
                     self.steps[line["step"]] = line
         return code

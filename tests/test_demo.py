@@ -307,3 +307,18 @@ def test_summary_of_kill_all_counts_the_redone_steps_once():
     assert "every replica in one quorum again 1.1 s after the kill (quorum 3, at step 2)" in text
     assert "training again from step 3: time to recover 1.9 s" in text
     assert "4 replica-steps redone" in text and "never dropped" not in text and "caught up" not in text
+
+
+def test_a_line_cut_by_a_kill_loses_neither_object():
+    """Unbuffered, a rank writes a line and its newline in two writes: one
+    SIGKILLed between them leaves its step line open, and its restart's first
+    line lands on the same line (how a restart once went unseen in CI)."""
+    rec = Recorder(["r1"])
+    step = json.dumps({"step": 15, "loss": 1.5, "quorum": 1, "replicas": 3, "t": 1.0})
+    start = json.dumps({"replica": "r1", "start_step": 10, "pid": 42, "quorum": 3, "t": 2.0,
+                        "catch_up": {"source": "r0", "snapshot_step": 10}})
+    rec.rank_line("r1", step + start, 2.0)
+    rec.rank_line("r1", "not JSON {at all", 3.0)
+    assert [line.step for line in rec.steps["r1"]] == [15]
+    assert [(s.pid, s.start_step, s.catch_up) for s in rec.starts["r1"]] == [(42, 10, {"source": "r0",
+                                                                                     "snapshot_step": 10})]

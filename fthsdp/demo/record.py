@@ -121,14 +121,26 @@ def short_reason(reason: str) -> str:
     return reason.split(" [")[0].rstrip(".")
 
 
-def json_object(text: str) -> dict | None:
-    """The JSON object a rank printed on this line, if it is one (the agent
-    has one rank here, so lines never interleave; other output is ignored)."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects on one line of a rank's output, in order; other output is ignored.
+
+    One line can hold several: Python unbuffered (as the demo runs its
+    children) writes a printed line and its newline in two writes, so a rank
+    SIGKILLed between them leaves its last object without a newline, and the
+    next rank on the same agent's stdout (its restart) goes on on that line.
+    Ranks sharing an agent's stdout can interleave so too."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return out
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
 
 
 class Recorder:
@@ -152,9 +164,10 @@ class Recorder:
     # ----- writers (reader threads, the poller, the scenario) -----------------------
 
     def rank_line(self, replica: str, text: str, t_read: float) -> None:
-        obj = json_object(text)
-        if obj is None:
-            return
+        for obj in json_objects(text):
+            self._rank_object(replica, obj, t_read)
+
+    def _rank_object(self, replica: str, obj: dict, t_read: float) -> None:
         if "loss" in obj and "step" in obj:
             self._add("step", StepLine(replica, int(obj["step"]), float(obj["loss"]), int(obj.get("quorum", 0)),
                                        int(obj.get("replicas", 0)), float(obj.get("t", t_read))))
