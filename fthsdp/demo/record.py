@@ -129,7 +129,8 @@ def json_objects(text: str) -> list[dict]:
     SIGKILLed between them leaves its last object without a newline, and the
     next rank on the same agent's stdout (its restart) goes on on that line.
     Ranks sharing an agent's stdout can interleave so too."""
-    decoder, out, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    out: list[dict] = []
     while True:
         i = text.find("{", i)
         if i < 0:
