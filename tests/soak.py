@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from fthsdp.client import CoordinatorClient, parse_addresses
-from tests.processes import AgentProcess, _json_objects
+from fthsdp.demo.record import json_objects
+from tests.processes import AgentProcess
 from tests.soak_control import ControlPlane
 from tests.waiting import wait_until
 
@@ -54,7 +55,7 @@ class Watched:
                 if self.agent.proc.poll() is not None and self.agent.lines.empty():
                     return
                 continue
-            for line in _json_objects(raw):
+            for line in json_objects(raw):
                 with self.lock:
                     line["incarnation"] = self.incarnations
                     if "admitted" in line:
