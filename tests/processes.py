@@ -64,6 +64,15 @@ class _Process:
         except OSError:
             return ""
 
+    def exit_code(self, timeout: float) -> int:
+        """Wait for the process to end; one that does not is a failure that shows its log."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.argv[2:4]} still running after {timeout:g}s; log:\n"
+                                 f"{self.log_tail(60)}") from None
+
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -69,7 +69,7 @@ def ask_for_drain(way: str, c: CoordinatorProcess, agent: AgentProcess, token_fi
 
 def assert_drained(agent: AgentProcess) -> None:
     """The agent ended SUCCEEDED, saying drained, and never restarted the replica."""
-    assert agent.proc.wait(timeout=60) == 0, agent.log_tail(60)
+    assert agent.exit_code(60) == 0, agent.log_tail(60)
     text = agent.log_path.read_text()
     assert "-> SUCCEEDED" in text and "drained" in text.split("-> SUCCEEDED", 1)[1].splitlines()[0], text[-3000:]
     assert "-> FAILED" not in text and "-> RESTARTING" not in text, text[-3000:]
@@ -133,7 +133,7 @@ def test_a_replica_drained_while_it_catches_up_leaves_cleanly(job, token_file, w
 
 
 def assert_drained_after_one_restart(agent: AgentProcess) -> None:
-    assert agent.proc.wait(timeout=60) == 0, agent.log_tail(60)
+    assert agent.exit_code(60) == 0, agent.log_tail(60)
     text = agent.log_path.read_text()
     last = text.rsplit("-> SUCCEEDED", 1)
     assert len(last) == 2 and "drained" in last[1].splitlines()[0], text[-3000:]
