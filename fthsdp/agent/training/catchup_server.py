@@ -231,7 +231,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             chunk = snap.manifest.chunk_bytes
             piece = piece_bytes(chunk)
             pieces = chunks_of(snap.buffer[: snap.total_bytes], piece, first * (chunk // piece))
-            session.send(pieces, pace=self._pacer(began))
+            session.send(pieces, pace=Pacer(self.server.max_rate, began))
         except GroupTransferError as e:
             log.info("pushing the snapshot of step %d over session %s: %s", step, session.name, e)
             return self._error(503, str(e))
@@ -241,17 +241,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.info("pushed %d pieces of the snapshot of step %d over %s in %.2fs", len(pieces), step,
                  session.channel.name, time.monotonic() - began)
         return self._send(200, f"{len(pieces)} pieces sent\n".encode())
-
-    def _pacer(self, began: float):
-        """Hold a push to the configured rate (see ``_write``)."""
-        rate = self.server.max_rate
-
-        def pace(sent: int) -> None:
-            ahead = sent / rate - (time.monotonic() - began) if rate else 0.0
-            if ahead > 0:
-                time.sleep(ahead)
-
-        return pace
 
     def _log(self, query: dict[str, str]) -> None:
         start = int(query["from"]) if "from" in query else 0
@@ -301,18 +290,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return None
 
     def _write(self, view: memoryview, rate: float | None = None) -> None:
-        rate = self.server.max_rate if rate is None else rate
-        if not rate:
+        pace = Pacer(self.server.max_rate if rate is None else rate)
+        if not pace.rate:
             self.wfile.write(view)
             return
-        began = time.monotonic()
         for offset in range(0, view.nbytes, WRITE_PIECE):
             piece = view[offset : offset + WRITE_PIECE]
             self.wfile.write(piece)
-            # Pace to the configured rate: catch-up must not crowd out training traffic.
-            ahead = (offset + piece.nbytes) / rate - (time.monotonic() - began)
-            if ahead > 0:
-                time.sleep(ahead)
+            pace(offset + piece.nbytes)
+
+
+class Pacer:
+    """Holds a sender to ``rate`` bytes a second from ``began`` (0: no
+    limit): catch-up must not crowd out training traffic."""
+
+    def __init__(self, rate: float, began: float | None = None) -> None:
+        self.rate = rate
+        self.began = time.monotonic() if began is None else began
+
+    def __call__(self, sent: int) -> None:
+        """``sent`` bytes are out: sleep until that is no faster than the rate."""
+        ahead = sent / self.rate - (time.monotonic() - self.began) if self.rate else 0.0
+        if ahead > 0:
+            time.sleep(ahead)
 
 
 class _Sessions:
