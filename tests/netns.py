@@ -40,8 +40,9 @@ Use (as root; ``NetLab.skip_unless_possible()`` skips otherwise)::
         lab.cut_data("r2")
         ...
 
-Run as a module, it is also the small program the harness's own tests run
-inside namespaces (``python -m tests.netns gloo ...``).
+Run as a module (``python -m tests.netns leftovers``), it removes what dead
+runs left. The gloo ranks the harness's own tests run inside namespaces are
+tests/netns_gloo.py.
 """
 
 from __future__ import annotations
@@ -49,59 +50,46 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import fcntl
 import ipaddress
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-STATE_DIR = Path("/run/fthsdp-netlab")
+from tests.netns_state import (
+    PREFIX_HEAD,
+    STATE_DIR,
+    ip,
+    link_names,
+    netns_names,
+    remove_leftovers,
+    remove_prefix,
+    run,
+    start_time,
+    state_lock,
+)
+
 NETNS_DIR = Path("/run/netns")
 SUPERNET = ipaddress.ip_network("10.250.0.0/16")  # pairs of /24s: control 10.250.2n.0, data 10.250.2n+1.0
 CTL_IF, DATA_IF = "ctl", "data"
 CLONE_NEWNET = 0x40000000
-PREFIX_HEAD = "fn"
 
 
 class NetLabUnavailable(RuntimeError):
     """Namespaces cannot be made here (not root, no ``ip``, no netns support)."""
 
 
-def _run(*argv: str, check: bool = True, timeout: float = 15.0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
-    return proc
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return _run("ip", *args, check=check)
-
-
 def _nsip(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return _run("ip", "-n", ns, *args, check=check)
+    return run("ip", "-n", ns, *args, check=check)
 
 
 def _tc(ns: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return _run(*(("ip", "netns", "exec", ns) if ns else ()), "tc", *args, check=check)
-
-
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks (against pid reuse), "" if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    return run(*(("ip", "netns", "exec", ns) if ns else ()), "tc", *args, check=check)
 
 
 def why_unavailable() -> str:
@@ -113,75 +101,11 @@ def why_unavailable() -> str:
     if shutil.which("tc") is None:
         return "iproute2's `tc` is not installed"
     probe = f"fthsdp-probe-{os.getpid()}"
-    made = _run("ip", "netns", "add", probe, check=False)
-    _run("ip", "netns", "del", probe, check=False)
+    made = run("ip", "netns", "add", probe, check=False)
+    run("ip", "netns", "del", probe, check=False)
     if made.returncode != 0:
         return f"cannot make a network namespace: {made.stderr.strip()}"
     return ""
-
-
-@contextlib.contextmanager
-def _state_lock() -> Iterator[None]:
-    STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(STATE_DIR / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _netns_names() -> list[str]:
-    out = _run("ip", "netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _link_names() -> list[str]:
-    out = _run("ip", "-o", "link", "show", check=False).stdout
-    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-
-
-def _kill_inside(ns: str) -> None:
-    """SIGKILL the processes inside one of our namespaces (by pid), and wait for them to go."""
-    for _ in range(50):
-        pids = [int(p) for p in _run("ip", "netns", "pids", ns, check=False).stdout.split()]
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline and any(_start_time(p) for p in pids):
-            time.sleep(0.02)
-
-
-def _remove_prefix(prefix: str) -> None:
-    """Remove every namespace and link named PREFIX*, and the processes in those namespaces."""
-    for ns in _netns_names():
-        if ns.startswith(prefix + "-"):
-            _kill_inside(ns)
-            _run("ip", "netns", "del", ns, check=False)
-    for link in _link_names():
-        if link.startswith(prefix + "-"):
-            _ip("link", "del", link, check=False)
-    with contextlib.suppress(FileNotFoundError):
-        (STATE_DIR / f"{prefix}.json").unlink()
-
-
-def remove_leftovers() -> list[str]:
-    """Remove what runs that are no longer alive left behind; the prefixes removed."""
-    removed = []
-    with _state_lock():
-        for path in STATE_DIR.glob(f"{PREFIX_HEAD}*.json"):
-            try:
-                owner = json.loads(path.read_text())
-            except (OSError, ValueError):
-                owner = {"pid": -1, "start": ""}
-            if owner.get("pid", -1) > 0 and _start_time(owner["pid"]) == owner.get("start"):
-                continue  # a live run, perhaps in parallel
-            _remove_prefix(path.stem)
-            removed.append(path.stem)
-    return removed
 
 
 @dataclass
@@ -242,11 +166,11 @@ class NetLab:
 
     def _used_networks(self) -> list[ipaddress.IPv4Network]:
         used = []
-        for line in _run("ip", "-4", "-o", "addr", "show", check=False).stdout.splitlines():
+        for line in run("ip", "-4", "-o", "addr", "show", check=False).stdout.splitlines():
             parts = line.split()
             if "inet" in parts:
                 used.append(ipaddress.ip_interface(parts[parts.index("inet") + 1]).network)
-        for line in _run("ip", "-4", "route", "show", "table", "all", check=False).stdout.splitlines():
+        for line in run("ip", "-4", "route", "show", "table", "all", check=False).stdout.splitlines():
             first = line.split()[0] if line.split() else ""
             if first in ("broadcast", "local", "unicast", "blackhole", "unreachable", "prohibit"):
                 first = line.split()[1]
@@ -264,9 +188,9 @@ class NetLab:
         if reason:
             raise NetLabUnavailable(reason)
         remove_leftovers()
-        with _state_lock():
+        with state_lock():
             taken = ({p.stem for p in STATE_DIR.glob("*.json")}
-                     | {n.split("-")[0] for n in _netns_names() + _link_names()})
+                     | {n.split("-")[0] for n in netns_names() + link_names()})
             while not self.prefix or self.prefix in taken:
                 self.prefix = PREFIX_HEAD + secrets.token_hex(2)
             self.ctl_bridge, self.data_bridge = f"{self.prefix}-bc", f"{self.prefix}-bd"
@@ -281,7 +205,7 @@ class NetLab:
                 raise NetLabUnavailable(f"no free pair of /24s left in {SUPERNET}")
             # Recorded before anything is made, so a killed run's leftovers are found.
             (STATE_DIR / f"{self.prefix}.json").write_text(json.dumps({
-                "pid": os.getpid(), "start": _start_time(os.getpid()),
+                "pid": os.getpid(), "start": start_time(os.getpid()),
                 "ctl_net": str(self.ctl_net), "data_net": str(self.data_net), "replicas": self.names,
             }))
         try:
@@ -294,28 +218,28 @@ class NetLab:
         ctl_hosts, data_hosts = list(self.ctl_net.hosts()), list(self.data_net.hosts())
         self.control_host = str(ctl_hosts[0])
         for bridge in (self.ctl_bridge, self.data_bridge):
-            _ip("link", "add", bridge, "type", "bridge")
-            _run("sysctl", "-qw", f"net.ipv6.conf.{bridge}.disable_ipv6=1", check=False)
-            _ip("link", "set", bridge, "up")
-        _ip("addr", "add", f"{self.control_host}/{self.ctl_net.prefixlen}", "dev", self.ctl_bridge)
+            ip("link", "add", bridge, "type", "bridge")
+            run("sysctl", "-qw", f"net.ipv6.conf.{bridge}.disable_ipv6=1", check=False)
+            ip("link", "set", bridge, "up")
+        ip("addr", "add", f"{self.control_host}/{self.ctl_net.prefixlen}", "dev", self.ctl_bridge)
         for i, name in enumerate(self.names):
             ns = f"{self.prefix}-{name}"
             r = Replica(name, ns, str(ctl_hosts[9 + i]), str(data_hosts[9 + i]),
                         f"{self.prefix}-c{i}", f"{self.prefix}-d{i}")
             self.replicas[name] = r
-            _run("ip", "netns", "add", ns)
-            for peer, inner, bridge, ip, net in ((r.ctl_peer, CTL_IF, self.ctl_bridge, r.ctl_ip, self.ctl_net),
+            run("ip", "netns", "add", ns)
+            for peer, inner, bridge, addr, net in ((r.ctl_peer, CTL_IF, self.ctl_bridge, r.ctl_ip, self.ctl_net),
                                                  (r.data_peer, DATA_IF, self.data_bridge, r.data_ip, self.data_net)):
                 tmp = f"{peer}n"
-                _ip("link", "add", peer, "type", "veth", "peer", "name", tmp)
-                _ip("link", "set", tmp, "netns", ns)
+                ip("link", "add", peer, "type", "veth", "peer", "name", tmp)
+                ip("link", "set", tmp, "netns", ns)
                 _nsip(ns, "link", "set", tmp, "name", inner)
-                _run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{inner}.disable_ipv6=1", check=False)
-                _nsip(ns, "addr", "add", f"{ip}/{net.prefixlen}", "dev", inner)
+                run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{inner}.disable_ipv6=1", check=False)
+                _nsip(ns, "addr", "add", f"{addr}/{net.prefixlen}", "dev", inner)
                 _nsip(ns, "link", "set", inner, "up")
-                _ip("link", "set", peer, "master", bridge)
-                _run("sysctl", "-qw", f"net.ipv6.conf.{peer}.disable_ipv6=1", check=False)
-                _ip("link", "set", peer, "up")
+                ip("link", "set", peer, "master", bridge)
+                run("sysctl", "-qw", f"net.ipv6.conf.{peer}.disable_ipv6=1", check=False)
+                ip("link", "set", peer, "up")
             _nsip(ns, "link", "set", "lo", "up")
 
     def close(self) -> None:
@@ -326,8 +250,8 @@ class NetLab:
         for t in self._timers:
             t.join(timeout=10)
         if self.prefix:
-            with _state_lock():
-                _remove_prefix(self.prefix)
+            with state_lock():
+                remove_prefix(self.prefix)
 
     # ----- running things inside -------------------------------------------------
 
@@ -379,13 +303,7 @@ class NetLab:
 
         def make() -> None:
             try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                fd = os.open(NETNS_DIR / self.replicas[name].ns, os.O_RDONLY)
-                try:
-                    if libc.setns(fd, CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), "setns")
-                finally:
-                    os.close(fd)
+                enter_netns(self.replicas[name].ns)
                 result.append(socket.socket(family, kind))
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 result.append(e)
@@ -439,17 +357,17 @@ class NetLab:
     def cut_data(self, name: str) -> None:
         """The data link's switch port goes down: no traffic either way on the
         replica's data link; its ``data`` keeps its address, without a carrier."""
-        _ip("link", "set", self.replicas[name].data_peer, "down")
+        ip("link", "set", self.replicas[name].data_peer, "down")
 
     def heal_data(self, name: str) -> None:
-        _ip("link", "set", self.replicas[name].data_peer, "up")
+        ip("link", "set", self.replicas[name].data_peer, "up")
 
     def cut_control(self, name: str) -> None:
         """The control link's switch port goes down: the coordinator is unreachable, the data path works."""
-        _ip("link", "set", self.replicas[name].ctl_peer, "down")
+        ip("link", "set", self.replicas[name].ctl_peer, "down")
 
     def heal_control(self, name: str) -> None:
-        _ip("link", "set", self.replicas[name].ctl_peer, "up")
+        ip("link", "set", self.replicas[name].ctl_peer, "up")
 
     def flap_data(self, name: str, seconds: float, wait: bool = False) -> threading.Thread:
         """Cut the data link now and heal it ``seconds`` later (on a thread
@@ -510,7 +428,7 @@ class NetLab:
 
     def tcp_connections(self, name: str) -> list[tuple[str, str]]:
         """(local, remote) HOST:PORT of the established TCP connections in the namespace."""
-        out = _run("ip", "netns", "exec", self.replicas[name].ns, "ss", "-Htn", "state", "established").stdout
+        out = run("ip", "netns", "exec", self.replicas[name].ns, "ss", "-Htn", "state", "established").stdout
         conns = []
         for line in out.splitlines():
             parts = line.split()
@@ -519,11 +437,11 @@ class NetLab:
         return conns
 
     def tcp_listeners(self, name: str) -> list[str]:
-        out = _run("ip", "netns", "exec", self.replicas[name].ns, "ss", "-Htln").stdout
+        out = run("ip", "netns", "exec", self.replicas[name].ns, "ss", "-Htln").stdout
         return [line.split()[-2] for line in out.splitlines() if len(line.split()) >= 4]
 
 
-# ----- a small program the harness's tests run inside namespaces -----------------------
+# ----- entering a namespace ---------------------------------------------------------
 
 
 def enter_netns(ns: str) -> None:
@@ -537,100 +455,12 @@ def enter_netns(ns: str) -> None:
         os.close(fd)
 
 
-def _gloo_peer(rank: int, args: argparse.Namespace, commands) -> None:
-    """One gloo rank driven by ``commands`` (lines): ``group NAME`` builds a
-    ProcessGroupGloo over the TCPStore; ``allreduce SECONDS`` runs one
-    all-reduce of (rank + 1)s and waits at most SECONDS. One JSON line per
-    command on stdout, with the rank."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    def say(**fields) -> None:
-        os.write(1, (json.dumps({"rank": rank, **fields}) + "\n").encode())  # one write: lines never interleave
-
-    timeout = datetime.timedelta(seconds=args.timeout)
-    store = dist.TCPStore(args.host, args.port, args.world, is_master=rank == 0, timeout=timeout,
-                          wait_for_workers=False)
-    say(store=f"{args.host}:{store.port}", pid=os.getpid())
-    keep = []  # groups are never destroyed: gloo's destructor waits for a stuck collective
-    pg = None
-    for line in commands:
-        cmd = line.split()
-        if not cmd:
-            continue
-        if cmd[0] == "group":
-            t0 = time.monotonic()
-            pg = dist.ProcessGroupGloo(dist.PrefixStore(cmd[1], store), rank, args.world, timeout)
-            keep.append(pg)
-            say(group=cmd[1], s=round(time.monotonic() - t0, 3))
-        elif cmd[0] == "allreduce":
-            t = torch.ones(1024) * (rank + 1)
-            t0 = time.monotonic()
-            work = pg.allreduce([t])
-            while not work.is_completed() and time.monotonic() - t0 < float(cmd[1]):
-                time.sleep(0.005)
-            done = work.is_completed()
-            say(allreduce=done, value=float(t[0]) if done else None, s=round(time.monotonic() - t0, 3))
-        elif cmd[0] == "exit":
-            break
-    os._exit(0)
-
-
-def _gloo_main(args: argparse.Namespace) -> None:
-    """Import torch once, then fork one gloo rank per ``--ns`` (rank i enters
-    namespace i, with GLOO_SOCKET_IFNAME set); each line on stdin goes to
-    every rank. The ranks die with this process."""
-    import importlib
-
-    importlib.import_module("torch.distributed")  # imported once, before the forks
-
-    pipes = []
-    for rank, ns in enumerate(args.ns):
-        r, w = os.pipe()
-        if os.fork() == 0:
-            try:
-                os.close(w)
-                for _, other in pipes:
-                    other.close()
-                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-                enter_netns(ns)
-                os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
-                _gloo_peer(rank, args, os.fdopen(r))
-            finally:
-                os._exit(1)
-        os.close(r)
-        pipes.append((rank, os.fdopen(w, "w")))
-    for line in sys.stdin:
-        for _, pipe in pipes:
-            with contextlib.suppress(BrokenPipeError):
-                pipe.write(line)
-                pipe.flush()
-    for _, pipe in pipes:
-        with contextlib.suppress(BrokenPipeError):
-            pipe.close()
-    for _ in pipes:
-        with contextlib.suppress(ChildProcessError):
-            os.wait()
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tests.netns")
     sub = p.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("gloo", help="gloo ranks, one per namespace, driven by stdin")
-    g.add_argument("--ns", action="append", required=True, help="a namespace per rank, rank 0 first")
-    g.add_argument("--host", required=True, help="rank 0's data address: the TCPStore")
-    g.add_argument("--port", type=int, required=True)
-    g.add_argument("--ifname", default=DATA_IF)
-    g.add_argument("--timeout", type=float, default=30.0)
     sub.add_parser("leftovers", help="remove what dead runs left behind")
-    args = p.parse_args(argv)
-    if args.cmd == "gloo":
-        args.world = len(args.ns)
-        _gloo_main(args)
-    else:
-        print(remove_leftovers())
+    p.parse_args(argv)
+    print(remove_leftovers())
 
 
 if __name__ == "__main__":

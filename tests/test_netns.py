@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from tests.netns import STATE_DIR, NetLab, _netns_names, remove_leftovers
+from tests.netns import NetLab
+from tests.netns_state import STATE_DIR, netns_names, remove_leftovers
 from tests.processes import ROOT, _env
 from tests.waiting import wait_until
 
@@ -38,7 +39,7 @@ def lab_factory():
     yield make
     for lab in labs:
         lab.close()
-        assert not [ns for ns in _netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
+        assert not [ns for ns in netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
 
 
 @pytest.fixture
@@ -50,13 +51,13 @@ def lab(lab_factory) -> NetLab:
 
 
 class GlooRanks:
-    """``python -m tests.netns gloo``: one gloo rank per namespace (forked after
+    """``python -m tests.netns_gloo``: one gloo rank per namespace (forked after
     one import of torch), each command line to every rank, replies by rank."""
 
     def __init__(self, lab: NetLab, names: list[str], port: int, log) -> None:
         ns = [a for n in names for a in ("--ns", lab.replica(n).ns)]
         self.n = len(names)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.netns", "gloo", *ns, "--host",
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.netns_gloo", *ns, "--host",
                                       lab.replica(names[0]).data_ip, "--port", str(port)],
                                      env=_env(), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                      text=True)
@@ -258,16 +259,16 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path):
     try:
         prefix = proc.stdout.readline().strip()
         assert prefix, "the child made no lab"
-        assert [ns for ns in _netns_names() if ns.startswith(prefix)]
+        assert [ns for ns in netns_names() if ns.startswith(prefix)]
         with NetLab(1) as live:  # a live run beside it: another /24 pair, kept by the clean-up
             child_lab = json.loads((STATE_DIR / f"{prefix}.json").read_text())
             assert live.ctl_net != ipaddress.ip_network(child_lab["ctl_net"])
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             assert prefix in remove_leftovers()
-            assert not [ns for ns in _netns_names() if ns.startswith(prefix)]
+            assert not [ns for ns in netns_names() if ns.startswith(prefix)]
             assert not (STATE_DIR / f"{prefix}.json").exists()
-            assert [ns for ns in _netns_names() if ns.startswith(live.prefix)], "a live lab was removed"
+            assert [ns for ns in netns_names() if ns.startswith(live.prefix)], "a live lab was removed"
     finally:
         if proc.poll() is None:
             proc.kill()

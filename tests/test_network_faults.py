@@ -22,7 +22,8 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.netns import NetLab, _netns_names
+from tests.netns import NetLab
+from tests.netns_state import netns_names
 from tests.waiting import wait_until
 
 FOREVER = "1000000"
@@ -126,7 +127,7 @@ def job_in_lab(tmp_path, etcd_url, key_prefix):
         if job is not None:
             job.stop()
         lab.close()
-        assert not [ns for ns in _netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
+        assert not [ns for ns in netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
 
 
 @pytest.mark.timeout(300)
