@@ -82,3 +82,12 @@ def token_file(tmp_path: Path) -> str:
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
     return str(path)
+
+
+@pytest.fixture
+def processes():
+    """Stops whatever a test started, also when it fails."""
+    started: list = []
+    yield lambda p: started.append(p) or p
+    for p in reversed(started):
+        p.stop()

@@ -31,8 +31,9 @@ from tests.test_catchup import members, status_of
 from tests.test_cli import fthsdp
 from tests.test_hangs import LONG_FTAR, TIGHT, train_on_and_stop
 from tests.test_metrics import hung_runtime
-from tests.test_web import chromium, page_url, run_chromium
+from tests.test_web import page_url
 from tests.test_web import status as page_status
+from tests.test_web_page import chromium, run_chromium
 from tests.waiting import wait_until
 
 ADMIN_TOKEN = "inject-admin-token-0123"
