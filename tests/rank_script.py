@@ -13,6 +13,11 @@ signal it), then follows PLAN:
   kill1      first start: local rank 1 SIGKILLs itself once every rank of the
              group has written its file, the others wait as in 'wait';
              later starts: exit 0
+  left-abort ENDING  write the outcome ENDING (fthsdp/agent/outcome.py, as a
+             replica that left writes it), then abort (SIGABRT), as a native
+             thread taking the GIL in the interpreter's teardown makes a
+             process do; later starts: exit 0. With "wait" as a third word,
+             first wait for SIGTERM (the agent's drain)
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fthsdp.agent import outcome  # noqa: E402  (plain Python: no torch)
 
 CONTRACT = (
     "RANK",
@@ -58,7 +66,7 @@ def main() -> int:
     tmp.write_text(json.dumps(env))
     tmp.rename(out / f"env-rank{rank}-restart{restart}.json")  # atomic: readers never see half a file
 
-    if plan == "exit0" or (plan in ("fail-once", "kill1") and restart > 0):
+    if plan == "exit0" or (plan in ("fail-once", "kill1", "left-abort") and restart > 0):
         return 0
     if plan in ("fail", "fail-once"):
         return 3
@@ -70,6 +78,11 @@ def main() -> int:
         wait_for(lambda: got_sigterm)
         (out / f"sigterm-rank{rank}-restart{restart}").write_text("")
         return 0
+    if plan == "left-abort":
+        if sys.argv[4:] == ["wait"]:
+            wait_for(lambda: got_sigterm)
+        outcome.write(os.environ[outcome.ENV], sys.argv[3], "the quorum went on without it")
+        os.abort()
     print(f"rank_script: unknown plan {plan!r}", file=sys.stderr)
     return 2
 

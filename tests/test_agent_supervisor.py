@@ -34,7 +34,8 @@ S = AgentState
 class Agent:
     """`fthsdp agent ... -- python tests/rank_script.py OUT PLAN`, its log in tmp."""
 
-    def __init__(self, tmp: Path, plan: str, *args: str, coordinator: str | None = None) -> None:
+    def __init__(self, tmp: Path, plan: str, *args: str, coordinator: str | None = None,
+                 plan_args: tuple[str, ...] = ()) -> None:
         self.out = tmp / "ranks"
         self.out.mkdir(exist_ok=True)
         self.log_path = tmp / "agent.log"
@@ -42,7 +43,7 @@ class Agent:
         coordinator = coordinator or f"127.0.0.1:{free_port()}"
         argv = [sys.executable, "-m", "fthsdp", "agent", "--coordinator", coordinator]
         argv += ["--monitor-interval", "20ms", "--restart-backoff", "10ms", *args]
-        argv += ["--", sys.executable, RANK_SCRIPT, str(self.out), plan]
+        argv += ["--", sys.executable, RANK_SCRIPT, str(self.out), plan, *plan_args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=log, stderr=log)
 
@@ -122,6 +123,33 @@ def test_sigterm_drains_the_ranks(tmp_path, agents):
     assert agent.wait() == 0, agent.log()
     assert (agent.out / "sigterm-rank0-restart0").exists() and (agent.out / "sigterm-rank1-restart0").exists()
     assert "DRAINING" in agent.log() and agent.started() == ["env-rank0-restart0.json", "env-rank1-restart0.json"]
+
+
+@pytest.mark.parametrize("ending, restarted", [("drained", False), ("evicted", True), ("failed", True)])
+def test_a_rank_that_dies_after_it_left_drained_is_not_restarted(tmp_path, agents, ending, restarted):
+    """A drained replica never comes back, also when its process then dies
+    (SIGABRT, as Python's teardown can make it): said, never a failure. Any
+    other ending that dies is a failure and restarts."""
+    agent = agents(tmp_path, "left-abort", "--replica-id", "r0", "--max-restarts", "1", plan_args=(ending,))
+    assert agent.wait() == 0, agent.log()
+    log = agent.log()
+    if restarted:
+        assert agent.started() == ["env-rank0-restart0.json", "env-rank0-restart1.json"], log
+        assert "local rank 0 exited with signal SIGABRT" in log and "-> RESTARTING" in log
+    else:
+        assert agent.started() == ["env-rank0-restart0.json"], log
+        assert "-> FAILED" not in log and "-> RESTARTING" not in log, log
+        assert "exited with signal SIGABRT after it had left the job (drained): not a failure, not restarted" in log
+        assert "-> SUCCEEDED (every local rank left (drained); local rank 0 then exited with signal SIGABRT)" in log
+
+
+def test_a_rank_that_dies_after_it_left_drained_on_sigterm_is_a_drain(tmp_path, agents):
+    agent = agents(tmp_path, "left-abort", "--replica-id", "r0", plan_args=("drained", "wait"))
+    agent.wait_started(1)
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait() == 0, agent.log()
+    assert "-> SUCCEEDED (drained: every local rank left (drained); local rank 0 then exited with signal SIGABRT)" \
+        in agent.log(), agent.log()
 
 
 def test_sigterm_during_the_backoff_stops_without_restarting(tmp_path, agents):

@@ -65,6 +65,18 @@ def test_the_outcome_file_round_trips(tmp_path):
     outcome.write("", "drained", "")  # no file asked for: nothing written, nothing raised
 
 
+@pytest.mark.parametrize("found, left", [
+    (outcome.Outcome("drained", "the quorum went on without it"), True),
+    (outcome.Outcome("drained"), True),
+    (outcome.Outcome("evicted", "taken out"), False),  # taken out: it should come back and catch up
+    (outcome.Outcome("failed"), False),
+    (outcome.Outcome("finished"), False),  # its own end: a crash after it is still a crash
+    (None, False),  # wrote nothing: it did not leave
+])
+def test_only_a_drained_rank_left_for_good(found, left):
+    assert outcome.left_for_good(found) is left
+
+
 @pytest.mark.parametrize("outcomes, words", [
     ([outcome.Outcome("drained", "x"), outcome.Outcome("drained", "y")], "drained"),
     ([outcome.Outcome("finished"), outcome.Outcome("drained", "the quorum went on without it")], "drained"),

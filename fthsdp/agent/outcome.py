@@ -55,6 +55,16 @@ def read(path: str | Path) -> Outcome | None:
         return None
 
 
+def left_for_good(found: Outcome | None) -> bool:
+    """Whether a rank that wrote ``found`` had left its job for good before
+    it exited: drained, so its replica must not come back whatever its exit
+    code says. The rank writes its outcome last, once the coordinator knows it
+    left and its groups are let go; a crash after that, in the script's tail
+    or in the interpreter's teardown (a native thread taking the GIL while
+    Python finalizes aborts the process), changes nothing the job holds."""
+    return found is not None and found.ending == "drained"
+
+
 def describe(outcomes: Sequence[Outcome | None]) -> str:
     """The words for a group whose every rank exited 0: the ending they
     agree on ("drained"; "job finished at step 500"), or "" when they wrote none."""

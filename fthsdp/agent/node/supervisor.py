@@ -255,6 +255,8 @@ class Supervisor:
         """A private folder for the ranks' outcome files (fthsdp/agent/outcome.py)."""
         self._hangs: HangWatch | None = None
         """The coordinator's hang notices for this replica (fthsdp/agent/node/hang_watch.py)."""
+        self._after_leaving: dict[int, int] = {}
+        """Local ranks of this start that exited non-zero after leaving the job for good, with their exit codes."""
 
     def request_stop(self) -> None:
         """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
@@ -289,6 +291,7 @@ class Supervisor:
         cfg = self.config
         while True:
             self._transition(AgentState.STARTING, f"starting {cfg.nproc} local rank(s)")
+            self._after_leaving = {}
             try:
                 self._start_ranks()
             except OSError as e:  # command not found, not executable: restarting cannot help
@@ -312,7 +315,7 @@ class Supervisor:
                 ended = outcome.describe([outcome.read(self._outcome_path(self.restart_count, r.local_rank))
                                           for r in self._ranks])  # drained by the coordinator, say
                 ended = ended or (f"job finished at step {finished}" if finished else "")
-                self._transition(AgentState.SUCCEEDED, "every local rank exited 0" + (f" ({ended})" if ended else ""))
+                self._transition(AgentState.SUCCEEDED, self._how_ranks_ended(ended))
                 return 0
             self._transition(AgentState.FAILED, failure)  # reported before the others are stopped
             hung = self._hangs is not None and self._hangs.notice_for(self.restart_count) is not None
@@ -431,10 +434,11 @@ class Supervisor:
                 return f"taken out by the coordinator ({hung})"
             codes = [rank.poll() for rank in self._ranks]
             for rank, code in zip(self._ranks, codes, strict=True):
-                if code is not None and code != 0:
+                if code is not None and code != 0 and not self._exited_after_leaving(rank, code):
                     log.error("local rank %d (pid %d) exited with %s", rank.local_rank, rank.pid, describe_exit(code))
                     return f"local rank {rank.local_rank} exited with {describe_exit(code)}"
-            if all(code == 0 for code in codes):
+            if all(code == 0 or (code is not None and rank.local_rank in self._after_leaving)
+                   for rank, code in zip(self._ranks, codes, strict=True)):
                 return None
             self._stop.wait(self.config.monitor_interval)
         return None
@@ -445,12 +449,36 @@ class Supervisor:
         stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
         for rank in self._ranks:
             code = rank.poll()
-            if code != 0:
+            if code != 0 and not (code is not None and self._exited_after_leaving(rank, code)):
                 how = "did not exit" if code is None else f"exited with {describe_exit(code)}"
                 self._transition(AgentState.GAVE_UP, f"drain: local rank {rank.local_rank} {how}")
                 return 1
-        self._transition(AgentState.SUCCEEDED, "drained: every local rank exited 0")
+        self._transition(AgentState.SUCCEEDED, "drained: " + self._how_ranks_ended(""))
         return 0
+
+    def _exited_after_leaving(self, rank: Rank, code: int) -> bool:
+        """Whether rank ``rank``, which exited with ``code`` (not 0), had left
+        the job for good first (fthsdp/agent/outcome.py, ``left_for_good``):
+        then its exit is no failure and nothing is restarted, but it is said, once."""
+        if rank.local_rank in self._after_leaving:
+            return True
+        found = outcome.read(self._outcome_path(self.restart_count, rank.local_rank))
+        if not outcome.left_for_good(found):
+            return False
+        assert found is not None  # left_for_good
+        self._after_leaving[rank.local_rank] = code
+        log.warning("local rank %d (pid %d) exited with %s after it had left the job (%s): not a failure, "
+                    "not restarted", rank.local_rank, rank.pid, describe_exit(code), found.ending)
+        return True
+
+    def _how_ranks_ended(self, ended: str) -> str:
+        """The SUCCEEDED detail: "every local rank exited 0 (drained)", or,
+        where some exited otherwise after leaving, what they exited with."""
+        if not self._after_leaving:
+            return "every local rank exited 0" + (f" ({ended})" if ended else "")
+        late = ", ".join(f"local rank {r} then exited with {describe_exit(c)}"
+                         for r, c in sorted(self._after_leaving.items()))
+        return f"every local rank left ({ended or 'drained'}); {late}"
 
     def _stop_without_restart(self) -> int:
         signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
