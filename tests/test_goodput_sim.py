@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import goodput_sim  # noqa: E402
 from benchmarks.goodput import calibration as cal  # noqa: E402
 from benchmarks.goodput import correlated as corr  # noqa: E402
-from benchmarks.goodput import engine, inputs, report  # noqa: E402
+from benchmarks.goodput import engine, inputs, report, synchronous  # noqa: E402
 from benchmarks.goodput.modes import run_cell  # noqa: E402
 
 K = cal.KOKOLIS
@@ -90,7 +90,7 @@ def test_synchronous_engine_follows_the_additive_accounting(stall_min, mttf_min)
     gpus = 100_000
     rate = cal.rate_from_mttf(mttf_min, gpus)
     horizon = 20_000 * mttf_min * 60
-    r = engine.simulate_synchronous(gpus, rate, horizon, random.Random(1), stall_min * 60)
+    r = synchronous.simulate_synchronous(gpus, rate, horizon, random.Random(1), stall_min * 60)
     assert r.effective == pytest.approx(cal.additive_effective(stall_min, mttf_min), abs=0.02)
 
 
@@ -99,7 +99,8 @@ def test_synchronous_engine_loses_the_work_since_the_last_checkpoint():
     # average half an hour is lost on top of the 10-minute restart.
     gpus = 1000
     rate = cal.rate_from_mttf(100 * 60, gpus)
-    r = engine.simulate_synchronous(gpus, rate, 4000 * 100 * 3600, random.Random(2), 600, checkpoint_interval_s=3600)
+    r = synchronous.simulate_synchronous(gpus, rate, 4000 * 100 * 3600, random.Random(2), 600,
+                                         checkpoint_interval_s=3600)
     assert r.stall_per_failure_s == pytest.approx(600 + 1800, abs=60)
 
 

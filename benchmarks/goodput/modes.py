@@ -18,7 +18,8 @@ import random
 from benchmarks.goodput import calibration as cal
 from benchmarks.goodput import inputs
 from benchmarks.goodput.correlated import Checkpoints, Correlated
-from benchmarks.goodput.engine import ReplicatedSim, RunResult, simulate_synchronous
+from benchmarks.goodput.engine import ReplicatedSim
+from benchmarks.goodput.synchronous import RunResult, simulate_synchronous
 
 GPU_COUNTS = (1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 100_000, 131_072, 200_000)
 DEFAULT_WORKLOAD = inputs.Workload()
