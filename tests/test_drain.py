@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -74,6 +75,16 @@ def assert_drained(agent: AgentProcess) -> None:
     assert "-> SUCCEEDED" in text and "drained" in text.split("-> SUCCEEDED", 1)[1].splitlines()[0], text[-3000:]
     assert "-> FAILED" not in text and "-> RESTARTING" not in text, text[-3000:]
     assert "Evicted" not in text, text[-3000:]
+    _say_a_death_after_leaving(text)
+
+
+def _say_a_death_after_leaving(text: str) -> None:
+    """A drained rank that then died (SIGABRT in Python's teardown, rare) is
+    no failure of the drain, which the agent handles; but it is shown in the
+    run's warnings, so that it stays visible until its cause is found."""
+    for line in text.splitlines():
+        if "after it had left the job" in line:
+            warnings.warn(f"a drained rank died after leaving: {line}", stacklevel=3)
 
 
 def assert_others_train_on(others, client, drained: str) -> None:
@@ -139,6 +150,7 @@ def assert_drained_after_one_restart(agent: AgentProcess) -> None:
     assert len(last) == 2 and "drained" in last[1].splitlines()[0], text[-3000:]
     assert text.count("-> RESTARTING") == 1, "only the kill restarts it"
     assert "Evicted" not in text, text[-3000:]
+    _say_a_death_after_leaving(text)
 
 
 @pytest.mark.timeout(120)
