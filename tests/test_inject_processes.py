@@ -17,14 +17,12 @@ page's recent events (the page itself rendered by a headless Chromium).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from html.parser import HTMLParser
 
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from fthsdp.coordinator.http_server import serve_http
 from fthsdp.coordinator.web import WebApp
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.test_catchup import members, status_of
@@ -33,7 +31,7 @@ from tests.test_hangs import LONG_FTAR, TIGHT, train_on_and_stop
 from tests.test_metrics import hung_runtime
 from tests.test_web import page_url
 from tests.test_web import status as page_status
-from tests.test_web_page import chromium, run_chromium
+from tests.test_web_page import dump_dom
 from tests.waiting import wait_until
 
 ADMIN_TOKEN = "inject-admin-token-0123"
@@ -154,23 +152,11 @@ class _Events(HTMLParser):
 
 
 def test_the_page_lists_an_injected_fault_among_the_recent_events(tmp_path):  # a few seconds: in the default suite
-    binary = chromium()
     runtime = hung_runtime()
     runtime.inject(pb.InjectRequest(replica_id="r1", kind=pb.FAULT_KIND_SLOW, seconds=2, steps=5,
                                     requested_by="alice@box"), "")
-
-    async def render() -> str:
-        server = await serve_http(WebApp(runtime, runtime.config, "").handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:  # chromium runs in a thread: the server answers it meanwhile, on this loop
-            return (await asyncio.to_thread(run_chromium, binary, tmp_path / "profile", "--dump-dom",
-                                            f"http://127.0.0.1:{port}/")).stdout
-        finally:
-            server.close()
-            await server.wait_closed()
-
     page = _Events()
-    page.feed(asyncio.run(render()))
+    page.feed(dump_dom(WebApp(runtime, runtime.config, "").handle, tmp_path / "profile"))
     injected = [item for item in page.items if item[0] == "fault_injected"]
     assert len(injected) == 1 and injected[0][1] == "r1", page.items
     assert "replica r1: fault injected: slow (+2s per step for 5 steps) (asked by alice@box)" in injected[0][2]

@@ -45,6 +45,25 @@ def run_chromium(binary: str, profile: Path, *args: str) -> subprocess.Completed
     return result
 
 
+def dump_dom(handle, profile: Path) -> str:
+    """The page that ``handle`` (a WebApp's, or one around it) serves on a
+    port of its own, as Chromium dumps its DOM. Chromium runs in a thread:
+    the server answers it meanwhile, on this loop."""
+    binary = chromium()
+
+    async def render() -> str:
+        server = await serve_http(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return (await asyncio.to_thread(run_chromium, binary, profile, "--dump-dom",
+                                            f"http://127.0.0.1:{port}/")).stdout
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return asyncio.run(render())
+
+
 class _Rows(HTMLParser):
     """Replica rows, the checksums card and the history rows of a dumped DOM."""
 
@@ -188,20 +207,8 @@ class _Progress(HTMLParser):
 
 
 def test_the_page_shows_phases_the_hang_limit_and_why_a_replica_was_taken_out(tmp_path):
-    binary = chromium()
     runtime = hung_runtime()
-
-    async def render() -> str:
-        server = await serve_http(WebApp(runtime, runtime.config, "").handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:  # chromium runs in a thread: the server answers it meanwhile, on this loop
-            return (await asyncio.to_thread(run_chromium, binary, tmp_path / "profile", "--dump-dom",
-                                            f"http://127.0.0.1:{port}/")).stdout
-        finally:
-            server.close()
-            await server.wait_closed()
-
-    dom = asyncio.run(render())
+    dom = dump_dom(WebApp(runtime, runtime.config, "").handle, tmp_path / "profile")
     page = _Progress()
     page.feed(dom)
     assert page.phases == {"r0": "all-reduce", "r1": "all-reduce", "r2": "computing"}, dom[-3000:]
@@ -247,34 +254,21 @@ def test_the_page_shows_a_finished_job_and_why_a_replica_was_given_up(tmp_path):
     """The status JSON of a real runtime, with what a finished job and a
     replica given up after two mismatches add: a banner naming the reopen
     command, and the reasons in rows of their own."""
-    binary = chromium()
     runtime = hung_runtime()
     app = WebApp(runtime, runtime.config, "")
+    status = json.loads(asyncio.run(app.handle(Request("GET", "/api/status", {}, {}))).body)
+    status["finished"] = {"step": 500, "time": 0.0, "quorum_id": 6}
+    r2 = next(r for r in status["replicas"] if r["id"] == "r2")
+    r2.update(agent_state="gave-up", agent_detail="gave up: r2's lr at step 160 was 0.0009, the members' 0.0002",
+              mismatch_reason="r2's lr at step 160 was 0.0009, the members' 0.0002", mismatch_strikes=2)
 
-    async def render() -> str:
-        real = await app.handle(Request("GET", "/api/status", {}, {}))
-        status = json.loads(real.body)
-        status["finished"] = {"step": 500, "time": 0.0, "quorum_id": 6}
-        r2 = next(r for r in status["replicas"] if r["id"] == "r2")
-        r2.update(agent_state="gave-up", agent_detail="gave up: r2's lr at step 160 was 0.0009, the members' 0.0002",
-                  mismatch_reason="r2's lr at step 160 was 0.0009, the members' 0.0002", mismatch_strikes=2)
-
-        async def handle(request: Request):
-            if request.path == "/api/status":
-                return Response(200, json.dumps(status).encode(), "application/json")
-            return await app.handle(request)
-
-        server = await serve_http(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            return (await asyncio.to_thread(run_chromium, binary, tmp_path / "profile", "--dump-dom",
-                                            f"http://127.0.0.1:{port}/")).stdout
-        finally:
-            server.close()
-            await server.wait_closed()
+    async def handle(request: Request):
+        if request.path == "/api/status":
+            return Response(200, json.dumps(status).encode(), "application/json")
+        return await app.handle(request)
 
     page = _Verdicts()
-    page.feed(asyncio.run(render()))
+    page.feed(dump_dom(handle, tmp_path / "profile"))
     assert page.finished.startswith("FINISHED at step 500")
     assert "fthsdp reopen-job --job default --step 500" in page.finished
     assert page.rows[("data-mismatch", "r2")] == (
