@@ -212,11 +212,15 @@ def give_up(c, step: int) -> subprocess.CompletedProcess:
                            "--step", str(step)], capture_output=True, text=True, timeout=30, cwd=ROOT, env=_env())
 
 
-def test_every_holder_lost_the_job_waits_until_an_operator_gives_the_state_up(cluster):
+@pytest.mark.parametrize("back", [2, 1])
+def test_every_holder_lost_the_job_waits_until_an_operator_gives_the_state_up(cluster, back):
     """Both training replicas SIGKILLed at once: fresh replicas (at step 0)
     are not let start over; status says the state was lost at step N and
     they wait (no timeout); `fthsdp give-up-state` with another step is
-    refused, with N it lets them train from the start."""
+    refused, with N it lets them train from the start. ``back``: how many
+    come back, running the same command (``start(wait_for_replicas=2)``):
+    one alone trains too, as the coordinator's --min-replicas 1 allows (the
+    script's wait is for a fresh job's start)."""
     coordinator, _, worker = cluster
     c = coordinator("--min-replicas", "1")
     r0, r1 = (worker(c, i, 2, *LOOP) for i in range(2))
@@ -226,9 +230,9 @@ def test_every_holder_lost_the_job_waits_until_an_operator_gives_the_state_up(cl
     for w in (r0, r1):
         w.collect_after_exit()
     reached = max(max(r0.steps), max(r1.steps))
-    fresh = [worker(c, i, 1, *LOOP, name=f"r{i}-fresh") for i in range(2)]
+    fresh = [worker(c, i, 2, *LOOP, name=f"r{i}-fresh") for i in range(back)]
     with CoordinatorClient([c.address]) as client:
-        wait_until(lambda: client.status().state_lost_step > 0 and len(client.status().replicas) >= 2
+        wait_until(lambda: client.status().state_lost_step > 0 and len(client.status().replicas) >= back
                    and all("the job's state was lost" in f.log_path.read_text() for f in fresh),
                    60, message="the state reported lost and the fresh replicas waiting")
         status = client.status()
@@ -245,7 +249,7 @@ def test_every_holder_lost_the_job_waits_until_an_operator_gives_the_state_up(cl
         assert accepted.returncode == 0, accepted.stderr
         wait_until(lambda: client.status().state_lost_step == 0, 20, message="the state no longer reported lost")
     firsts = [f.read_until(lambda line: "step" in line, timeout=60)["step"] for f in fresh]
-    assert firsts == [1, 1], f"after the give-up the job starts over from step 0: first steps {firsts}"
+    assert firsts == [1] * back, f"after the give-up the job starts over from step 0: first steps {firsts}"
 
 
 def test_last_member_killed_as_a_joiner_is_admitted(cluster):

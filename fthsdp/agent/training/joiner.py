@@ -56,6 +56,7 @@ from fthsdp.agent.training.replica_group import ReplicaGroup
 from fthsdp.agent.training.snapshot import state_from_bytes
 from fthsdp.core.errors import CatchUpFailed, FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.joiner")
 
@@ -206,6 +207,16 @@ class Joiner:
                     failed[source] = time.monotonic()
             self._reset()
 
+    def _enough(self, quorum: pb.Quorum) -> bool:
+        """Whether a quorum that includes this replica has the members the
+        script waits for (``start(wait_for_replicas=N)``). That wait is for a
+        fresh job's start, so that every replica begins at step 0 together:
+        once any quorum of the job dropped a member (a failure, a drain, a
+        restart, a give-up or a restore), the job trains with the replicas
+        there are, as the coordinator's ``--min-replicas`` allows; a script's
+        N would otherwise hold its replicas out for good when fewer come back."""
+        return quorum.member_count >= self.min_members or quorum.last_drop_id > 0
+
     def _plan(self, deadline: float, failed: dict[str, float]) -> dict:
         """Rank 0: wait until admitted, or until a source worth trying is named."""
         membership = self.membership
@@ -219,7 +230,7 @@ class Joiner:
                 return True
             if event.drain_requested or self.lifecycle.drain_requested:
                 return True
-            if event.HasField("place") and event.quorum.member_count >= self.min_members:
+            if event.HasField("place") and self._enough(event.quorum):
                 return True
             source = event.catch_up.source_replica_id
             if not source or not event.catch_up.source_catch_up_addresses:
@@ -264,7 +275,7 @@ class Joiner:
         if restoring(event):
             r = event.restore
             return {"admitted": False, "restore": {"path": r.path, "digest": r.digest, "step": r.step}}
-        if event.HasField("place") and event.quorum.member_count >= self.min_members:
+        if event.HasField("place") and self._enough(event.quorum):
             return {"admitted": True}
         cu = event.catch_up
         log.info("catching up from %s (at step %d)", cu.source_replica_id, cu.source_step)
