@@ -205,9 +205,9 @@ class Manager:
         """Register, and return once this replica is a member of the quorum, at
         the step it trains next: for a fresh job, once a quorum of
         ``wait_for_replicas`` members includes it (a fresh job passes its
-        replica count so that every replica starts at step 0 together; once a
-        quorum of the job lost a member, to a failure, a drain, a give-up or a
-        restore, the replicas there are train without waiting for more); for a
+        replica count so that every replica starts at step 0 together; a job
+        that starts over at step 0 after an operator gave up its lost state
+        trains with the replicas there are, without waiting for more); for a
         replica behind the quorum, once it caught up from a peer, was admitted,
         and took its first step in the quorum (without a gradient of its own:
         the members never wait for this replica's forward pass). A drain asked
