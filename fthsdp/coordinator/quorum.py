@@ -58,8 +58,10 @@ The rules, in order:
 6. Grow in batches. A replica joins once it has heartbeated since it
    registered (it is really listening: at 10,000 replicas a registration can
    come through long before the replica's heartbeat stream does) and is up to
-   date (its step is the head step) or says it is ready (its catch-up reached
-   the head). Joiners are
+   date (its step is the head step, where no member trains on: in a first
+   quorum, or one that never dropped a member, whose members may wait for
+   the script's replica count) or says it is ready (its catch-up reached the
+   head). Joiners are
    admitted once no new one has become ready for ``join_settle`` (arrivals
    come in bursts: a thousand replicas starting together then cost a few
    membership changes, not one each), and, if other replicas are still
@@ -74,7 +76,9 @@ The rules, in order:
    stays a member, spread so that no source serves more joiners than it must.
    So does a member still catching up (admitted, its first step in the
    quorum not committed yet), which is never a source itself: if its source
-   is lost during that step, it closes its gap from the next one.
+   is lost during that step, it closes its gap from the next one. So does a
+   replica admitted by its step into a fresh job's quorum whose members
+   continue: they may train on while the decision travels.
 8. Committed state. ``committed_step`` is the newest step any member of a
    quorum reported (fthsdp/coordinator/committed.py; 0 for a new job or after a
    give-up). Once no member of the previous quorum continues and it is > 0,
@@ -159,8 +163,16 @@ def decide(
                 if not (alive[i].cordoned or alive[i].diverged or alive[i].unreachable) and alive[i].beating]
     # Members a restarted coordinator presumes alive report no step: no vouching for a fresh one.
     up_to = head if ended else max(head, committed_step)
-    ready = [i for i in eligible
-             if alive[i].ready_since is not None or (alive[i].step >= up_to and not alive[i].catching_up)]
+    # A step vouches for a replica only where no member trains on past it:
+    # members that continue after a drop (they never wait for a script's
+    # replica count then: fthsdp/agent/training/joiner.py) may be steps past
+    # what their last heartbeats said, so an outsider at that step (a holder
+    # back from a cut, a restore's late loader) catches up from them like any
+    # joiner, ready once near their head. Members of a fresh job may still
+    # wait for it at their step, serving no copy: there it joins by its step.
+    by_step = not continuing or prev is None or prev.last_drop_id <= 1
+    ready = [i for i in eligible if alive[i].ready_since is not None
+             or (by_step and alive[i].step >= up_to and not alive[i].catching_up)]
     if guarded:
         ready = [i for i in ready if holds_state(alive[i], committed_step)]
     if any(i in alive for i in awaited.ids):
@@ -204,8 +216,19 @@ def decide(
         in_quorum = admitted if members is not None else set(staying)
         joining = sorted(i for i in in_quorum if i in alive and alive[i].catching_up)
         sources = [i for i in sources if not alive[i].drain_requested and i not in joining]
-        behind = [i for i in eligible if (alive[i].step < head or alive[i].catching_up) and i not in admitted]
-        catch_up = _assign_sources(behind + joining, sources, alive, prev_catch_up or {})
+        # A replica admitted by its step into a fresh job's members (rule 6)
+        # may find them past what their heartbeats said, once they had the
+        # script's replica count and trained: it closes that gap in its first
+        # all-reduce from a member's log, as a joiner does. So it gets a
+        # source among the members that continue, and serves none itself.
+        arriving = sorted(admitted - continuing_set - set(joining))
+        if any(i in continuing_set for i in sources):
+            sources = [i for i in sources if i not in arriving]
+        else:
+            arriving = []  # a first quorum: its members all start from where they are
+        behind = [i for i in eligible
+                  if (alive[i].step < head or alive[i].catching_up or not by_step) and i not in admitted]
+        catch_up = _assign_sources(behind + joining + arriving, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending, catch_up)
         lost_step = committed_step if lost else 0
         return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended,

@@ -195,6 +195,10 @@ class Joiner:
                     self._restore(plan["restore"])
                     continue
                 if plan["admitted"]:
+                    if plan.get("source") and not self.source_address:
+                        # Admitted up to date, with a member named for the steps the
+                        # members may have taken meanwhile (its last gap).
+                        self.source, self.source_address = plan["source"], plan["addresses"][self.group.rank]
                     return True
                 source = plan["source"]
             try:
@@ -211,17 +215,16 @@ class Joiner:
         """Whether a quorum that includes this replica has the members the
         script waits for (``start(wait_for_replicas=N)``): N, so that every
         replica of a fresh job begins at step 0 together; any number once the
-        job starts over at step 0 after it lost a member (an operator gave up
-        the lost state): the replicas there are then train, as the
-        coordinator's ``--min-replicas`` allows, where a script's N would
-        hold them out for good when fewer came back. Quorum ids start at 1,
-        and ``last_drop_id`` stays 1 while each quorum only added replicas
-        to the one before. (A restore from a checkpoint still waits for N:
-        a replica restored after the others trained on is admitted behind
-        them without a catch-up source, not yet handled.)"""
-        if quorum.member_count >= self.min_members:
-            return True
-        return quorum.last_drop_id > 1 and quorum.step == 0
+        job lost a member (it starts over after an operator gave up the lost
+        state, or goes on from a checkpoint restored after every replica was
+        lost): the replicas there are then train, as the coordinator's
+        ``--min-replicas`` allows, where a script's N would hold them out for
+        good when fewer came back (a rack that stays down). The coordinator
+        then admits no replica on its step alone into members that train on:
+        one that loads the checkpoint after they trained on catches up from
+        them. Quorum ids start at 1, and ``last_drop_id`` stays 1 while each
+        quorum only added replicas to the one before."""
+        return quorum.member_count >= self.min_members or quorum.last_drop_id > 1
 
     def _plan(self, deadline: float, failed: dict[str, float]) -> dict:
         """Rank 0: wait until admitted, or until a source worth trying is named."""
@@ -281,9 +284,11 @@ class Joiner:
         if restoring(event):
             r = event.restore
             return {"admitted": False, "restore": {"path": r.path, "digest": r.digest, "step": r.step}}
-        if event.HasField("place") and self._enough(event.quorum):
-            return {"admitted": True}
         cu = event.catch_up
+        if event.HasField("place") and self._enough(event.quorum):
+            named = cu.source_replica_id and len(cu.source_catch_up_addresses) == self.group.size
+            return ({"admitted": True, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
+                    if named else {"admitted": True})
         log.info("catching up from %s (at step %d)", cu.source_replica_id, cu.source_step)
         return {"admitted": False, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
 

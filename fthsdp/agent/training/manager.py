@@ -206,8 +206,9 @@ class Manager:
         the step it trains next: for a fresh job, once a quorum of
         ``wait_for_replicas`` members includes it (a fresh job passes its
         replica count so that every replica starts at step 0 together; a job
-        that starts over at step 0 after an operator gave up its lost state
-        trains with the replicas there are, without waiting for more); for a
+        that lost a member before (it starts over after an operator gave up
+        its lost state, or goes on from a restored checkpoint) trains with the
+        replicas there are, without waiting for more); for a
         replica behind the quorum, once it caught up from a peer, was admitted,
         and took its first step in the quorum (without a gradient of its own:
         the members never wait for this replica's forward pass). A drain asked
