@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import shlex
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fthsdp.cli.main import build_parser, coordinator_config
@@ -262,3 +264,20 @@ def kubernetes_commands(documents=None, fields: Mapping[str, str] = SAMPLE_FIELD
                 if argv is not None:
                     out.append((pod, container, Command(f"{path.name} {doc['metadata']['name']}", argv, env)))
     return out
+
+
+def need_tool(path: str | None, what: str) -> str:
+    """The tool's path; fail under CI (CI=true), where `make test` installs
+    it, and skip only on a developer's machine."""
+    if path:
+        return path
+    message = f"{what} is not installed (`make etcd` installs it)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def subcommand_flags() -> dict[str, set[str]]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    return {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}

@@ -84,6 +84,21 @@ def test_checkpoint_every_reaches_the_ranks_as_the_agent_read_it(tmp_path):
         agent_config(["--checkpoint-every", "500"])
 
 
+def test_a_checkpoint_dir_that_cannot_be_written_is_one_config_error_and_a_missing_one_is_made(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    where = str(blocker / "ckpt")  # under a file: no folder can be made there (even by root)
+    with pytest.raises(ConfigError, match=r"^--checkpoint-dir .*/a-file/ckpt: cannot write there \(Not a directory\)$"):
+        agent_config(["--checkpoint-dir", where, "--checkpoint-every", "500"])
+    env = {"FTHSDP_COORDINATOR": "127.0.0.1:1", "FTHSDP_REPLICA_ID": "r0", "FTHSDP_CHECKPOINT_DIR": where,
+           "FTHSDP_CHECKPOINT_EVERY": "500"}
+    with pytest.raises(ConfigError, match="^FTHSDP_CHECKPOINT_DIR .*: cannot write there"):
+        ManagerConfig.from_env(env)
+    missing = tmp_path / "new" / "ckpt"
+    agent_config(["--checkpoint-dir", str(missing), "--checkpoint-every", "500"])
+    assert missing.is_dir() and not list(missing.iterdir())  # made, and the write test left nothing
+
+
 def test_every_field_is_documented():
     docs = field_docs(CoordinatorConfig)
     import dataclasses

@@ -115,7 +115,8 @@ def test_demo_kill_all_restores_the_newest_checkpoint(tmp_path):
     assert 10 < f["lost_step"] <= f["last_step_committed"] and f["last_step_committed"] >= 15
     assert f["committed_steps_lost"] == f["last_step_committed"] - 10
     assert f["restarted"] and f["restart_count"] >= 1
-    assert sorted(f["loaded_checkpoint"]) + sorted(f["caught_up_from"]) == ["r0", "r1", "r2"]
+    # The first to load it train on at once; one that loads it after they trained on catches up from them.
+    assert sorted([*f["loaded_checkpoint"], *f["caught_up_from"]]) == ["r0", "r1", "r2"]
     assert f["loaded_checkpoint"], "no replica loaded the checkpoint"
     assert 0 <= f["time_to_restore_s"] < f["time_to_rejoin_quorum_s"] <= f["time_to_recover_s"] < 60, f
     assert f["first_step_trained_again"] >= 11

@@ -5,12 +5,9 @@ or variable fails here, not on the operator's cluster)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from deploy_files import (
     known_variables,
     kubernetes_commands,
     kubernetes_documents,
+    need_tool,
     pod_templates,
     read_env_file,
     read_unit,
@@ -31,7 +29,6 @@ from deploy_files import (
     yaml_documents,
 )
 
-from fthsdp.cli.main import build_parser
 from fthsdp.core.errors import ConfigError
 
 ROOT = DEPLOY.parent
@@ -44,17 +41,6 @@ UNITS = sorted(SYSTEMD.glob("*.service"))
 KUBERNETES_VERSIONS = ("1.30.0", "latest")
 """The oldest Kubernetes the manifests need (the pod-index label, gRPC
 probes) and the newest schema kubernetes-validate bundles."""
-
-
-def need_tool(path: str | None, what: str) -> str:
-    """The tool's path; fail under CI (CI=true), where `make test` installs
-    it, and skip only on a developer's machine."""
-    if path:
-        return path
-    message = f"{what} is not installed (`make etcd` installs it)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 # ----- systemd ----------------------------------------------------------------------------
@@ -405,100 +391,3 @@ def test_etcd_settings_are_real_etcd_flags():
             assert flag in flags, f"{where}: {name} is not an etcd flag ({flag})"
             checked += 1
     assert checked > 20
-
-
-# ----- credentials and the README ----------------------------------------------------------
-
-
-def readme_tls_probe() -> list[str]:
-    """The exec probe deploy/README.md gives for a coordinator serving TLS."""
-    text = (DEPLOY / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "grpc_health" in b]
-    return shlex.split(block.replace("\\\n", ""))
-
-
-def test_make_certs_script_and_tls_probe_work_with_a_real_coordinator(tmp_path):
-    from processes import CoordinatorProcess
-
-    from fthsdp.client import CoordinatorClient
-    from fthsdp.core.credentials import TlsFiles, read_token_file
-
-    openssl = need_tool(shutil.which("openssl"), "openssl")
-    out = tmp_path / "creds"
-    result = subprocess.run(
-        ["sh", str(DEPLOY / "make-certs.sh"), str(out), "localhost", "127.0.0.1"], capture_output=True, text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    token = read_token_file(str(out / "token"))
-    assert len(token) == 64
-    assert oct((out / "ca.key").stat().st_mode & 0o777) == "0o600", "keys are private"
-    for name, purpose in (("coordinator", "sslserver"), ("client", "sslclient")):
-        check = subprocess.run([openssl, "verify", "-purpose", purpose, "-CAfile", str(out / "ca.crt"),
-                                str(out / f"{name}.crt")], capture_output=True, text=True, timeout=30)
-        assert check.returncode == 0, check.stdout + check.stderr
-    coordinator = CoordinatorProcess(
-        tmp_path, "--tls-cert", str(out / "coordinator.crt"), "--tls-key", str(out / "coordinator.key"),
-        "--token-file", str(out / "token"),
-    ).start()
-    try:
-        with CoordinatorClient([f"127.0.0.1:{coordinator.port}"], token=token,
-                               tls=TlsFiles(str(out / "ca.crt"))) as client:
-            assert client.status("default").job == "default"  # TLS and the token accepted
-        probe = readme_tls_probe()
-        assert probe[:2] == ["python", "-c"]
-        code = (probe[2].replace("localhost:29510", f"localhost:{coordinator.port}")
-                .replace("/etc/fthsdp/tls/ca.crt", str(out / "ca.crt")))
-        assert code != probe[2]
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert run.returncode == 0, f"the README's TLS probe fails on a leading coordinator: {run.stderr}"
-        wrong = code.replace("fthsdp.v1.Coordinator", "fthsdp.v1.NoSuchService")
-        assert subprocess.run([sys.executable, "-c", wrong], capture_output=True, timeout=60).returncode != 0
-    finally:
-        coordinator.stop()
-    usage = subprocess.run(["sh", str(DEPLOY / "make-certs.sh"), str(tmp_path / "x")], capture_output=True, text=True)
-    assert usage.returncode == 2 and "usage" in usage.stderr
-
-
-def readme_commands() -> list[tuple[int, str]]:
-    """Every line of deploy/README.md that names an fthsdp subcommand, with its number."""
-    lines = (DEPLOY / "README.md").read_text().splitlines()
-    return [(n, line) for n, line in enumerate(lines, 1)
-            if re.search(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b", line)]
-
-
-def subcommand_flags() -> dict[str, set[str]]:
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    return {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
-
-
-def test_readme_names_only_real_flags_and_settings():
-    flags = subcommand_flags()
-    checked = 0
-    for number, line in readme_commands():
-        for match in re.finditer(r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon)\b(.*?)(?:`|$| -- )", line):
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", match.group(2)):
-                assert flag in flags[match.group(1)], (
-                    f"deploy/README.md:{number}: fthsdp {match.group(1)} has no {flag}")
-                checked += 1
-    assert checked >= 10
-    every = flags["coordinator"] | flags["agent"]
-    rows = [line for line in (DEPLOY / "README.md").read_text().splitlines() if line.startswith("| `--")]
-    assert len(rows) >= 8, "the timeouts table"
-    for row in rows:
-        for flag in re.findall(r"--[a-z][a-z0-9-]*", row.split("|")[1]):
-            assert flag in every, f"deploy/README.md: the table names {flag}, which fthsdp does not have"
-    known = set(known_variables())
-    text = (DEPLOY / "README.md").read_text()
-    named = set(re.findall(r"\bFTHSDP_[A-Z_]*[A-Z]\b", text))
-    assert named <= known, f"deploy/README.md names {sorted(named - known)}, which are not settings"
-    for path in re.findall(r"\]\((?!https?:)([^)#]+)", text):
-        assert (DEPLOY / path).exists(), f"deploy/README.md links to {path}, which does not exist"
-
-
-def test_readme_flag_check_catches_a_made_up_flag():
-    flags = subcommand_flags()
-    assert "--leader-ttl" in flags["coordinator"] and "--leader-ttl" not in flags["agent"]
-    assert "--standby" in flags["agent"] and "--no-such-flag" not in flags["agent"]
-

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from deploy_files import known_variables
-from test_deploy import subcommand_flags
+from deploy_files import known_variables, subcommand_flags
 
 from fthsdp.cli.reference import README, render
 

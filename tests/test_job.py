@@ -112,6 +112,23 @@ def test_agent_failure_report_fails_the_replica_at_once():
     assert job.agent_event("b", pb.AGENT_STATE_RESTARTING, 1, "", now=0.5) is False
 
 
+def test_a_failed_replica_shows_no_phase_it_was_in():
+    """`fthsdp status` showed a killed replica's last phase ("all-reduce 2.4s")
+    next to "failed" while it restarted."""
+    job = JobState("j", RULES)
+    sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
+    formed(job, 0.1)
+    for rid in ("a", "b"):
+        job.heartbeat(rid, sessions[rid], 3, False, "", 0, now=0.2,
+                      progress=pb.Progress(phase=pb.PHASE_ALLREDUCE, phase_age_s=0.1, step=3))
+    assert {r.replica_id: r.phase for r in job.replica_statuses(0.3)} == {"a": pb.PHASE_ALLREDUCE,
+                                                                          "b": pb.PHASE_ALLREDUCE}
+    job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "local rank 0 exited with signal SIGKILL", now=0.4)
+    status = {r.replica_id: r for r in job.replica_statuses(0.5)}
+    assert status["b"].state == pb.REPLICA_STATE_FAILED and status["b"].phase == pb.PHASE_UNSPECIFIED
+    assert status["a"].phase == pb.PHASE_ALLREDUCE
+
+
 def test_a_silent_rank_makes_the_whole_replica_silent():
     job = JobState("j", RULES)
     s = registered(job, "a", "a:1", 2, 0, 0, now=0.0)

@@ -61,7 +61,7 @@ Whole-job events are too rare to sample in a simulated day or two (one a
 month), so the correlated-failure table simulates the independent and domain
 failures and charges whole-job events at their expected cost
 (``with_whole_job_events``, ``kept_share``), checked against the engine's
-own handling of them in tests/test_goodput_sim.py.
+own handling of them in tests/test_goodput_correlated.py.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def statuses(job: JobView, now: float) -> list[pb.ReplicaStatus]:
             unreachable=e.unreachable,
         )
         report = job.progress.rank0(rid)
-        if report is not None:
+        if report is not None and status.state != pb.REPLICA_STATE_FAILED:  # (a dead one's last phase is over)
             status.phase = report.phase
             status.phase_age_s = round(report.age + (now - report.received), 3)
             status.step_time_s = report.step_time

@@ -27,7 +27,6 @@ import enum
 import logging
 import os
 import queue
-import select
 import shutil
 import signal
 import tempfile
@@ -40,7 +39,9 @@ from fthsdp.agent import outcome, standby
 from fthsdp.agent.injection import kill_ranks
 from fthsdp.agent.node.config import MAX_BACKOFF, AgentConfig
 from fthsdp.agent.node.hang_watch import HangWatch
+from fthsdp.agent.node.late_exits import LateExits
 from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
+from fthsdp.agent.node.stop_request import StopRequest
 from fthsdp.core.credentials import read_token_file
 from fthsdp.core.log_format import configure_logging
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -170,57 +171,6 @@ class Reporter:
             log.warning("gave up reporting to the coordinator after %gs", timeout)
 
 
-class _StopRequest:
-    """SIGTERM/SIGINT as a flag plus a self-pipe, so that waits wake at once.
-
-    The handler runs on the main thread between bytecodes; setting a
-    ``threading.Event`` there could deadlock on the event's own lock, writing
-    to a non-blocking pipe cannot.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (an embedding caller): no signal handling
-                log.debug("not on the main thread: %s is not handled", signal.Signals(sig).name)
-
-    def _handle(self, signum: int, frame) -> None:
-        self.signum = signum
-        try:
-            os.write(self._w, b"\0")
-        except BlockingIOError:  # pipe full: a wake-up is pending anyway
-            pass
-
-    def request(self, signum: int = signal.SIGTERM) -> None:
-        """Ask for a stop from code (tests, embedding callers)."""
-        self._handle(signum, None)
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True (at once) if a stop was requested."""
-        if not self.requested and seconds > 0:
-            select.select([self._r], [], [], seconds)
-        return self.requested
-
-    def close(self) -> None:
-        for sig, previous in self._previous.items():
-            if previous is not None:  # None: a handler not set from Python, which cannot be put back
-                signal.signal(sig, previous)  # type: ignore[arg-type]
-        os.close(self._r)
-        os.close(self._w)
-
-
 class Supervisor:
     """Runs the ranks of one node through the ``AgentState`` lifecycle.
 
@@ -246,7 +196,7 @@ class Supervisor:
         self.restart_count = 0
         self.history: list[tuple[AgentState, str]] = []
         self._ranks: list[Rank] = []
-        self._stop = _StopRequest()
+        self._stop = StopRequest()
         self._standby: list[tuple[Rank, int]] = []
         """The warm standby group (--standby): each rank with the pipe that activates it."""
         self._fast_failures = 0
@@ -255,8 +205,8 @@ class Supervisor:
         """A private folder for the ranks' outcome files (fthsdp/agent/outcome.py)."""
         self._hangs: HangWatch | None = None
         """The coordinator's hang notices for this replica (fthsdp/agent/node/hang_watch.py)."""
-        self._after_leaving: dict[int, int] = {}
-        """Local ranks of this start that exited non-zero after leaving the job for good, with their exit codes."""
+        self._late = LateExits()
+        """Local ranks of this start that exited non-zero after leaving the job for good."""
 
     def request_stop(self) -> None:
         """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
@@ -291,7 +241,7 @@ class Supervisor:
         cfg = self.config
         while True:
             self._transition(AgentState.STARTING, f"starting {cfg.nproc} local rank(s)")
-            self._after_leaving = {}
+            self._late.reset()
             try:
                 self._start_ranks()
             except OSError as e:  # command not found, not executable: restarting cannot help
@@ -315,7 +265,7 @@ class Supervisor:
                 ended = outcome.describe([outcome.read(self._outcome_path(self.restart_count, r.local_rank))
                                           for r in self._ranks])  # drained by the coordinator, say
                 ended = ended or (f"job finished at step {finished}" if finished else "")
-                self._transition(AgentState.SUCCEEDED, self._how_ranks_ended(ended))
+                self._transition(AgentState.SUCCEEDED, self._late.how_ranks_ended(ended))
                 return 0
             self._transition(AgentState.FAILED, failure)  # reported before the others are stopped
             hung = self._hangs is not None and self._hangs.notice_for(self.restart_count) is not None
@@ -437,7 +387,7 @@ class Supervisor:
                 if code is not None and code != 0 and not self._exited_after_leaving(rank, code):
                     log.error("local rank %d (pid %d) exited with %s", rank.local_rank, rank.pid, describe_exit(code))
                     return f"local rank {rank.local_rank} exited with {describe_exit(code)}"
-            if all(code == 0 or (code is not None and rank.local_rank in self._after_leaving)
+            if all(code == 0 or (code is not None and rank.local_rank in self._late)
                    for rank, code in zip(self._ranks, codes, strict=True)):
                 return None
             self._stop.wait(self.config.monitor_interval)
@@ -453,32 +403,12 @@ class Supervisor:
                 how = "did not exit" if code is None else f"exited with {describe_exit(code)}"
                 self._transition(AgentState.GAVE_UP, f"drain: local rank {rank.local_rank} {how}")
                 return 1
-        self._transition(AgentState.SUCCEEDED, "drained: " + self._how_ranks_ended(""))
+        self._transition(AgentState.SUCCEEDED, "drained: " + self._late.how_ranks_ended(""))
         return 0
 
     def _exited_after_leaving(self, rank: Rank, code: int) -> bool:
-        """Whether rank ``rank``, which exited with ``code`` (not 0), had left
-        the job for good first (fthsdp/agent/outcome.py, ``left_for_good``):
-        then its exit is no failure and nothing is restarted, but it is said, once."""
-        if rank.local_rank in self._after_leaving:
-            return True
-        found = outcome.read(self._outcome_path(self.restart_count, rank.local_rank))
-        if not outcome.left_for_good(found):
-            return False
-        assert found is not None  # left_for_good
-        self._after_leaving[rank.local_rank] = code
-        log.warning("local rank %d (pid %d) exited with %s after it had left the job (%s): not a failure, "
-                    "not restarted", rank.local_rank, rank.pid, describe_exit(code), found.ending)
-        return True
-
-    def _how_ranks_ended(self, ended: str) -> str:
-        """The SUCCEEDED detail: "every local rank exited 0 (drained)", or,
-        where some exited otherwise after leaving, what they exited with."""
-        if not self._after_leaving:
-            return "every local rank exited 0" + (f" ({ended})" if ended else "")
-        late = ", ".join(f"local rank {r} then exited with {describe_exit(c)}"
-                         for r, c in sorted(self._after_leaving.items()))
-        return f"every local rank left ({ended or 'drained'}); {late}"
+        """Whether ``rank``, which exited with ``code`` (not 0), had left the job for good first."""
+        return self._late.after_leaving(rank, code, self._outcome_path(self.restart_count, rank.local_rank))
 
     def _stop_without_restart(self) -> int:
         signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
