@@ -114,7 +114,8 @@ def test_agent_failure_report_fails_the_replica_at_once():
 
 def test_a_failed_replica_shows_no_phase_it_was_in():
     """`fthsdp status` showed a killed replica's last phase ("all-reduce 2.4s")
-    next to "failed" while it restarted."""
+    next to "failed" while it restarted. (A hung one still shows where it
+    hangs: tests/test_cli.py.)"""
     job = JobState("j", RULES)
     sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
     formed(job, 0.1)
@@ -127,6 +128,8 @@ def test_a_failed_replica_shows_no_phase_it_was_in():
     status = {r.replica_id: r for r in job.replica_statuses(0.5)}
     assert status["b"].state == pb.REPLICA_STATE_FAILED and status["b"].phase == pb.PHASE_UNSPECIFIED
     assert status["a"].phase == pb.PHASE_ALLREDUCE
+    job.watch_closed("a", sessions["a"], now=0.6)  # its stream lost: the process is gone too
+    assert {r.replica_id: r.phase for r in job.replica_statuses(0.7)}["a"] == pb.PHASE_UNSPECIFIED
 
 
 def test_a_silent_rank_makes_the_whole_replica_silent():

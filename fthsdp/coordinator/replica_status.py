@@ -73,7 +73,11 @@ def statuses(job: JobView, now: float) -> list[pb.ReplicaStatus]:
             unreachable=e.unreachable,
         )
         report = job.progress.rank0(rid)
-        if report is not None and status.state != pb.REPLICA_STATE_FAILED:  # (a dead one's last phase is over)
+        # A process that is gone (its agent reported it failed, or its stream closed) is in
+        # no phase: its last one would read as current while it restarts. One that hangs
+        # or lags is still in the phase it reported, which says where.
+        gone = e.failed_at is not None or e.disconnected_at is not None
+        if report is not None and not gone:
             status.phase = report.phase
             status.phase_age_s = round(report.age + (now - report.received), 3)
             status.step_time_s = report.step_time
