@@ -76,9 +76,7 @@ The rules, in order:
    stays a member, spread so that no source serves more joiners than it must.
    So does a member still catching up (admitted, its first step in the
    quorum not committed yet), which is never a source itself: if its source
-   is lost during that step, it closes its gap from the next one. So does a
-   replica admitted by its step into a fresh job's quorum whose members
-   continue: they may train on while the decision travels.
+   is lost during that step, it closes its gap from the next one.
 8. Committed state. ``committed_step`` is the newest step any member of a
    quorum reported (fthsdp/coordinator/committed.py; 0 for a new job or after a
    give-up). Once no member of the previous quorum continues and it is > 0,
@@ -216,19 +214,9 @@ def decide(
         in_quorum = admitted if members is not None else set(staying)
         joining = sorted(i for i in in_quorum if i in alive and alive[i].catching_up)
         sources = [i for i in sources if not alive[i].drain_requested and i not in joining]
-        # A replica admitted by its step into a fresh job's members (rule 6)
-        # may find them past what their heartbeats said, once they had the
-        # script's replica count and trained: it closes that gap in its first
-        # all-reduce from a member's log, as a joiner does. So it gets a
-        # source among the members that continue, and serves none itself.
-        arriving = sorted(admitted - continuing_set - set(joining))
-        if any(i in continuing_set for i in sources):
-            sources = [i for i in sources if i not in arriving]
-        else:
-            arriving = []  # a first quorum: its members all start from where they are
         behind = [i for i in eligible
                   if (alive[i].step < head or alive[i].catching_up or not by_step) and i not in admitted]
-        catch_up = _assign_sources(behind + joining + arriving, sources, alive, prev_catch_up or {})
+        catch_up = _assign_sources(behind + joining, sources, alive, prev_catch_up or {})
         detail = _summary(prev, alive, replicas, pending, catch_up)
         lost_step = committed_step if lost else 0
         return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended,

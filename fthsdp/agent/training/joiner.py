@@ -195,10 +195,6 @@ class Joiner:
                     self._restore(plan["restore"])
                     continue
                 if plan["admitted"]:
-                    if plan.get("source") and not self.source_address:
-                        # Admitted up to date, with a member named for the steps the
-                        # members may have taken meanwhile (its last gap).
-                        self.source, self.source_address = plan["source"], plan["addresses"][self.group.rank]
                     return True
                 source = plan["source"]
             try:
@@ -284,11 +280,9 @@ class Joiner:
         if restoring(event):
             r = event.restore
             return {"admitted": False, "restore": {"path": r.path, "digest": r.digest, "step": r.step}}
-        cu = event.catch_up
         if event.HasField("place") and self._enough(event.quorum):
-            named = cu.source_replica_id and len(cu.source_catch_up_addresses) == self.group.size
-            return ({"admitted": True, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
-                    if named else {"admitted": True})
+            return {"admitted": True}
+        cu = event.catch_up
         log.info("catching up from %s (at step %d)", cu.source_replica_id, cu.source_step)
         return {"admitted": False, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
 

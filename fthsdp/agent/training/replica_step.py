@@ -163,9 +163,7 @@ class ReplicaStep:
             self.leave(Ending.JOB_FINISHED, str(e))
             return joiner.report
         self._admitted(admission_timeout)
-        if self._joiner is not None and self._joiner.report is not None:
-            # It caught up. One admitted up to date trains its first step itself,
-            # keeping a source only for the members' steps it may find itself behind.
+        if self._joiner is not None:
             self._first_step()
         if not self._lifecycle.stopped:
             self._lifecycle.joined()
@@ -175,7 +173,7 @@ class ReplicaStep:
 
     def _admitted(self, timeout: float) -> None:
         if self._joiner is not None and not self._joiner.source_address:
-            self._joiner = None  # admitted as up to date, no source named: none to let go of
+            self._joiner = None  # admitted as up to date: no source to let go of
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
         quorum = self._link.tracker.wait_for_membership(timeout)
         self._link.membership.training_quorum_id = quorum.id
