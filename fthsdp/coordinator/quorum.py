@@ -59,9 +59,11 @@ The rules, in order:
    registered (it is really listening: at 10,000 replicas a registration can
    come through long before the replica's heartbeat stream does) and is up to
    date (its step is the head step, where no member trains on: in a first
-   quorum, or one that never dropped a member, whose members may wait for
-   the script's replica count) or says it is ready (its catch-up reached the
-   head). Joiners are
+   quorum, or one that never dropped a member and whose members all still
+   wait for the script's replica count, ``wait_for_replicas``, at their
+   step) or says it is ready (its catch-up reached the head). Members that
+   may train can be steps past what their last heartbeats said, so an
+   outsider at that step catches up from them first. Joiners are
    admitted once no new one has become ready for ``join_settle`` (arrivals
    come in bursts: a thousand replicas starting together then cost a few
    membership changes, not one each), and, if other replicas are still
@@ -162,13 +164,19 @@ def decide(
     # Members a restarted coordinator presumes alive report no step: no vouching for a fresh one.
     up_to = head if ended else max(head, committed_step)
     # A step vouches for a replica only where no member trains on past it:
-    # members that continue after a drop (they never wait for a script's
-    # replica count then: fthsdp/agent/training/joiner.py) may be steps past
-    # what their last heartbeats said, so an outsider at that step (a holder
-    # back from a cut, a restore's late loader) catches up from them like any
-    # joiner, ready once near their head. Members of a fresh job may still
-    # wait for it at their step, serving no copy: there it joins by its step.
-    by_step = not continuing or prev is None or prev.last_drop_id <= 1
+    # members that may train (after a drop they never wait for a script's
+    # replica count: fthsdp/agent/training/joiner.py; in a fresh job, once
+    # the quorum has the count each waits for) may be steps past what their
+    # last heartbeats said, so an outsider at that step (a late starter, a
+    # holder back from a cut, a restore's late loader) catches up from them
+    # like any joiner, ready once near their head. Members that all still
+    # wait (a fresh job's quorum smaller than each one's count) stay at their
+    # step and serve no copy: there it joins by its step. A member that has
+    # not said its count (0: before start(), or an older client) is taken
+    # to wait, as before the count was reported.
+    waiting = prev is not None and prev.last_drop_id <= 1 and all(
+        alive[i].wait_for_replicas == 0 or alive[i].wait_for_replicas > len(prev.members) for i in continuing)
+    by_step = not continuing or waiting
     ready = [i for i in eligible if alive[i].ready_since is not None
              or (by_step and alive[i].step >= up_to and not alive[i].catching_up)]
     if guarded:

@@ -92,6 +92,10 @@ class ReplicaView:
     ready_since: float | None = None
     catching_up: bool = False
     """A catch-up is under way: not up to date whatever its step, until ready."""
+    wait_for_replicas: int = 0
+    """The replica count its script waits for before its first step
+    (``start(wait_for_replicas=N)``); 0 when not said. A member waits, at
+    its step, while its quorum has fewer."""
     beating: bool = True
     """It has heartbeated since it registered: a replica that has not is not admitted."""
     first_heartbeat: float = 0.0

@@ -58,6 +58,7 @@ class ReplicaCalls(JobTable):
         record_revision: int | None = None,
         catch_up_addresses: tuple[str, ...] = (),
         restart_count: int = 0,
+        wait_for_replicas: int = 0,
     ) -> str:
         """Register a new incarnation of a replica and return its session id.
 
@@ -73,7 +74,7 @@ class ReplicaCalls(JobTable):
             self.joiners_moved = True
         entry.address, entry.world_size, entry.step = address, world_size, step
         entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
-        entry.catching_up = False
+        entry.catching_up, entry.wait_for_replicas = False, wait_for_replicas
         entry.session_id = secrets.token_hex(8)
         self._senders = None
         entry.registered_at = entry.last_heartbeat = now
@@ -114,6 +115,7 @@ class ReplicaCalls(JobTable):
         catching_up: bool = False,
         progress: pb.Progress | None = None,
         recent_inputs: dict[int, str] | None = None,
+        wait_for_replicas: int = 0,
     ) -> pb.HeartbeatResponse:
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now, progress)
@@ -130,6 +132,9 @@ class ReplicaCalls(JobTable):
         if step > self.committed_step and replica_id in self._members and not entry.restarted:
             self.committed_step = step
         entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
+        if wait_for_replicas != entry.wait_for_replicas:
+            entry.wait_for_replicas = wait_for_replicas
+            self.dirty = True  # whether its step vouches for an outsider (quorum.py, rule 6)
         if ready and entry.ready_since is None:
             entry.ready_since = now
         elif not ready:

@@ -41,6 +41,8 @@ class ReplicaEntry:
     catch_up_progress: tuple[int, int] = (0, 0)
     """Snapshot bytes received and expected, while the replica catches up."""
     catching_up: bool = False
+    wait_for_replicas: int = 0
+    """The replica count its script waits for before the first step (0: not said yet)."""
     beating: bool = False
     """Rank 0 has heartbeated since this registration (not before: not admitted)."""
     first_heartbeat: float = 0.0
@@ -88,6 +90,7 @@ class ReplicaEntry:
             failed_at=self.failed_at,
             ready_since=self.ready_since,
             catching_up=self.catching_up,
+            wait_for_replicas=self.wait_for_replicas,
             beating=self.beating,
             first_heartbeat=self.first_heartbeat,
             restarted=self.restarted,

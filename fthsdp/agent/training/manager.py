@@ -209,7 +209,9 @@ class Manager:
         that lost a member before (it starts over after an operator gave up
         its lost state, or goes on from a restored checkpoint) trains with the
         replicas there are, without waiting for more); for a
-        replica behind the quorum, once it caught up from a peer, was admitted,
+        replica behind the quorum (also one that starts after the members got
+        the count they wait for and began training, whatever its step),
+        once it caught up from a peer, was admitted,
         and took its first step in the quorum (without a gradient of its own:
         the members never wait for this replica's forward pass). A drain asked
         for meanwhile, or a job that finished before this replica came, returns

@@ -58,6 +58,10 @@ class Membership:
         """The rank of the replica group this process is (``observe`` sets it for the others)."""
         self.ready = False
         self.catching_up = False
+        self.wait_for_replicas = 0
+        """The replica count the script waits for in ``start()`` (0 before it):
+        while its quorum has fewer, members wait at their step, so the
+        coordinator may vouch for an outsider at that step (see the proto)."""
         self.state_checksum = ""
         self.checksum_step = 0
         self.recent_checksums: dict[int, str] = {}
@@ -162,6 +166,12 @@ class Membership:
             self.catching_up = catching_up
             self._beat_now.set()
 
+    def set_wait_for_replicas(self, count: int) -> None:
+        """Say (at once) how many replicas the script waits for before its first step."""
+        if self.wait_for_replicas != count:
+            self.wait_for_replicas = count
+            self._beat_now.set()
+
     def set_ready(self, ready: bool) -> None:
         """Say (at once, not at the next heartbeat) whether this replica, not
         a member, can join at the next step boundary."""
@@ -221,6 +231,7 @@ class Membership:
             quorum_id=self.training_quorum_id,
             catch_up_addresses=self.catch_up_addresses,
             restart_count=self.restart_count,
+            wait_for_replicas=self.wait_for_replicas,
         )
         call = open_session(self.client, register)
         self._call, self._session = call, call.session_id
@@ -255,6 +266,7 @@ class Membership:
                 checkpoint=self.checkpoint,
                 refused_checkpoint=self.refused_checkpoint[0],
                 refused_checkpoint_reason=self.refused_checkpoint[1],
+                wait_for_replicas=self.wait_for_replicas,
             ))
 
     def _recent(self) -> list[pb.StepChecksum]:

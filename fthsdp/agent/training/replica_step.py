@@ -151,6 +151,7 @@ class ReplicaStep:
             group=self._link.group, membership=self._link.membership, lifecycle=self._lifecycle,
             connect=self._link.source_client)
         self._clock.working(pb.PHASE_STARTING, self._replayer.step)
+        self._link.membership.set_wait_for_replicas(wait_for_replicas)
         try:
             joiner.run(admission_timeout, min_members=wait_for_replicas, until_admitted=True)
         except Drained as e:

@@ -132,7 +132,7 @@ class CatchUp(_message.Message):
     def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count")
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class RegisterRequest(_message.Message):
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     address: str
@@ -149,7 +150,8 @@ class RegisterRequest(_message.Message):
     quorum_id: int
     catch_up_addresses: _containers.RepeatedScalarFieldContainer[str]
     restart_count: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ...) -> None: ...
+    wait_for_replicas: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
@@ -176,7 +178,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +196,7 @@ class HeartbeatRequest(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     REFUSED_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     REFUSED_CHECKPOINT_REASON_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -211,7 +214,8 @@ class HeartbeatRequest(_message.Message):
     checkpoint: CheckpointRecord
     refused_checkpoint: str
     refused_checkpoint_reason: str
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ...) -> None: ...
+    wait_for_replicas: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "phase_age_s", "step", "step_time_s", "compute_time_s", "section", "section_timeout_s")
