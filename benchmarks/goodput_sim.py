@@ -112,6 +112,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
     p.add_argument("--hang-floor", type=float, default=w.hang_floor_s, help="the coordinator's --hang-floor, seconds")
     p.add_argument("--hang-multiple", type=float, default=w.hang_multiple, help="the coordinator's --hang-multiple")
     p.add_argument("--heartbeat-interval", type=float, default=w.heartbeat_interval_s, help="seconds")
+    p.add_argument("--allreduce-exposed", type=float, default=w.allreduce_exposed,
+                   help="share of the cross-replica all-reduce left exposed beyond the backward pass, charged on "
+                        "every step; 0 to 1 (default: measured on CPU, 0.3; fthsdp-pessimistic: 1)")
     g = p.add_argument_group("correlated failures and checkpoints (the --correlated table only; defaults and their "
                              "sources: benchmarks/goodput/correlated.py)")
     g.add_argument("--correlated", action="store_true",
@@ -156,7 +159,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, inputs.Workl
         workload = dataclasses.replace(w, replica_gpus=a.replica_gpus, nic_gbps=a.nic_gbps, step_s=a.step_s,
                                        hang_fraction=a.hang_fraction, heartbeat_timeout_s=a.heartbeat_timeout,
                                        live_hang_share=a.live_hang_share, hang_floor_s=a.hang_floor,
-                                       hang_multiple=a.hang_multiple, heartbeat_interval_s=a.heartbeat_interval)
+                                       hang_multiple=a.hang_multiple, heartbeat_interval_s=a.heartbeat_interval,
+                                       allreduce_exposed=a.allreduce_exposed)
     except ValueError as e:
         p.error(str(e))
     return a, workload
@@ -211,7 +215,8 @@ def prediction(cells, workload: inputs.Workload) -> list[str]:
             f"{k.live_hang_stall_s:.1f} s, the rest at {k.hang_stall_s:.1f} s; crashes {k.crash_stall_s:.2f} s), "
             f"serving the joiner {k.serve_stall_s:.1f} s, admission {k.admission_stall_s:.1f} s; the replica out "
             f"{report.duration(c.result.replica_out_s or 0)} costs {report.pct(out_loss)}; every step takes "
-            f"{report.pct(k.steady_factor - 1)} longer (the cross-replica all-reduce is not overlapped).")
+            f"{report.pct(k.steady_factor - 1)} longer ({report.pct(inputs.exposed_share(w, inputs.Measured()))} "
+            f"of the cross-replica all-reduce left exposed beyond the backward pass).")
     return lines
 
 

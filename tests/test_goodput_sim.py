@@ -207,6 +207,15 @@ def test_fthsdp_loses_less_than_the_published_figures_at_100k():
         (inputs.fthsdp_costs(781).admission_stall_s, 0.35 * 6),
         (inputs.fthsdp_costs(781).hang_stall_s - inputs.fthsdp_costs(781).crash_stall_s, 4.68 - 0.01),
         (inputs.published_costs().crash_stall_s, 180),
+        # The steady cost: the measured exposed share (373 - 349) / (429 - 349) of the all-reduce,
+        # all of it where assumed not overlapped.
+        (inputs.Measured().allreduce_exposed, 24 / 80),
+        (inputs.fthsdp_costs(781).steady_factor, 1 + 0.3 * inputs.allreduce_s(inputs.Workload(), 781) / 6),
+        (inputs.fthsdp_costs(781, inputs.PESSIMISTIC).steady_factor,
+         1 + inputs.allreduce_s(inputs.Workload(), 781) / 6),
+        (inputs.Measured(overlapped_step_ms=340.0).allreduce_exposed, 0.0),
+        (inputs.fthsdp_costs(781, inputs.Workload(allreduce_exposed=0.0)).steady_factor, 1.0),
+        (inputs.Measured(overlapped_step_ms=440.0).allreduce_exposed, 1.0),
     ],
 )
 def test_costs(got, expected):
@@ -216,7 +225,7 @@ def test_costs(got, expected):
 @pytest.mark.parametrize(
     "field, value",
     [("hang_fraction", 1.5), ("replica_gpus", 0), ("nic_gbps", 0), ("replacement_s", -1), ("serve_gbps", 0.0),
-     ("live_hang_share", -0.1), ("hang_floor_s", 0.0)],
+     ("live_hang_share", -0.1), ("hang_floor_s", 0.0), ("allreduce_exposed", 1.5)],
 )
 def test_workload_rejects_nonsense(field, value):
     with pytest.raises(ValueError, match=field):
@@ -255,6 +264,7 @@ def test_command_line_prints_the_tables_and_writes_the_plot(tmp_path, capsys):
         (["--failures", "0"], "must be positive"),
         (["--hang-fraction", "2"], "hang_fraction"),
         (["--heartbeat-timeout", "0"], "heartbeat_timeout_s"),
+        (["--allreduce-exposed", "1.5"], "allreduce_exposed"),
         (["--correlated", "--domain-share", "2"], "domain_share"),
         (["--correlated", "--domain-size", "0%"], "a share above 0%"),
         (["--correlated", "--domain-size", "lots"], "not a GPU count"),
