@@ -26,6 +26,9 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
+    # A process that aborts or crashes (a native abort in Python's teardown) dumps every
+    # Python thread's stack to its stderr, which the tests keep in its log.
+    env["PYTHONFAULTHANDLER"] = "1"
     return env
 
 

@@ -13,6 +13,7 @@ import torch
 from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint import saver as saver_module
 from fthsdp.agent.training.checkpoint.saver import Saver
+from fthsdp.agent.training.checkpoint.seal import skipped_shares
 from fthsdp.agent.training.checkpoint.share import ShareSpec
 from fthsdp.core.every import Every
 from tests.waiting import wait_until
@@ -122,3 +123,40 @@ def test_a_seal_waiting_for_a_lost_members_share_gives_up_at_the_next_checkpoint
     assert "checkpoint of step 10 is incomplete: share-1-rank-0 not written" in caplog.text
     assert [s.step for s in sealed] == [20]
     assert sealed_steps(tmp_path) == [20] and 10 not in layout.steps_in(tmp_path, JOB)  # pruned
+
+
+def test_a_member_that_skips_says_so_and_the_sealer_gives_up_at_once(tmp_path, monkeypatch, caplog):
+    """Two members: share 1's previous save is still being written when the
+    checkpoint step comes, so it skips; share 0's sealer must not wait its
+    seal timeout (600 s here) for it, or every member's exit waits with it."""
+    release = threading.Event()
+    real = saver_module.write
+
+    def slow(staged, folder, checksum=""):
+        release.wait(30)
+        return real(staged, folder, checksum)
+
+    first = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=600, on_sealed=lambda s: None, now=0.0)
+    second = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=600, on_sealed=lambda s: None, now=0.0)
+    share = [ShareSpec(JOB, 20, 99, 5, i, 2, 0, 1) for i in range(2)]
+    monkeypatch.setattr(saver_module, "write", slow)
+    assert second.save(capture(), ShareSpec(JOB, 10, 99, 5, 1, 2, 0, 1), "", now=0.0)  # still writing step 10
+    monkeypatch.setattr(saver_module, "write", real)
+    with caplog.at_level(logging.WARNING, "fthsdp.agent.checkpoint"):
+        assert not second.save(capture(), share[1], "", now=0.0)
+        assert first.save(capture(), share[0], "", now=0.0)
+        first.close(60)  # the seal gave up at once: close() does not wait for it
+        assert first._thread is not None and not first._thread.is_alive()
+    assert "checkpoint of step 20 is incomplete: share-1-rank-0 skipped it" in caplog.text
+    assert 20 not in sealed_steps(tmp_path)
+    release.set()
+    second.close(30)
+
+
+def test_a_skip_left_by_an_earlier_attempt_at_the_step_is_not_this_one(tmp_path):
+    folder = layout.step_folder(tmp_path, JOB, 20)
+    (folder / "share-1-rank-0").mkdir(parents=True)
+    layout.write_record(folder / "share-1-rank-0" / layout.SKIPPED_RECORD,
+                        {"format": layout.FORMAT, "quorum_id": 4, "step": 20})
+    assert skipped_shares(folder, 2, 1, quorum_id=5) == []
+    assert skipped_shares(folder, 2, 1, quorum_id=4) == ["share-1-rank-0"]

@@ -81,10 +81,16 @@ def assert_drained(agent: AgentProcess) -> None:
 def _say_a_death_after_leaving(text: str) -> None:
     """A drained rank that then died (SIGABRT in Python's teardown, rare) is
     no failure of the drain, which the agent handles; but it is shown in the
-    run's warnings, so that it stays visible until its cause is found."""
-    for line in text.splitlines():
+    run's warnings, so that it stays visible until its cause is found, with
+    what the rank wrote before it (its stderr is in the agent's log; the
+    tests run every process with faulthandler on, which dumps each Python
+    thread's stack at the abort)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         if "after it had left the job" in line:
-            warnings.warn(f"a drained rank died after leaving: {line}", stacklevel=3)
+            before = "\n".join(lines[max(0, i - 60):i])
+            warnings.warn(f"a drained rank died after leaving: {line}\nthe agent's log before it:\n{before}",
+                          stacklevel=3)
 
 
 def assert_others_train_on(others, client, drained: str) -> None:

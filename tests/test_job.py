@@ -146,6 +146,23 @@ def test_a_silent_rank_makes_the_whole_replica_silent():
         job.heartbeat("a", "", 0, False, "", 0, now=5.8, shard_rank=2)
 
 
+def test_a_rank_that_left_with_its_group_is_no_longer_awaited():
+    """Rank 1 says it left (its group finishes cleanly) while rank 0 still
+    writes its checkpoint share: the replica lives on rank 0's heartbeats
+    alone, and a late ping of rank 1 does not bring its clock back."""
+    job = JobState("j", RULES)
+    s = registered(job, "a", "a:1", 2, 0, 0, now=0.0)
+    job.heartbeat("a", "", 0, False, "", 0, now=1.0, shard_rank=1, left=True)
+    job.heartbeat("a", "", 0, False, "", 0, now=1.1, shard_rank=1)  # a ping that was already on its way
+    for t in (4.0, 8.0, 12.0):
+        job.heartbeat("a", s, 6, False, "", 0, now=t)
+    assert job.replica_state(job.replicas["a"], 12.5) != pb.REPLICA_STATE_FAILED  # rank 1 silent since 1.1
+    assert job.replica_state(job.replicas["a"], 17.5) == pb.REPLICA_STATE_FAILED  # rank 0's own timeout
+    s = registered(job, "a", "a:1", 2, 6, 0, now=20.0)  # a new incarnation: every rank is awaited again
+    job.heartbeat("a", s, 6, False, "", 0, now=24.0)
+    assert job.replica_state(job.replicas["a"], 25.5) == pb.REPLICA_STATE_FAILED  # rank 1 silent since 20.0
+
+
 def test_a_settled_quorum_is_decided_again_only_when_something_changes():
     """At 10,000 replicas a decision costs tens of milliseconds, so the
     coordinator skips it while nothing it reads changed and no heartbeat ran out."""

@@ -88,6 +88,7 @@ class ReplicaCalls(JobTable):
         # Every other rank of the group must ping within a heartbeat timeout
         # of the registration, or the group counts as silent.
         entry.rank_heartbeats = {rank: now for rank in range(1, world_size)}
+        entry.ranks_left = set()
         entry.state_checksum, entry.checksum_step = "", 0
         entry.open_watches = 0  # streams of the old session no longer count
         entry.restarted = member is not None and quorum_id < member.joined_quorum_id
@@ -116,9 +117,10 @@ class ReplicaCalls(JobTable):
         progress: pb.Progress | None = None,
         recent_inputs: dict[int, str] | None = None,
         wait_for_replicas: int = 0,
+        left: bool = False,
     ) -> pb.HeartbeatResponse:
         if shard_rank > 0:
-            return self._rank_ping(replica_id, shard_rank, now, progress)
+            return self._rank_ping(replica_id, shard_rank, now, progress, left)
         entry = self._session(replica_id, session_id)
         if progress is not None:
             self.progress.report(replica_id, 0, progress, now)
@@ -158,7 +160,7 @@ class ReplicaCalls(JobTable):
         )
 
     def _rank_ping(
-        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None
+        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False
     ) -> pb.HeartbeatResponse:
         entry = self.replicas.get(replica_id)
         if entry is None or entry.session_id is None:
@@ -166,8 +168,14 @@ class ReplicaCalls(JobTable):
         if shard_rank >= entry.world_size:
             raise InvalidRequest(
                 f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
-        entry.rank_heartbeats[shard_rank] = now
-        if progress is not None:
+        if left:
+            # Its group leaves cleanly; rank 0 may still be writing or sealing a checkpoint,
+            # and is judged alone until its Leave (a late ping of this rank changes nothing).
+            entry.ranks_left.add(shard_rank)
+            entry.rank_heartbeats.pop(shard_rank, None)
+        elif shard_rank not in entry.ranks_left:
+            entry.rank_heartbeats[shard_rank] = now
+        if progress is not None and not left:
             self.progress.report(replica_id, shard_rank, progress, now)
         return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0,
                                     drain_requested=entry.drain_requested)

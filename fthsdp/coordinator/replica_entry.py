@@ -34,6 +34,8 @@ class ReplicaEntry:
     checksums: dict[int, str] = dataclasses.field(default_factory=dict)
     rank_heartbeats: dict[int, float] = dataclasses.field(default_factory=dict)
     """Last ping of each rank other than 0 of a multi-rank replica group."""
+    ranks_left: set[int] = dataclasses.field(default_factory=set)
+    """Ranks other than 0 that said they left cleanly with their group: no longer awaited."""
     diverged_at: int | None = None
     record_revision: int = 0
     open_watches: int = 0

@@ -189,7 +189,7 @@ class CoordinatorRuntime:
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
-            req.progress if req.HasField("progress") else None, inputs, req.wait_for_replicas,
+            req.progress if req.HasField("progress") else None, inputs, req.wait_for_replicas, req.left,
         )
         if req.shard_rank == 0 and req.HasField("checkpoint"):
             job.checkpoints.report(req.checkpoint)  # the sealer's, once its session is known good (above)

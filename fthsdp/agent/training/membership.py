@@ -25,10 +25,13 @@ from fthsdp.agent.training.session_client import SessionCall, WatchStream, open_
 from fthsdp.client import CoordinatorClient
 from fthsdp.core import quorum_delta
 from fthsdp.core.credentials import TlsFiles
-from fthsdp.core.errors import CoordinatorUnavailable, RequestRejected
+from fthsdp.core.errors import CoordinatorUnavailable, FthsdpError, RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.membership")
+
+LEFT_PING_TIMEOUT = 2.0
+"""Seconds a rank other than 0 gives its last ping (it says it left) before it exits anyway."""
 
 
 class Membership:
@@ -145,7 +148,11 @@ class Membership:
 
     def leave(self, reason: str, failed: bool = False) -> None:
         if self._observer:
-            self.close()
+            try:
+                if not failed:
+                    self._say_left()
+            finally:
+                self.close()
             return
         try:
             self.client.call(
@@ -157,6 +164,20 @@ class Membership:
             )
         finally:
             self.close()
+
+    def _say_left(self) -> None:
+        """A rank other than 0 whose group leaves cleanly: its last ping says so, so
+        that the group is not counted silent while rank 0 finishes (a checkpoint
+        share, a seal) before its own Leave."""
+        self._stop.set()  # no ping after this one
+        request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank,
+                                      step=self.step, left=True)
+        try:
+            self.client.call("Heartbeat", request, timeout=LEFT_PING_TIMEOUT)
+        except FthsdpError as e:
+            # Rank 0 may have left already (the replica is unknown then), or the coordinator is
+            # away: the group is then judged as before, by its silence.
+            log.debug("rank %d: could not say it left: %s", self.shard_rank, e)
 
     def set_catching_up(self, catching_up: bool) -> None:
         """Say (at once) that a catch-up is under way: the coordinator then

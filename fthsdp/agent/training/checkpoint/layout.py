@@ -16,6 +16,10 @@ FORMAT = 1
 """The version of fthsdp's records; a reader refuses any other."""
 CHECKPOINT_RECORD = "checkpoint.json"
 SHARE_RECORD = "share.json"
+SKIPPED_RECORD = "skipped.json"
+"""In a share's folder instead of its files: that member skipped the
+checkpoint (its previous save was still being written), so the sealer stops
+waiting for the share at once."""
 DCP_METADATA = ".metadata"
 _STEP = re.compile(r"^step-(\d{10})$")
 _HASH_PIECE = 1 << 22

@@ -14,7 +14,11 @@ checkpoint) and deletes checkpoints older than the newest ``keep``.
 
 One save is in flight at a time: a checkpoint step reached while the
 previous save still writes is skipped, with one warning line, rather than
-stalling the step. A failed write (a full disk, a lost mount) is one
+stalling the step. The member that skips says so in its share's folder
+(``layout.SKIPPED_RECORD``, written on a thread of its own: the storage may
+be what is slow), so that the sealer gives that checkpoint up at once
+instead of waiting ``seal_timeout`` for a share that never comes (at the
+end of a job, that wait held every member's exit). A failed write (a full disk, a lost mount) is one
 error line; that checkpoint stays incomplete and is never used, and the
 next one is tried as usual.
 """
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fthsdp.agent.training.checkpoint import layout
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, Sealed, missing_shares, seal
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, Sealed, missing_shares, seal, skipped_shares
 from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
 from fthsdp.core.every import Every
 
@@ -82,6 +86,8 @@ class Saver:
         if self._writing.is_set():
             log.warning("checkpoint of step %d skipped: the one before is still being written (save less often, "
                         "or give the writers faster storage)", spec.step)
+            threading.Thread(target=self._say_skipped, args=(spec,), name="fthsdp-checkpoint-skip",
+                             daemon=True).start()
             return False
         if self._thread is not None and self._thread.is_alive():
             self._superseded.set()
@@ -107,7 +113,17 @@ class Saver:
                 log.warning("a checkpoint save was still running after %.0fs; it is left incomplete", timeout)
         self._stop.set()
 
-    # ----- the saver's thread -----------------------------------------------------------
+    # ----- the saver's threads ----------------------------------------------------------
+
+    def _say_skipped(self, spec: ShareSpec) -> None:
+        share = layout.step_folder(self.root, self.job, spec.step) / layout.share_folder_name(spec.share, spec.rank)
+        try:
+            share.mkdir(parents=True, exist_ok=True)
+            layout.write_record(share / layout.SKIPPED_RECORD, {
+                "format": layout.FORMAT, "job": spec.job, "step": spec.step, "quorum_id": spec.quorum_id,
+                "share": spec.share, "rank": spec.rank, "reason": "the previous save was still being written"})
+        except OSError as e:  # the sealer then waits its seal_timeout, as for a lost member
+            log.debug("checkpoint of step %d: could not record the skip: %s", spec.step, e)
 
     def _write(self, staged, state_checksum: str) -> None:
         spec = staged.spec
@@ -127,6 +143,10 @@ class Saver:
             return
         deadline = time.monotonic() + self.seal_timeout
         while missing := missing_shares(folder, spec.shares, spec.ranks):
+            if skipped := skipped_shares(folder, spec.shares, spec.ranks, spec.quorum_id):
+                log.warning("checkpoint of step %d is incomplete: %s skipped it (the save before was still being "
+                            "written there); it is never used", spec.step, ", ".join(skipped))
+                return
             if time.monotonic() > deadline or self._stop.is_set() or self._superseded.is_set():
                 log.warning("checkpoint of step %d is incomplete: %s not written after %.0fs (a member lost "
                             "mid-save?); it is never used", spec.step, ", ".join(missing),

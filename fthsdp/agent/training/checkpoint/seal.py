@@ -41,6 +41,21 @@ def missing_shares(folder: Path, shares: int, ranks: int) -> list[str]:
             if not (folder / (name := layout.share_folder_name(s, r)) / layout.SHARE_RECORD).exists()]
 
 
+def skipped_shares(folder: Path, shares: int, ranks: int, quorum_id: int) -> list[str]:
+    """The share folders whose member skipped this checkpoint (``layout.SKIPPED_RECORD``
+    of the quorum that committed it: not one left by an earlier attempt at the step)."""
+    skipped = []
+    for s in range(shares):
+        for r in range(ranks):
+            path = folder / (name := layout.share_folder_name(s, r)) / layout.SKIPPED_RECORD
+            try:
+                if path.exists() and layout.read_record(path).get("quorum_id") == quorum_id:
+                    skipped.append(name)
+            except ValueError:
+                continue  # half-written or foreign: the seal timeout still applies
+    return skipped
+
+
 def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, ranks: int) -> Sealed:
     """Merge the ``shares`` x ``ranks`` shares under ``folder`` into one checkpoint."""
     records: dict[str, dict] = {}
