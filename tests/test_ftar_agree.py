@@ -11,11 +11,13 @@ import pytest
 from fthsdp.agent.training.ftar_decisions import (
     AGAIN,
     FOLLOW_HEAL,
+    FOLLOW_HELD,
     IN_PHASE,
     JOIN_IN_PHASE,
     NO_GRADIENT,
     REPLAY_TO_BEFORE_HEAD,
     SERVE_LAST,
+    TAKE_HELD,
     TAKE_LAST,
     FtarError,
     agree_action,
@@ -24,8 +26,11 @@ from fthsdp.agent.training.ftar_decisions import (
 H = 100  # the members' step
 
 
-def row(step: int, contributes: bool, holds_last: bool) -> list[int]:
-    return [step, 10, 7, 2 if holds_last else 0, 5 if holds_last else 0, int(contributes)]
+def row(step: int, contributes: bool, holds_last: bool, holds_this: bool = False) -> list[int]:
+    """``holds_last``: the committed sum of step - 1; ``holds_this``: the
+    complete sum of ``step``, undecided (its vote was abandoned)."""
+    return [step, 10, 7, 2 if holds_last else 0, 5 if holds_last else 0, int(contributes), 0,
+            6 if holds_this else 0, 3 if holds_this else 0]
 
 
 def collective(action: str, arg: int, rows: list[list[int]]) -> tuple:
@@ -35,6 +40,8 @@ def collective(action: str, arg: int, rows: list[list[int]]) -> tuple:
         return ("allreduce", arg)
     if action == JOIN_IN_PHASE:  # the joiner counts the contributors itself
         return ("allreduce", sum(1 for r in rows if r[5]))
+    if action in (TAKE_HELD, FOLLOW_HELD):
+        return ("broadcast, then a vote", arg)
     assert action in (FOLLOW_HEAL, TAKE_LAST, SERVE_LAST)
     return ("broadcast", arg)
 
@@ -49,12 +56,17 @@ def scenarios():
     joiners without a gradient, holding no sum, anywhere from H - 3 to the top."""
     for n_members, n_joiners in ((1, 1), (2, 1), (2, 2), (3, 1), (1, 2)):
         for ahead in range(n_members):
-            members = [row(H + 1, True, True)] * ahead + [row(H, True, True)] * (n_members - ahead)
             top = H + 1 if ahead else H
-            for joiner_steps in itertools.product(range(H - 3, top + 1), repeat=n_joiners):
-                rows = members + [row(s, False, False) for s in joiner_steps]
-                yield pytest.param(rows, id=f"members{[r[0] - H for r in members]}"
-                                            f"-joiners{[s - H for s in joiner_steps]}")
+            # Those at H may hold H's sum undecided (a vote abandoned): all of
+            # them when a member ahead committed it, any of them otherwise.
+            holdings = [(True,) * (n_members - ahead)] if ahead else itertools.product(
+                (False, True), repeat=n_members)
+            for holds in holdings:
+                members = [row(H + 1, True, True)] * ahead + [row(H, True, True, h) for h in holds]
+                for joiner_steps in itertools.product(range(H - 3, top + 1), repeat=n_joiners):
+                    rows = members + [row(s, False, False) for s in joiner_steps]
+                    yield pytest.param(rows, id=f"members{[r[0] - H for r in members]}-held{[int(h) for h in holds]}"
+                                                f"-joiners{[s - H for s in joiner_steps]}")
 
 
 @pytest.mark.parametrize("rows", list(scenarios()))
@@ -98,6 +110,33 @@ def test_nobody_with_a_gradient_commits_nothing(steps):
     rows = [row(s, False, False) for s in steps]
     for s in steps:
         assert agree_action(s, False, rows) == (NO_GRADIENT, 0)
+
+
+def test_a_sum_some_member_holds_undecided_is_never_redone():
+    """r0's vote on step H's sum was abandoned; r1 never saw the sum
+    complete. A dropped member may have committed that sum (its vote
+    completed), so the survivors take it from r0 and vote again, instead of
+    summing step H anew between themselves (commit_vote.py)."""
+    rows = [row(H, True, True, holds_this=False), row(H, True, True, holds_this=True), row(H, False, False)]
+    assert agree_action(H, True, rows) == (TAKE_HELD, 1)
+    assert agree_action(H, False, rows) == (FOLLOW_HELD, 1)
+    rows = [row(H, True, True), row(H, True, True)]
+    assert agree_action(H, True, rows) == (IN_PHASE, 2)
+
+
+def test_a_member_ahead_outranks_an_undecided_sum():
+    """One member committed H (its vote completed): the others, holding the
+    same sum undecided, take it from that member as before."""
+    rows = [row(H + 1, True, True), row(H, True, True, holds_this=True)]
+    assert agree_action(H, True, rows) == (TAKE_LAST, 0)
+    assert agree_action(H + 1, True, rows) == (SERVE_LAST, 0)
+
+
+def test_a_joiners_undecided_sum_is_not_used():
+    """A joiner's sum holds no gradient of its own; the members redo or take theirs."""
+    rows = [row(H, True, True), row(H, False, False, holds_this=True)]
+    assert agree_action(H, True, rows) == (IN_PHASE, 1)
+    assert agree_action(H, False, rows) == (JOIN_IN_PHASE, H)
 
 
 def test_members_steps_too_far_apart_is_an_error():

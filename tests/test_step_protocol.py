@@ -17,8 +17,10 @@ CASES = [
     # phase, outcome, action, next phase
     (P.FIND_GROUP, Out.IN_STEP, None, P.DATA),
     (P.FIND_GROUP, Out.NEW_GROUP, None, P.AGREE),
-    (P.DATA, Out.COMPLETED, None, P.DONE),
+    (P.DATA, Out.COMPLETED, None, P.VOTE),  # complete here, decided by the vote (commit_vote.py)
     (P.DATA, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.VOTE, Out.COMPLETED, None, P.DONE),
+    (P.VOTE, Out.ABANDONED, None, P.FIND_GROUP),  # the sum is held into the next group's agree
     (P.DATA, Out.STALE, None, P.DATA),  # buckets sent before a later backward pass: once more, flat
     (P.AGREE, Out.ABANDONED, None, P.FIND_GROUP),
     (P.AGREE, Out.AGREED, A.IN_PHASE, P.FIND_GROUP),  # marked in step: FIND_GROUP then leads to DATA
@@ -29,6 +31,14 @@ CASES = [
     (P.AGREE, Out.AGREED, A.FOLLOW_HEAL, P.FOLLOW_HEAL),
     (P.AGREE, Out.AGREED, A.TAKE_LAST, P.TAKE_LAST),
     (P.AGREE, Out.AGREED, A.SERVE_LAST, P.SERVE_LAST),
+    (P.AGREE, Out.AGREED, A.TAKE_HELD, P.TAKE_HELD),
+    (P.AGREE, Out.AGREED, A.FOLLOW_HELD, P.FOLLOW_HELD),
+    (P.TAKE_HELD, Out.COMPLETED, None, P.VOTE),  # a held sum is voted on again, never committed unvoted
+    (P.TAKE_HELD, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.FOLLOW_HELD, Out.COMPLETED, None, P.FOLLOW_VOTE),
+    (P.FOLLOW_HELD, Out.ABANDONED, None, P.FIND_GROUP),
+    (P.FOLLOW_VOTE, Out.COMPLETED, None, P.FIND_GROUP),
+    (P.FOLLOW_VOTE, Out.ABANDONED, None, P.FIND_GROUP),
     (P.CLOSE_GAP, Out.ANSWERED, None, P.FIND_GROUP),
     (P.FOLLOW_HEAL, Out.COMPLETED, None, P.FIND_GROUP),
     (P.FOLLOW_HEAL, Out.ABANDONED, None, P.FIND_GROUP),
@@ -62,10 +72,19 @@ def test_an_abandoned_collective_always_goes_back_to_the_newest_group():
         assert after(phase, Out.ABANDONED) is P.FIND_GROUP
 
 
-def test_only_a_sum_or_no_gradient_ends_the_step():
+def test_only_a_voted_sum_a_committed_one_or_no_gradient_ends_the_step():
+    """A sum that completed here but was not voted on never ends a step: a
+    member that another dropped could otherwise commit it alone."""
     ends = {(p, o, a) for p, o, a, nxt in CASES if nxt in TERMINAL}
-    assert ends == {(P.DATA, Out.COMPLETED, None), (P.TAKE_LAST, Out.COMPLETED, None),
+    assert ends == {(P.VOTE, Out.COMPLETED, None), (P.TAKE_LAST, Out.COMPLETED, None),
                     (P.AGREE, Out.AGREED, A.NO_GRADIENT)}
+
+
+def test_every_sum_made_in_a_group_is_voted_on_before_the_step_ends():
+    """The phases that make a sum this member did not take from a committed
+    one (DATA, TAKE_HELD) lead to VOTE, and only VOTE leads from them to DONE."""
+    for phase in (P.DATA, P.TAKE_HELD):
+        assert after(phase, Out.COMPLETED) is P.VOTE
 
 
 def test_random_walks_end_once_the_quorum_stops_changing():
@@ -87,8 +106,9 @@ def test_random_walks_end_once_the_quorum_stops_changing():
             elif phase in COLLECTIVES and not stable and rng.random() < 0.5:
                 outcome, action, in_step = Out.ABANDONED, None, False
             elif phase is P.AGREE:
-                action = A.IN_PHASE if healed or stable else rng.choice([A.SERVE_LAST, A.AGAIN, A.IN_PHASE])
-                outcome, healed = Out.AGREED, healed or action is A.SERVE_LAST
+                action = A.IN_PHASE if healed or stable else rng.choice(
+                    [A.SERVE_LAST, A.AGAIN, A.IN_PHASE, A.TAKE_HELD])
+                outcome, healed = Out.AGREED, healed or action in (A.SERVE_LAST, A.TAKE_HELD)
                 in_step = action is A.IN_PHASE
             elif phase is P.CLOSE_GAP:
                 outcome, action = Out.ANSWERED, None

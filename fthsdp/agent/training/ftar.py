@@ -49,6 +49,7 @@ from collections.abc import Callable, Generator
 import torch
 import torch.distributed as dist
 
+from fthsdp.agent.training.commit_vote import Verdict, verdict, vote_tensor
 from fthsdp.agent.training.ftar_decisions import (
     CHECKPOINT_SLOT,
     CONTROL_SLOTS,
@@ -256,6 +257,12 @@ class FTAR:
         deadline = now + self.timeout
         abandoned = 0
         joining: int | None = None  # the members' step this joiner replays to during the all-reduce
+        held: StepResult | None = None
+        """The complete sum of ``step`` this member holds, not decided yet (fthsdp/agent/training/commit_vote.py)."""
+        held_full: torch.Tensor | None = None  # the tensor ``held`` is a view of, with the control slots
+        slots_of_held: torch.Tensor | None = None  # the data all-reduce's summed proposals, applied once decided
+        length = numel + (CONTROL_SLOTS if control_slots else 0)
+        rows: list[torch.Tensor] = []  # the last agree's, read by the phases it chose
         self._settle_switch(deadline)
         phase, action, arg, result = Phase.FIND_GROUP, None, 0, None
         while True:
@@ -304,23 +311,49 @@ class FTAR:
                         phase = after(phase, outcome)
                         continue
                     if slots:
-                        self._switch_from_slots(group, buf[numel:])
+                        slots_of_held = buf[numel:]
                     else:
                         assert control is not None  # started above when the proposal has no slots
                         self._controls.append(control)
-                    total = buf[:numel] if control_slots else buf
-                    wanted = control_slots and float(buf[numel + CHECKPOINT_SLOT]) > 0
-                    result = self._last = StepResult(total, contributors, group.quorum_id, abandoned, step,
-                                                     wanted, pre.in_backward if pre is not None else 0)
-                    self._last_step = step
+                    # Complete here, but not decided: the vote follows (commit_vote.py).
+                    held, held_full = self._held(buf, numel, contributors, group.quorum_id, step, control_slots,
+                                                 pre.in_backward if pre is not None else 0), buf
                 else:
                     self.groups.retire(group)
                     outcome = Outcome.ABANDONED
+            elif phase is Phase.VOTE:
+                # Who decides: this member alone, by whether its vote completed; a completed
+                # vote means every member of the group holds ``held`` (commit_vote.py).
+                assert held is not None  # a vote follows only a completed DATA or TAKE_HELD
+                if self._vote(group, deadline) is None:
+                    outcome = Outcome.ABANDONED  # ``held`` goes into the next group's agree
+                else:
+                    outcome = Outcome.COMPLETED
+                    if slots_of_held is not None:
+                        self._switch_from_slots(group, slots_of_held)
+                    result = self._last = held
+                    self._last_step = step
+            elif phase is Phase.TAKE_HELD:
+                # Who decides: every member, by the vote that follows; nobody redoes a sum that
+                # someone may have committed (rule 2 of commit_vote.py).
+                taken = self._take_held(group, arg, held_full, buffer, length, deadline)
+                if taken is None:
+                    outcome = Outcome.ABANDONED
+                else:
+                    outcome = Outcome.COMPLETED
+                    root = AgreeRow(*(int(x) for x in rows[arg]))
+                    held, held_full, slots_of_held = self._held(
+                        taken, numel, root.held_contributors, root.held_quorum, step, control_slots, 0), taken, None
+            elif phase is Phase.FOLLOW_HELD:
+                outcome = self._outcome(self._broadcast(group, buffer.new_empty(length), arg, deadline))
+            elif phase is Phase.FOLLOW_VOTE:
+                outcome = Outcome.ABANDONED if self._vote(group, deadline, decides=False) is None else Outcome.COMPLETED
             elif phase is Phase.AGREE:
                 # A joiner waiting for the members in a new group replays what
                 # they commit meanwhile, between polls of the agree.
                 rows = self._agree(
-                    group, step, numel, structure_hash, deadline, contributes, None if contributes else idle
+                    group, step, numel, structure_hash, deadline, contributes, None if contributes else idle,
+                    held if contributes and held is not None and held.step == step else None,
                 )
                 if rows is None:
                     outcome = Outcome.ABANDONED
@@ -336,7 +369,8 @@ class FTAR:
             elif phase is Phase.FOLLOW_HEAL:
                 outcome = self._outcome(self._broadcast(group, buffer.new_empty(numel), arg, deadline))
             elif phase is Phase.TAKE_LAST:
-                result = self._catch_up_step(group, rows, step, buffer.new_empty(numel), arg, deadline)
+                # Another member committed this sum already (rule 1 of commit_vote.py): take it, no vote.
+                result = self._catch_up_step(group, rows, step, buffer.new_empty(numel), arg, deadline, held)
                 outcome = Outcome.ABANDONED if result is None else Outcome.COMPLETED
             elif phase is Phase.SERVE_LAST:
                 outcome = self._outcome(self._serve_last_step(group, step, buffer.new_empty(numel), arg, deadline))
@@ -368,16 +402,17 @@ class FTAR:
         self.groups.mark_in_step(group)  # the data all-reduce comes next
         return arg if action == JOIN_IN_PHASE else None
 
-    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None):
-        """All-gather every member's (step, size, model hash, last result's
-        contributors and quorum, whether it contributes a gradient): the
+    def _agree(self, group, step, numel, structure_hash, deadline, contributes=True, idle=None, held=None):
+        """All-gather every member's ``AgreeRow`` (step, size, model hash, last result's
+        contributors and quorum, whether it contributes a gradient, its bucket plan, the
+        quorum and contributors of an undecided sum of ``step`` it holds): the
         first collective in every new group."""
         last = self._last if self._last is not None and self._last_step == step - 1 else None
         row = torch.tensor(
             [
                 step, numel, structure_hash,
                 last.contributors if last else 0, last.quorum_id if last else 0, int(contributes),
-                self.plan_signature,
+                self.plan_signature, held.quorum_id if held else 0, held.contributors if held else 0,
             ],
             dtype=torch.int64, device=self._device,
         )
@@ -400,15 +435,60 @@ class FTAR:
                             "--bucket-cap-mb")
         return rows
 
-    def _catch_up_step(self, group, rows, step, total, root, deadline) -> StepResult | None:
-        """Others finished ``step`` (their data all-reduce completed before a
-        failure stopped ours): take their sum, the one they applied, into ``total``."""
+    def _catch_up_step(self, group, rows, step, total, root, deadline, own=None) -> StepResult | None:
+        """Others committed ``step`` (their vote completed before a failure
+        stopped ours): take their sum, the one they applied, into ``total``.
+        ``own``: the same sum, held undecided here; its checkpoint request is
+        then this member's too (the sum carried it to every member of the vote)."""
         if self._broadcast(group, total, root, deadline) != DONE:
             return None
-        held = AgreeRow(*(int(x) for x in rows[root]))
-        self._last = StepResult(total, held.last_contributors, held.last_quorum, 0, step)
+        holder = AgreeRow(*(int(x) for x in rows[root]))
+        self._last = StepResult(total, holder.last_contributors, holder.last_quorum, 0, step,
+                                own is not None and own.checkpoint and own.quorum_id == holder.last_quorum)
         self._last_step = step
         return self._last
+
+    @staticmethod
+    def _held(full, numel, contributors, quorum_id, step, control_slots, overlapped) -> StepResult:
+        """The complete sum in ``full`` (its control slots after ``numel`` elements), undecided."""
+        wanted = control_slots and float(full[numel + CHECKPOINT_SLOT]) > 0
+        return StepResult(full[:numel] if control_slots else full, contributors, quorum_id, 0, step, wanted,
+                          overlapped)
+
+    def _vote(self, group: _Group, deadline: float, decides: bool = True) -> int | None:
+        """This member holds the step's complete sum: the vote (commit_vote.py).
+        Returns the newest quorum id any member knew, once the vote completed
+        and, if ``decides``, this member may commit; None if it was abandoned.
+        Raises ``Evicted`` if this member is out of the quorum: it commits nothing."""
+        vote = vote_tensor(self.tracker.newest_id(), self._device)
+        if self.groups.wait_work(self._start(group, vote, dist.ReduceOp.MAX), group, deadline) != DONE:
+            self.groups.retire(group)
+            return None
+        seen = int(vote[0])
+        if not decides:
+            return seen
+        if self.tracker.newest_id() < seen:
+            self.groups.wait_for_push(seen, deadline)  # its peers got it; this one's is normally ms behind
+        with self.tracker.cond:
+            known, included = self.tracker.newest_id(), self.tracker.includes_me(self.tracker.quorum)
+        said = verdict(seen, known, included)
+        if said is Verdict.COMMIT:
+            return seen
+        self.groups.retire(group)
+        if said is Verdict.UNHEARD:
+            raise Evicted(f"its peers know quorum {seen}, whose push never reached this replica (cut from the "
+                          f"coordinator?): it commits nothing of quorum {group.quorum_id}'s step")
+        raise Evicted(f"the newest quorum ({known}) does not include this replica: it commits nothing of quorum "
+                      f"{group.quorum_id}'s step{self.tracker.out_because()}")
+
+    def _take_held(self, group, root, mine, template, length, deadline) -> torch.Tensor | None:
+        """Every member is at this step and some hold its sum undecided: the
+        first holder (``root``) broadcasts ``mine`` (the sum with its control
+        slots); the others receive it into a fresh tensor like ``template``."""
+        if group.rank == root and mine is None:
+            raise FtarError("internal: chosen to send the sum it holds, but this member holds none")
+        tensor = mine if group.rank == root else template.new_empty(length)
+        return tensor if self._broadcast(group, tensor, root, deadline) == DONE else None
 
     def _serve_last_step(self, group, step, scratch, root, deadline) -> str | None:
         """Some members are one step behind: the holder sends them the sum of

@@ -86,6 +86,12 @@ class Action(str, enum.Enum):
     """No member has a gradient for the step (a joiner whose members were all
     lost as it was admitted): the step is not committed; the loop runs it
     again, this time with a gradient of its own."""
+    TAKE_HELD = "take-held"
+    """Every member is at this step and some hold its complete sum, undecided
+    (their commit vote was abandoned): the first holder (arg) broadcasts it,
+    and every member votes to commit that sum (see fthsdp/agent/training/commit_vote.py)."""
+    FOLLOW_HELD = "follow-held"
+    """A joiner takes part in the members' TAKE_HELD broadcast and vote (arg: root)."""
 
 
 # The names the callers and tests use.
@@ -97,6 +103,8 @@ FOLLOW_HEAL = Action.FOLLOW_HEAL
 TAKE_LAST = Action.TAKE_LAST
 SERVE_LAST = Action.SERVE_LAST
 NO_GRADIENT = Action.NO_GRADIENT
+TAKE_HELD = Action.TAKE_HELD
+FOLLOW_HELD = Action.FOLLOW_HELD
 
 
 class AgreeRow(NamedTuple):
@@ -115,6 +123,11 @@ class AgreeRow(NamedTuple):
     """1 if this member has a gradient for ``step``."""
     plan: int = 0
     """The signature of its bucket plan (fthsdp/agent/training/buckets.py; 0: none): equal on every member."""
+    held_quorum: int = 0
+    """The quorum id of a complete sum of ``step`` this member holds, not yet
+    decided (its commit vote was abandoned; 0: none)."""
+    held_contributors: int = 0
+    """Contributors of that sum."""
 
 
 def agree_action(
@@ -138,6 +151,10 @@ def agree_action(
         return NO_GRADIENT, 0
     lo, hi = min(counted), max(counted)
 
+    def held_root() -> int | None:
+        """The first member with a gradient that holds the undecided sum of ``hi``."""
+        return next((i for i, r in enumerate(members) if r.contributes and r.step == hi and r.held_quorum > 0), None)
+
     def holder(at: int) -> int:
         """The first member at ``at`` that holds the sum of ``at - 1``."""
         for i, r in enumerate(members):
@@ -152,10 +169,17 @@ def agree_action(
             raise FtarError(f"this replica is at step {step}, ahead of the quorum's {hi}")
         if max(steps) > hi:
             return AGAIN, 0  # another joiner is ahead: it fails, and the quorum changes
+        if (root := held_root()) is not None:
+            return FOLLOW_HELD, root
         # Even at the members' step: the joiner sets their hyperparameters for it.
         return JOIN_IN_PHASE, hi
     if lo == hi == step:
-        return (AGAIN, 0) if max(steps) > step else (IN_PHASE, len(counted))
+        if max(steps) > step:
+            return AGAIN, 0
+        # A sum some member holds may have been committed by a member that is
+        # gone: redoing the step could commit another (commit_vote.py).
+        root = held_root()
+        return (IN_PHASE, len(counted)) if root is None else (TAKE_HELD, root)
     if lo == step and hi >= step + 2:
         return REPLAY_TO_BEFORE_HEAD, hi
     if lo < step - 1 and hi == step:

@@ -145,6 +145,11 @@ quorum, which ends the rare case of a member that never saw the old quorum
 (its push came too close to the next one's)."""
 
 
+def _tcp_store_client(address: str, timeout: datetime.timedelta) -> dist.Store:
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+
+
 class QuorumGroups:
     """The group of the quorum this replica trains in, and the waits on it."""
 
@@ -169,6 +174,10 @@ class QuorumGroups:
         """The growth quorum every member agreed to switch to at this step."""
         self._called: float | None = None
         self._intervals: list[float] = []
+        self.connect_store: Callable[[str, datetime.timedelta], dist.Store] = _tcp_store_client
+        """How a group's build reaches the rendezvous store of a quorum, at its
+        first member's "host:port" (a TCP client; tests/test_commit_vote.py
+        gives an in-process store)."""
         self.horizon: Callable[[], float] = lambda: 0.0
         """How long the coordinator may take to blame a hung member (from its
         push): no collective gives up before it, whatever ``timeout`` says,
@@ -313,9 +322,8 @@ class QuorumGroups:
         rank = self.tracker.rank_in(quorum)
         if rank is None:
             raise Evicted(f"quorum {quorum.id} does not include this replica{self.tracker.out_because()}")
-        host, port = quorum.first_member_address.rsplit(":", 1)
         timeout = datetime.timedelta(seconds=self.timeout)
-        store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+        store = self.connect_store(quorum.first_member_address, timeout)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
         pg = self.transport.build(prefix, rank, quorum.member_count, timeout)
         # torch's stubs derive ProcessGroupGloo from a Backend without the collectives it has at runtime.
@@ -374,6 +382,17 @@ class QuorumGroups:
             # coordinator will push the quorum without that peer.
             return self._await_newer(group.quorum_id, deadline, e)
         return DONE
+
+    def wait_for_push(self, quorum_id: int, deadline: float) -> bool:
+        """Wait for the push of quorum ``quorum_id`` (or a newer one), up to an
+        operation's ``deadline`` (stretched to the horizon); False if it did not come."""
+        with self.tracker.cond:
+            while self.tracker.newest_id() < quorum_id:
+                left = self._deadline(deadline) - time.monotonic()
+                if left <= 0:
+                    return False
+                self.tracker.cond.wait(left)
+        return True
 
     def _await_newer(self, quorum_id: int, deadline: float, cause: BaseException) -> str:
         log.warning("collective in quorum %d failed (%s); waiting for a newer quorum", quorum_id, cause)

@@ -6,17 +6,20 @@ what comes next depends only on the phase and how it ended: ``after(phase,
 outcome, action)``. fthsdp/agent/training/ftar.py runs the collectives and the requests;
 this decides, and tests/test_step_protocol.py checks the whole table.
 
-    FIND_GROUP --in-step--> DATA --completed--> DONE
-        |                    | \\--abandoned--> FIND_GROUP
+    FIND_GROUP --in-step--> DATA --completed--> VOTE --completed--> DONE
+        |                    | \\--abandoned--> FIND_GROUP   \\--abandoned--> FIND_GROUP (the sum held)
         |                    \\--stale--> DATA (again, flat, in the same group)
-        \\--new-group--> AGREE --(agree_action)--> CLOSE_GAP | FOLLOW_HEAL |
-                                 TAKE_LAST | SERVE_LAST | NO_GRADIENT | FIND_GROUP
+        \\--new-group--> AGREE --(agree_action)--> CLOSE_GAP | FOLLOW_HEAL | TAKE_HELD |
+                                 FOLLOW_HELD | TAKE_LAST | SERVE_LAST | NO_GRADIENT | FIND_GROUP
+    TAKE_HELD --completed--> VOTE;  FOLLOW_HELD --completed--> FOLLOW_VOTE --completed--> FIND_GROUP
 
 Rules the table keeps (and the test asserts): an abandoned collective (a
 newer quorum came, fthsdp/agent/training/quorum_groups.py) always goes back to FIND_GROUP,
 where the step continues in the newer group from the intact local
-gradients; a step ends only with its sum (DATA or TAKE_LAST completed) or
-with NO_GRADIENT (nobody had a gradient: not a step); after every agree
+gradients; a step ends only with a sum every member of a completed vote
+holds (VOTE completed, fthsdp/agent/training/commit_vote.py), with one another member
+committed (TAKE_LAST completed), or with NO_GRADIENT (nobody had a gradient:
+not a step); after every agree
 whose action is not itself a collective or a request, the next phase is
 found again, so that a quorum newer than the agree is never skipped.
 """
@@ -44,6 +47,14 @@ class Phase(str, enum.Enum):
     """Receive the sum of this step, which others completed, and end the step with it."""
     SERVE_LAST = "serve-last"
     """Broadcast (or help broadcast) the last sum to members one step behind."""
+    VOTE = "vote"
+    """This member holds the step's complete sum: vote to commit it (fthsdp/agent/training/commit_vote.py)."""
+    TAKE_HELD = "take-held"
+    """Broadcast (from the first holder) the sum some members hold undecided; a vote follows."""
+    FOLLOW_HELD = "follow-held"
+    """A joiner takes part, without using it, in a TAKE_HELD broadcast."""
+    FOLLOW_VOTE = "follow-vote"
+    """A joiner takes part, without committing, in the vote after a TAKE_HELD."""
     DONE = "done"
     """The step has its sum."""
     NO_GRADIENT = "no-gradient"
@@ -80,13 +91,19 @@ _AFTER_AGREE = {
     Action.FOLLOW_HEAL: Phase.FOLLOW_HEAL,
     Action.TAKE_LAST: Phase.TAKE_LAST,
     Action.SERVE_LAST: Phase.SERVE_LAST,
+    Action.TAKE_HELD: Phase.TAKE_HELD,
+    Action.FOLLOW_HELD: Phase.FOLLOW_HELD,
 }
 """IN_PHASE and JOIN_IN_PHASE mark the group in step (FTAR does), so FIND_GROUP then leads to DATA."""
 
 _TABLE: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.FIND_GROUP, Outcome.IN_STEP): Phase.DATA,
     (Phase.FIND_GROUP, Outcome.NEW_GROUP): Phase.AGREE,
-    (Phase.DATA, Outcome.COMPLETED): Phase.DONE,
+    (Phase.DATA, Outcome.COMPLETED): Phase.VOTE,
+    (Phase.VOTE, Outcome.COMPLETED): Phase.DONE,
+    (Phase.TAKE_HELD, Outcome.COMPLETED): Phase.VOTE,
+    (Phase.FOLLOW_HELD, Outcome.COMPLETED): Phase.FOLLOW_VOTE,
+    (Phase.FOLLOW_VOTE, Outcome.COMPLETED): Phase.FIND_GROUP,
     (Phase.DATA, Outcome.STALE): Phase.DATA,
     (Phase.TAKE_LAST, Outcome.COMPLETED): Phase.DONE,
     (Phase.FOLLOW_HEAL, Outcome.COMPLETED): Phase.FIND_GROUP,
@@ -94,7 +111,8 @@ _TABLE: dict[tuple[Phase, Outcome], Phase] = {
     (Phase.CLOSE_GAP, Outcome.ANSWERED): Phase.FIND_GROUP,
 }
 
-COLLECTIVES = frozenset({Phase.AGREE, Phase.DATA, Phase.FOLLOW_HEAL, Phase.TAKE_LAST, Phase.SERVE_LAST})
+COLLECTIVES = frozenset({Phase.AGREE, Phase.DATA, Phase.VOTE, Phase.FOLLOW_HEAL, Phase.TAKE_LAST, Phase.SERVE_LAST,
+                         Phase.TAKE_HELD, Phase.FOLLOW_HELD, Phase.FOLLOW_VOTE})
 """The phases that run a collective, and so can be abandoned."""
 
 
