@@ -10,6 +10,9 @@ the table reports each side's median and the median of the per-pair ratios,
 since this machine's run-to-run spread (about 6%) is larger than the effect.
 fthsdp runs against a real coordinator (embedded store) with the full
 training API with its defaults: FTAR, commit, a state checksum every 10 steps.
+The last column is the share of fthsdp's step its commit vote takes (the
+small all-reduce after the data all-reduce that makes the commit decision
+one for all: fthsdp/agent/training/commit_vote.py), from ``StepResult.vote_s`` in the same runs.
 
 ``--model comm-heavy``: an MLP whose gradients are 100 MB (six 2048x2048
 layers, float32), on a small batch, so that the all-reduce takes more of the
@@ -82,7 +85,9 @@ def train(mode: str, rank: int, world: int, init: str, steps: int, model_name: s
     torch.set_num_threads(1)
     model, data, forward = build(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    times = []
+    times: list[float] = []
+    votes: list[float] = []
+    """fthsdp: each step's commit vote (fthsdp/agent/training/commit_vote.py), in seconds."""
     if mode == "ddp":
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
@@ -106,17 +111,23 @@ def train(mode: str, rank: int, world: int, init: str, steps: int, model_name: s
             x, y = data.batch(ft.step, ft.replica_rank, 8)
             loss = forward(model, x, y)
             loss.backward()
-            ft.allreduce_gradients()
+            result = ft.allreduce_gradients()
             ft.commit()  # the default update: optimizer.step(), zero_grad
             times.append(time.perf_counter() - start)
+            votes.append(result.vote_s if result is not None else 0.0)
         ft.close()
     if rank == 0:
-        print(json.dumps(times), flush=True)
+        print(json.dumps({"times": times, "votes": votes}), flush=True)
     os._exit(0)
 
 
 def run(mode: str, world: int, steps: int, model_name: str = "gpt") -> float:
     """One run's median step time; ``mode``: ddp, fthsdp, or fthsdp-flat (no overlap)."""
+    return run_both(mode, world, steps, model_name)[0]
+
+
+def run_both(mode: str, world: int, steps: int, model_name: str = "gpt") -> tuple[float, float]:
+    """One run's median step time and median commit vote (0 for DDP)."""
     from fthsdp.testing.local_etcd import free_port
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -141,13 +152,13 @@ def run(mode: str, world: int, steps: int, model_name: str = "gpt") -> float:
              "--init", init, "--steps", str(steps), "--model", model_name],
             stdout=subprocess.PIPE, text=True, env=renv, cwd=ROOT,
         ))
-    times = json.loads(procs[0].communicate(timeout=1800)[0].strip().splitlines()[-1])
+    out = json.loads(procs[0].communicate(timeout=1800)[0].strip().splitlines()[-1])
     for p in procs[1:]:
         p.wait(timeout=120)
     if coordinator is not None:
         coordinator.terminate()
         coordinator.wait(timeout=30)
-    return statistics.median(times[WARMUP:])
+    return statistics.median(out["times"][WARMUP:]), statistics.median(out["votes"][WARMUP:] or [0.0])
 
 
 def main() -> None:
@@ -168,26 +179,31 @@ def main() -> None:
     if args.model == "comm-heavy":
         comm_heavy(args.replicas, args.pairs, args.steps)
         return
-    ddp, ft = [], []
+    ddp, ft, votes = [], [], []
     for _ in range(args.pairs):
         ddp.append(run("ddp", args.replicas, args.steps))
-        ft.append(run("fthsdp", args.replicas, args.steps))
+        step, vote = run_both("fthsdp", args.replicas, args.steps)
+        ft.append(step)
+        votes.append(vote / step)
     ratios = [f / d for f, d in zip(ft, ddp, strict=True)]
     print("| replicas | DDP step (median of runs) | fthsdp step (median of runs) | fthsdp / DDP (median of pairs) |"
-          " pair ratios |")
-    print("|---:|---:|---:|---:|---|")
+          " pair ratios | commit vote / fthsdp step (median of runs) |")
+    print("|---:|---:|---:|---:|---|---:|")
     print(
         f"| {args.replicas} | {statistics.median(ddp) * 1e3:.1f} ms | {statistics.median(ft) * 1e3:.1f} ms | "
-        f"{statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |"
+        f"{statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} | "
+        f"{statistics.median(votes):.4f} |"
     )
 
 
 def comm_heavy(replicas: int, rounds: int, steps: int) -> None:
     """Rounds of DDP, fthsdp (overlapped) and fthsdp with one all-reduce after the backward pass, interleaved."""
-    ddp, ft, flat = [], [], []
+    ddp, ft, flat, votes = [], [], [], []
     for _ in range(rounds):
         ddp.append(run("ddp", replicas, steps, "comm-heavy"))
-        ft.append(run("fthsdp", replicas, steps, "comm-heavy"))
+        step, vote = run_both("fthsdp", replicas, steps, "comm-heavy")
+        ft.append(step)
+        votes.append(vote / step)
         flat.append(run("fthsdp-flat", replicas, steps, "comm-heavy"))
 
     def ratio(a: list[float], b: list[float]) -> str:
@@ -202,6 +218,7 @@ def comm_heavy(replicas: int, rounds: int, steps: int) -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     print(f"| {statistics.median(ddp) * 1e3:.0f} ms | {statistics.median(ft) * 1e3:.0f} ms | "
           f"{statistics.median(flat) * 1e3:.0f} ms | {ratio(ft, ddp)} | {ratio(flat, ddp)} | {ratio(ft, flat)} |")
+    print(f"commit vote / fthsdp step (overlapped), median of runs: {statistics.median(votes):.4f}")
 
 
 if __name__ == "__main__":

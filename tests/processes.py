@@ -180,6 +180,9 @@ class WorkerProcess(_Process):
             **(env or {}),
         }
         self.steps: dict[int, dict] = {}
+        """Each step's last line."""
+        self.step_lines: list[dict] = []
+        """Every step line of every incarnation (one a killed incarnation and its restart both printed: twice)."""
         self.done: dict | None = None
 
     def spawn(self) -> None:
@@ -205,6 +208,7 @@ class WorkerProcess(_Process):
             for line in json_objects(self.next_line(left)):
                 if "step" in line:
                     self.steps[line["step"]] = line
+                    self.step_lines.append(line)
                 if "done" in line:
                     self.done = line
                 if predicate(line):
@@ -218,6 +222,7 @@ class WorkerProcess(_Process):
             for line in json_objects(self.lines.get_nowait()):
                 if "step" in line:
                     self.steps[line["step"]] = line
+                    self.step_lines.append(line)
         return code
 
     def finish(self, timeout: float = 60.0) -> dict:

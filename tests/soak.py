@@ -4,7 +4,8 @@ replicas' ranks at random moments (overlapping, during catch-up, during
 admission), then the invariants checked and a table printed.
 
 The invariants: every replica reaches the last step; every step's state
-checksum is the same on every replica and incarnation that committed it; no
+checksum and contributors are the same on every replica and incarnation
+that committed it (every step: the workers print a checksum at each); no
 committed step is missing; no incarnation started over (a restarted one's
 first step is past step 1); the job never lost its state.
 """
@@ -159,12 +160,14 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
 
 
 def summarize(watched: list[Watched], kills: list[Kill], lost: int, target: int) -> dict:
-    by_step: dict[int, set[str]] = {}
+    # Every step line of every incarnation, killed or not: one state and one
+    # count of contributors per step (fthsdp/agent/training/commit_vote.py).
+    by_step: dict[int, set[tuple[str, int]]] = {}
     for w in watched:
         for line in w.steps():
             if line["checksum"]:
-                by_step.setdefault(line["step"], set()).add(line["checksum"])
-    split = {s: sorted(c) for s, c in by_step.items() if len(c) > 1}
+                by_step.setdefault(line["step"], set()).add((line["checksum"], line.get("contributors", 0)))
+    split = {s: [list(c) for c in sorted(cs)] for s, cs in by_step.items() if len(cs) > 1}
     committed = sorted(by_step)
     missing = sorted(set(range(committed[0], committed[-1] + 1)) - set(committed)) if committed else []
     started_over = []

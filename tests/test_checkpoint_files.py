@@ -150,6 +150,34 @@ def test_a_checkpoint_of_another_job_model_or_record_is_refused(tmp_path):
     assert read_checkpoint(folder, job=JOB, structure=STRUCTURE, digest=sealed.digest)["step"] == STEP
 
 
+def test_shares_of_members_that_decided_the_step_differently_are_never_merged(tmp_path):
+    """A member that committed step 40 in quorum 8 (say, split two ways after
+    the others' vote) never seals with shares of quorum 7, even of an
+    identical state; the sealer of quorum 7 waits for its own member's share."""
+    source = trained()
+    folder = layout.step_folder(tmp_path, JOB, STEP)
+    write(stage(source.capture(), ShareSpec(JOB, STEP, STRUCTURE, 7, 0, 2, 0, 1)), folder)
+    write(stage(source.capture(), ShareSpec(JOB, STEP, STRUCTURE, 8, 1, 2, 0, 1)), folder)
+    assert missing_shares(folder, 2, 1, quorum_id=7) == ["share-1-rank-0"]
+    assert missing_shares(folder, 2, 1) == []
+    with pytest.raises(CheckpointError, match="in quorum 8, this checkpoint's in quorum 7: the members decided"):
+        seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1, quorum_id=7)
+    with pytest.raises(CheckpointError, match=r"different quorums \(\[7, 8\]\)"):
+        seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1)
+    write(stage(source.capture(), ShareSpec(JOB, STEP, STRUCTURE, 7, 1, 2, 0, 1)), folder)
+    assert missing_shares(folder, 2, 1, quorum_id=7) == []
+    assert seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1, quorum_id=7).quorum_id == 7
+
+
+def test_shares_whose_state_checksums_differ_are_never_merged(tmp_path):
+    folder = layout.step_folder(tmp_path, JOB, STEP)
+    state = trained()
+    write(stage(state.capture(), ShareSpec(JOB, STEP, STRUCTURE, 7, 0, 2, 0, 1)), folder, "aaaa")
+    write(stage(state.capture(), ShareSpec(JOB, STEP, STRUCTURE, 7, 1, 2, 0, 1)), folder, "bbbb")
+    with pytest.raises(CheckpointError, match="different state checksums"):
+        seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1, quorum_id=7)
+
+
 def test_replicas_whose_states_differ_are_not_sealed_together(tmp_path):
     folder = layout.step_folder(tmp_path, JOB, STEP)
     write(stage(trained().capture(), ShareSpec(JOB, STEP, STRUCTURE, 7, 0, 2, 0, 1)), folder)

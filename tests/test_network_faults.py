@@ -92,13 +92,14 @@ def reprobes(job: Job, name: str) -> list[str]:
 
 
 def assert_one_state_per_step(job: Job) -> None:
-    """Every step any two replicas printed has one checksum; no member skipped a step."""
-    steps: dict[int, set[str]] = {}
+    """Every step any process printed (every incarnation, killed, cut off or
+    not) has one state and one count of contributors (fthsdp/agent/training/commit_vote.py)."""
+    steps: dict[int, set[tuple[str, int]]] = {}
     for a in job.agents.values():
-        for s, line in a.steps.items():
-            steps.setdefault(s, set()).add(line["checksum"])
+        for line in a.step_lines:
+            steps.setdefault(line["step"], set()).add((line["checksum"], line["contributors"]))
     split = {s: c for s, c in steps.items() if len(c) > 1}
-    assert not split, f"states differ at steps {sorted(split)[:5]}"
+    assert not split, f"states differ at steps {sorted(split)[:5]}: {[sorted(split[s]) for s in sorted(split)[:3]]}"
 
 
 def assert_no_step_lost(job: Job, names) -> None:
@@ -236,13 +237,14 @@ def test_a_slow_data_link_is_not_a_down_link(job_in_lab):
     assert_nobody_taken_out(job)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_replica_cut_from_the_coordinator_is_dropped_and_the_others_commit_on(job_in_lab):
     """r2's control link goes down, its data link stays up: the coordinator
     drops it for its heartbeat timeout, as always, and r0 and r1 commit on
-    at once, not after a collective timeout. Healed, r2 comes back and
-    catches up."""
+    at once, not after a collective timeout. r2, which may be in the
+    all-reduce with them when they are told, never commits a step they redo
+    without it (fthsdp/agent/training/commit_vote.py; it failed 1 run in 10 before). Healed,
+    r2 comes back and catches up."""
     job = job_in_lab()
     lab = job.lab
     head = job.training(lab.names, contributors=3, steps=20, timeout=120)

@@ -10,19 +10,23 @@ quorum arrives the collective is *abandoned* (left to time out on its own, its
 buffers never reused) and the step continues in a new group among the
 survivors, from the intact local gradients.
 
-Agreement. On the fast path a step is one collective, the data all-reduce,
-in place: a replica whose all-reduce completes commits its result at once.
+Agreement. On the fast path a step is two collectives in one group: the
+data all-reduce, in place, then the commit vote, a small all-reduce that a
+member starts once its sum completed, and after which it commits
+(fthsdp/agent/training/commit_vote.py: a completed vote proves every member holds the sum).
 The first collective in every new group is an *agree* instead: an all-gather
-of each member's step, gradient size and model hash. A failure can leave the
-survivors split, some having completed the step's all-reduce (and committed)
-and some not; the agree shows it (steps differ by one), and the ones ahead
-broadcast the sum they committed, which the others commit too. If none
-completed it, all redo it among themselves from their intact local
-gradients. Either way every survivor commits the same result, and the
-average divides by the number of replicas whose gradients it contains.
+of each member's step, gradient size and model hash, and whether it holds
+an undecided sum of its step. A failure can leave the survivors split: some
+committed the step (their vote completed), some hold its sum undecided
+(their vote was abandoned), some never saw it complete. The ones ahead
+broadcast the sum they committed; else the first holder broadcasts its sum
+and every member votes on it; only if nobody holds it do the survivors redo
+the step among themselves from their intact local gradients. Either way
+every member that commits the step commits the same result, and the average
+divides by the number of replicas whose gradients it contains.
 
-The phases of a step (find the group, agree, the data all-reduce, a
-broadcast, a request to a joiner's caller) and the way from one to the next
+The phases of a step (find the group, agree, the data all-reduce, the vote,
+a broadcast, a request to a joiner's caller) and the way from one to the next
 are a pure state machine: fthsdp/agent/training/step_protocol.py.
 
 Growth. A quorum that only adds replicas (a joiner admitted) abandons
@@ -85,6 +89,8 @@ class StepResult:
     can fuse it with copying the result back into the gradients."""
     contributors: int
     quorum_id: int
+    """The quorum whose vote decided this sum (fthsdp/agent/training/commit_vote.py): every
+    member that commits this step holds the same sum with the same id."""
     abandoned: int
     """Collectives of this step that were abandoned for a newer quorum."""
     step: int = -1
@@ -98,6 +104,9 @@ class StepResult:
     overlapped: int = 0
     """Buckets of this sum that started during the backward pass
     (fthsdp/agent/training/overlap.py); 0: it ran after the backward pass."""
+    vote_s: float = 0.0
+    """Seconds this member's commit vote took, from its sum's completion to the
+    decision (fthsdp/agent/training/commit_vote.py; 0: the sum was another member's decision)."""
 
 
 
@@ -325,13 +334,14 @@ class FTAR:
                 # Who decides: this member alone, by whether its vote completed; a completed
                 # vote means every member of the group holds ``held`` (commit_vote.py).
                 assert held is not None  # a vote follows only a completed DATA or TAKE_HELD
+                began = time.monotonic()
                 if self._vote(group, deadline) is None:
                     outcome = Outcome.ABANDONED  # ``held`` goes into the next group's agree
                 else:
                     outcome = Outcome.COMPLETED
                     if slots_of_held is not None:
                         self._switch_from_slots(group, slots_of_held)
-                    result = self._last = held
+                    result = self._last = dataclasses.replace(held, vote_s=time.monotonic() - began)
                     self._last_step = step
             elif phase is Phase.TAKE_HELD:
                 # Who decides: every member, by the vote that follows; nobody redoes a sum that
@@ -341,9 +351,11 @@ class FTAR:
                     outcome = Outcome.ABANDONED
                 else:
                     outcome = Outcome.COMPLETED
+                    # The sum of quorum held_quorum's members, decided by this group's vote: its
+                    # quorum id is this group's (a checkpoint's shares are split by the deciders).
                     root = AgreeRow(*(int(x) for x in rows[arg]))
                     held, held_full, slots_of_held = self._held(
-                        taken, numel, root.held_contributors, root.held_quorum, step, control_slots, 0), taken, None
+                        taken, numel, root.held_contributors, group.quorum_id, step, control_slots, 0), taken, None
             elif phase is Phase.FOLLOW_HELD:
                 outcome = self._outcome(self._broadcast(group, buffer.new_empty(length), arg, deadline))
             elif phase is Phase.FOLLOW_VOTE:

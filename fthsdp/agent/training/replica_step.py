@@ -233,6 +233,9 @@ class ReplicaStep:
                 checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
             )
         except Evicted as e:
+            # Out of the quorum (dropped, drained, taken out as hung or unreachable): this
+            # replica commits nothing of the step; the members that go on decide it among
+            # themselves (fthsdp/agent/training/commit_vote.py), so its not committing splits nothing.
             self._forget_except(None, prelaunched, buffer)
             ending = ending_for_eviction(self._link.drain_requested())
             self.leave(ending, "the quorum went on without it" if ending is Ending.DRAINED else str(e))
@@ -338,7 +341,10 @@ class ReplicaStep:
 
     def _save(self, step: int, quorum_id: int, checksum: str) -> None:
         """This member's share of the checkpoint of ``step``: every member of
-        the quorum that committed the step writes one, by its place in it."""
+        the quorum whose vote decided the step (``quorum_id``, fthsdp/agent/training/commit_vote.py)
+        writes one, by its place in it. A member only gets here with a step it
+        committed, so its share is of that decision; one that committed the
+        step in another quorum writes a share the sealer never merges with these."""
         assert self._saver is not None
         place = self._link.quorums.participation(quorum_id, False)
         spec = ShareSpec(self.config.job, step, self._structure, quorum_id, place.index, place.count,
@@ -365,6 +371,8 @@ class ReplicaStep:
         """Another rank of this group died and the coordinator took the group
         out: this rank's state is lost with it (fthsdp/agent/training/eviction.py)."""
         watch = self._eviction
+        # At commit() this drops a sum the step's vote decided: harmless, since the group is out
+        # and its state is caught up again; the members that go on commit it (commit_vote.py).
         if watch is not None and watch.evicted and not self._link.drain_requested():
             watch.acknowledged.set()
             why = f"{watch.evicted}: its state must be caught up again (its agent restarts the group)"

@@ -142,7 +142,7 @@ class Saver:
         if spec.share != 0 or spec.rank != 0:
             return
         deadline = time.monotonic() + self.seal_timeout
-        while missing := missing_shares(folder, spec.shares, spec.ranks):
+        while missing := missing_shares(folder, spec.shares, spec.ranks, spec.quorum_id):
             if skipped := skipped_shares(folder, spec.shares, spec.ranks, spec.quorum_id):
                 log.warning("checkpoint of step %d is incomplete: %s skipped it (the save before was still being "
                             "written there); it is never used", spec.step, ", ".join(skipped))
@@ -155,7 +155,7 @@ class Saver:
             self._superseded.wait(SEAL_POLL)
         try:
             sealed = seal(folder, job=spec.job, step=spec.step, structure=spec.structure, shares=spec.shares,
-                          ranks=spec.ranks)
+                          ranks=spec.ranks, quorum_id=spec.quorum_id)
         except (OSError, CheckpointError) as e:
             log.error("checkpoint of step %d could not be sealed: %s; it is never used", spec.step, e)
             return

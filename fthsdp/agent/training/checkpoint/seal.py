@@ -35,10 +35,24 @@ class Sealed:
     nbytes: int
 
 
-def missing_shares(folder: Path, shares: int, ranks: int) -> list[str]:
-    """The share folders whose ``share.json`` is not written yet."""
+def missing_shares(folder: Path, shares: int, ranks: int, quorum_id: int | None = None) -> list[str]:
+    """The share folders whose ``share.json`` is not written yet; with
+    ``quorum_id``, also those written by a member that committed the step in
+    another quorum (an earlier attempt at the step, before a restore, say):
+    this checkpoint's member has not written its share yet."""
     return [name for s in range(shares) for r in range(ranks)
-            if not (folder / (name := layout.share_folder_name(s, r)) / layout.SHARE_RECORD).exists()]
+            if not _written_in(folder / (name := layout.share_folder_name(s, r)) / layout.SHARE_RECORD, quorum_id)]
+
+
+def _written_in(record: Path, quorum_id: int | None) -> bool:
+    if not record.exists():
+        return False
+    if quorum_id is None:
+        return True
+    try:
+        return layout.read_record(record).get("quorum_id") == quorum_id
+    except ValueError:
+        return False  # half-written or foreign: wait for the member's own
 
 
 def skipped_shares(folder: Path, shares: int, ranks: int, quorum_id: int) -> list[str]:
@@ -56,8 +70,14 @@ def skipped_shares(folder: Path, shares: int, ranks: int, quorum_id: int) -> lis
     return skipped
 
 
-def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, ranks: int) -> Sealed:
-    """Merge the ``shares`` x ``ranks`` shares under ``folder`` into one checkpoint."""
+def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, ranks: int,
+         quorum_id: int | None = None) -> Sealed:
+    """Merge the ``shares`` x ``ranks`` shares under ``folder`` into one checkpoint.
+
+    Every share must come from a member that committed the step by one
+    decision: the same quorum (``quorum_id``, when given, or one for all
+    shares; fthsdp/agent/training/commit_vote.py) and the same state checksum. Shares of
+    members that decided differently are never merged."""
     records: dict[str, dict] = {}
     parts = {}
     for s in range(shares):
@@ -72,6 +92,10 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
             wrong = {k: record.get(k) for k, v in expected.items() if record.get(k) != v}
             if wrong:
                 raise CheckpointError(f"checkpoint of step {step}: share {name} is of another checkpoint ({wrong})")
+            if quorum_id is not None and record.get("quorum_id") != quorum_id:
+                raise CheckpointError(f"checkpoint of step {step}: share {name} was written by a member that "
+                                      f"committed the step in quorum {record.get('quorum_id')}, this checkpoint's "
+                                      f"in quorum {quorum_id}: the members decided the step differently")
             meta = record["files"].get(layout.DCP_METADATA)
             if meta is None:
                 raise CheckpointError(f"checkpoint of step {step}: share {name} has no DCP metadata")
@@ -95,6 +119,9 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
     files = {f"{name}/{file}": info for name, record in records.items() for file, info in record["files"].items()}
     files.update(layout.describe_files(folder, [layout.DCP_METADATA]))
     first = next(iter(records.values()))
+    if len({r.get("quorum_id") for r in records.values()}) != 1:
+        raise CheckpointError(f"checkpoint of step {step}: its shares were written by members that committed the "
+                              f"step in different quorums ({sorted({r.get('quorum_id') for r in records.values()})})")
     if len({r.get("state_checksum", "") for r in records.values()}) != 1:
         raise CheckpointError(f"checkpoint of step {step}: the shares report different state checksums")
     checkpoint = {
