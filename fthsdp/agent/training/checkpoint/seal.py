@@ -119,9 +119,10 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
     files = {f"{name}/{file}": info for name, record in records.items() for file, info in record["files"].items()}
     files.update(layout.describe_files(folder, [layout.DCP_METADATA]))
     first = next(iter(records.values()))
-    if len({r.get("quorum_id") for r in records.values()}) != 1:
+    quorums = {int(r.get("quorum_id") or 0) for r in records.values()}
+    if len(quorums) != 1:
         raise CheckpointError(f"checkpoint of step {step}: its shares were written by members that committed the "
-                              f"step in different quorums ({sorted({r.get('quorum_id') for r in records.values()})})")
+                              f"step in different quorums ({sorted(quorums)})")
     if len({r.get("state_checksum", "") for r in records.values()}) != 1:
         raise CheckpointError(f"checkpoint of step {step}: the shares report different state checksums")
     checkpoint = {
