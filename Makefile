@@ -9,12 +9,17 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all lint install etcd protos clean
+.PHONY: demo test test-quick test-all lint install etcd protos clean
 
 demo: install
 	$(VENV)/bin/fthsdp demo
 
+# What CI runs: every test but the long soaks (about 45 minutes on 2 cores).
 test: install etcd
+	$(PY) -m pytest -m 'not soak' $(PYTEST_ARGS)
+
+# The quick suite (a bare pytest's default: slow tests excluded), about 25 minutes.
+test-quick: install etcd
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff, the layer contracts (import-linter, pyproject.toml) and mypy; .ci/run runs it.
@@ -23,7 +28,7 @@ lint: install
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-# Everything, the slow tests included.
+# Everything, the long soaks included.
 test-all: install etcd
 	$(PY) -m pytest -m "" $(PYTEST_ARGS)
 

@@ -1,5 +1,7 @@
 """The randomized fault soak (tests/soak.py): a short run in the default
-suite, long ones in the slow suite whose tables go in benchmarks/README.md.
+suite, a short control-plane one in the slow suite (both in CI), long ones
+(marked ``soak``: too long for CI, about 13 minutes together) whose tables
+go in benchmarks/README.md.
 With control-plane faults (tests/soak_control.py) the coordinators run under
 a supervisor on a private etcd, which the faults stall and restart."""
 
@@ -62,6 +64,7 @@ def test_soak_short(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(1200)
 def test_soak_long(tmp_path):
     soak(tmp_path, replicas=4, seconds=180, seed=int(os.environ.get("FTHSDP_SOAK_SEED", "2")),
@@ -75,6 +78,7 @@ def test_soak_control_plane_short(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("coordinators", [1, 2], ids=["supervised", "with-follower"])
 def test_soak_control_plane_long(tmp_path, coordinators):
