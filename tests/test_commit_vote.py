@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fthsdp.agent.training.commit_vote import Verdict, verdict
 from fthsdp.agent.training.ftar import CONTROL_SLOTS, FTAR, QuorumTracker
 from fthsdp.core.errors import Evicted
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -223,3 +224,16 @@ def test_a_member_learns_from_its_peers_that_it_is_out():
     assert RACED_STEP not in members[2].committed
     assert "it commits nothing of quorum 2's step" in str(members[2].ended)
     assert members[0].committed[RACED_STEP] == (full_sum(RACED_STEP, [0, 1, 2]), 3)
+
+
+@pytest.mark.parametrize("seen, known, included, expected", [
+    (2, 2, True, Verdict.COMMIT),  # nobody knew of a newer quorum: the usual step
+    (3, 3, True, Verdict.COMMIT),  # a newer one that keeps this member: commit, switch at the boundary
+    (2, 3, True, Verdict.COMMIT),  # this member heard of it after voting: the decided step stands
+    (3, 3, False, Verdict.OUT),  # the push came (after a wait): it leaves this member out
+    (2, 3, False, Verdict.OUT),
+    (3, 2, True, Verdict.UNHEARD),  # its peers know quorum 3, its push never came: cut from the coordinator
+    (3, 2, False, Verdict.UNHEARD),
+])
+def test_verdict_after_a_completed_vote(seen, known, included, expected):
+    assert verdict(seen, known, included) is expected
