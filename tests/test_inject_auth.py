@@ -85,6 +85,11 @@ def test_inject_without_the_admin_token_is_refused_and_records_nothing(coordinat
         with pytest.raises(RequestRejected) as refused:  # the other admin calls need it too now
             client.drain("default", "r1")
         assert refused.value.code == code
+        for call in (lambda: client.give_up_state("default", 3), lambda: client.restore_checkpoint("default", 3),
+                     lambda: client.reopen_job("default", 3)):
+            with pytest.raises(RequestRejected) as refused:  # a rank's job token never rolls the job back
+                call()
+            assert refused.value.code == code, refused.value
         status = client.status()
     assert not status.injections
     assert {r.replica_id: r.state for r in status.replicas}["r1"] != pb.REPLICA_STATE_DRAINING

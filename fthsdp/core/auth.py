@@ -38,7 +38,7 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 
 ADMIN_METADATA = "fthsdp-admin-token"
 """The metadata key of the admin token (lower case, as gRPC requires)."""
-ADMIN_METHODS = ("Drain", "Cordon", "GiveUpState", "ReopenJob", "Inject")
+ADMIN_METHODS = ("Drain", "Cordon", "GiveUpState", "RestoreCheckpoint", "ReopenJob", "Inject")
 """Calls that need the admin token when one is configured."""
 ALWAYS_ADMIN = ("Inject",)
 """Calls refused altogether without a configured admin token."""
