@@ -72,6 +72,10 @@ from __future__ import annotations
 import enum
 
 import torch
+import torch.distributed as dist
+
+from fthsdp.agent.training.quorum_groups import DONE, QuorumGroups, _Group
+from fthsdp.core.errors import Evicted
 
 VOTE_DTYPE = torch.int64
 
@@ -102,4 +106,36 @@ def vote_tensor(newest_known: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([newest_known], dtype=VOTE_DTYPE, device=device)
 
 
-__all__ = ["VOTE_DTYPE", "Verdict", "verdict", "vote_tensor"]
+def vote(groups: QuorumGroups, group: _Group, deadline: float, device: torch.device,
+         decides: bool = True) -> int | None:
+    """This member holds the step's complete sum: its vote, in ``group``.
+    Returns the newest quorum id any member knew, once the vote completed
+    and, if ``decides``, this member may commit; None if it was abandoned
+    (``group`` is then retired). Raises ``Evicted`` if this member is out of
+    the quorum: it commits nothing."""
+    tracker = groups.tracker
+    ballot = vote_tensor(tracker.newest_id(), device)
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # pybind11 converts it; the stubs do not say so
+    if groups.wait_work(group.pg.allreduce([ballot], opts), group, deadline) != DONE:
+        groups.retire(group)
+        return None
+    seen = int(ballot[0])
+    if not decides:
+        return seen
+    if tracker.newest_id() < seen:
+        groups.wait_for_push(seen, deadline)  # its peers got it; this one's is normally ms behind
+    with tracker.cond:
+        known, included = tracker.newest_id(), tracker.includes_me(tracker.quorum)
+    said = verdict(seen, known, included)
+    if said is Verdict.COMMIT:
+        return seen
+    groups.retire(group)
+    if said is Verdict.UNHEARD:
+        raise Evicted(f"its peers know quorum {seen}, whose push never reached this replica (cut from the "
+                      f"coordinator?): it commits nothing of quorum {group.quorum_id}'s step")
+    raise Evicted(f"the newest quorum ({known}) does not include this replica: it commits nothing of quorum "
+                  f"{group.quorum_id}'s step{tracker.out_because()}")
+
+
+__all__ = ["VOTE_DTYPE", "Verdict", "verdict", "vote", "vote_tensor"]

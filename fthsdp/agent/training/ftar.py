@@ -53,7 +53,7 @@ from collections.abc import Callable, Generator
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.commit_vote import Verdict, verdict, vote_tensor
+from fthsdp.agent.training.commit_vote import vote
 from fthsdp.agent.training.ftar_decisions import (
     CHECKPOINT_SLOT,
     CONTROL_SLOTS,
@@ -67,6 +67,7 @@ from fthsdp.agent.training.ftar_decisions import (
     agree_action,
     slot_switch,
 )
+from fthsdp.agent.training.ftar_types import CloseGap, EnterStep, ReplayTo, Request, StepResult
 from fthsdp.agent.training.overlap import Prelaunched
 from fthsdp.agent.training.quorum_groups import DONE, QuorumGroups, QuorumTracker, _Group
 from fthsdp.agent.training.step_protocol import Outcome, Phase, after
@@ -82,62 +83,6 @@ __all__ = [
 log = logging.getLogger("fthsdp.agent.ftar")
 
 
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    total: torch.Tensor
-    """The *sum* over the contributors: dividing is left to the caller, who
-    can fuse it with copying the result back into the gradients."""
-    contributors: int
-    quorum_id: int
-    """The quorum whose vote decided this sum (fthsdp/agent/training/commit_vote.py): every
-    member that commits this step holds the same sum with the same id."""
-    abandoned: int
-    """Collectives of this step that were abandoned for a newer quorum."""
-    step: int = -1
-    """The step this sum belongs to (a joiner that closed a gap is further on
-    than the step it asked for)."""
-    checkpoint: bool = False
-    """Some member asked for a checkpoint at this step's boundary (CHECKPOINT_SLOT).
-    False when the sum was taken from a peer after a failure: that checkpoint
-    then lacks this member's share and is never used (as when a member dies
-    mid-save), and the next one is taken on time."""
-    overlapped: int = 0
-    """Buckets of this sum that started during the backward pass
-    (fthsdp/agent/training/overlap.py); 0: it ran after the backward pass."""
-    vote_s: float = 0.0
-    """Seconds this member's commit vote took, from its sum's completion to the
-    decision (fthsdp/agent/training/commit_vote.py; 0: the sum was another member's decision)."""
-
-
-
-@dataclasses.dataclass(frozen=True)
-class CloseGap:
-    """What FTAR needs next: this replica has a gradient for ``step`` but the
-    members are at ``head`` >= step + 2 (it was admitted while it replayed).
-    Bring it to ``head - 1`` with that step's inputs, where it takes the
-    members' sum; answer the step it is at."""
-
-    step: int
-    head: int
-
-
-@dataclasses.dataclass(frozen=True)
-class EnterStep:
-    """This joiner, without a gradient, is about to join the members' data
-    all-reduce of step ``head`` (they wait in it: their inputs of ``head``
-    are stable now). Answer None once they are read."""
-
-    head: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplayTo:
-    """That all-reduce runs: replay up to ``head`` meanwhile; answer the step."""
-
-    head: int
-
-
-Request = CloseGap | EnterStep | ReplayTo
 
 
 _EXACT_SLOT_DTYPES = (torch.float32, torch.float64)
@@ -335,7 +280,7 @@ class FTAR:
                 # vote means every member of the group holds ``held`` (commit_vote.py).
                 assert held is not None  # a vote follows only a completed DATA or TAKE_HELD
                 began = time.monotonic()
-                if self._vote(group, deadline) is None:
+                if vote(self.groups, group, deadline, self._device) is None:
                     outcome = Outcome.ABANDONED  # ``held`` goes into the next group's agree
                 else:
                     outcome = Outcome.COMPLETED
@@ -359,7 +304,8 @@ class FTAR:
             elif phase is Phase.FOLLOW_HELD:
                 outcome = self._outcome(self._broadcast(group, buffer.new_empty(length), arg, deadline))
             elif phase is Phase.FOLLOW_VOTE:
-                outcome = Outcome.ABANDONED if self._vote(group, deadline, decides=False) is None else Outcome.COMPLETED
+                voted = vote(self.groups, group, deadline, self._device, decides=False)
+                outcome = Outcome.ABANDONED if voted is None else Outcome.COMPLETED
             elif phase is Phase.AGREE:
                 # A joiner waiting for the members in a new group replays what
                 # they commit meanwhile, between polls of the agree.
@@ -466,32 +412,6 @@ class FTAR:
         wanted = control_slots and float(full[numel + CHECKPOINT_SLOT]) > 0
         return StepResult(full[:numel] if control_slots else full, contributors, quorum_id, 0, step, wanted,
                           overlapped)
-
-    def _vote(self, group: _Group, deadline: float, decides: bool = True) -> int | None:
-        """This member holds the step's complete sum: the vote (commit_vote.py).
-        Returns the newest quorum id any member knew, once the vote completed
-        and, if ``decides``, this member may commit; None if it was abandoned.
-        Raises ``Evicted`` if this member is out of the quorum: it commits nothing."""
-        vote = vote_tensor(self.tracker.newest_id(), self._device)
-        if self.groups.wait_work(self._start(group, vote, dist.ReduceOp.MAX), group, deadline) != DONE:
-            self.groups.retire(group)
-            return None
-        seen = int(vote[0])
-        if not decides:
-            return seen
-        if self.tracker.newest_id() < seen:
-            self.groups.wait_for_push(seen, deadline)  # its peers got it; this one's is normally ms behind
-        with self.tracker.cond:
-            known, included = self.tracker.newest_id(), self.tracker.includes_me(self.tracker.quorum)
-        said = verdict(seen, known, included)
-        if said is Verdict.COMMIT:
-            return seen
-        self.groups.retire(group)
-        if said is Verdict.UNHEARD:
-            raise Evicted(f"its peers know quorum {seen}, whose push never reached this replica (cut from the "
-                          f"coordinator?): it commits nothing of quorum {group.quorum_id}'s step")
-        raise Evicted(f"the newest quorum ({known}) does not include this replica: it commits nothing of quorum "
-                      f"{group.quorum_id}'s step{self.tracker.out_because()}")
 
     def _take_held(self, group, root, mine, template, length, deadline) -> torch.Tensor | None:
         """Every member is at this step and some hold its sum undecided: the
