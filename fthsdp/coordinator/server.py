@@ -23,7 +23,7 @@ from fthsdp.coordinator.runtime import CoordinatorRuntime
 from fthsdp.coordinator.servicer import CoordinatorServicer, add_to_server
 from fthsdp.coordinator.store import Store, open_store
 from fthsdp.coordinator.web import WebApp
-from fthsdp.core.auth import TokenInterceptor
+from fthsdp.core.auth import AccessInterceptor
 from fthsdp.core.credentials import read_token_file
 from fthsdp.core.errors import ConfigError
 from fthsdp.core.names import split_host_port
@@ -119,7 +119,8 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
     try:
         store.check()
         token = read_token_file(config.token_file)
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[TokenInterceptor(token)] if token else [])
+        admin_token = read_token_file(config.admin_token_file, "--admin-token-file")
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[AccessInterceptor(token, admin_token)])
         try:
             if config.tls_cert:
                 tls = config.tls
