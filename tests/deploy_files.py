@@ -58,7 +58,7 @@ def known_variables() -> dict[str, str]:
         for field in dataclasses.fields(cls):
             known.setdefault(env_name(field.name), owner)
     env = _Recording()
-    env.update(FTHSDP_REPLICA_ID="r0")
+    env.update(FTHSDP_REPLICA_ID="r0", FTHSDP_COORDINATOR="127.0.0.1:1")
     ManagerConfig.from_env(env)
     for name in env.asked:
         if name.startswith("FTHSDP_"):

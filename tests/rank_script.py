@@ -46,7 +46,6 @@ CONTRACT = (
     "FTHSDP_REPLICA_ID",
     "FTHSDP_REPLICA_RANK",
     "FTHSDP_NUM_REPLICAS",
-    "FTHSDP_BACKEND",
     "FTHSDP_RESTART_COUNT",
 )
 DEADLINE = 30.0  # never outlive a broken test by much

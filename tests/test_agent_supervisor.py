@@ -93,7 +93,7 @@ def test_env_contract_for_two_ranks(tmp_path, agents):
         assert env["TORCHELASTIC_RESTART_COUNT"] == env["FTHSDP_RESTART_COUNT"] == "0"
         assert (env["FTHSDP_JOB"], env["FTHSDP_REPLICA_ID"]) == ("llama", "replica-1")
         assert (env["FTHSDP_REPLICA_RANK"], env["FTHSDP_NUM_REPLICAS"]) == ("1", "3")
-        assert env["FTHSDP_BACKEND"] == "gloo" and env["FTHSDP_COORDINATOR"].startswith("127.0.0.1:")
+        assert env["FTHSDP_COORDINATOR"].startswith("127.0.0.1:")
         assert env["pgid"] == env["pid"], "each rank leads its own process group"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
     assert "SUCCEEDED" in agent.log()
@@ -224,10 +224,10 @@ def test_a_missing_rank_command_gives_up_at_once(tmp_path):
         (("--replica-id", "r0", "--nnodes", "2", "--node-rank", "2", "--master-port", "29400", "--", "true"),
          "--node-rank"),
         (("--replica-id", "r0", "--nnodes", "2", "--", "true"), "--master-port 0"),
-        (("--replica-id", "r0", "--backend", "mpi", "--", "true"), "gloo or nccl"),
+        (("--replica-id", "r0", "--cross-replica-backend", "mpi", "--", "true"), "auto, gloo or nccl"),
         (("--replica-id", "r0", "--nproc", "0", "--", "true"), "--nproc must be at least 1"),
         (("--replica-id", "r0", "--restart-backoff", "soon", "--", "true"), "expected a duration"),
-        (("--replica-id", "replica-2", "--", "true"), "must be less than --num-replicas"),
+        (("--replica-id", "r0", "--replica-rank", "2", "--", "true"), "must be less than --num-replicas"),
         (("--replica-id", "a/b", "--", "true"), "may contain only"),
         (("--replica-id", "r0", "--coordinator", "nowhere", "--", "true"), "is not HOST:PORT"),
     ],
@@ -268,12 +268,17 @@ def test_backoff_doubles_up_to_a_cap():
         backoff_delay(1.0, 0)
 
 
-def test_replica_rank_defaults_to_the_ids_trailing_digits():
-    assert [replica_rank_from_id(i) for i in ("replica-3", "r12", "trainer", "a1b")] == [3, 12, 0, 0]
+def test_replica_rank_defaults_to_the_ids_trailing_digits_and_a_lone_replica_takes_any_name():
+    assert [replica_rank_from_id(i, 16) for i in ("replica-3", "r12", "trainer", "a1b")] == [3, 12, 0, 0]
     assert AgentConfig(replica_id="replica-2", num_replicas=4).replica_rank == 2
     assert AgentConfig(replica_id="replica-2", replica_rank=0).replica_rank == 0
-    with pytest.raises(ConfigError, match="--num-replicas"):
-        AgentConfig(replica_id="replica-2")
+    assert AgentConfig(replica_id="r5").replica_rank == 0  # one replica group: a name, not a refusal
+    # Once --num-replicas states the job's size, digits outside it are a
+    # mistake that wrapping round would hide (two groups on one shard).
+    with pytest.raises(ConfigError, match="reads as replica rank 3, which is not below --num-replicas 3"):
+        AgentConfig(replica_id="r3", num_replicas=3)
+    with pytest.raises(ConfigError, match="--replica-rank 2 must be less than --num-replicas"):
+        AgentConfig(replica_id="replica-2", replica_rank=2)
 
 
 def test_agent_state_mirrors_the_proto():

@@ -67,9 +67,11 @@ def test_missing_replica_id_is_a_config_error():
         ManagerConfig.from_env({"FTHSDP_COORDINATOR": "h:1"})
     # Neither (a script started on its own): one standalone replica, no error.
     assert ManagerConfig.from_env({}).standalone
-    assert not ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r"}).standalone
+    # One without the other is a mistake, never a guess at a coordinator on this host.
+    with pytest.raises(ConfigError, match="FTHSDP_COORDINATOR is not set but FTHSDP_REPLICA_ID is"):
+        ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r"})
     with pytest.raises(ConfigError, match="bad FTHSDP_"):
-        ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r", "FTHSDP_REPLICA_RANK": "x"})
+        ManagerConfig.from_env({"FTHSDP_REPLICA_ID": "r", "FTHSDP_COORDINATOR": "h:1", "FTHSDP_REPLICA_RANK": "x"})
 
 
 @pytest.mark.parametrize(

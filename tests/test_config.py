@@ -123,3 +123,4 @@ def test_a_bad_bucket_size_is_one_clear_error(value, says):
     with pytest.raises(ConfigError, match="bucket-cap-mb"):
         agent_config(["--bucket-cap-mb", value])
     assert ManagerConfig.from_env({**env, "FTHSDP_BUCKET_CAP_MB": "0"}).bucket_cap_mb == 0
+

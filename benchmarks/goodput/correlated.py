@@ -17,8 +17,8 @@ Where the defaults come from (keep them modest: nothing in this repository
 counts correlated events directly):
 
 - ``domain_share`` 0.08: network switches and cables caused about 8% of the
-  Llama 3 405B run's unexpected interruptions (Meta 2024, as quoted in
-  ../shared/ANCHORS.md). Taking every one of them as a domain event that
+  Llama 3 405B run's unexpected interruptions (Meta 2024, see
+  docs/measurements.md). Taking every one of them as a domain event that
   loses its replicas is pessimistic: a cable takes one host, and a backend
   switch leaves its hosts' processes alive (failover.py's "data link down":
   two hang limits and a probe of stall, no state lost), where a domain
@@ -49,7 +49,7 @@ background write competes for the host and the network), so the step time
 grows by ``save_cost / K`` at a save every K steps. Assumed 0.5 until
 benchmarks/checkpoint.py measures it; the staging copy alone is far less
 (at 781 replicas a GPU stages 38 GB / 781 = 49 MB, 1 ms at the 55 GB/s
-pinned device-to-host copy of ../shared/MEASUREMENTS.md).
+pinned device-to-host copy of docs/measurements.md).
 
 The restore time is an estimate until benchmarks/checkpoint.py measures it:
 every replica loads the whole state (fthsdp's restore: each rank of each

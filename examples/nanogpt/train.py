@@ -162,7 +162,7 @@ while ft.step < args.max_iters and not ft.stopped:
         scaler.scale(loss).backward()
     ft.allreduce_gradients()  # the average over the quorum's replicas
     if not ft.commit():  # update(), then the step boundary
-        continue  # not committed (no member contributed): the same step again
+        break  # this replica has left the job (ft.stopped): drained, or the job finished
 
     t1 = time.monotonic()
     dt, t0 = t1 - t0, t1

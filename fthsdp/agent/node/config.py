@@ -21,7 +21,6 @@ from fthsdp.core.log_format import check_log_format
 from fthsdp.core.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
 from fthsdp.core.settings import DURATION, EVERY, load_toml, resolve
 
-BACKENDS = ("gloo", "nccl")
 MAX_BACKOFF = 30.0
 """The restart back-off doubles per restart up to this many seconds."""
 
@@ -42,10 +41,14 @@ def coordinator_addresses(text: str) -> list[str]:
     return out
 
 
-def replica_rank_from_id(replica_id: str) -> int:
-    """The default replica rank: the trailing digits of the id ('replica-3' -> 3), else 0."""
+def replica_rank_from_id(replica_id: str, num_replicas: int) -> int:
+    """The default replica rank: 0 for a job of one replica group (a name is
+    not a number: `--replica-id r5` alone is a valid replica); else the
+    trailing digits of the id ('replica-3' -> 3), or 0 if it has none. The
+    caller refuses digits outside ``num_replicas``: wrapping them round would
+    silently train two groups on one data shard."""
     match = _TRAILING_DIGITS.search(replica_id)
-    return int(match.group(1)) if match else 0
+    return int(match.group(1)) if match and num_replicas > 1 else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +67,7 @@ class AgentConfig:
 
     replica_rank: int = -1
     """Index of this replica among --num-replicas, for data sharding; -1 (the default) takes the trailing digits of
-    --replica-id (replica-3 -> 3), or 0 if it has none."""
+    --replica-id (replica-3 -> 3) when --num-replicas is above 1, else 0."""
 
     num_replicas: int = 1
     """Nominal number of replica groups in the job, for data sharding."""
@@ -85,9 +88,6 @@ class AgentConfig:
     master_port: int = 0
     """Port of the replica group's rendezvous store (MASTER_PORT); 0 picks a free port at every start (only with
     --nnodes 1)."""
-
-    backend: str = "gloo"
-    """torch.distributed backend of the ranks: gloo or nccl (passed as FTHSDP_BACKEND)."""
 
     cross_replica_backend: str = "auto"
     """What the all-reduce across replica groups runs on (passed as FTHSDP_CROSS_REPLICA_BACKEND): gloo, nccl, or
@@ -187,16 +187,20 @@ class AgentConfig:
         if derived:
             # The documented default, filled in here so that every layer
             # (flag, env, file) that sets replica_id also moves the default.
-            object.__setattr__(self, "replica_rank", replica_rank_from_id(self.replica_id))
+            object.__setattr__(self, "replica_rank", replica_rank_from_id(self.replica_id, max(self.num_replicas, 1)))
         for name in ("nproc", "nnodes", "num_replicas"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.replica_rank < 0:
             raise ConfigError(f"--replica-rank must not be negative, got {self.replica_rank}")
         if self.replica_rank >= self.num_replicas:
-            source = f" (from --replica-id {self.replica_id})" if derived else ""
+            if derived:
+                raise ConfigError(
+                    f"--replica-id {self.replica_id} reads as replica rank {self.replica_rank}, which is not below "
+                    f"--num-replicas {self.num_replicas}: number the replica ids from 0, set --num-replicas to the "
+                    "number of replica groups, or give --replica-rank")
             raise ConfigError(
-                f"--replica-rank {self.replica_rank}{source} must be less than --num-replicas {self.num_replicas}; "
+                f"--replica-rank {self.replica_rank} must be less than --num-replicas {self.num_replicas}; "
                 "set --num-replicas to the number of replica groups"
             )
         if not 0 <= self.node_rank < self.nnodes:
@@ -219,8 +223,6 @@ class AgentConfig:
             )
         if not 0 <= self.bucket_cap_mb <= 1 << 20:
             raise ConfigError(f"--bucket-cap-mb must be between 0 and {1 << 20}, got {self.bucket_cap_mb:g}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend must be gloo or nccl, got {self.backend!r}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must not be negative, got {self.max_restarts}")
         for name in ("restart_backoff", "stop_timeout", "standby_delay", "hang_grace"):

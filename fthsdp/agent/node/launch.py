@@ -53,7 +53,6 @@ def rank_environments(
         "FTHSDP_REPLICA_ID": config.replica_id,
         "FTHSDP_REPLICA_RANK": str(config.replica_rank),
         "FTHSDP_NUM_REPLICAS": str(config.num_replicas),
-        "FTHSDP_BACKEND": config.backend,
         "FTHSDP_BUCKET_CAP_MB": f"{config.bucket_cap_mb:g}",
         "FTHSDP_CROSS_REPLICA_BACKEND": config.cross_replica_backend,
         "FTHSDP_CATCH_UP_TRANSPORT": config.catch_up_transport,

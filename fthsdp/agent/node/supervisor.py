@@ -13,12 +13,17 @@ moment a rank's death is seen, before the other ranks are stopped, because
 that report is how the surviving replicas learn of the failure fast. An
 unreachable coordinator costs a warning, never supervision.
 
-Limitation: with ``--nnodes`` > 1 the launch is static (every node's agent is
-given the same --master-addr/--master-port, RANK is offset by --node-rank),
-and each agent restarts only its own node's ranks. When a rank on one node
-dies, the ranks on the other nodes notice only through their collectives
-failing (or timing out), then exit, and their agents restart them; nothing
-coordinates the restart of the group across nodes yet.
+With ``--nnodes`` > 1 the launch is static (every node's agent is given the
+same --master-addr/--master-port, RANK is offset by --node-rank), and each
+agent restarts only its own node's ranks. When a rank on one node dies, its
+agent reports FAILED, the coordinator takes the whole group out of the
+quorum, and every rank of the group ends: its next fthsdp call raises
+``Evicted``, and a rank blocked outside the API (say, in an FSDP collective
+with the dead rank) is ended by its eviction watch
+(fthsdp/agent/training/eviction.py). Each node's agent then restarts its
+part. The restarts are not yet one coordinated group restart: each agent
+restarts on its own schedule, and the group's ranks meet again at the
+rendezvous store.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why HTTP and not gRPC: measured on loopback for 256 MiB, Python gRPC
 streaming moves 0.25-0.32 GB/s and a plain Python HTTP server about 2.5 GB/s
-(../shared/MEASUREMENTS.md; benchmarks/catchup.py measures this transport
+(docs/measurements.md; benchmarks/catchup.py measures this transport
 against a raw socket). gRPC stays the control plane.
 
 Endpoints (every one but /v1/health needs ``Authorization: Bearer <token>``

@@ -2,7 +2,7 @@
 
 Control runs on the CPU in this process; the data moves over torch.distributed
 (a gloo group per quorum; gloo cannot shrink, so a new quorum means a new
-group). Two facts about gloo shape the design (../shared/MEASUREMENTS.md): a
+group). Two facts about gloo shape the design (docs/measurements.md): a
 collective whose peer died or hung may block until the group timeout, and
 ``abort()`` does not unblock it. So no collective is ever waited on blindly:
 each one is waited on together with the coordinator's push, and when a newer

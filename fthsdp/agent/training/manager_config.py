@@ -140,9 +140,11 @@ class ManagerConfig:
                 raise ConfigError("a standalone replica (no `fthsdp agent`) is the only one: "
                                   f"replica rank {self.replica_rank} of {self.num_replicas}")
         elif not self.coordinator:
-            raise ConfigError("FTHSDP_COORDINATOR: no coordinator address")
+            raise ConfigError("FTHSDP_COORDINATOR is not set but FTHSDP_REPLICA_ID is: run the script under "
+                              "`fthsdp agent`, or unset both to train standalone")
         elif not self.replica_id:
-            raise ConfigError("FTHSDP_REPLICA_ID is not set: run the script under `fthsdp agent`")
+            raise ConfigError("FTHSDP_REPLICA_ID is not set but FTHSDP_COORDINATOR is: run the script under "
+                              "`fthsdp agent`, or unset both to train standalone")
         if self.replica_rank < 0 or self.num_replicas < 1:
             raise ConfigError("replica rank must be >= 0 and the number of replicas >= 1")
         if self.timeout <= 0 or self.checksum_every < 0:
@@ -183,7 +185,7 @@ class ManagerConfig:
 
         try:
             values: dict[str, Any] = dict(
-                coordinator=tuple(a for a in get("COORDINATOR", "127.0.0.1:29510").split(",") if a),
+                coordinator=tuple(a for a in get("COORDINATOR", "").split(",") if a),
                 replica_id=get("REPLICA_ID", ""),
                 job=get("JOB", "default"),
                 replica_rank=int(get("REPLICA_RANK", "0")),

@@ -304,7 +304,7 @@ class QuorumGroups:
         destroyed before that collective times out: gloo's destructor waits
         for it, so a script that simply returned would hang in the
         interpreter's exit for up to the group timeout (``abort()`` does not
-        help: ../shared/MEASUREMENTS.md). Each group is given one reference
+        help: docs/measurements.md). Each group is given one reference
         that is never dropped, so Python never destroys it, and the OS
         reclaims its sockets and threads when the process ends.
 

@@ -174,7 +174,7 @@ while ft.step < args.steps and samples_trained() < (args.samples or float("inf")
     if result is None:  # drained: the quorum went on without this replica
         break
     if not ft.commit():  # runs update(), then the step boundary
-        continue  # no member contributed a gradient to this step: run it again
+        break  # this replica has left the job (ft.stopped): drained, or the job finished
     if ft.step % args.log_every == 0:
         print(json.dumps({
             "step": ft.step, "loss": round(loss.item(), 4), "quorum": result.quorum_id,

@@ -35,7 +35,7 @@ class GlooTransport:
 
     def abort(self, group: object) -> None:
         """Nothing: gloo's ``abort()`` does not unblock a waiting collective
-        (../shared/MEASUREMENTS.md), and FTAR never waits blindly; the group
+        (docs/measurements.md), and FTAR never waits blindly; the group
         is kept until its collectives time out (QuorumGroups.retire)."""
 
 

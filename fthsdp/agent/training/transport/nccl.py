@@ -1,6 +1,6 @@
 """The NCCL transport: FTAR's groups as NCCL communicators, one per quorum.
 
-How NCCL is used here, for torch 2.13 (../shared/ANCHORS.md):
+How NCCL is used here, for torch 2.13 (docs/measurements.md):
 
 * One communicator per quorum, under the quorum's own store prefix (an
   aborted communicator cannot be reused), **non-blocking**
@@ -21,8 +21,8 @@ How NCCL is used here, for torch 2.13 (../shared/ANCHORS.md):
   communicator; it is not used: a new group per quorum serves both a loss
   and a growth, and shrinking cannot add a member.
 
-Not verified here: this machine has no GPU (the CPU build of torch has no
-NCCL); tests/test_transport.py runs this against the contract where two
+Not yet run on a GPU: the suite runs on CPU builds of torch, which have no
+NCCL; tests/test_transport.py runs this against the contract where two
 GPUs are visible, and benchmarks/gpu.py measures it on one.
 """
 
