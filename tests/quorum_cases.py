@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from fthsdp.coordinator.quorum import decide
-from fthsdp.coordinator.quorum_types import Member, Quorum, ReplicaView, Rules
+from fthsdp.coordinator.quorum_types import Member, Quorum, ReplicaView, Restoring, Rules
 
 NOW = 1000.0
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
@@ -59,12 +59,15 @@ class Case:
     """The state_lost_step expected."""
     ended: bool = False
     """Whether the members ended the state on purpose."""
+    restoring: Restoring | None = None
+    """A restore from a checkpoint under way (rule 9)."""
 
 
 
 
 def check(case: Case) -> None:
-    decision = decide(case.prev, case.replicas, case.now, case.rules, case.prev_catch_up, case.committed)
+    decision = decide(case.prev, case.replicas, case.now, case.rules, case.prev_catch_up, case.committed,
+                      restoring=case.restoring)
     got = tuple(m.replica_id for m in decision.members) if decision.members is not None else None
     assert got == case.expect, decision.reason
     assert case.reason in decision.reason

@@ -18,7 +18,10 @@ holds the state; meanwhile no replica is given a peer to copy (a quorum
 formed at the checkpoint's step may still wait for more replicas before it
 trains, and a member that waits serves no copy).
 The steps committed after the checkpoint are lost; the log line and the
-status say how many.
+status say how many. The first quorum after a restore waits for the
+members of the quorum whose state was lost, up to ``join_timeout``
+(fthsdp/coordinator/restore_wait.py); a coordinator that starts meanwhile
+finds the restore under way in the store (``under_way``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from fthsdp.protos.v1 import coordinator_pb2 as pb
 if TYPE_CHECKING:
     from fthsdp.coordinator.committed import CommittedRecord
     from fthsdp.coordinator.job import JobState
+    from fthsdp.coordinator.quorum_types import Quorum
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -168,6 +172,20 @@ async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, stor
         log.warning("job %s: restoring the checkpoint of step %d is pending: %s", state.name, record.step, e)
         return False
     return True
+
+
+def under_way(book: CheckpointBook, committed: CommittedRecord, quorum: Quorum | None) -> pb.CheckpointRecord | None:
+    """The checkpoint a stored restore is loading, as a coordinator finds
+    it when it starts: the restore reset the committed step to its step,
+    naming the quorum whose state was lost, and no quorum formed since
+    (one would have a higher id). None if there is none, or no replica
+    may load it any more (refused, or no longer kept)."""
+    last = committed.last_restore
+    if last is None or quorum is None or quorum.id != committed.quorum_id or committed.stored != last.checkpoint.step:
+        return None
+    if not any(r.digest == last.checkpoint.digest for r in book.usable):
+        return None
+    return last.checkpoint
 
 
 async def restore_by_request(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,

@@ -21,7 +21,7 @@ import dataclasses
 from fthsdp.coordinator import silence
 from fthsdp.coordinator.member_checks import MemberChecks
 from fthsdp.coordinator.quorum import decide
-from fthsdp.coordinator.quorum_types import Decision, Quorum
+from fthsdp.coordinator.quorum_types import Decision, Quorum, Restoring
 from fthsdp.coordinator.replica_calls import ReplicaCalls
 from fthsdp.coordinator.status_view import finished_reason
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -89,7 +89,19 @@ class JobState(ReplicaCalls, MemberChecks):
             return Decision(None, finished_reason(self.name, self.finished.step), self.finished.step, {}, settled=True)
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
-        return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step, self.reach.regroup)
+        return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step, self.reach.regroup,
+                      restoring=self._restoring())
+
+    def _restoring(self) -> Restoring | None:
+        """While a restore is under way: the replicas its first quorum waits
+        for, the members when the state was lost (quorum rule 9): those of the
+        quorum that last trained a step, and of the current one (formed since,
+        as the members' streams closed one by one)."""
+        if self.restore is None:
+            return None
+        trained = self.trained or self.quorum  # after a coordinator restart: the stored quorum alone
+        members = {*(trained.member_ids if trained else ()), *(self.quorum.member_ids if self.quorum else ())}
+        return Restoring(frozenset(members), trained.id if trained else 0)
 
     def evaluate(self, now: float) -> Decision:
         decision = self._decide(now)

@@ -79,6 +79,11 @@ class JobTable:
         self.committed_step = 0
         """The highest step any member of a quorum has reported: the state
         the job must not lose (fthsdp/coordinator/committed.py stores it)."""
+        self.trained: Quorum | None = None
+        """The quorum whose member last reported a step past the committed one:
+        its members held the state when it was lost (a restore waits for them,
+        fthsdp/coordinator/restore_wait.py). None until one does since this
+        coordinator started."""
         self.state_lost_step = 0
         """From the latest decision: the committed step no live replica holds (0: not lost)."""
         self.state_lost = ""

@@ -95,6 +95,14 @@ The rules, in order:
    so a holder outside the old quorum waits ``join_timeout`` for them (rule
    4); replicas known to have lost it (restarted, below the step) count
    neither as silent members nor in a first quorum's majority.
+9. A restore's first quorum. While the state is restored from a checkpoint
+   (``restoring``), the first quorum after the loss waits for every replica
+   that was a member when the state was lost to hold the restored state, or
+   for ``join_timeout`` since the first replica did, then forms with whoever
+   is there (fthsdp/coordinator/restore_wait.py): the steps after a restore
+   train with the whole global batch, as a fresh job's first do. A member a
+   restarted coordinator has not heard from since does not carry the state
+   on meanwhile (rule 1 presumes it trains): the restore says it lost it.
 """
 
 from __future__ import annotations
@@ -103,7 +111,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 from fthsdp.coordinator.liveness import Awaited, lost_at
-from fthsdp.coordinator.quorum_types import CatchUpSource, Decision, Member, Quorum, ReplicaView, Rules
+from fthsdp.coordinator.quorum_types import CatchUpSource, Decision, Member, Quorum, ReplicaView, Restoring, Rules
+from fthsdp.coordinator.restore_wait import restore_wait
 
 
 def holds_state(r: ReplicaView, committed_step: int) -> bool:
@@ -122,6 +131,7 @@ def decide(
     prev_catch_up: Mapping[str, str] | None = None,
     committed_step: int = 0,
     regroup: str = "",
+    restoring: Restoring | None = None,
 ) -> Decision:
     """Decide the next quorum; see the module docstring for the rules.
 
@@ -131,6 +141,8 @@ def decide(
     ``regroup``: why the members of ``prev`` must form a new quorum among
     themselves although none is lost (a collective among them is stuck:
     fthsdp/coordinator/stuck.py); "" for none.
+    ``restoring``: the committed state is being restored from a checkpoint,
+    and which replicas its first quorum waits for (rule 9); None: it is not.
     """
     # After a coordinator (re)start, members not yet back are judged only
     # once every other member is (lost_at).
@@ -142,7 +154,11 @@ def decide(
     # A member that registered again as a new incarnation lost its state: it
     # leaves the quorum and comes back as a joiner.
     # Lists keep a stable order for the reasons; sets answer "in" (10,000 replicas).
-    continuing = sorted(i for i in prev_ids if i in alive and not (alive[i].restarted or alive[i].diverged))
+    # While a restore is under way no member holds the state: one a restarted
+    # coordinator has not heard from since is presumed lost with it (rule 9), not training on.
+    gone = awaited.ids if restoring is not None else frozenset()
+    continuing = sorted(i for i in prev_ids
+                        if i in alive and not (alive[i].restarted or alive[i].diverged or i in gone))
     continuing_set = set(continuing)
     staying = [i for i in continuing if not (alive[i].drain_requested or alive[i].unreachable)]
     # No member carries the state on: only replicas that hold it may (rule 8),
@@ -151,7 +167,7 @@ def decide(
     guarded = committed_step > 0 and not continuing
     ended = guarded and prev is not None and not any(i in replicas for i in prev_ids)
     guarded = guarded and not ended
-    holders = [i for i in sorted(alive) if holds_state(alive[i], committed_step)] if guarded else []
+    holders = [i for i in sorted(alive) if holds_state(alive[i], committed_step) and i not in gone] if guarded else []
     if guarded:
         head_pool = [i for i in holders if not (alive[i].cordoned or alive[i].drain_requested)] or holders
     else:
@@ -251,7 +267,8 @@ def decide(
                 loss = lost_at(r, now, rules, awaited.others_back_at(i)) if r is not None else (now, "left", True)
                 if loss is None:
                     assert r is not None  # a replica without a view is lost ("left"), never None
-                    why[i] = ("restarted" if r.restarted else "checksum mismatch" if r.diverged
+                    why[i] = ("restarted" if r.restarted else "not back, its state lost" if i in gone
+                              else "checksum mismatch" if r.diverged
                               else r.unreachable if r.unreachable else "draining")
                     continue
                 why[i] = loss[1]
@@ -265,6 +282,11 @@ def decide(
                 )
             if guarded and not holders:
                 return state_lost()
+            restored = None
+            if guarded and restoring is not None and ready:
+                restored = restore_wait(restoring, ready, replicas, committed_step, now, rules)
+            if restored is not None and restored.wait:
+                return result(None, restored.reason)
             candidates = staying + ready
             if len(candidates) < rules.min_replicas:
                 return result(
@@ -273,7 +295,8 @@ def decide(
                 )
             lost_text = names([f"{i} ({why[i]})" for i in leaving])
             admitted = f"; admitting {names(ready)}" if ready else ""
-            return result(candidates, f"members leaving: {lost_text}{admitted}.")
+            since = f"; {restored.reason}" if restored is not None else ""
+            return result(candidates, f"members leaving: {lost_text}{admitted}{since}.")
         # Only growth from here on.
         candidates = staying + ready
         if len(candidates) < rules.min_replicas:

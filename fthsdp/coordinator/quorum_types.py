@@ -101,6 +101,10 @@ class ReplicaView:
     first_heartbeat: float = 0.0
     """When it first heartbeated since it registered (0: unknown): the
     arrival time that the join settle counts from, with ``registered_at``."""
+    step_since: float = 0.0
+    """When it reported its current step (registered with it, or a heartbeat
+    moved it there; 0: unknown): a replica that loaded a restored
+    checkpoint holds the state from then (fthsdp/coordinator/restore_wait.py)."""
     restarted: bool = False
     diverged: bool = False
     cordoned: bool = False
@@ -116,6 +120,21 @@ class ReplicaView:
     """Set while the replica has not reconnected since this coordinator
     started (it was loaded from the store): the end of its grace to
     reconnect (``lost_at``). ``last_heartbeat`` is then the coordinator's start."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restoring:
+    """A restore from a checkpoint under way (fthsdp/coordinator/checkpoints.py),
+    as the decision reads it (rule 9, fthsdp/coordinator/restore_wait.py)."""
+
+    members: frozenset[str]
+    """The replicas its first quorum waits for: the members when the state
+    was lost, those of the last quorum that trained a step (a simultaneous
+    kill drops them one quorum at a time, in a few milliseconds, as their
+    streams close) and of any quorum formed since."""
+    quorum_id: int
+    """The last quorum that trained a step (its members are among
+    ``members``), named in the reasons."""
 
 
 @dataclasses.dataclass(frozen=True)

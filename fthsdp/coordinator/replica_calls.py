@@ -77,7 +77,7 @@ class ReplicaCalls(JobTable):
         entry.catching_up, entry.wait_for_replicas = False, wait_for_replicas
         entry.session_id = secrets.token_hex(8)
         self._senders = None
-        entry.registered_at = entry.last_heartbeat = now
+        entry.registered_at = entry.last_heartbeat = entry.step_since = now
         entry.heard_from, entry.beating = True, False
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
         entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
@@ -130,9 +130,11 @@ class ReplicaCalls(JobTable):
             self.joiners_moved = True  # a joiner's progress feeds the decision; members' steps do not
         if not entry.beating:
             entry.beating, entry.first_heartbeat = True, now
+        if step != entry.step:
+            entry.step_since = now  # a loaded checkpoint is held from here (fthsdp/coordinator/restore_wait.py)
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
         if step > self.committed_step and replica_id in self._members and not entry.restarted:
-            self.committed_step = step
+            self.committed_step, self.trained = step, self.quorum
         entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
         if wait_for_replicas != entry.wait_for_replicas:
             entry.wait_for_replicas = wait_for_replicas

@@ -49,6 +49,8 @@ class ReplicaEntry:
     """Rank 0 has heartbeated since this registration (not before: not admitted)."""
     first_heartbeat: float = 0.0
     """When it did first."""
+    step_since: float = 0.0
+    """When it reported its current step (ReplicaView.step_since)."""
     restart_count: int = 0
     """Its agent's restart count when this incarnation registered."""
     hung_at: float | None = None
@@ -95,6 +97,7 @@ class ReplicaEntry:
             wait_for_replicas=self.wait_for_replicas,
             beating=self.beating,
             first_heartbeat=self.first_heartbeat,
+            step_since=self.step_since,
             restarted=self.restarted,
             diverged=self.diverged_at is not None,
             cordoned=self.cordoned,

@@ -101,6 +101,8 @@ class CoordinatorRuntime:
         await asyncio.to_thread(job.checkpoints.load, self.store)
         now = self.clock()
         job.state.load(quorum, revision, records, now, committed_step)
+        # A restore under way goes on: its first quorum still waits for the members (restore_wait.py).
+        job.state.restore = checkpoints.under_way(job.checkpoints, job.committed, quorum)
         self._grant_grace(job, now)
         job.state.finished = job.committed.finished
         self.metrics.epochs.inc(job=job.state.name)
