@@ -6,7 +6,8 @@ process is SIGKILLed at once and the agents restart them. The coordinator
 restores the newest checkpoint and its first quorum waits for the members
 whose state was lost (fthsdp/coordinator/restore_wait.py): the first step
 after the restore is trained by all three, and so each step redone equals
-the same step before the kill, bit for bit. When one replica does not
+the same step before the kill, bit for bit: the same loss and the same
+state checksum. When one replica does not
 come back (its agent is gone with it), the two others train once
 ``join_timeout`` (2 s here) has passed since the first of them loaded it.
 """
@@ -99,7 +100,8 @@ def test_every_rank_killed_at_once_the_restore_trains_its_first_step_with_all_th
     assert [ln.admission(1)["catch_up"] for ln in lines] == [None, None, None]
     assert [(line["step"], line["contributors"]) for line in firsts] == [(restored + 1, 3)] * 3, firsts
     # Every step redone after the restore is the step before the kill: the same global batch on
-    # the same state, so the same loss, bit for bit (a third of the batch would give another).
+    # the same state, so the same loss and the same state after it, bit for bit (a third of the
+    # batch would give another; so would a sum of other bits: ftar.py's _start_sum).
     killed_at = max(max(ln.steps(0)) for ln in lines)
     assert killed_at > restored  # the members trained past the checkpoint before they were killed
     for ln in lines:
@@ -109,6 +111,7 @@ def test_every_rank_killed_at_once_the_restore_trains_its_first_step_with_all_th
     for ln in lines:
         before, after = ln.steps(0), ln.steps(1)
         assert [after[s]["loss"] for s in redone] == [before[s]["loss"] for s in redone], ln.agent.replica_id
+        assert [after[s]["checksum"] for s in redone] == [before[s]["checksum"] for s in redone], ln.agent.replica_id
         assert all(after[s]["contributors"] == 3 for s in redone)
     for s in redone:  # and the three agree on the state after each
         assert len({ln.steps(1)[s]["checksum"] for ln in lines}) == 1

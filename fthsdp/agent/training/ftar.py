@@ -120,6 +120,9 @@ class FTAR:
         (a joiner learns the committed state's step from them)."""
         self.plan_signature = 0
         """This replica's bucket plan (fthsdp/agent/training/overlap.py), checked equal in every agree."""
+        self.bucket_slices: tuple[tuple[int, int], ...] = ()
+        """The buckets' slices of the gradient part, in the order they start: a sum run after the
+        backward pass runs them too (``_start_sum``)."""
         self._controls: list[tuple[_Group, object, torch.Tensor]] = []
         """The control all-reduces of switch proposals of the last steps (see ``_settle_switch``)."""
     def growth_ready(self) -> int:
@@ -244,7 +247,7 @@ class FTAR:
                     buf[first_only[0] : first_only[1]].zero_()
                 # Prelaunched: the buckets run; the tail (statistics, control slots) follows them.
                 works = ([*pre.works, self._start(group, buf[pre.gradients:], dist.ReduceOp.SUM)]
-                         if pre is not None else [self._start(group, buf, dist.ReduceOp.SUM)])
+                         if pre is not None else self._start_sum(group, buf))
                 control = None if slots else self._start_control(group, p)
                 if joining is not None:
                     reached = yield ReplayTo(joining)
@@ -441,6 +444,20 @@ class FTAR:
             return DONE
         self.groups.retire(group)
         return None
+
+    def _start_sum(self, group: _Group, buf: torch.Tensor) -> list:
+        """The step's sum after the backward pass, in the buckets' slices and then the tail, as
+        the overlapped step runs it: gloo and NCCL add up an element in an order that depends on
+        the length of the tensor it is in, so one flat all-reduce would give other bits. With the
+        same slices a step summed after the backward pass (the first in a group, a joiner's, one
+        redone after a restore) is bit for bit the step summed bucket by bucket."""
+        end = max((stop for _, stop in self.bucket_slices), default=0)
+        if not self.bucket_slices or end > buf.numel():
+            return [self._start(group, buf, dist.ReduceOp.SUM)]
+        works = [self._start(group, buf[start:stop], dist.ReduceOp.SUM) for start, stop in self.bucket_slices]
+        if end < buf.numel():
+            works.append(self._start(group, buf[end:], dist.ReduceOp.SUM))
+        return works
 
     def _start(self, group: _Group, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType):
         opts = dist.AllreduceOptions()

@@ -3,7 +3,8 @@
 Torch DDP overlaps its all-reduce with the backward pass; this does the same
 for FTAR. At a step boundary the replica *arms* the next step in the group it
 trains in (only a group already in step: the first step in a new group, and
-a joiner's, run the one flat all-reduce after the backward pass). During the
+a joiner's, run the same buckets' all-reduces after the backward pass, so
+that their sums have the same bits: FTAR._start_sum). During the
 backward pass a hook on every parameter (``register_post_accumulate_grad_hook``)
 counts the gradients that are ready; once every parameter of a bucket
 (fthsdp/agent/training/buckets.py) has one, and every bucket before it has started, the

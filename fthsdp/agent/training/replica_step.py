@@ -92,6 +92,7 @@ class ReplicaStep:
         self._buffers = buffers
         """Starts the step's all-reduce bucket by bucket during the backward pass (fthsdp/agent/training/overlap.py)."""
         self._ftar.plan_signature = self._overlap.signature
+        self._ftar.bucket_slices = tuple((b.start_element, b.stop_element) for b in self._overlap.buckets)
         self._joiner: Joiner | None = None
         """Until a joiner's first step in the quorum is committed: its catch-up, and the source it holds."""
         self._gap = LastGap(replayer, self._source, config.timeout, config.replica_id,
