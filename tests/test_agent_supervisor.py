@@ -18,9 +18,9 @@ import pytest
 
 from fthsdp.agent.node.config import AgentConfig, replica_rank_from_id
 from fthsdp.agent.node.launch import describe_exit, rank_environments
-from fthsdp.agent.node.supervisor import TRANSITIONS, AgentState, Supervisor, backoff_delay
+from fthsdp.agent.node.supervisor import TRANSITIONS, AgentState, Reporter, Supervisor, backoff_delay
 from fthsdp.client import CoordinatorClient
-from fthsdp.core.errors import ConfigError
+from fthsdp.core.errors import ConfigError, CoordinatorUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import free_port
 from tests.processes import ROOT, CoordinatorProcess, _env
@@ -190,6 +190,35 @@ def test_supervision_goes_on_without_a_coordinator(tmp_path, agents):
     assert time.monotonic() - began < 15
     assert agent.started() == ["env-rank0-restart0.json", "env-rank0-restart1.json"]
     assert "could not report" in agent.log()
+
+
+def registered(client: CoordinatorClient) -> bool:
+    try:
+        client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
+    except CoordinatorUnavailable:
+        return False
+    return True
+
+
+def test_events_the_coordinator_missed_reach_it_in_order_once_it_is_back(tmp_path):
+    # As after a coordinator's restart: the agent reported while nothing listened.
+    from fthsdp.coordinator.config import CoordinatorConfig
+    from tests.test_inject_auth import InProcessCoordinator
+
+    address = f"127.0.0.1:{free_port()}"
+    reporter = Reporter([address], timeout=0.5)
+    for state in (pb.AGENT_STATE_RUNNING, pb.AGENT_STATE_FAILED):
+        reporter(pb.AgentEventRequest(job="default", replica_id="r0", state=state, detail="rank 0 exited with -9"))
+    coordinator = InProcessCoordinator(CoordinatorConfig(bind=address))
+    try:
+        with CoordinatorClient([address]) as client:
+            # The channel may be in its (1 s) reconnect back-off from the reporter's attempts.
+            wait_until(lambda: registered(client), 30, message="the coordinator to take a registration")
+            wait_until(lambda: {r.replica_id: r.agent_state for r in client.status().replicas}.get("r0")
+                       == pb.AGENT_STATE_FAILED, 30, message="the events sent again to reach the coordinator")
+        reporter.close()
+    finally:
+        coordinator.close()
 
 
 def test_supervisor_reports_every_transition_in_order(tmp_path):

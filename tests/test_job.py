@@ -112,6 +112,18 @@ def test_agent_failure_report_fails_the_replica_at_once():
     assert job.agent_event("b", pb.AGENT_STATE_RESTARTING, 1, "", now=0.5) is False
 
 
+def test_a_failure_report_of_an_incarnation_already_replaced_fails_nothing():
+    # The agent sends a FAILED again after a coordinator outage; meanwhile its
+    # restarted incarnation (restart count 1) registered: it stays.
+    job = JobState("j", RULES)
+    for rid in ("a", "b"):
+        registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0)
+    formed(job, 0.1)
+    registered(job, "b", "b:1", 1, 0, 0, now=0.2, restart_count=1)
+    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 0 exited with -9", now=0.3) is False
+    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 1, "rank 0 exited with -9", now=0.4) is True
+
+
 def test_a_failed_replica_shows_no_phase_it_was_in():
     """`fthsdp status` showed a killed replica's last phase ("all-reduce 2.4s")
     next to "failed" while it restarted. (A hung one still shows where it

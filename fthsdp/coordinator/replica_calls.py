@@ -226,7 +226,10 @@ class ReplicaCalls(JobTable):
         drops it without waiting for heartbeats to lapse."""
         self.agents[replica_id] = (state, restart_count, detail)
         entry = self.replicas.get(replica_id)
-        if state in _AGENT_FAILURES and entry is not None and entry.session_id is not None:
+        # A report the agent sent again after an outage may come after the
+        # incarnation it is about was replaced: it fails that one, not its successor.
+        if (state in _AGENT_FAILURES and entry is not None and entry.session_id is not None
+                and restart_count >= entry.restart_count):
             entry.failed_at, entry.session_id = now, None
             self.dirty, self._senders = True, None
             return True
