@@ -15,7 +15,7 @@ The training API, for a script run by ``fthsdp agent``::
 Every error a training script may catch is here too, each saying whether a
 restart of the replica can recover (``FthsdpError.restartable``).
 
-The package's parts (README "Code map"): ``fthsdp.core`` (errors,
+The package's parts (docs/development.md, "Code map"): ``fthsdp.core`` (errors,
 credentials, settings, names, logging: shared by everything),
 ``fthsdp.protos`` (the wire format), ``fthsdp.client`` (the coordinator's
 client), ``fthsdp.coordinator`` (the lighthouse service),

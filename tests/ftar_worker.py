@@ -215,7 +215,7 @@ def main() -> int:
     p.add_argument("--replay-delay", type=float, default=0.0,
                    help="seconds each of the first 10 replayed steps of --loop full takes")
     p.add_argument("--misuse", choices=("none", "step-outside", "clip-outside", "ema-outside"), default="none",
-                   help="break the replay contract (README, the training API) in the way named")
+                   help="break the replay contract (docs/training-api.md, the replay contract) in the way named")
     p.add_argument("--lr-from-counter", action="store_true",
                    help="set the learning rate before each step from a counter of the loop's own, 0 at every "
                         "process start, instead of from ft.step: a replica that rejoins diverges after its catch-up")

@@ -5,7 +5,7 @@ rate from ``get_lr(iter_num)`` set into the param groups at the top of each
 iteration, an evaluation every ``--eval-interval`` of its own iterations, and
 ``iter_num += 1`` after ``commit()``. ``--loop range``: ``for step in
 range(ft.step, total)``. Neither reads ``ft.step`` inside the loop: they stay
-right only if a step is a step (README, the training API).
+right only if a step is a step (docs/training-api.md).
 
 Prints one JSON line per committed iteration: the loop's own counter
 (``step``), ``ft.step``, the learning rate it used and the state checksum.

@@ -5,7 +5,7 @@ alive) is taken out once the others have waited for it past the hang limit;
 the waiting replicas go on among themselves (never time out and leave), and
 under `fthsdp agent` the hung one is ended after a stack dump, restarted,
 and catches up. Tight settings here (floor 3 s, 3 x the median step); the
-defaults and what they cost are in README "Hangs and stragglers".
+defaults and what they cost are in docs/design.md, "Hangs and stragglers".
 """
 
 from __future__ import annotations

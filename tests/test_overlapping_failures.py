@@ -1,6 +1,6 @@
 """Failures that overlap, with real processes (the loop of ftar_worker --loop full).
 
-What must hold in each case (README, "Failures that overlap"): the
+What must hold in each case (docs/design.md, "Failures that overlap"): the
 survivors commit on without waiting out a timeout, the lost replicas come
 back and catch up, every step a replica commits has one state on every
 replica that committed it, and no committed step is lost or redone with

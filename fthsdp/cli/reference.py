@@ -1,7 +1,7 @@
-"""Keep the README's configuration reference in step with the config dataclasses.
+"""Keep the configuration reference (docs/reference.md) in step with the config dataclasses.
 
 ``python -m fthsdp.cli.reference`` rewrites every block between
-``<!-- config:NAME -->`` and ``<!-- /config:NAME -->`` in README.md;
+``<!-- config:NAME -->`` and ``<!-- /config:NAME -->`` in docs/reference.md;
 tests/test_docs.py fails when a block is stale.
 """
 
@@ -16,7 +16,8 @@ from fthsdp.agent.node.config import AgentConfig
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.settings import reference_markdown
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
+"""The page that holds the generated tables."""
 SECTIONS = {"coordinator": CoordinatorConfig, "agent": AgentConfig}
 
 
@@ -25,7 +26,7 @@ def render(text: str) -> str:
     for name, cls in SECTIONS.items():
         pattern = re.compile(rf"(<!-- config:{name} -->\n).*?(<!-- /config:{name} -->)", re.S)
         if not pattern.search(text):
-            raise ValueError(f"README has no <!-- config:{name} --> block")
+            raise ValueError(f"{REFERENCE.name} has no <!-- config:{name} --> block")
         table = reference_markdown(cls, name)
         text = pattern.sub(functools.partial(_splice, table), text)
     return text
@@ -37,8 +38,8 @@ def _splice(table: str, block: re.Match[str]) -> str:
 
 
 def main() -> int:
-    README.write_text(render(README.read_text()))
-    print(f"updated {README}")
+    REFERENCE.write_text(render(REFERENCE.read_text()))
+    print(f"updated {REFERENCE}")
     return 0
 
 

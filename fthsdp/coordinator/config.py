@@ -108,10 +108,10 @@ class CoordinatorConfig:
     without it get UNAUTHENTICATED and change nothing. The health service stays open for probes. Empty: no token."""
 
     admin_token_file: str = ""
-    """File holding the admin token: admin calls (drain, cordon, give-up-state, reopen-job, inject; the status page's
-    drain) must then present it (gRPC metadata ``fthsdp-admin-token``; over HTTP as the bearer token) besides the
-    --token-file token. Fault injection (`fthsdp inject`) is refused without one. Empty: admin calls need only the
-    --token-file token, and fault injection is off."""
+    """File holding the admin token: admin calls (drain, cordon, give-up-state, restore, reopen-job, inject; the
+    status page's drain) must then present it (gRPC metadata ``fthsdp-admin-token``; over HTTP as the bearer token)
+    besides the --token-file token. Fault injection (`fthsdp inject`) is refused without one. Empty: admin calls
+    need only the --token-file token, and fault injection is off."""
 
     tls_cert: str = ""
     """PEM certificate chain of this coordinator: serve gRPC over TLS only (with --tls-key). Empty: plain text."""

@@ -87,8 +87,8 @@ def explain(replica_id: str, step: int, mine: str, theirs: str) -> str:
     if not diffs:
         return (f"{replica_id}'s state at step {step} differs from the members' although the recorded inputs of "
                 "that step agree (the optimizer's hyperparameters): the difference is in what is not recorded "
-                "(the loop changing the model, the optimizer or unregistered state outside the update: README, "
-                "the replay contract) or a fault")
+                "(the loop changing the model, the optimizer or unregistered state outside the update: "
+                "docs/training-api.md, the replay contract) or a fault")
     parts: list[str] = []
     for index, key, va, vb in diffs[:SHOWN]:
         name = key if len(a) == 1 else f"{key} (param group {index})"

@@ -1,4 +1,4 @@
-"""The store key layout of one job (documented in README "State in etcd").
+"""The store key layout of one job (documented in docs/coordinator.md, "State in etcd").
 
     PREFIX/jobs/JOB/quorum              Quorum        the current quorum; its id never decreases
     PREFIX/jobs/JOB/epoch               Epoch         bumped by each coordinator that takes the job over

@@ -1,6 +1,6 @@
 """The demo's figures, computed from what was recorded (a pure function), and their text.
 
-Definitions (also in README and the JSON's ``definitions``):
+Definitions (also in docs/demo.md and the JSON's ``definitions``):
 
 * **effective training time**: the replica-seconds spent training steps that
   were committed, over the replica-seconds available (replicas × the time from

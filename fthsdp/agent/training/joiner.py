@@ -359,7 +359,7 @@ class Joiner:
                     except ReplayMismatch as e:
                         # Deterministic: the same loop replays the same way
                         # from any source, so trying again would not help.
-                        raise CatchUpFailed(f"{e} (the replay contract: README, the training API)") from e
+                        raise CatchUpFailed(f"{e} (the replay contract: docs/training-api.md)") from e
             admitted, changed, near, drained = 0, 0, 0, 0
             if group.rank == 0:
                 drained = int(self.lifecycle.drain_requested)

@@ -317,7 +317,7 @@ def step_outside_update() -> ApiMisuse:
         "optimizer.step() ran outside the update fthsdp runs at commit(): a replica that catches up replays "
         "only that update, so this step would be lost to it. Pass the update (unscale, clipping, "
         "optimizer.step(), scheduler.step(), zero_grad) as Manager(..., update=fn) and call ft.commit() "
-        "instead of optimizer.step() (README: the training API)"
+        "instead of optimizer.step() (docs/training-api.md, the replay contract)"
     )
 
 
