@@ -63,6 +63,10 @@ class CoordinatorConfig:
     join in a few membership changes rather than one each; capped by --join-timeout. A large quorum waits longer (0.2 ms
     per member: every change is pushed to every member; 2 s at 10,000). 0 admits at once in a small quorum."""
 
+    spare_wait: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """How long a replica group of several hosts waits for a lost host to come back before a spare host (fthsdp agent
+    --spare) takes its node rank."""
+
     auto_restore: bool = True
     """When a job's committed state is lost (no live replica holds it) and a complete checkpoint of it is recorded,
     restore the newest: the replicas load it and the job goes on from its step (the steps after it are lost). Off:
@@ -170,7 +174,7 @@ class CoordinatorConfig:
             raise ConfigError(f"--straggler-multiple must be above 1 (0: off), got {self.straggler_multiple:g}")
         if self.straggler_steps < 1:
             raise ConfigError(f"--straggler-steps must be at least 1, got {self.straggler_steps}")
-        for name in ("join_timeout", "join_settle"):
+        for name in ("join_timeout", "join_settle", "spare_wait"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
         if self.heartbeat_interval >= self.heartbeat_timeout:

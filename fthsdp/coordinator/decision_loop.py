@@ -83,6 +83,7 @@ class DecisionLoop:
             self._wake.clear()
             for job in self.jobs.values():
                 try:
+                    job.hosts.tick(self.clock(), self.config.heartbeat_timeout + self.lag.worst(self.clock()))
                     await self.evaluate(job)
                     # After the decision and its push, outside the job's lock (fthsdp/coordinator/committed.py).
                     await committed.sync(job.committed, self.store, job.state, self.clock(), int(self.wall() * 1000))

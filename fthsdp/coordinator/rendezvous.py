@@ -25,8 +25,8 @@ what it knows of the hosts and the clock, what the round does next:
 store it and push it to the group's agents. ``check_join`` refuses, with
 one line, a join that would form a group wrong.
 
-Status: the decision alone, tested table-driven (tests/test_rendezvous.py);
-the coordinator's servicer, its store and the agent do not use it yet.
+The coordinator applies it in fthsdp/coordinator/host_table.py; the
+decision is tested table-driven (tests/test_rendezvous.py).
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class Host:
     """When its heartbeats stopped; None while it is alive."""
     failed_round: int = 0
     """The round in which it reported a failure (a rank died, a hang); 0: none."""
+    left_round: int = 0
+    """The round it left for good in (its ranks finished or drained): not a failure; 0: none."""
 
     @property
     def alive(self) -> bool:
@@ -150,6 +152,8 @@ def decide(group: str, nnodes: int, current: Round, previous: Sequence[str], hos
 def _running(current: Round, members: Mapping[str, Host], now: float) -> Decision:
     for rank, host_id in enumerate(current.ranks):
         host = members.get(host_id)
+        if host is not None and host.left_round == current.number:
+            continue  # finished or drained: the others finish too, nothing to restart
         why = ("it left the group" if host is None
                else f"host lost {now - host.lost_since:.0f}s ago" if host.lost_since is not None
                else "it reported a failure" if host.failed_round == current.number else "")

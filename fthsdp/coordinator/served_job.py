@@ -11,9 +11,11 @@ from fthsdp.coordinator import checkpoints, committed
 from fthsdp.coordinator.broadcast import Broadcast
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.heartbeat_pace import HeartbeatPacer
+from fthsdp.coordinator.host_table import HostTable
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.keys import JobKeys
 from fthsdp.coordinator.quorum_types import Quorum
+from fthsdp.coordinator.rendezvous import RendezvousRules
 from fthsdp.coordinator.watch_events import WatchEvents
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -46,6 +48,8 @@ class ServedJob:
         self.changes = Broadcast()
         """Wakes the watchers, a batch per turn of the loop (fthsdp/coordinator/broadcast.py)."""
         self.logged_reason = ""
+        self.hosts = HostTable(name, RendezvousRules(spare_wait=config.spare_wait))
+        """The hosts of the job's groups of several hosts and their rounds (fthsdp/coordinator/host_table.py)."""
         self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
         """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
 

@@ -13,7 +13,7 @@ import logging
 import grpc
 from google.protobuf.message import DecodeError
 
-from fthsdp.coordinator import session_stream, validation
+from fthsdp.coordinator import host_stream, session_stream, validation
 from fthsdp.coordinator.injection import NotInjectable
 from fthsdp.coordinator.runtime import CoordinatorRuntime
 from fthsdp.core.auth import PermissionDenied, Unauthenticated
@@ -185,9 +185,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             reader.cancel()
 
     async def Session(self, request_iterator, context):
-        # fthsdp/coordinator/session_stream.py; errors mapped as everywhere else.
-        stream = session_stream.serve(self.runtime, aiter(request_iterator),
-                                      lambda request: _check_request(request, self.max_request_bytes))
+        # fthsdp/coordinator/session_stream.py
+        async for item in self._relay(session_stream.serve, request_iterator, context):
+            yield item
+
+    async def Host(self, request_iterator, context):
+        # fthsdp/coordinator/host_stream.py
+        async for item in self._relay(host_stream.serve, request_iterator, context):
+            yield item
+
+    async def _relay(self, serve, request_iterator, context):
+        """A bidirectional stream served by ``serve``; errors mapped as everywhere else."""
+        stream = serve(self.runtime, aiter(request_iterator),
+                       lambda request: _check_request(request, self.max_request_bytes))
         try:
             async for item in stream:
                 if isinstance(item, FthsdpError):

@@ -180,3 +180,50 @@ def check_inject(req) -> None:
     if not 0 < req.steps <= MAX_SLOW_STEPS:
         raise InvalidRequest(
             f"steps (how many steps are slowed) must be between 1 and {MAX_SLOW_STEPS}, got {req.steps}")
+
+
+MAX_NODES = 1 << 16
+
+
+def check_host_hello(req) -> None:
+    problem = name_problem("host_id", req.host_id, MAX_REPLICA_ID_LEN)
+    if problem:
+        raise InvalidRequest(problem)
+    if req.replica_id:
+        check_replica_id(req.replica_id)
+    if not 1 <= req.nnodes <= MAX_NODES:
+        raise InvalidRequest(f"nnodes must be between 1 and {MAX_NODES}, got {req.nnodes}")
+    if not 1 <= req.nproc <= MAX_WORLD_SIZE:
+        raise InvalidRequest(f"nproc must be between 1 and {MAX_WORLD_SIZE}, got {req.nproc}")
+    for field in ("replica_rank", "num_replicas", "round"):
+        _non_negative(field, getattr(req, field))
+    if req.node_rank < -1 or req.node_rank >= req.nnodes:
+        raise InvalidRequest(f"node_rank must be -1 (none) or below nnodes {req.nnodes}, got {req.node_rank}")
+    if req.rendezvous_timeout < 0:
+        raise InvalidRequest(f"rendezvous_timeout must not be negative, got {req.rendezvous_timeout:g}")
+    if req.store:
+        _store(req.store)
+
+
+def _store(store: str) -> None:
+    _short("store", store, MAX_ADDRESS_LEN)
+    try:
+        split_host_port(store)
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from e
+
+
+def check_host_request(req) -> None:
+    """A Host stream's message after the hello."""
+    which = req.WhichOneof("message")
+    if which == "hello":
+        raise InvalidRequest("a Host stream says hello once, first")
+    if which == "join":
+        _non_negative("round", req.join.round)
+        if not req.join.store:
+            raise InvalidRequest("join.store is empty; give the HOST:PORT of the store this host opened")
+        _store(req.join.store)
+    elif which in ("failure", "leave"):
+        message = getattr(req, which)
+        _non_negative("round", message.round)
+        _short("reason", message.reason, MAX_REASON)

@@ -68,6 +68,7 @@ METHOD_ACCESS: Mapping[str, Access] = MappingProxyType({
     "Session": Access.REPLICA,
     "Leave": Access.REPLICA,
     "ReportAgentEvent": Access.REPLICA,
+    "Host": Access.REPLICA,
     "ReportReach": Access.REPLICA,
     "Watch": Access.READ,
     "Status": Access.READ,

@@ -63,7 +63,8 @@ class AgentConfig:
     """Name of the training job this replica group belongs to."""
 
     replica_id: str = ""
-    """Name of this replica group (required), e.g. replica-3; unique within the job."""
+    """Name of this replica group (required, except with --spare), e.g. replica-3; unique within the job. Every host
+    of a group of several hosts gives the same id."""
 
     replica_rank: int = -1
     """Index of this replica among --num-replicas, for data sharding; -1 (the default) takes the trailing digits of
@@ -76,18 +77,34 @@ class AgentConfig:
     """Ranks to start on this node (usually one per GPU)."""
 
     nnodes: int = 1
-    """Nodes that the ranks of this replica group span; each runs one agent with the same --master-addr and
-    --master-port."""
+    """Hosts that the ranks of this replica group span, one agent each. Above 1, the group's hosts meet through the
+    coordinator (a rendezvous round per incarnation: node ranks, the store, the round number as restart count), unless
+    --master-port is given (a static launch: every host then gives the same --master-addr and --master-port and its own
+    --node-rank)."""
 
-    node_rank: int = 0
-    """Index of this node among --nnodes; RANK = node_rank * nproc + local rank."""
+    node_rank: int = -1
+    """Index of this host among --nnodes; RANK = node_rank * nproc + local rank. -1 (the default): 0 with --nnodes 1,
+    else the coordinator's rendezvous hands it out; give it only for a static launch (with --master-port)."""
 
     master_addr: str = "127.0.0.1"
-    """Address of the replica group's rank 0 (torch.distributed's MASTER_ADDR)."""
+    """Address of the replica group's rank 0 (torch.distributed's MASTER_ADDR) for a static launch of several hosts."""
 
     master_port: int = 0
-    """Port of the replica group's rendezvous store (MASTER_PORT); 0 picks a free port at every start (only with
-    --nnodes 1)."""
+    """Port of the replica group's store (MASTER_PORT); 0 (the default): a free port at every start with --nnodes 1,
+    the rendezvous's store with --nnodes above 1. Given with --nnodes above 1: a static launch."""
+
+    host_id: str = ""
+    """This host's name in its group's rendezvous, unique in the job; empty: the host name. Give each agent its own
+    when several share a host name (containers, tests)."""
+
+    spare: bool = False
+    """Register this host as a spare of the job instead of a member of a group: the coordinator gives it the node rank
+    of a host a group lost (after the coordinator's --spare-wait) and it trains as that group's host from then on.
+    Give --nnodes and --nproc as the groups' hosts do, and no --replica-id."""
+
+    rendezvous_timeout: float = dataclasses.field(default=600.0, metadata=DURATION)
+    """With --nnodes above 1: how long a rendezvous round may gather (hosts missing, no spare) before the group's agents
+    give up, saying why."""
 
     cross_replica_backend: str = "auto"
     """What the all-reduce across replica groups runs on (passed as FTHSDP_CROSS_REPLICA_BACKEND): gloo, nccl, or
@@ -178,11 +195,20 @@ class AgentConfig:
         problem = name_problem("job name", self.job, MAX_JOB_LEN)
         if problem:
             raise ConfigError(f"--job: {problem}")
-        if not self.replica_id:
-            raise ConfigError("--replica-id is required (the name of this replica group, e.g. replica-0)")
-        problem = name_problem("replica id", self.replica_id, MAX_REPLICA_ID_LEN)
-        if problem:
-            raise ConfigError(f"--replica-id: {problem}")
+        if self.spare and self.replica_id:
+            raise ConfigError(f"--spare and --replica-id {self.replica_id}: a spare serves whichever group needs a "
+                              "host; give one or the other")
+        if not self.replica_id and not self.spare:
+            raise ConfigError("--replica-id is required (the name of this replica group, e.g. replica-0), "
+                              "or --spare for a spare host")
+        if self.replica_id:
+            problem = name_problem("replica id", self.replica_id, MAX_REPLICA_ID_LEN)
+            if problem:
+                raise ConfigError(f"--replica-id: {problem}")
+        if self.host_id:
+            problem = name_problem("host id", self.host_id, MAX_REPLICA_ID_LEN)
+            if problem:
+                raise ConfigError(f"--host-id: {problem}")
         derived = self.replica_rank == -1
         if derived:
             # The documented default, filled in here so that every layer
@@ -203,18 +229,30 @@ class AgentConfig:
                 f"--replica-rank {self.replica_rank} must be less than --num-replicas {self.num_replicas}; "
                 "set --num-replicas to the number of replica groups"
             )
-        if not 0 <= self.node_rank < self.nnodes:
+        if self.node_rank == -1 and not self.rendezvous:
+            object.__setattr__(self, "node_rank", 0 if self.nnodes == 1 else -1)
+        if self.spare and self.nnodes == 1:
+            raise ConfigError("--spare needs the --nnodes of the groups it may serve (above 1): a group of one host is "
+                              "restarted by its own agent")
+        if self.spare and self.master_port:
+            raise ConfigError("--spare works through the coordinator's rendezvous: give no --master-port")
+        if self.rendezvous and self.node_rank != -1:
+            raise ConfigError(f"--node-rank {self.node_rank} without --master-port: with --nnodes {self.nnodes} the "
+                              "coordinator hands out node ranks; give --master-port (and --master-addr) too for a "
+                              "static launch")
+        if self.nnodes > 1 and self.master_port and self.node_rank == -1:
+            raise ConfigError(f"--master-port {self.master_port} with --nnodes {self.nnodes} is a static launch: give "
+                              "each host its --node-rank (or leave out --master-port to meet through the coordinator)")
+        if not self.rendezvous and not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank must be in [0, --nnodes={self.nnodes}), got {self.node_rank}")
+        if self.rendezvous_timeout <= 0:
+            raise ConfigError(f"--rendezvous-timeout must be positive, got {self.rendezvous_timeout:g}")
         if not self.master_addr.strip():
             raise ConfigError("--master-addr must not be empty")
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is out of range")
         if self.standby and self.nnodes > 1:
             raise ConfigError("--standby works only with --nnodes 1 (a standby group must be complete on one node)")
-        if self.master_port == 0 and self.nnodes > 1:
-            raise ConfigError(
-                "--master-port 0 (pick a free port) works only with --nnodes 1; give every node the same port"
-            )
         if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"--cross-replica-backend must be auto, gloo or nccl, got {self.cross_replica_backend!r}")
         if self.catch_up_transport not in ("auto", "http", "distributed"):
@@ -239,6 +277,11 @@ class AgentConfig:
             raise ConfigError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.checkpoint_dir:
             check_checkpoint_dir(self.checkpoint_dir, "--checkpoint-dir")
+
+    @property
+    def rendezvous(self) -> bool:
+        """Whether this host meets its group through the coordinator (not a static launch)."""
+        return self.spare or (self.nnodes > 1 and self.master_port == 0)
 
     @property
     def coordinators(self) -> list[str]:

@@ -9,6 +9,7 @@ the protocol inside it.
 
 ::
 
+    CONNECTING --welcome--> JOINING (a spare: SPARE --adopted--> JOINING)
     JOINING --taken--> GATHERING --complete--> RUNNING --ranks failed / round ended--> STOPPING
        ^                   |                      |                                       |
        +--------------- round ended <-------------+---------- ranks stopped ---------------+
@@ -18,8 +19,8 @@ The round's number is the group's incarnation: the ranks get it as their
 restart count, so that every host of the group counts restarts alike, and
 ``max_restarts`` counts rounds of the group, not restarts of one host.
 
-Status: the state machine alone, tested table-driven
-(tests/test_group_round.py); the agent does not run it yet.
+The agent runs it in fthsdp/agent/node/group_agent.py; it is tested
+table-driven (tests/test_group_round.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ import enum
 
 
 class Phase(enum.Enum):
+    CONNECTING = "connecting"
+    """Waiting for the coordinator's welcome, which names the group's round."""
+    SPARE = "spare"
+    """A spare host, waiting for a group to adopt it."""
     JOINING = "joining"
     """A join for ``round`` is on its way to the coordinator."""
     GATHERING = "gathering"
@@ -42,6 +47,8 @@ class Phase(enum.Enum):
 
 
 class Kind(enum.Enum):
+    WELCOME = "welcome"
+    ADOPTED = "adopted"
     JOIN_TAKEN = "join-taken"
     JOIN_REFUSED = "join-refused"
     ROUND_COMPLETE = "round-complete"
@@ -80,6 +87,9 @@ class Do(enum.Enum):
 class AgentRound:
     phase: Phase = Phase.JOINING
     round: int = 1
+    first_round: int = 1
+    """The round this host started in: ``max_restarts`` counts the rounds after it."""
+    spare: bool = False
     node_rank: int = -1
     store: str = ""
     max_restarts: int = 3
@@ -102,6 +112,8 @@ def step(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
             return dataclasses.replace(state, phase=Phase.STOPPING, exit_code=1, reason=why, ending=True), \
                 Do.STOP_RANKS
         return _ended(state, 1, why), Do.EXIT
+    if event.kind is Kind.WELCOME:
+        return _welcome(state, event)
     if event.kind in (Kind.ROUND_COMPLETE, Kind.ROUND_ENDED) and event.round != state.round:
         return state, Do.NOTHING  # a push about a round this host is not in
     handler = _HANDLERS.get((state.phase, event.kind))
@@ -112,8 +124,30 @@ def _ended(state: AgentRound, code: int, reason: str) -> AgentRound:
     return dataclasses.replace(state, phase=Phase.ENDED, exit_code=code, reason=reason)
 
 
+def _welcome(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
+    """The coordinator (again, after a reconnect) names the group's round."""
+    if state.phase is Phase.CONNECTING:
+        if state.spare:
+            return dataclasses.replace(state, phase=Phase.SPARE), Do.NOTHING
+        first = max(event.round, 1)
+        return dataclasses.replace(state, phase=Phase.JOINING, round=first, first_round=first), Do.JOIN
+    if state.phase in (Phase.JOINING, Phase.GATHERING) and event.round >= state.round:
+        # The join may be lost with the stream (a coordinator that restarted): join again.
+        return dataclasses.replace(state, phase=Phase.JOINING, round=event.round), Do.JOIN
+    if state.phase is Phase.RUNNING and event.round > state.round:
+        # The round ended while this host could not hear it.
+        return dataclasses.replace(state, phase=Phase.STOPPING), Do.STOP_RANKS
+    return state, Do.NOTHING
+
+
+def _adopted(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
+    first = max(event.round, 1)
+    return dataclasses.replace(state, phase=Phase.JOINING, round=first, first_round=first, spare=False), Do.JOIN
+
+
 def _taken(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
-    return dataclasses.replace(state, phase=Phase.GATHERING), Do.NOTHING
+    # The coordinator counts the join for the group's round, which may be later than the one asked for.
+    return dataclasses.replace(state, phase=Phase.GATHERING, round=max(event.round, state.round)), Do.NOTHING
 
 
 def _complete(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
@@ -146,13 +180,15 @@ def _stopped(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
 
 def _next_round(state: AgentRound) -> tuple[AgentRound, Do]:
     following = state.round + 1
-    if following - 1 > state.max_restarts:
+    if following - state.first_round > state.max_restarts:
         why = f"no restarts left (--max-restarts {state.max_restarts}: round {state.round} was the last)"
         return _ended(state, 1, f"{state.reason}; {why}" if state.reason else why), Do.EXIT
-    return AgentRound(Phase.JOINING, following, max_restarts=state.max_restarts, reason=state.reason), Do.JOIN
+    return AgentRound(Phase.JOINING, following, first_round=state.first_round, max_restarts=state.max_restarts,
+                      reason=state.reason), Do.JOIN
 
 
 _HANDLERS = {
+    (Phase.SPARE, Kind.ADOPTED): _adopted,
     (Phase.JOINING, Kind.JOIN_TAKEN): _taken,
     (Phase.JOINING, Kind.ROUND_COMPLETE): _complete,  # the answer and the push crossed
     (Phase.JOINING, Kind.ROUND_ENDED): _ended_while_gathering,

@@ -13,17 +13,16 @@ moment a rank's death is seen, before the other ranks are stopped, because
 that report is how the surviving replicas learn of the failure fast. An
 unreachable coordinator costs a warning, never supervision.
 
-With ``--nnodes`` > 1 the launch is static (every node's agent is given the
-same --master-addr/--master-port, RANK is offset by --node-rank), and each
-agent restarts only its own node's ranks. When a rank on one node dies, its
-agent reports FAILED, the coordinator takes the whole group out of the
-quorum, and every rank of the group ends: its next fthsdp call raises
-``Evicted``, and a rank blocked outside the API (say, in an FSDP collective
-with the dead rank) is ended by its eviction watch
-(fthsdp/agent/training/eviction.py). Each node's agent then restarts its
-part. The restarts are not yet one coordinated group restart: each agent
-restarts on its own schedule, and the group's ranks meet again at the
-rendezvous store.
+With ``--nnodes`` > 1 the group's hosts meet through the coordinator
+(fthsdp/agent/node/group_rendezvous.py): every incarnation of the group is a
+rendezvous round, whose number less one is every host's restart count, whose store
+is a fresh one on the host of node rank 0, and which one failure on any
+host ends on every host at once (the coordinator pushes it; the ranks here
+are stopped as after a local failure, and the agent joins the next round).
+``--max-restarts`` then counts the group's rounds. With ``--master-port``
+given as well the launch is static (every node's agent is given the same
+--master-addr/--master-port and its own --node-rank) and each agent
+restarts its own node's ranks on its own schedule.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from typing import cast
 from fthsdp.agent import outcome, standby
 from fthsdp.agent.injection import kill_ranks
 from fthsdp.agent.node.config import MAX_BACKOFF, AgentConfig
+from fthsdp.agent.node.group_rendezvous import Assignment, GroupRendezvous
 from fthsdp.agent.node.hang_watch import HangWatch
 from fthsdp.agent.node.late_exits import LateExits
 from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
@@ -62,6 +62,10 @@ RETRY_FIRST = 0.2
 RETRY_CAP = 2.0
 STABLE_UPTIME = 60.0
 """A group that ran this long before failing is not crash-looping: it restarts without back-off."""
+ROUND_END_GRACE = 1.0
+"""Seconds the ranks get after SIGTERM, before SIGKILL, when the coordinator ended their round (another host of the
+group failed): their group's state is lost with it, and a rank blocked in a collective with the failed host would
+only wait out its timeout."""
 DIVERGENCE_SETTLE = 1.0
 """After a failure, seconds to wait at most for the coordinator's push that took the replica out
 (it carries a checksum-mismatch verdict, if any) to reach the agent's stream."""
@@ -214,6 +218,8 @@ class Supervisor:
         if not command:
             raise ValueError("the rank command is empty")
         self.config = config
+        """The settings of the incarnation that runs (with a rendezvous: the round's node rank and store)."""
+        self._base = config
         self.command = list(command)
         self.env = dict(os.environ if env is None else env)
         self._report = report
@@ -232,6 +238,11 @@ class Supervisor:
         """The coordinator's hang notices for this replica (fthsdp/agent/node/hang_watch.py)."""
         self._late = LateExits()
         """Local ranks of this start that exited non-zero after leaving the job for good."""
+        self._round_over = False
+        """The coordinator ended the running round (not a failure of this host's ranks)."""
+        self._rendezvous: GroupRendezvous | None = None
+        """The group's rounds, with --nnodes above 1 (fthsdp/agent/node/group_rendezvous.py)."""
+        self._token = ""
 
     def request_stop(self) -> None:
         """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
@@ -240,15 +251,20 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until SUCCEEDED (returns 0) or GAVE_UP (returns 1)."""
         reporter = None
+        self._token = read_token_file(self.config.token_file)
         if self._report is None:
-            token = read_token_file(self.config.token_file)
-            reporter = self._report = Reporter(self.config.coordinators, token, self.config.tls)
-            self._hangs = HangWatch(self.config.coordinators, self.config.job, self.config.replica_id, token,
-                                    self.config.tls)
+            reporter = self._report = Reporter(self.config.coordinators, self._token, self.config.tls)
+            if self.config.replica_id:  # a spare's, once a group adopts it
+                self._watch_hangs()
+        if self.config.rendezvous:
+            self._rendezvous = GroupRendezvous(self.config, self.env, self._token)
         self._stop.install()
         try:
             return self._supervise()
         finally:
+            if self._rendezvous is not None:
+                # Finished or drained: the host leaves for good; else its stream closing counts as lost.
+                self._rendezvous.close(self.history[-1][1] or "done" if self.state is AgentState.SUCCEEDED else "")
             if self._outcome_dir is not None:
                 shutil.rmtree(self._outcome_dir, ignore_errors=True)
             self._retire_standby()
@@ -260,12 +276,43 @@ class Supervisor:
             if reporter is not None:
                 reporter.close()
 
+    def _watch_hangs(self) -> None:
+        if self._hangs is not None:
+            self._hangs.close()
+        self._hangs = HangWatch(self.config.coordinators, self.config.job, self.config.replica_id, self._token,
+                                self.config.tls)
+
+    def _join_round(self) -> int | None:
+        """With a rendezvous: join the group's next round and take its
+        settings; an exit code if the agent ends instead."""
+        assert self._rendezvous is not None
+        got = self._rendezvous.next_round(lambda timeout: self._stop.wait(timeout) if timeout else
+                                          self._stop.requested)
+        if not isinstance(got, Assignment):
+            if self._stop.requested:
+                return self._stop_without_restart()
+            self._transition(AgentState.GAVE_UP, got.reason)
+            return got.exit_code or 1
+        adopted = got.replica_id != self.config.replica_id
+        # Round 1 runs as restart count 0, as torchrun counts: a script's first incarnation is the same either way.
+        self.config, self.restart_count = got.config(self._base), got.round - 1
+        if adopted and self._report is not None and isinstance(self._report, Reporter):
+            self._watch_hangs()  # a spare serves its group from now on
+        log.info("replica %s: round %d: node rank %d of %d, store %s:%d", got.replica_id, got.round, got.node_rank,
+                 self.config.nnodes, got.store_host, got.store_port)
+        return None
+
     # ----- the loop ------------------------------------------------------------------
 
     def _supervise(self) -> int:
-        cfg = self.config
         while True:
-            self._transition(AgentState.STARTING, f"starting {cfg.nproc} local rank(s)")
+            cfg = self.config
+            self._transition(AgentState.STARTING, f"starting {cfg.nproc} local rank(s)" if self._rendezvous is None
+                             else f"joining the next round of group {cfg.replica_id}" if cfg.replica_id
+                             else "a spare host, waiting for a group to take it")
+            if self._rendezvous is not None and (code := self._join_round()) is not None:
+                return code
+            cfg = self.config
             self._late.reset()
             try:
                 self._start_ranks()
@@ -293,8 +340,11 @@ class Supervisor:
                 self._transition(AgentState.SUCCEEDED, self._late.how_ranks_ended(ended))
                 return 0
             self._transition(AgentState.FAILED, failure)  # reported before the others are stopped
+            if self._rendezvous is not None and not self._round_over:
+                self._rendezvous.failed(failure)  # the coordinator ends the round on every host of the group
             hung = self._hangs is not None and self._hangs.notice_for(self.restart_count) is not None
-            stop_ranks(self._ranks, cfg.hang_grace if hung else cfg.stop_timeout, cfg.monitor_interval)
+            grace = ROUND_END_GRACE if self._round_over else cfg.hang_grace if hung else cfg.stop_timeout
+            stop_ranks(self._ranks, min(grace, cfg.stop_timeout), cfg.monitor_interval)
             if self._stop.requested:
                 return self._stop_without_restart()
             diverged = self._hangs.divergence_for(self.restart_count, DIVERGENCE_SETTLE) if self._hangs else None
@@ -306,7 +356,7 @@ class Supervisor:
             if diverged is not None:
                 log.warning("replica %s was taken out for a checksum mismatch (%d in a row after catching up): %s",
                             cfg.replica_id, diverged.strikes, diverged.reason)
-            if self.restart_count >= cfg.max_restarts:
+            if self._rendezvous is None and self.restart_count >= cfg.max_restarts:
                 self._transition(AgentState.GAVE_UP, f"{failure}; no restarts left (--max-restarts {cfg.max_restarts})")
                 return 1
             # Back off only from a crash loop; a group that ran a while restarts at once.
@@ -315,7 +365,7 @@ class Supervisor:
             delay = 0.0 if stable else backoff_delay(cfg.restart_backoff, self._fast_failures)
             self._transition(
                 AgentState.RESTARTING, f"restart {self.restart_count + 1} of {cfg.max_restarts} in {delay:g}s"
-            )
+                if self._rendezvous is None else f"joining the group's next round in {delay:g}s")
             if self._stop.wait(delay):
                 return self._stop_without_restart()
             self.restart_count += 1
@@ -330,7 +380,10 @@ class Supervisor:
         if self._activate_standby():
             return
         port = self.config.master_port or free_port()  # a fresh port per start: the old one may linger in TIME_WAIT
-        envs = rank_environments(self.config, self.restart_count, port, self.env)
+        # With a rendezvous the ranks reach the round's store as clients, under the round's prefix (torchrun's
+        # agent store: torch.distributed's env:// rendezvous reads these two).
+        base = self.env if self._rendezvous is None else {**self.env, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        envs = rank_environments(self.config, self.restart_count, port, base)
         self._ranks = []
         for local_rank, env in enumerate(envs):
             env = {**env, outcome.ENV: self._outcome_path(self.restart_count, local_rank)}
@@ -396,7 +449,13 @@ class Supervisor:
         """Wait until every rank exited 0 (None), one failed (its description),
         or a stop was requested (None, with the request set)."""
         standby_due = self._running_since + self.config.standby_delay if self.config.standby else None
+        self._round_over = False
         while not self._stop.requested:
+            ended = self._rendezvous.round_ended() if self._rendezvous is not None else None
+            if ended is not None:  # another host failed, or the group gave up: stop here too
+                log.warning("replica %s: %s; stopping this host's ranks", self.config.replica_id, ended)
+                self._round_over = True
+                return ended
             if standby_due is not None and time.monotonic() >= standby_due:
                 standby_due = None  # once per start: a standby that dies is not restarted in a loop
                 self._spawn_standby()
@@ -452,13 +511,15 @@ class Supervisor:
                  extra={"event": "agent_state", "replica": cfg.replica_id, "node_rank": cfg.node_rank,
                         "previous": previous, "state": state.name, "detail": detail})
         assert self._report is not None
+        if not cfg.replica_id:  # a spare that no group took yet: no replica to report about
+            return
         try:
             self._report(
                 pb.AgentEventRequest(
                     job=cfg.job,
                     replica_id=cfg.replica_id,
                     state=cast(pb.AgentState, int(state)),  # the values are the proto's (see AgentState)
-                    node_rank=cfg.node_rank,
+                    node_rank=max(cfg.node_rank, 0),
                     restart_count=self.restart_count,
                     detail=detail[:1000],  # the coordinator refuses over 1024
                 )

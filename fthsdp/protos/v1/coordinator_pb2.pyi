@@ -647,6 +647,130 @@ class GiveUpStateResponse(_message.Message):
     give_up: GiveUp
     def __init__(self, give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
 
+class HostHello(_message.Message):
+    __slots__ = ("job", "host_id", "replica_id", "replica_rank", "nnodes", "nproc", "rendezvous_timeout", "round", "node_rank", "store", "num_replicas")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    NPROC_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    host_id: str
+    replica_id: str
+    replica_rank: int
+    nnodes: int
+    nproc: int
+    rendezvous_timeout: float
+    round: int
+    node_rank: int
+    store: str
+    num_replicas: int
+    def __init__(self, job: _Optional[str] = ..., host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., nnodes: _Optional[int] = ..., nproc: _Optional[int] = ..., rendezvous_timeout: _Optional[float] = ..., round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+
+class HostJoin(_message.Message):
+    __slots__ = ("round", "store")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    store: str
+    def __init__(self, round: _Optional[int] = ..., store: _Optional[str] = ...) -> None: ...
+
+class HostFailure(_message.Message):
+    __slots__ = ("round", "reason")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    reason: str
+    def __init__(self, round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HostLeave(_message.Message):
+    __slots__ = ("round", "reason")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    reason: str
+    def __init__(self, round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HostRequest(_message.Message):
+    __slots__ = ("hello", "join", "failure", "leave", "heartbeat")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    hello: HostHello
+    join: HostJoin
+    failure: HostFailure
+    leave: HostLeave
+    heartbeat: bool
+    def __init__(self, hello: _Optional[_Union[HostHello, _Mapping]] = ..., join: _Optional[_Union[HostJoin, _Mapping]] = ..., failure: _Optional[_Union[HostFailure, _Mapping]] = ..., leave: _Optional[_Union[HostLeave, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+
+class HostWelcome(_message.Message):
+    __slots__ = ("host_id", "heartbeat_interval", "round")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    heartbeat_interval: float
+    round: int
+    def __init__(self, host_id: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
+
+class RoundComplete(_message.Message):
+    __slots__ = ("round", "node_rank", "store", "hosts")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    node_rank: int
+    store: str
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RoundEnded(_message.Message):
+    __slots__ = ("round", "reason")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    reason: str
+    def __init__(self, round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SpareAdopted(_message.Message):
+    __slots__ = ("replica_id", "replica_rank", "round", "num_replicas")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    replica_rank: int
+    round: int
+    num_replicas: int
+    def __init__(self, replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., round: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+
+class HostPush(_message.Message):
+    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    GAVE_UP_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    welcome: HostWelcome
+    joined: int
+    complete: RoundComplete
+    ended: RoundEnded
+    adopted: SpareAdopted
+    gave_up: str
+    refused: str
+    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
+
 class ReplicaRecord(_message.Message):
     __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]

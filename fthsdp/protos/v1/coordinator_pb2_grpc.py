@@ -70,6 +70,11 @@ class CoordinatorStub:
                 request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.AgentEventRequest.SerializeToString,
                 response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.AgentEventResponse.FromString,
                 _registered_method=True)
+        self.Host = channel.stream_stream(
+                '/fthsdp.v1.Coordinator/Host',
+                request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HostRequest.SerializeToString,
+                response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HostPush.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/fthsdp.v1.Coordinator/Status',
                 request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.StatusRequest.SerializeToString,
@@ -171,6 +176,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Host(self, request_iterator, context):
+        """A host's agent in a group of several hosts: rendezvous rounds (see HostRequest).
+        Its closing without a HostLeave counts as the host lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -265,6 +278,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportAgentEvent,
                     request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.AgentEventRequest.FromString,
                     response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.AgentEventResponse.SerializeToString,
+            ),
+            'Host': grpc.stream_stream_rpc_method_handler(
+                    servicer.Host,
+                    request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HostRequest.FromString,
+                    response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HostPush.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -497,6 +515,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/ReportAgentEvent',
             fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.AgentEventRequest.SerializeToString,
             fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.AgentEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Host(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.Coordinator/Host',
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HostRequest.SerializeToString,
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HostPush.FromString,
             options,
             channel_credentials,
             insecure,

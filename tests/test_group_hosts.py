@@ -1,0 +1,83 @@
+"""A replica group of two "hosts" (two agents with --nnodes 2 on this
+machine) meets through the coordinator's rendezvous: node ranks, the store
+and the round come from it; one failure ends the round on both hosts; a
+lost host's place goes to a spare. Real coordinator, agents and FSDP2 ranks
+(tests/hsdp_worker.py); the network-namespace version with hosts that lose
+their links is tests/test_group_hosts_netns.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from tests.processes import AgentProcess, CoordinatorProcess
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+STEPS, HIDDEN = 1500, "32"
+
+
+def host(tmp_path, address: str, host_id: str, *, spare: bool = False) -> AgentProcess:
+    a = AgentProcess(tmp_path, address, "r1", 1, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", str(STEPS),
+                     agent_args=("--nproc", "1", "--nnodes", "2", "--host-id", host_id, "--max-restarts", "5"),
+                     worker="tests.hsdp_worker")
+    if spare:
+        at = a.argv.index("--replica-id")
+        del a.argv[at:at + 6]  # --replica-id r1 --replica-rank 1 --num-replicas 2
+        a.argv[a.argv.index("--nproc"):a.argv.index("--nproc")] = ["--spare", "--num-replicas", "2"]
+    a.log_path = tmp_path / f"agent-{host_id}.log"
+    return a
+
+
+def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_place(tmp_path):
+    c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "2s", "--heartbeat-interval",
+                           "200ms", "--spare-wait", "1s").start()
+    r0 = AgentProcess(tmp_path, c.address, "r0", 0, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", str(STEPS),
+                      agent_args=("--nproc", "2"), worker="tests.hsdp_worker")  # one host, as many ranks as r1
+    hosts = {h: host(tmp_path, c.address, h) for h in ("h-a", "h-b")}
+    spare = host(tmp_path, c.address, "h-spare", spare=True)
+    procs = [r0.start(), *(a.start() for a in hosts.values())]
+    try:
+        coordinator_log = c.log_path.read_text
+        wait_until(lambda: "r1: round 1 complete" in coordinator_log(), 90, message="round 1 of r1 complete")
+        first = re.search(r"r1: round 1 complete: node rank 0 (\S+), node rank 1 (\S+);", coordinator_log())
+        assert first is not None and {first[1], first[2]} == {"h-a", "h-b"}
+        node1 = hosts[first[2]]
+        r0.read_until(lambda line: line.get("step", 0) >= 20, 120)
+
+        # 1. The rank on node rank 1 dies: the round ends on both hosts, round 2 forms with the same ranks.
+        victim = node1.read_until(lambda line: line.get("rank") == 1, 60)
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: "r1: round 2 complete" in coordinator_log(), 90, message="round 2 of r1 complete")
+        text = coordinator_log()
+        # Whichever host saw it first (the killed rank's, or the other, whose rank's collective broke) ended it.
+        assert re.search(r"r1: round 1 ended: node rank \d \(h-[ab]\): it reported a failure", text)
+        assert f"r1: round 2 complete: node rank 0 {first[1]}, node rank 1 {first[2]};" in text, \
+            "each host keeps its node rank"
+
+        # 2. The host of node rank 1 is lost (its agent and rank killed): a spare takes its place.
+        spare.start()
+        procs.append(spare)
+        wait_until(lambda: "host h-spare connected" in coordinator_log(), 60, message="the spare registered")
+        os.kill(node1.proc.pid, signal.SIGKILL)
+        wait_until(lambda: "r1: round 3 complete" in coordinator_log(), 120, message="round 3 with the spare")
+        text = coordinator_log()
+        assert f"spare h-spare takes the place of lost {first[2]}" in text
+        assert f"r1: round 3 complete: node rank 0 {first[1]}, node rank 1 h-spare;" in text
+        r0.finish(timeout=300)
+        for a in (hosts[first[1]], spare):
+            assert a.proc.wait(timeout=120) == 0, a.log_tail()
+    finally:
+        for p in procs:
+            p.stop()
+        c.stop()
+    assert sorted(r0.steps) == list(range(1, STEPS + 1)), "r0 lost or repeated a step"
+    # The surviving host ran rounds 1-3 as restart counts 0-2, and r1 trained again after round 3.
+    survivor_log = hosts[first[1]].log_path.read_text()
+    assert "round 3: node rank 0 of 2" in survivor_log
+    assert max(line["contributors"] for line in r0.step_lines if line["step"] > STEPS - 20) == 2, \
+        "r1 trained again at the end"
