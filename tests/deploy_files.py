@@ -204,7 +204,7 @@ def yaml_documents(path: Path) -> list[dict]:
 
 
 def kubernetes_documents() -> Iterator[tuple[Path, dict]]:
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
         for doc in yaml_documents(path):
             yield path, doc
 
@@ -214,6 +214,8 @@ def pod_templates(doc: dict) -> list[dict]:
         return [doc["spec"]["template"]["spec"]]
     if doc.get("kind") == "Pod":
         return [doc["spec"]]
+    if doc.get("kind") == "JobSet":  # a Job template per replicated job
+        return [rjob["template"]["spec"]["template"]["spec"] for rjob in doc["spec"]["replicatedJobs"]]
     return []
 
 
@@ -231,7 +233,7 @@ SAMPLE_FIELDS = {  # what the downward API gives a first pod
     "status.podIP": "10.1.2.3",
     "metadata.name": "pod-0",
     "metadata.namespace": "fthsdp",
-    "metadata.labels['apps.kubernetes.io/pod-index']": "0",
+    "metadata.labels['jobset.sigs.k8s.io/job-index']": "0",
 }
 
 
@@ -241,7 +243,7 @@ def container_environment(container: dict, maps: dict[str, dict[str, str]],
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         name = source["configMapRef"]["name"]
-        assert name in maps, f"ConfigMap {name} is not in deploy/kubernetes"
+        assert name in maps, f"ConfigMap {name} is not in deploy/k8s"
         env.update(maps[name])
     for item in container.get("env", []):
         if "value" in item:
@@ -256,13 +258,16 @@ def kubernetes_commands(documents=None, fields: Mapping[str, str] = SAMPLE_FIELD
     maps = config_maps()
     out = []
     for path, doc in documents or kubernetes_documents():
-        for pod in pod_templates(doc):
+        pods = pod_templates(doc)
+        names = ([f"{doc['metadata']['name']}/{rjob['name']}" for rjob in doc["spec"]["replicatedJobs"]]
+                 if doc.get("kind") == "JobSet" else [doc["metadata"]["name"]] * len(pods))
+        for name, pod in zip(names, pods, strict=True):
             for container in pod["containers"]:
                 env = container_environment(container, maps, fields)
                 words = expand_kubernetes(container.get("command", []) + container.get("args", []), env)
                 argv = split_fthsdp(words)
                 if argv is not None:
-                    out.append((pod, container, Command(f"{path.name} {doc['metadata']['name']}", argv, env)))
+                    out.append((pod, container, Command(f"{path.name} {name}", argv, env)))
     return out
 
 

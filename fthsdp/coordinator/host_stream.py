@@ -38,8 +38,8 @@ async def serve(runtime, requests: AsyncIterator, check) -> AsyncIterator[pb.Hos
     out: asyncio.Queue = asyncio.Queue()
     interval = job.pacer.base.interval  # hosts are few beside ranks: the configured pace
 
-    def push(message: pb.HostPush) -> None:
-        if message.WhichOneof("message") == "welcome":
+    def push(message: pb.HostPush | None) -> None:
+        if message is not None and message.WhichOneof("message") == "welcome":
             message.welcome.heartbeat_interval = interval
         out.put_nowait(message)
 

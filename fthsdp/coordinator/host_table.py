@@ -33,8 +33,8 @@ from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
 
-Push = Callable[[pb.HostPush], None]
-"""Sends one message down a host's stream."""
+Push = Callable[[pb.HostPush | None], None]
+"""Sends one message down a host's stream; None ends the stream (the agent opens it again, saying hello)."""
 
 
 @dataclasses.dataclass
@@ -184,7 +184,10 @@ class HostTable:
         for host_id, link in list(self._links.items()):
             host = self.hosts.get(host_id)
             if host is not None and host.lost_since is None and now - link.last_seen > heartbeat_timeout:
+                # Its stream is ended too: if the agent is alive after all, it comes back with a hello and
+                # learns where its group is, rather than talking on a stream the table no longer follows.
                 del self._links[host_id]
+                link.push(None)
                 if host.group and host.left_round == 0:
                     self._lose(host, now, f"no heartbeat for {now - link.last_seen:.1f}s")
                 elif not host.group:

@@ -24,6 +24,7 @@ from fthsdp.coordinator.codec import quorum_to_pb
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decision_loop import DecisionLoop
 from fthsdp.coordinator.gauges import job_gauges
+from fthsdp.coordinator.host_status import group_statuses
 from fthsdp.coordinator.injection import InjectionBook
 from fthsdp.coordinator.keys import JobKeys
 from fthsdp.coordinator.loop_lag import LagWindow, probe
@@ -320,6 +321,8 @@ class CoordinatorRuntime:
         if job.state.finished is not None:
             response.finished.CopyFrom(job.state.finished)
         response.injections.extend(self.injections[job.state.name].recent)
+        response.groups.extend(group_statuses(job.hosts, self.clock()))
+        response.spares.extend(job.hosts.spares())
         return response
 
     def inject(self, req: pb.InjectRequest, peer: str) -> pb.InjectResponse:

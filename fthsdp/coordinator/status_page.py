@@ -67,6 +67,9 @@ PAGE = r"""<!doctype html>
       <th>straggler</th><th>heartbeat</th><th>agent</th><th>catch-up</th><th>checksum</th><th>address</th><th></th></tr></thead>
     <tbody id="replicas"></tbody></table>
   </section>
+  <section id="groups-section" hidden><h2>Replica groups of several hosts</h2>
+    <table><thead><tr><th>group</th><th>round</th><th>hosts by node rank</th><th>waiting for</th></tr></thead>
+    <tbody id="groups"></tbody></table><div class="admin muted" id="spares"></div></section>
   <section><h2>Quorum history</h2>
     <table><thead><tr><th>quorum</th><th>time</th><th>size</th><th>joined</th><th>left</th><th>reason</th></tr></thead>
     <tbody id="history"></tbody></table>
@@ -204,6 +207,17 @@ function render(s) {
   });
   replace("replicas", ...(rows.length ? rows : [el("tr", {}, el("td", {colspan: REPLICA_COLUMNS, class: "muted",
     text: s.follower ? "the leader serves the replicas" : "no replicas registered"}))]));
+
+  // Groups of several hosts: their rendezvous rounds (fthsdp/coordinator/host_status.py).
+  const groups = s.groups || [];
+  document.getElementById("groups-section").hidden = !groups.length && !(s.spares || []).length;
+  replace("groups", ...groups.map(g => el("tr", {"data-group": g.replica_id},
+    el("td", {}, el("code", {text: g.replica_id})),
+    el("td", {text: g.round + (g.complete ? " running" : " gathering")}),
+    el("td", {text: g.hosts.map(h => (h.node_rank != null ? h.node_rank + ": " : "") + h.host_id + " (" + h.state +
+      (h.state === "lost" ? " " + secs(h.lost_for_s, 0) + " ago" : "") + ")").join(", ")}),
+    el("td", {class: g.complete ? "muted" : "bad", text: g.complete ? "-" : g.reason}))));
+  document.getElementById("spares").textContent = "spare hosts waiting: " + ((s.spares || []).join(", ") || "none");
 
   replace("history", ...s.history.map(h => el("tr", {"data-quorum": h.id},
     el("td", {text: "#" + h.id}), el("td", {text: clock(h.time)}), el("td", {class: "num", text: h.size}),

@@ -131,6 +131,20 @@ def status_dict(status: pb.StatusResponse) -> dict:
         },
         "reason": status.reason,
         "injections": [injection_dict(i) for i in status.injections],
+        "groups": [
+            {
+                "replica_id": g.replica_id,
+                "round": g.round,
+                "complete": g.complete,
+                "nnodes": g.nnodes,
+                "reason": g.reason,
+                "hosts": [{"host_id": h.host_id, "node_rank": h.node_rank if h.node_rank >= 0 else None,
+                           "state": h.state, "lost_for_s": h.lost_for_s if h.state == "lost" else None}
+                          for h in g.hosts],
+            }
+            for g in status.groups
+        ],
+        "spares": list(status.spares),
         "replicas": [
             {
                 "id": r.replica_id,
@@ -199,13 +213,35 @@ def status_table(status: pb.StatusResponse, now: float = 0.0) -> str:
                      ", ".join(notes)))
     if len(rows) == 1:
         lines.append("no replicas registered")
-        return "\n".join(lines + injection_lines(d["injections"]))
+        return "\n".join(lines + group_lines(d["groups"], d["spares"]) + injection_lines(d["injections"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     lines += verdict_lines(d["replicas"])
+    lines += group_lines(d["groups"], d["spares"])
     lines += injection_lines(d["injections"])
     return "\n".join(lines)
+
+
+def host_cell(h: dict) -> str:
+    rank = f"node rank {h['node_rank']} " if h["node_rank"] is not None else ""
+    lost = f" {h['lost_for_s']:.0f}s ago" if h["state"] == "lost" else ""
+    return f"{rank}{h['host_id']} ({h['state']}{lost})"
+
+
+def group_lines(groups: list[dict], spares: list[str]) -> list[str]:
+    """The groups of several hosts: a line each with its round and hosts, and why it waits."""
+    if not groups and not spares:
+        return []
+    lines = ["", "replica groups of several hosts:"]
+    for g in groups:
+        state = "running" if g["complete"] else "gathering"
+        lines.append(f"  {g['replica_id']}: round {g['round']} {state}: "
+                     + ", ".join(host_cell(h) for h in g["hosts"]))
+        if not g["complete"] and g["reason"]:
+            lines.append(f"    {g['reason']}")
+    lines.append(f"  spares waiting: {', '.join(spares) if spares else 'none'}")
+    return lines
 
 
 INJECTIONS_SHOWN = 5

@@ -532,7 +532,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., step: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., address: _Optional[str] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., catch_up_source: _Optional[str] = ..., agent_state: _Optional[_Union[AgentState, str]] = ..., restart_count: _Optional[int] = ..., agent_detail: _Optional[str] = ..., checksum_mismatch_step: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., straggler_score: _Optional[float] = ..., hang_reason: _Optional[str] = ..., mismatch_reason: _Optional[str] = ..., mismatch_strikes: _Optional[int] = ..., unreachable: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished", "injections", "checkpoint", "last_restore")
+    __slots__ = ("job", "leader", "epoch", "quorum", "replicas", "reason", "jobs", "follower", "committed_step", "state_lost_step", "state_lost_reason", "last_give_up", "hang_limit_s", "median_step_time_s", "finished", "injections", "checkpoint", "last_restore", "groups", "spares")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -551,6 +551,8 @@ class StatusResponse(_message.Message):
     INJECTIONS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     LAST_RESTORE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     job: str
     leader: str
     epoch: int
@@ -569,7 +571,37 @@ class StatusResponse(_message.Message):
     injections: _containers.RepeatedCompositeFieldContainer[FaultInjection]
     checkpoint: CheckpointRecord
     last_restore: Restore
-    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum: _Optional[_Union[Quorum, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., follower: _Optional[bool] = ..., committed_step: _Optional[int] = ..., state_lost_step: _Optional[int] = ..., state_lost_reason: _Optional[str] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., median_step_time_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HostStatus(_message.Message):
+    __slots__ = ("host_id", "node_rank", "state", "lost_for_s")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOST_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    node_rank: int
+    state: str
+    lost_for_s: float
+    def __init__(self, host_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., state: _Optional[str] = ..., lost_for_s: _Optional[float] = ...) -> None: ...
+
+class GroupStatus(_message.Message):
+    __slots__ = ("replica_id", "round", "complete", "reason", "hosts", "nnodes")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    round: int
+    complete: bool
+    reason: str
+    hosts: _containers.RepeatedCompositeFieldContainer[HostStatus]
+    nnodes: int
+    def __init__(self, replica_id: _Optional[str] = ..., round: _Optional[int] = ..., complete: _Optional[bool] = ..., reason: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[HostStatus, _Mapping]]] = ..., nnodes: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("job", "replica_id")

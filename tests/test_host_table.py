@@ -1,0 +1,195 @@
+"""The coordinator's table of hosts and rounds (fthsdp/coordinator/host_table.py),
+in-process on a fake clock: what each host is pushed as hosts join, fail,
+vanish, leave and come back, and what status shows of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fthsdp.coordinator.host_status import group_statuses
+from fthsdp.coordinator.host_table import HostTable
+from fthsdp.coordinator.rendezvous import JoinRefused, RendezvousRules
+from fthsdp.coordinator.status_view import status_dict, status_table
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+TIMEOUT = 100.0
+"""The heartbeat timeout of the ticks: long, but where a test lets heartbeats lapse."""
+
+
+class Hosts:
+    """A table and the pushes each host received, as (kind, payload) pairs."""
+
+    def __init__(self, spare_wait: float = 10.0, rendezvous_timeout: float = 600.0) -> None:
+        self.table = HostTable("job", RendezvousRules(spare_wait=spare_wait))
+        self.pushed: dict[str, list[tuple[str, object]]] = {}
+        self.connection: dict[str, int] = {}
+        self.rendezvous_timeout = rendezvous_timeout
+
+    def hello(self, host_id: str, group: str = "r1", now: float = 0.0, nnodes: int = 2, nproc: int = 1,
+              **fields) -> None:
+        box = self.pushed.setdefault(host_id, [])
+
+        def push(m: pb.HostPush | None) -> None:
+            if m is None:
+                box.append(("closed", None))
+                return
+            which = m.WhichOneof("message")
+            box.append((which, getattr(m, which)))
+
+        hello = pb.HostHello(job="job", host_id=host_id, replica_id=group, replica_rank=1, num_replicas=2,
+                             nnodes=nnodes, nproc=nproc, rendezvous_timeout=self.rendezvous_timeout, **fields)
+        self.connection[host_id] = self.table.hello(hello, push, now)
+
+    def join(self, host_id: str, round_number: int, now: float = 0.0) -> None:
+        self.table.join(host_id, round_number, f"{host_id}:700{round_number}", now)
+
+    def last(self, host_id: str, kind: str | None = None):
+        got = [p for p in self.pushed[host_id] if kind is None or p[0] == kind]
+        return got[-1] if got else None
+
+    def take(self) -> None:
+        for box in self.pushed.values():
+            box.clear()
+
+
+def running(h: Hosts, now: float = 0.0) -> None:
+    h.hello("a", now=now)
+    h.hello("b", now=now)
+    h.join("a", 1, now)
+    h.join("b", 1, now)
+
+
+def test_the_round_completes_when_every_host_joined_with_host_zeros_store():
+    h = Hosts()
+    h.hello("b")
+    h.hello("a")
+    assert h.last("a") == ("welcome", pb.HostWelcome(host_id="a", round=1))
+    h.join("b", 1)
+    assert h.last("b") == ("joined", 1) and h.last("b", "complete") is None, "one of two: it gathers"
+    h.join("a", 1)
+    a, b = h.last("a", "complete")[1], h.last("b", "complete")[1]
+    assert (a.node_rank, b.node_rank) == (0, 1), "no round before: host-id order"
+    assert a.store == b.store == "a:7001" and list(a.hosts) == ["a", "b"] and a.round == 1
+
+
+def test_one_failure_ends_the_round_on_every_host_and_the_next_keeps_the_ranks():
+    h = Hosts()
+    running(h)
+    h.take()
+    h.table.failure("b", 1, "local rank 0 exited with signal SIGKILL", 1.0)
+    for host in ("a", "b"):
+        kind, ended = h.last(host)
+        assert kind == "ended" and ended.round == 1
+        assert "node rank 1 (b): it reported a failure" in ended.reason
+    h.table.failure("a", 1, "a late report of the same round", 1.1)
+    assert len(h.pushed["a"]) == 1, "a report about a round already over changes nothing"
+    h.join("b", 2, 2.0)
+    h.join("a", 2, 2.0)
+    assert h.last("a", "complete")[1].node_rank == 0 and h.last("b", "complete")[1].node_rank == 1
+    assert h.last("a", "complete")[1].round == 2
+
+
+def test_a_lost_host_ends_the_round_and_a_spare_takes_its_rank_after_the_spare_wait():
+    h = Hosts(spare_wait=10.0)
+    running(h)
+    h.hello("s", group="")
+    assert h.table.spares() == ["s"]
+    h.take()
+    h.table.closed("a", h.connection["a"], 1.0)  # node rank 0, the store's host, loses power
+    assert h.last("b")[0] == "ended"
+    h.join("b", 2, 1.5)
+    h.table.tick(5.0, TIMEOUT)
+    assert h.last("s") is None, "the lost host may come back within the spare wait"
+    status = status_table(pb.StatusResponse(job="job", groups=group_statuses(h.table, 5.0), spares=h.table.spares()))
+    assert "r1: round 2 gathering: node rank 0 a (lost 4s ago), node rank 1 b (joined)" in status
+    assert "waiting for node rank 0: host a lost 4s ago, a spare takes its place in 6s" in status
+    h.table.tick(11.0, TIMEOUT)
+    kind, adopted = h.last("s")
+    assert kind == "adopted" and (adopted.replica_id, adopted.replica_rank, adopted.round) == ("r1", 1, 2)
+    assert h.table.spares() == []
+    h.join("s", 2, 11.5)
+    complete = h.last("s", "complete")[1]
+    assert (complete.node_rank, complete.store, list(complete.hosts)) == (0, "s:7002", ["s", "b"])
+
+
+def test_with_no_spare_status_says_why_and_the_agents_give_up_after_the_rendezvous_timeout():
+    h = Hosts(spare_wait=1.0, rendezvous_timeout=30.0)
+    running(h)
+    h.table.beat("a", 4.0)
+    h.table.tick(4.0, 5.0)
+    h.table.tick(7.5, 5.0)  # b's last heartbeat at 0: lost (timeout 5), a's at 4 not yet
+    assert h.last("b") == ("closed", None), "b's stream is ended: if its agent lives, it says hello again"
+    h.join("a", 2, 8.5)
+    h.table.tick(48.0, TIMEOUT)
+    d = status_dict(pb.StatusResponse(groups=group_statuses(h.table, 48.0)))
+    assert d["groups"] == [] and h.last("a") == ("gave_up", h.last("a")[1])
+    assert "round 2 did not complete in 30s: waiting for node rank 1: host b lost 40s ago, no spare" in h.last("a")[1]
+    # The hosts come back (a requeued job): the group's rounds go on from where they were.
+    h.hello("a", now=60.0)
+    assert h.last("a") == ("welcome", pb.HostWelcome(host_id="a", round=3))
+
+
+def test_status_while_waiting_names_the_lost_host_and_no_spare():
+    h = Hosts(spare_wait=1.0)
+    running(h)
+    h.table.closed("b", h.connection["b"], 0.0)
+    h.join("a", 2, 0.5)
+    h.table.tick(40.0, TIMEOUT)
+    text = status_table(pb.StatusResponse(job="job", groups=group_statuses(h.table, 40.0), spares=h.table.spares()))
+    assert "round 2: 1 of 2 hosts joined; waiting for node rank 1: host b lost 40s ago, no spare" in text
+    assert "spares waiting: none" in text
+
+
+def test_hosts_that_leave_finished_end_nothing():
+    h = Hosts()
+    running(h)
+    h.take()
+    h.table.leave("a", 1, "every local rank exited 0", 1.0)
+    h.table.closed("a", h.connection["a"], 1.0)
+    h.table.tick(1.0, TIMEOUT)
+    assert h.pushed["b"] == [], "the other host is finishing too: its ranks are not stopped"
+    h.table.leave("b", 1, "every local rank exited 0", 1.2)
+    assert group_statuses(h.table, 2.0) == []
+
+
+def test_a_coordinator_that_restarted_learns_the_running_round_from_its_hosts():
+    h = Hosts()
+    for host, rank in (("b", 1), ("a", 0)):
+        h.hello(host, round=4, node_rank=rank, store="a:7004")
+    assert all(kind != "ended" for box in h.pushed.values() for kind, _ in box), "nothing stops"
+    g = h.table.groups["r1"]
+    assert (g.current.number, g.current.ranks) == (4, ("a", "b"))
+    h.table.failure("b", 4, "rank died", 1.0)
+    assert h.last("a")[0] == "ended" and h.table.groups["r1"].current.number == 5
+
+
+def test_a_host_of_the_running_round_back_with_nothing_running_ends_it():
+    """Its agent was restarted (its ranks died with it) before its stream's end was seen."""
+    h = Hosts()
+    running(h)
+    h.take()
+    h.hello("b", now=1.0)
+    assert h.last("a")[0] == "ended" and h.last("b") == ("welcome", pb.HostWelcome(host_id="b", round=2))
+
+
+def test_a_host_ahead_of_the_group_ends_the_rounds_before():
+    """Its failure report was lost on the way: its join of the next round ends the one that runs."""
+    h = Hosts()
+    running(h)
+    h.take()
+    h.join("b", 2, 1.0)
+    assert h.last("a")[0] == "ended" and h.last("b") == ("joined", 2)
+
+
+@pytest.mark.parametrize("hello, says", [
+    (dict(host_id="c"), "group r1 already has its 2 hosts (a, b)"),
+    (dict(host_id="c", nnodes=3), "--nnodes 3, but group r1's other hosts said --nnodes 2"),
+    (dict(host_id="c", nproc=8), "--nproc 8, but group r1's other hosts said --nproc 1"),
+])
+def test_a_host_that_would_form_its_group_wrong_is_refused_and_nothing_changes(hello, says):
+    h = Hosts()
+    running(h)
+    before = dict(h.table.hosts)
+    with pytest.raises(JoinRefused, match=says.replace("(", r"\(").replace(")", r"\)")):
+        h.hello(**hello)
+    assert h.table.hosts == before
