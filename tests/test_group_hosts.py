@@ -68,16 +68,36 @@ def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_pla
         text = coordinator_log()
         assert f"spare h-spare takes the place of lost {first[2]}" in text
         assert f"r1: round 3 complete: node rank 0 {first[1]}, node rank 1 h-spare;" in text
+
+        # 3. The lost host comes back (rescheduled): its place is taken, it is released and exits 0.
+        back = host(tmp_path, c.address, first[2])
+        back.log_path = tmp_path / f"agent-{first[2]}-again.log"
+        procs.append(back.start())
+        assert back.proc.wait(timeout=60) == 0, back.log_tail()
+        assert "spare h-spare took this host's place" in back.log_path.read_text()
+
+        # 4. SIGTERM to the host of node rank 0 (a node drained): it leaves the group as a failed host, exit 1;
+        #    rescheduled, it rejoins and the group trains again.
+        survivor = hosts[first[1]]
+        survivor.proc.send_signal(signal.SIGTERM)
+        assert survivor.proc.wait(timeout=60) == 1, survivor.log_tail()
+        wait_until(lambda: f"host {first[1]} of r1 failed in round 3" in coordinator_log(), 30,
+                   message="the SIGTERMed host reported leaving")
+        again = host(tmp_path, c.address, first[1])
+        again.log_path = tmp_path / f"agent-{first[1]}-again.log"
+        procs.append(again.start())
+        wait_until(lambda: "r1: round 4 complete" in coordinator_log(), 120, message="round 4 with the host back")
+        assert f"r1: round 4 complete: node rank 0 {first[1]}, node rank 1 h-spare;" in coordinator_log()
         r0.finish(timeout=300)
-        for a in (hosts[first[1]], spare):
+        for a in (again, spare):
             assert a.proc.wait(timeout=120) == 0, a.log_tail()
     finally:
         for p in procs:
             p.stop()
         c.stop()
     assert sorted(r0.steps) == list(range(1, STEPS + 1)), "r0 lost or repeated a step"
-    # The surviving host ran rounds 1-3 as restart counts 0-2, and r1 trained again after round 3.
-    survivor_log = hosts[first[1]].log_path.read_text()
-    assert "round 3: node rank 0 of 2" in survivor_log
+    # The surviving host ran rounds 1-3 (restart counts 0-2), and r1 trained again after round 4.
+    assert "round 3: node rank 0 of 2" in hosts[first[1]].log_path.read_text()
+    assert "round 4: node rank 0 of 2" in again.log_path.read_text()
     assert max(line["contributors"] for line in r0.step_lines if line["step"] > STEPS - 20) == 2, \
         "r1 trained again at the end"

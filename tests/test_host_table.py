@@ -193,3 +193,26 @@ def test_a_host_that_would_form_its_group_wrong_is_refused_and_nothing_changes(h
     with pytest.raises(JoinRefused, match=says.replace("(", r"\(").replace(")", r"\)")):
         h.hello(**hello)
     assert h.table.hosts == before
+
+
+def test_a_host_whose_place_a_spare_took_is_released_when_it_comes_back():
+    h = Hosts(spare_wait=1.0)
+    running(h)
+    h.hello("s", group="")
+    h.table.closed("b", h.connection["b"], 0.0)
+    h.join("a", 2, 0.5)
+    h.table.tick(2.0, TIMEOUT)
+    h.join("s", 2, 2.5)
+    h.hello("b", now=3.0)
+    assert h.pushed["b"][-2:] == [("released", h.pushed["b"][-2][1]), ("closed", None)]
+    assert "spare s took this host's place" in h.pushed["b"][-2][1]
+    assert "b" not in h.table.hosts and h.table.groups["r1"].current.ranks == ("a", "s")
+
+
+def test_spares_are_released_when_the_job_finishes_and_so_are_spares_that_come_later():
+    h = Hosts()
+    h.hello("s", group="")
+    h.table.finish("job finished at step 300")
+    assert h.last("s") == ("released", "job finished at step 300") and h.table.spares() == []
+    h.hello("t", group="")
+    assert h.pushed["t"] == [("released", "job finished at step 300"), ("closed", None)]

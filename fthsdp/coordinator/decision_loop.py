@@ -83,6 +83,10 @@ class DecisionLoop:
             self._wake.clear()
             for job in self.jobs.values():
                 try:
+                    if job.state.finished is not None:
+                        job.hosts.finish(f"job finished at step {job.state.finished.step}")
+                    else:
+                        job.hosts.finished = ""  # reopened
                     job.hosts.tick(self.clock(), self.config.heartbeat_timeout + self.lag.worst(self.clock()))
                     await self.evaluate(job)
                     # After the decision and its push, outside the job's lock (fthsdp/coordinator/committed.py).

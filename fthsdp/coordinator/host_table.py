@@ -70,6 +70,10 @@ class HostTable:
         self.groups: dict[str, Group] = {}
         self._links: dict[str, _Link] = {}
         self._connections = 0
+        self.replaced: dict[str, str] = {}
+        """Hosts whose place a spare took while they were gone: host id -> why they are not needed."""
+        self.finished = ""
+        """Set (why) once the job finished: spares are released, and spares that come are too."""
 
     # ----- what a host's stream brings ----------------------------------------------
 
@@ -78,6 +82,12 @@ class HostTable:
         ``closed``). Raises JoinRefused (one line) for a host that would form
         its group wrong; nothing is recorded then."""
         host_id = hello.host_id
+        released = self.finished if not hello.replica_id else self.replaced.get(host_id, "")
+        if released and (not hello.replica_id or len(self._alive(hello.replica_id, host_id)) >= hello.nnodes):
+            push(pb.HostPush(released=released))
+            push(None)
+            return 0
+        self.replaced.pop(host_id, None)
         old = self.hosts.get(host_id)
         group = self.groups.get(hello.replica_id) if hello.replica_id else None
         host = Host(host_id, hello.replica_id, hello.nnodes, hello.nproc)
@@ -195,6 +205,15 @@ class HostTable:
         for name in list(self.groups):
             self._evaluate(name, now)
 
+    def finish(self, why: str) -> None:
+        """The job finished: the spares are not needed (their agents end, exit 0)."""
+        if self.finished:
+            return
+        self.finished = why
+        for host in [h for h in self.hosts.values() if not h.group]:
+            self._push(host.host_id, pb.HostPush(released=why))
+            del self.hosts[host.host_id]
+
     # ----- status ---------------------------------------------------------------------
 
     def spares(self) -> list[str]:
@@ -204,6 +223,9 @@ class HostTable:
         return sorted((h for h in self.hosts.values() if h.group == replica_id), key=lambda h: h.host_id)
 
     # ----- inside ---------------------------------------------------------------------
+
+    def _alive(self, group: str, but: str) -> list[str]:
+        return [h.host_id for h in self.hosts.values() if h.group == group and h.alive and h.host_id != but]
 
     def _known(self, host_id: str, now: float) -> Host | None:
         link = self._links.get(host_id)
@@ -272,6 +294,8 @@ class HostTable:
                                and now - h.lost_since >= self.rules.spare_wait), key=lambda h: h.host_id)
             for spare_id, lost in zip(decision.adopted, replaced, strict=False):
                 del self.hosts[lost.host_id]
+                self.replaced[lost.host_id] = (f"spare {spare_id} took this host's place (node rank of "
+                                               f"{group.replica_id}) while it was gone")
                 group.previous = tuple(spare_id if h == lost.host_id else h for h in group.previous)
                 self.hosts[spare_id] = dataclasses.replace(self.hosts[spare_id], group=group.replica_id)
                 self._push(spare_id, pb.HostPush(adopted=pb.SpareAdopted(

@@ -191,6 +191,8 @@ class GroupRendezvous:
             return Event(Kind.ADOPTED, a.round)
         if which == "gave_up":
             return Event(Kind.GAVE_UP, reason=push.gave_up)
+        if which == "released":
+            return Event(Kind.RELEASED, reason=push.released)
         return Event(Kind.JOIN_REFUSED, reason=push.refused)
 
     def _feed(self, event: Event) -> Assignment | End | None:

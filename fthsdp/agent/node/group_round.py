@@ -57,6 +57,7 @@ class Kind(enum.Enum):
     RANKS_FINISHED = "ranks-finished"
     RANKS_STOPPED = "ranks-stopped"
     GAVE_UP = "gave-up"
+    RELEASED = "released"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,8 @@ def step(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
         return state, Do.NOTHING
     if event.kind is Kind.JOIN_REFUSED:
         return _ended(state, 2, f"the coordinator refused this host: {event.reason}"), Do.EXIT
+    if event.kind is Kind.RELEASED and state.phase not in (Phase.RUNNING, Phase.STOPPING):
+        return _ended(state, 0, event.reason), Do.EXIT
     if event.kind is Kind.GAVE_UP:
         why = f"gave up: {event.reason}"
         if state.phase in (Phase.RUNNING, Phase.STOPPING):  # its ranks first

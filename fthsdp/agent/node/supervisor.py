@@ -43,6 +43,7 @@ from fthsdp.agent import outcome, standby
 from fthsdp.agent.injection import kill_ranks
 from fthsdp.agent.node.config import MAX_BACKOFF, AgentConfig
 from fthsdp.agent.node.group_rendezvous import Assignment, GroupRendezvous
+from fthsdp.agent.node.group_round import Phase
 from fthsdp.agent.node.hang_watch import HangWatch
 from fthsdp.agent.node.late_exits import LateExits
 from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
@@ -86,7 +87,8 @@ class AgentState(enum.IntEnum):
           │                                     ▲  ▲   └──(otherwise)─────────> GAVE_UP
           ├──(SIGTERM/SIGINT)───────────────────┘  │
           │                   FAILED, RESTARTING ──┘ (SIGTERM: no restart; nothing left to drain -> SUCCEEDED)
-          └──(the rank command cannot be started)──> GAVE_UP
+          ├──(the rank command cannot be started)──> GAVE_UP
+          └──(a group of several hosts: the coordinator releases this host)──> SUCCEEDED
 
     * STARTING: launching the local ranks (a fresh MASTER_PORT when it is 0).
     * RUNNING: all local ranks started; checked every --monitor-interval.
@@ -119,7 +121,8 @@ class AgentState(enum.IntEnum):
 
 TRANSITIONS: dict[AgentState | None, frozenset[AgentState]] = {
     None: frozenset({AgentState.STARTING}),
-    AgentState.STARTING: frozenset({AgentState.RUNNING, AgentState.DRAINING, AgentState.GAVE_UP}),
+    AgentState.STARTING: frozenset({AgentState.RUNNING, AgentState.DRAINING, AgentState.GAVE_UP,
+                                    AgentState.SUCCEEDED}),  # a host of a group the coordinator no longer needs
     AgentState.RUNNING: frozenset({AgentState.SUCCEEDED, AgentState.FAILED, AgentState.DRAINING}),
     AgentState.FAILED: frozenset({AgentState.RESTARTING, AgentState.GAVE_UP, AgentState.DRAINING}),
     AgentState.RESTARTING: frozenset({AgentState.STARTING, AgentState.DRAINING}),
@@ -291,8 +294,11 @@ class Supervisor:
         if not isinstance(got, Assignment):
             if self._stop.requested:
                 return self._stop_without_restart()
+            if got.exit_code == 0:  # released: a spare at the job's end, a host a spare replaced
+                self._transition(AgentState.SUCCEEDED, got.reason)
+                return 0
             self._transition(AgentState.GAVE_UP, got.reason)
-            return got.exit_code or 1
+            return got.exit_code
         adopted = got.replica_id != self.config.replica_id
         # Round 1 runs as restart count 0, as torchrun counts: a script's first incarnation is the same either way.
         self.config, self.restart_count = got.config(self._base), got.round - 1
@@ -477,7 +483,27 @@ class Supervisor:
             self._stop.wait(self.config.monitor_interval)
         return None
 
+    def _leave_group(self) -> int:
+        """SIGTERM to one host of a group of several hosts (a node drained or
+        preempted): this host leaves the group as a failed one, so that the
+        group's other hosts restart without it and a spare (or this host,
+        rescheduled) takes its place. No drain: the ranks here cannot leave
+        at a step boundary without the whole replica leaving with them.
+        Drain a whole group with ``fthsdp drain REPLICA``."""
+        signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
+        detail = (f"{signame}: this host leaves group {self.config.replica_id}; its ranks are stopped at once and "
+                  "the group goes on without it (drain a whole group with fthsdp drain)")
+        self._transition(AgentState.DRAINING, detail)
+        assert self._rendezvous is not None
+        if self._rendezvous.state.phase is Phase.RUNNING:
+            self._rendezvous.failed(detail)
+        stop_ranks(self._ranks, 0.0, self.config.monitor_interval)
+        self._transition(AgentState.GAVE_UP, f"{signame}: left group {self.config.replica_id}")
+        return 1
+
     def _drain(self) -> int:
+        if self._rendezvous is not None and self.config.replica_id:
+            return self._leave_group()
         signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
         self._transition(AgentState.DRAINING, f"{signame}: ranks leave at their next step boundary")
         stop_ranks(self._ranks, self.config.stop_timeout, self.config.monitor_interval)
@@ -495,6 +521,8 @@ class Supervisor:
         return self._late.after_leaving(rank, code, self._outcome_path(self.restart_count, rank.local_rank))
 
     def _stop_without_restart(self) -> int:
+        if self._rendezvous is not None and self.config.replica_id:
+            return self._leave_group()
         signame = signal.Signals(self._stop.signum or signal.SIGTERM).name
         self._transition(AgentState.DRAINING, f"{signame} while restarting: not restarting")
         self._transition(AgentState.SUCCEEDED, "stopped; the ranks were already down")

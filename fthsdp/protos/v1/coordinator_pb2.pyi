@@ -786,7 +786,7 @@ class SpareAdopted(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., round: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
 
 class HostPush(_message.Message):
-    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused")
+    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused", "released")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -794,6 +794,7 @@ class HostPush(_message.Message):
     ADOPTED_FIELD_NUMBER: _ClassVar[int]
     GAVE_UP_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     welcome: HostWelcome
     joined: int
     complete: RoundComplete
@@ -801,7 +802,8 @@ class HostPush(_message.Message):
     adopted: SpareAdopted
     gave_up: str
     refused: str
-    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
+    released: str
+    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ..., released: _Optional[str] = ...) -> None: ...
 
 class ReplicaRecord(_message.Message):
     __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable")
