@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import uuid
 
 import pytest
 
 from tests.processes import AgentProcess, CoordinatorProcess
+from tests.supervised import LOADED, SupervisedCoordinator
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -101,3 +103,39 @@ def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_pla
     assert "round 4: node rank 0 of 2" in again.log_path.read_text()
     assert max(line["contributors"] for line in r0.step_lines if line["step"] > STEPS - 20) == 2, \
         "r1 trained again at the end"
+
+
+def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_they_are(tmp_path, etcd_url):
+    """The rounds are not stored: the restarted coordinator learns the running
+    round from the agents' hellos (fthsdp/coordinator/host_table.py), and the
+    group trains on through it without a restart."""
+    prefix = f"/fthsdp-test/{uuid.uuid4().hex[:12]}"
+    c = SupervisedCoordinator(tmp_path / "coordinator.log", "--store", etcd_url, "--store-prefix", prefix,
+                              "--leader-ttl", "2s", "--heartbeat-interval", "200ms", "--heartbeat-timeout", "3s",
+                              "--spare-wait", "1s").start()
+    r0 = AgentProcess(tmp_path, c.address, "r0", 0, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", "100000",
+                      agent_args=("--nproc", "2"), worker="tests.hsdp_worker")
+    hosts = [host(tmp_path, c.address, h) for h in ("h-a", "h-b")]
+    procs = [r0.start(), *(a.start() for a in hosts)]
+    try:
+        c.log.wait_for("r1: round 1 complete", timeout=90)
+        r0.read_until(lambda line: line.get("step", 0) >= 10 and line["contributors"] == 2, 120)
+        mark = c.log.count()
+        c.kill()  # its supervisor starts it again at once
+        c.log.wait_for(LOADED, after=mark, timeout=30)
+        # The new coordinator knows the running round again, from the hellos, and r1 still commits with r0.
+        c.log.wait_for("r1: round 1 complete", after=mark, timeout=30)
+        r0.read_until(lambda line: line["contributors"] == 2 if "step" in line else False, 60)
+        after = r0.read_until(lambda line: line.get("contributors") == 2, 60)["step"]
+        r0.read_until(lambda line: line.get("step", 0) >= after + 20, 60)
+        lines = c.log.lines()[mark:]  # before the teardown stops anything
+        agent_logs = [a.log_path.read_text() for a in hosts]
+    finally:
+        for p in procs:
+            p.stop()
+        c.stop()
+    assert not [ln for ln in lines if "round 1 ended" in ln or "round 2" in ln], "the restart ended no round"
+    for text in agent_logs:
+        assert "restarting" not in text and "round 1 ended" not in text, "a host's ranks were restarted"
+    assert all(line["contributors"] == 2 for line in r0.step_lines if line["step"] > after), \
+        "r1 trained on with r0 after the restart"
