@@ -32,9 +32,12 @@ class Proc:
         for line in self.p.stdout:
             if line.startswith("{"):
                 try:
-                    self.lines.put(json.loads(line))
+                    item = json.loads(line)
                 except json.JSONDecodeError:
-                    pass
+                    continue
+                if isinstance(item, dict):
+                    item.setdefault("received", time.time())  # unix seconds it was read: for lines with no time
+                self.lines.put(item)
 
     def until(self, predicate, timeout: float = 120.0) -> dict:
         """The next JSON line satisfying ``predicate``; queue.Empty after ``timeout``."""

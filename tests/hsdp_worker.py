@@ -4,7 +4,9 @@ WORLD_SIZE, MASTER_ADDR/PORT from `fthsdp agent`), FTAR across replicas.
 
 Rank r of replica k trains on batch (step, k * WORLD_SIZE + r), the data a
 DDP run with world size replicas * WORLD_SIZE would give global rank
-k * WORLD_SIZE + r. Rank 0 prints one JSON line per committed step.
+k * WORLD_SIZE + r. Rank 0 prints one JSON line per committed step (with
+``time``, the wall clock as it committed: comparable with the agents' and the
+coordinator's log timestamps).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from fthsdp import Manager
+from fthsdp.agent.training.train_state import default_update
 from tests.ftar_worker import batch, hang, make_model, make_optimizer
 
 
@@ -34,6 +38,11 @@ def main() -> None:
                    help="at this step, rank --hang-rank blocks forever before its forward pass (first incarnation "
                         "only): the group's other ranks then wait inside FSDP's own collectives")
     p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--replay-delay", type=float, default=0.0,
+                   help="seconds each of the first 10 steps an incarnation replays while catching up takes (a "
+                        "catch-up long enough to fail a host during it)")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds every rank sleeps after each commit (leaves CPU to a test's other processes)")
     args = p.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -46,7 +55,16 @@ def main() -> None:
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = make_optimizer(model)
-    ft = Manager.from_env(model, optimizer)
+    update = default_update(optimizer)
+    delayed = [10]
+
+    def slow_replay() -> None:
+        if ft.replaying and delayed[0] > 0:
+            delayed[0] -= 1
+            time.sleep(args.replay_delay)
+        update()
+
+    ft = Manager.from_env(model, optimizer, update=slow_replay if args.replay_delay else None)
     ft.start(wait_for_replicas=args.wait_for)
     print(json.dumps({"rank": rank, "pid": os.getpid()}), flush=True)
     first_incarnation = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
@@ -60,7 +78,9 @@ def main() -> None:
         if rank == 0:
             print(json.dumps({"step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
                               "abandoned": result.abandoned, "checksum": ft.checksum,
-                              "overlapped": result.overlapped}), flush=True)
+                              "overlapped": result.overlapped, "time": time.time()}), flush=True)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective: every rank
     if args.save and rank == 0:
         torch.save(full, args.save)

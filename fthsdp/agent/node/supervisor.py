@@ -63,10 +63,11 @@ RETRY_FIRST = 0.2
 RETRY_CAP = 2.0
 STABLE_UPTIME = 60.0
 """A group that ran this long before failing is not crash-looping: it restarts without back-off."""
-ROUND_END_GRACE = 1.0
+ROUND_END_GRACE = 0.0
 """Seconds the ranks get after SIGTERM, before SIGKILL, when the coordinator ended their round (another host of the
-group failed): their group's state is lost with it, and a rank blocked in a collective with the failed host would
-only wait out its timeout."""
+group failed): none. Their group's state is lost with the round, and a rank blocked in a gloo collective with the
+failed host ignores SIGTERM until that collective times out (measured: every host stopped 1.1 s after the failure
+was known with a 1 s grace, 0.1 s with none)."""
 DIVERGENCE_SETTLE = 1.0
 """After a failure, seconds to wait at most for the coordinator's push that took the replica out
 (it carries a checksum-mismatch verdict, if any) to reach the agent's stream."""
