@@ -1,6 +1,6 @@
 """How fast a replica group restarts as one, on one host and across two.
 
-    python benchmarks/group_restart.py [--trials 3] [--cases "two hosts x 1 rank"]
+    python benchmarks/group_restart.py [--trials 3] [--cases "two hosts of 1 rank"]
 
 Two replica groups train FSDP2 (tests/hsdp_worker.py: each group shards the
 model over its 2 ranks, FTAR across the groups) under `fthsdp agent`
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from failover import start_coordinator  # noqa: E402
 from jsonproc import Proc  # noqa: E402
 
-CASES = {"one host, 2 ranks": 1, "two hosts x 1 rank": 2}
+CASES = {"one host of 2 ranks": 1, "two hosts of 1 rank": 2}
 STEPS = 100_000
 """More than any trial reaches: each ends once r1 trains again."""
 

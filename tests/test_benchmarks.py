@@ -19,7 +19,7 @@ SMOKE = {
     "ftar": (["--sizes-mb", "1", "--replicas", "2", "--pairs", "1"], 300),
     "step_time": (["--replicas", "2", "--pairs", "1", "--steps", "8"], 300),
     "failover": (["--trials", "1", "--cases", "rank killed"], 600),
-    "group_restart": (["--trials", "1", "--cases", "two hosts x 1 rank"], 600),
+    "group_restart": (["--trials", "1", "--cases", "two hosts of 1 rank"], 600),
     "catchup": (["--trials", "1", "--mib", "8", "--skip-large", "--skip-torchft"], 900),
     "catchup_server": (["--mib", "8", "--trials", "1", "--requests", "50"], 300),
     "checkpoint": (["--mib", "8", "--trials", "1", "--hidden", "256", "--every", "5", "--intervals", "2",
