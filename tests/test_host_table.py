@@ -80,7 +80,7 @@ def test_one_failure_ends_the_round_on_every_host_and_the_next_keeps_the_ranks()
     for host in ("a", "b"):
         kind, ended = h.last(host)
         assert kind == "ended" and ended.round == 1
-        assert "node rank 1 (b): it reported a failure" in ended.reason
+        assert "node rank 1 (b): it reported a failure (local rank 0 exited with signal SIGKILL)" in ended.reason
     h.table.failure("a", 1, "a late report of the same round", 1.1)
     assert len(h.pushed["a"]) == 1, "a report about a round already over changes nothing"
     h.join("b", 2, 2.0)

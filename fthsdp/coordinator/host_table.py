@@ -113,7 +113,8 @@ class HostTable:
         elif (group is not None and old is not None and old.group == group.replica_id and group.current.complete
               and host_id in group.current.ranks and old.left_round != group.current.number):
             # A host of the running round back with nothing running: its last incarnation died.
-            self.hosts[host_id] = dataclasses.replace(old, failed_round=group.current.number)
+            self.hosts[host_id] = dataclasses.replace(old, failed_round=group.current.number,
+                                                      failure="its agent came back with no ranks running")
             self._evaluate(group.replica_id, now)
         self.hosts[host_id] = host
         round_now = self.groups[host.group].current.number if host.group else 0
@@ -137,7 +138,8 @@ class HostTable:
         if group.current.complete:
             if host_id in group.current.ranks and host.left_round != group.current.number:
                 # Its ranks of the running round are gone: that round is over for every host.
-                self.hosts[host_id] = host = dataclasses.replace(host, failed_round=group.current.number)
+                self.hosts[host_id] = host = dataclasses.replace(host, failed_round=group.current.number,
+                                                                 failure="it joins the next round")
                 self._evaluate(group.replica_id, now)
         number = group.current.number
         self.hosts[host_id] = dataclasses.replace(self.hosts[host_id], joined_round=number, store=store)
@@ -151,7 +153,7 @@ class HostTable:
         log.warning("job %s: host %s of %s failed in round %d: %s", self.job, host_id, host.group, round_number,
                     reason, extra={"event": "host_failed", "job": self.job, "host": host_id, "group": host.group,
                                    "round": round_number, "reason": reason})
-        self.hosts[host_id] = dataclasses.replace(host, failed_round=round_number)
+        self.hosts[host_id] = dataclasses.replace(host, failed_round=round_number, failure=reason[:200])
         self._evaluate(host.group, now)
 
     def leave(self, host_id: str, round_number: int, reason: str, now: float) -> None:
@@ -213,6 +215,18 @@ class HostTable:
         for host in [h for h in self.hosts.values() if not h.group]:
             self._push(host.host_id, pb.HostPush(released=why))
             del self.hosts[host.host_id]
+
+    def stale_incarnation(self, replica_id: str, restart_count: int) -> str:
+        """Why a rank of incarnation ``restart_count`` of ``replica_id`` may
+        not register ('' if it may): its group's round ended since (round r
+        runs as restart count r-1). Such a rank outlived its round on a host
+        that has not stopped it yet (cut off, slow); it must not take its
+        replica's place from the next round's ranks."""
+        group = self.groups.get(replica_id)
+        if group is None or restart_count >= group.current.number - 1:
+            return ""
+        return (f"replica {replica_id}: a rank of round {restart_count + 1} (restart count {restart_count}) may not "
+                f"register: that round ended, the group is in round {group.current.number}")
 
     # ----- status ---------------------------------------------------------------------
 

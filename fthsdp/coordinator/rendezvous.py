@@ -68,6 +68,9 @@ class Host:
     """When its heartbeats stopped; None while it is alive."""
     failed_round: int = 0
     """The round in which it reported a failure (a rank died, a hang); 0: none."""
+    failure: str = ""
+    """What it reported: the round's end says it (a host whose rank the coordinator took out may report first, when
+    the cause is another host that went silent)."""
     left_round: int = 0
     """The round it left for good in (its ranks finished or drained): not a failure; 0: none."""
 
@@ -156,7 +159,8 @@ def _running(current: Round, members: Mapping[str, Host], now: float) -> Decisio
             continue  # finished or drained: the others finish too, nothing to restart
         why = ("it left the group" if host is None
                else f"host lost {now - host.lost_since:.0f}s ago" if host.lost_since is not None
-               else "it reported a failure" if host.failed_round == current.number else "")
+               else f"it reported a failure{f' ({host.failure})' if host.failure else ''}"
+               if host.failed_round == current.number else "")
         if why:
             following = Round(current.number + 1, now)
             return Decision(Action.END, f"round {current.number} ended: node rank {rank} ({host_id}): {why}; "

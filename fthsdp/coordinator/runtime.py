@@ -33,7 +33,7 @@ from fthsdp.coordinator.replica_entry import fail_awaited, grant_reconnect_grace
 from fthsdp.coordinator.served_job import ServedJob
 from fthsdp.coordinator.store import Store
 from fthsdp.coordinator.watch_events import HEADER
-from fthsdp.core.errors import NotLeader, UnknownJob
+from fthsdp.core.errors import NotLeader, StaleSession, UnknownJob
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -155,6 +155,9 @@ class CoordinatorRuntime:
 
     async def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
         job = self.job(req.job)
+        stale = job.hosts.stale_incarnation(req.replica_id, req.restart_count)
+        if stale:
+            raise StaleSession(stale)
         async with job.lock:
             revision = None
             needed = job.state.record_needed(req.replica_id, req.address, req.world_size)
