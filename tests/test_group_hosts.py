@@ -139,3 +139,18 @@ def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_th
         assert "restarting" not in text and "round 1 ended" not in text, "a host's ranks were restarted"
     assert all(line["contributors"] == 2 for line in r0.step_lines if line["step"] > after), \
         "r1 trained on with r0 after the restart"
+
+
+def test_a_round_that_cannot_complete_gives_up_after_the_rendezvous_timeout_saying_why(tmp_path):
+    c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s").start()
+    alone = host(tmp_path, c.address, "h-a")
+    alone.argv[alone.argv.index("--max-restarts"):alone.argv.index("--max-restarts")] = ["--rendezvous-timeout", "3s"]
+    alone.start()
+    try:
+        assert alone.proc.wait(timeout=60) == 1, alone.log_tail()
+    finally:
+        alone.stop()
+        c.stop()
+    text = alone.log_path.read_text()
+    assert "gave up: round 1 did not complete in 3s: waiting for 1 more host (none known)" in text, text[-2000:]
+    assert "r1: round 1 did not complete in 3s" in c.log_path.read_text()
