@@ -49,11 +49,13 @@ def test_a_round_joined_completed_run_and_ended_by_another_host():
     r, link = make()
     r.inbox.put(pb.HostPush(welcome=pb.HostWelcome(host_id="h-b", round=1)))
     r.inbox.put(pb.HostPush(joined=1))
+    r.inbox.put(pb.HostPush(welcome=pb.HostWelcome(host_id="h-b", round=1)))  # the stream opened again
     r.inbox.put(pb.HostPush(complete=pb.RoundComplete(round=1, node_rank=1, store="10.0.0.1:7001",
                                                        hosts=["h-a", "h-b"])))
     got = r.next_round(never)
     assert got == Assignment(1, 1, "10.0.0.1", 7001, "r1", 1, 2)
-    assert [m.join for m in link.sent] == [pb.HostJoin(round=1, store="10.0.0.2:7001")], "its own fresh store"
+    assert [m.join for m in link.sent] == [pb.HostJoin(round=1, store="10.0.0.2:7001")] * 2, \
+        "its own fresh store, sent again as it was after the stream opened again"
     assert link.hello().node_rank == 1 and link.hello().round == 1, "a reconnect says where it runs"
     assert r.round_ended() is None
     r.inbox.put(pb.HostPush(ended=pb.RoundEnded(round=1, reason="round 1 ended: node rank 0 (h-a): host lost")))

@@ -75,8 +75,10 @@ CASES = [
          Do.NOTHING, round=3),
     Case("a welcome after a reconnect names a later round: the round ended unheard", RUNNING, Event(Kind.WELCOME, 2),
          Phase.STOPPING, Do.STOP_RANKS),
-    Case("a welcome after a reconnect while gathering: join again (the join may be lost)", GATHERING,
-         Event(Kind.WELCOME, 1), Phase.JOINING, Do.JOIN),
+    Case("a welcome after a reconnect while gathering: the same join again (it may be lost)", GATHERING,
+         Event(Kind.WELCOME, 1), Phase.JOINING, Do.REJOIN),
+    Case("a welcome naming a later round while gathering: join that one", GATHERING, Event(Kind.WELCOME, 3),
+         Phase.JOINING, Do.JOIN, round=3),
     Case("nothing moves an ended agent", AgentRound(Phase.ENDED, 2, exit_code=1, reason="x"),
          Event(Kind.ROUND_COMPLETE, 2, 0, "h:1"), Phase.ENDED, Do.NOTHING, round=2, exit_code=1),
 ]

@@ -216,3 +216,26 @@ def test_spares_are_released_when_the_job_finishes_and_so_are_spares_that_come_l
     assert h.last("s") == ("released", "job finished at step 300") and h.table.spares() == []
     h.hello("t", group="")
     assert h.pushed["t"] == [("released", "job finished at step 300"), ("closed", None)]
+
+
+def test_the_same_join_again_after_a_reconnect_is_answered_not_taken_for_a_failure():
+    """The agent's stream was opened again while it gathered: it sends its join again, as it was, and the
+    round that completed meanwhile stands (a join with a fresh store would be a new incarnation)."""
+    h = Hosts()
+    running(h)
+    h.take()
+    h.join("a", 1, 1.0)  # the same round, the same store ("a:7001")
+    assert h.pushed["b"] == [], "nothing ended"
+    assert h.last("a")[0] == "complete" and h.last("a")[1].node_rank == 0
+    h.table.join("a", 1, "a:9999", 2.0)  # a fresh store: its ranks of the round are gone
+    assert h.last("b")[0] == "ended"
+
+
+def test_a_host_that_joined_but_missed_the_completion_comes_back_and_the_round_stands():
+    h = Hosts()
+    running(h)
+    h.take()
+    h.hello("a", now=1.0, round=1, node_rank=-1)  # its stream opened again while it still gathered
+    assert h.last("b") is None, "nothing ended"
+    h.join("a", 1, 1.1)  # its join again, as it was
+    assert h.last("a")[0] == "complete" and h.last("b") is None

@@ -112,10 +112,14 @@ class HostTable:
                 group.previous = tuple(ranks)
         elif (group is not None and old is not None and old.group == group.replica_id and group.current.complete
               and host_id in group.current.ranks and old.left_round != group.current.number):
-            # A host of the running round back with nothing running: its last incarnation died.
-            self.hosts[host_id] = dataclasses.replace(old, failed_round=group.current.number,
-                                                      failure="its agent came back with no ranks running")
-            self._evaluate(group.replica_id, now)
+            if hello.round == group.current.number:
+                # The same agent, which had joined the round but not heard it complete: it joins again, as it was.
+                host = dataclasses.replace(host, joined_round=old.joined_round, store=old.store)
+            else:
+                # A host of the running round back with nothing running: its last incarnation died.
+                self.hosts[host_id] = dataclasses.replace(old, failed_round=group.current.number,
+                                                          failure="its agent came back with no ranks running")
+                self._evaluate(group.replica_id, now)
         self.hosts[host_id] = host
         round_now = self.groups[host.group].current.number if host.group else 0
         push(pb.HostPush(welcome=pb.HostWelcome(host_id=host_id, round=round_now)))
@@ -135,6 +139,13 @@ class HostTable:
         group = self.groups[host.group]
         if round_number > group.current.number:
             self._advance(group, round_number, now, f"host {host_id} joins round {round_number}")
+        if (group.current.complete and round_number == group.current.number and host_id in group.current.ranks
+                and host.joined_round == round_number and store == host.store):
+            # The same join again (its agent's stream was opened again): the round stands; say it again.
+            rank = group.current.ranks.index(host_id)
+            self._push(host_id, pb.HostPush(complete=pb.RoundComplete(
+                round=group.current.number, node_rank=rank, store=group.current.store, hosts=group.current.ranks)))
+            return
         if group.current.complete:
             if host_id in group.current.ranks and host.left_round != group.current.number:
                 # Its ranks of the running round are gone: that round is over for every host.

@@ -116,6 +116,8 @@ class GroupRendezvous:
         self.replica = (config.replica_id, config.replica_rank, config.num_replicas)
         self.inbox: queue.Queue[pb.HostPush] = queue.Queue()
         self._store = store(env)
+        self._joined: tuple[int, str] | None = None
+        """The round this host joined last and the store it opened for it."""
         self._ended = ""
         self._link = link(config.coordinators, token, config.tls, self._hello, self.inbox)
 
@@ -203,10 +205,13 @@ class GroupRendezvous:
                      self.state.round, self.state.phase.value, event.kind.value,
                      extra={"event": "group_round", "host": self.host_id, "round": self.state.round,
                             "phase": self.state.phase.value, "cause": event.kind.value, "reason": event.reason})
-        if do is Do.JOIN:
+        if do is Do.REJOIN and self._joined is not None:
+            self._link.send(pb.HostRequest(join=pb.HostJoin(round=self.state.round, store=self._joined[1])))
+        elif do in (Do.JOIN, Do.REJOIN):
             self._ended = ""
-            port = self._store.open()
-            self._link.send(pb.HostRequest(join=pb.HostJoin(round=self.state.round, store=f"{self.address}:{port}")))
+            store = f"{self.address}:{self._store.open()}"
+            self._joined = (self.state.round, store)
+            self._link.send(pb.HostRequest(join=pb.HostJoin(round=self.state.round, store=store)))
         elif do is Do.START_RANKS:
             host, port = split_host_port(self.state.store)
             return Assignment(self.state.round, self.state.node_rank, host, port, *self.replica)

@@ -74,6 +74,9 @@ class Do(enum.Enum):
     NOTHING = "nothing"
     JOIN = "join"
     """Open a fresh store on a free port and join ``state.round`` with its address."""
+    REJOIN = "rejoin"
+    """Send the join of ``state.round`` again, with the store already opened for it (the stream was opened again:
+    the join may be lost; a fresh store would close the one the round may already use)."""
     START_RANKS = "start-ranks"
     """Start the local ranks: node rank ``state.node_rank``, store ``state.store``, restart count ``state.round``."""
     REPORT_FAILURE = "report-failure"
@@ -134,8 +137,10 @@ def _welcome(state: AgentRound, event: Event) -> tuple[AgentRound, Do]:
             return dataclasses.replace(state, phase=Phase.SPARE), Do.NOTHING
         first = max(event.round, 1)
         return dataclasses.replace(state, phase=Phase.JOINING, round=first, first_round=first), Do.JOIN
-    if state.phase in (Phase.JOINING, Phase.GATHERING) and event.round >= state.round:
-        # The join may be lost with the stream (a coordinator that restarted): join again.
+    if state.phase in (Phase.JOINING, Phase.GATHERING) and event.round == state.round:
+        # The join may be lost with the stream (a coordinator that restarted): send it again, as it was.
+        return dataclasses.replace(state, phase=Phase.JOINING), Do.REJOIN
+    if state.phase in (Phase.JOINING, Phase.GATHERING) and event.round > state.round:
         return dataclasses.replace(state, phase=Phase.JOINING, round=event.round), Do.JOIN
     if state.phase is Phase.RUNNING and event.round > state.round:
         # The round ended while this host could not hear it.
