@@ -10,7 +10,7 @@ step; torchft 0.2.0's heal side by side.
    Baseline, same run, same bytes: a raw loopback socket (``sendall`` of one
    buffer from another process, ``recv_into`` a fresh buffer here). Also
    timed: the same snapshot over a two-rank gloo group
-   (``--catch-up-transport distributed``, fthsdp/agent/training/catchup_group.py).
+   (``--catch-up-transport distributed``, fthsdp/agent/training/catchup/group.py).
 2. Rejoin. Three replicas under ``fthsdp agent`` (the third with --standby,
    or without for a cold start); after a warm-up the third one's training
    process is SIGKILLed; its agent restarts it and it catches up. Reported:
@@ -56,13 +56,13 @@ def serve_http(mib: int, certs: Path | None = None) -> None:
     over mutual TLS with the node certificate in ``certs``, if given."""
     import torch
 
-    from fthsdp.agent.training import catchup_tls
-    from fthsdp.agent.training.catchup_server import CatchUpServer
-    from fthsdp.agent.training.catchup_source import CatchUpSource
-    from fthsdp.agent.training.grad_log import GradientLog
+    from fthsdp.agent.training.catchup import tls as catchup_tls
+    from fthsdp.agent.training.catchup.grad_log import GradientLog
+    from fthsdp.agent.training.catchup.server import CatchUpServer
+    from fthsdp.agent.training.catchup.source import ServedState
 
     state = {"model": {f"w{i}": torch.rand(mib * 2**20 // 4 // 16) for i in range(16)}}
-    source = CatchUpSource("bench", 0, 0, GradientLog())
+    source = ServedState("bench", 0, 0, GradientLog())
     channel = None if certs else group_channel()  # the same server pushes over a gloo group when asked
     server = CatchUpServer(source, tls=catchup_tls.server_context(node_tls(certs)) if certs else None,
                            channel=channel).start()
@@ -110,7 +110,7 @@ def node_tls(certs: Path):
 
 
 def group_channel():
-    from fthsdp.agent.training.catchup_group import GroupChannel
+    from fthsdp.agent.training.catchup.group import GroupChannel
     from fthsdp.agent.training.transport.gloo import GlooTransport
 
     return GroupChannel(GlooTransport(), "127.0.0.1", 60.0)
@@ -118,8 +118,8 @@ def group_channel():
 
 def fetch_http(address: str, buf=None, certs: Path | None = None, group: bool = False) -> tuple[float, int]:
     """Over HTTP(S), or with ``group`` over a two-rank gloo group (HTTP for the manifest)."""
-    from fthsdp.agent.training import catchup_tls
-    from fthsdp.agent.training.catchup_client import SourceClient
+    from fthsdp.agent.training.catchup import tls as catchup_tls
+    from fthsdp.agent.training.catchup.client import SourceClient
 
     client = SourceClient(address, tls=catchup_tls.client_context(node_tls(certs)) if certs else None,
                           channel=group_channel() if group else None)

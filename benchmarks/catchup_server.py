@@ -4,7 +4,7 @@ an aiohttp port of it, serving the same snapshot bytes to the same client.
     python benchmarks/catchup_server.py [--mib 256] [--trials 5] [--requests 500] [--busy] [--piece-kib 1024]
 
 One source process (another replica, as in reality) holds a state of --mib
-MiB (16 float32 tensors) in a ``CatchUpSource`` and a "training thread" that
+MiB (16 float32 tensors) in a ``ServedState`` and a "training thread" that
 takes the snapshot asked for at its next step boundary (every millisecond),
 as in benchmarks/catchup.py part 1; between boundaries it sleeps, or with
 --busy spins in pure Python, holding the GIL but for the interpreter's switch
@@ -65,7 +65,7 @@ from jsonproc import Proc  # noqa: E402
 TOKEN = "bench-token"
 PIECE = 1 << 20
 """The aiohttp port's write size (the real server's WRITE_PIECE when it paces)."""
-_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")  # as fthsdp/agent/training/catchup_server.py
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")  # as fthsdp/agent/training/catchup/server.py
 SERVERS = ("http.server", "aiohttp", "aiohttp whole body", "raw socket")
 SMALL = ("http.server", "aiohttp")
 """The servers timed on small requests (both aiohttp variants answer those alike)."""
@@ -80,8 +80,8 @@ def aiohttp_server(source, token: str, piece: int) -> str:
     ``web.Response``."""
     from aiohttp import web
 
-    from fthsdp.agent.training.catchup_server import PROTOBUF
-    from fthsdp.agent.training.catchup_source import SnapshotUnavailable
+    from fthsdp.agent.training.catchup.server import PROTOBUF
+    from fthsdp.agent.training.catchup.source import SnapshotUnavailable
 
     def error(code: int, message: str, headers=None) -> web.Response:
         return web.Response(status=code, text=message + "\n", headers=headers)
@@ -210,12 +210,12 @@ def serve(mib: int, piece: int, busy: bool) -> None:
     GIL but for the interpreter's switch interval) instead of sleeping."""
     import torch
 
-    from fthsdp.agent.training.catchup_server import CatchUpServer
-    from fthsdp.agent.training.catchup_source import CatchUpSource
-    from fthsdp.agent.training.grad_log import GradientLog
+    from fthsdp.agent.training.catchup.grad_log import GradientLog
+    from fthsdp.agent.training.catchup.server import CatchUpServer
+    from fthsdp.agent.training.catchup.source import ServedState
 
     state = {"model": {f"w{i}": torch.rand(mib * 2**20 // 4 // 16) for i in range(16)}}
-    source = CatchUpSource("bench", 0, 0, GradientLog())
+    source = ServedState("bench", 0, 0, GradientLog())
     addresses = {
         "http.server": CatchUpServer(source, token=TOKEN).start().address,
         "aiohttp": aiohttp_server(source, TOKEN, piece),
@@ -249,7 +249,7 @@ def cpu_seconds(raw_address: str) -> float:
 
 
 def fetch(name: str, address: str, manifest, buf) -> float:
-    from fthsdp.agent.training.catchup_client import SourceClient
+    from fthsdp.agent.training.catchup.client import SourceClient
 
     began = time.perf_counter()
     if name == "raw socket":
@@ -272,7 +272,7 @@ def fetch(name: str, address: str, manifest, buf) -> float:
 
 def small_request(name: str, address: str, path: str, step: int) -> float:
     """One request on a new connection: health with http.client, the manifest with SourceClient."""
-    from fthsdp.agent.training.catchup_client import SourceClient
+    from fthsdp.agent.training.catchup.client import SourceClient
 
     host, port = address.rsplit(":", 1)
     began = time.perf_counter()
@@ -323,7 +323,7 @@ def main() -> None:
 
     import torch
 
-    from fthsdp.agent.training.catchup_client import SourceClient
+    from fthsdp.agent.training.catchup.client import SourceClient
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     source = Proc([sys.executable, str(Path(__file__).resolve()), "--role", "source", "--mib", str(args.mib),

@@ -89,7 +89,7 @@ def make_state(mib: float, seed: int):
     """A TrainState of LAYERS square Linear layers and AdamW after one step: about ``mib`` MiB."""
     import torch
 
-    from fthsdp.agent.training.train_state import TrainState
+    from fthsdp.agent.training.state.train_state import TrainState
 
     width = max(8, round((mib * MIB / (12 * LAYERS)) ** 0.5))  # weight + exp_avg + exp_avg_sq, float32
     torch.manual_seed(seed)

@@ -57,7 +57,7 @@ coordinator's hang look sees what it sees in a real job."""
 
 
 class SimulatedStep:
-    """What one simulated replica reports of its step (fthsdp/agent/training/step_clock.py):
+    """What one simulated replica reports of its step (fthsdp/agent/training/step/clock.py):
     computing for ``compute`` seconds of each step (its own, 0.6-0.8 s), then
     in the all-reduce, waiting for the others, until the next step begins.
     Only in ``Progress``: the heartbeat's committed ``step`` stays 0, as
@@ -87,7 +87,7 @@ class SimulatedStep:
 
 REFUSED = ("NOT_FOUND", "FAILED_PRECONDITION")
 """A heartbeat refused with these names a session the coordinator dropped:
-register again, as the agent does (fthsdp/agent/training/membership.py)."""
+register again, as the agent does (fthsdp/agent/training/session/membership.py)."""
 
 
 async def register(grpc, stub, pb, rid: str, out: dict):
@@ -430,7 +430,7 @@ def main() -> None:
                         "Register + Watch + HeartbeatStream, three calls (what agents did before)")
     p.add_argument("--progress", default="real",
                    help="comma-separated, each run in turn at every size: real: heartbeats carry a Progress as the "
-                        "agent's (fthsdp/agent/training/step_clock.py: lockstep 1 s steps, computing then in the "
+                        "agent's (fthsdp/agent/training/step/clock.py: lockstep 1 s steps, computing then in the "
                         "all-reduce, with step and compute times); no-compute: the same without compute times (no "
                         "straggler scores); none: no Progress")
     p.add_argument("--client", nargs=7, help=argparse.SUPPRESS)

@@ -31,7 +31,7 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     import torch
     import torch.distributed as dist
 
-    from fthsdp.agent.training.ftar import CONTROL_SLOTS, FTAR, QuorumTracker
+    from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, QuorumTracker
     from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     torch.set_num_threads(1)

@@ -113,7 +113,7 @@ def step_time(device, pairs: int, steps: int, warmup: int) -> list[str]:
     import torch
 
     from fthsdp import Manager
-    from fthsdp.agent.training.checksum import state_checksum
+    from fthsdp.agent.training.state.checksum import state_checksum
     from fthsdp.examples.gpt.data import Dataset, corpus
     from fthsdp.examples.gpt.model import GPT, GPTConfig
 

@@ -1,7 +1,7 @@
 """The GPU data path, parts 3 and 4 of benchmarks/gpu.py (run that script).
 
 3. Snapshot copy. A state of 8 float32 CUDA tensors, 1 GiB in all, as a
-   joiner's snapshot takes it (fthsdp/agent/training/snapshot.py:
+   joiner's snapshot takes it (fthsdp/agent/training/state/snapshot.py:
    ``Snapshot(...)`` flattens the state and allocates one flat host buffer,
    pinned since the tensors are on a GPU, or reuses the last one's;
    ``start()`` enqueues the copies on a side stream that waits for the
@@ -12,11 +12,11 @@
    allocated by the copy). Reference: ``copy_(t, non_blocking=True)`` into a
    preallocated pinned buffer on the current stream, and the checksum path of
    part 1 on the same bytes.
-4. Catch-up over HTTP. One process: a source (``CatchUpSource`` behind
+4. Catch-up over HTTP. One process: a source (``ServedState`` behind
    fthsdp's ``CatchUpServer`` on loopback, its "training thread" taking the
    snapshot asked for at its next step boundary, every millisecond, of a
    1 GiB CUDA state) and a joiner in the main thread doing what
-   fthsdp/agent/training/joiner.py does with the bytes: ``SourceClient``
+   fthsdp/agent/training/catchup/joiner.py does with the bytes: ``SourceClient``
    ``request_snapshot()`` (the source's copy and CRCs), ``fetch()`` (8 MiB
    chunks, CRC-checked, into a fresh host buffer), then each tensor copied
    into a CUDA tensor of the same shape (``load_state`` copies the same way).
@@ -42,8 +42,8 @@ from benchmarks.gpu_common import GIB, TOKEN, fmt_time, progress, state_of, sync
 def snapshot_copy(device, nbytes: int, trials: int) -> list[str]:
     import torch
 
-    from fthsdp.agent.training.checksum import tensor_bytes
-    from fthsdp.agent.training.snapshot import Snapshot
+    from fthsdp.agent.training.state.checksum import tensor_bytes
+    from fthsdp.agent.training.state.snapshot import Snapshot
 
     state = state_of(device, nbytes)
     tensors = list(state["model"].values())
@@ -147,17 +147,17 @@ def snapshot_copy(device, nbytes: int, trials: int) -> list[str]:
 def catchup_http(device, nbytes: int, trials: int) -> list[str]:
     import torch
 
-    from fthsdp.agent.training.catchup_client import SourceClient
-    from fthsdp.agent.training.catchup_server import CatchUpServer
-    from fthsdp.agent.training.catchup_source import CatchUpSource
-    from fthsdp.agent.training.grad_log import GradientLog
-    from fthsdp.agent.training.snapshot import state_from_bytes
+    from fthsdp.agent.training.catchup.client import SourceClient
+    from fthsdp.agent.training.catchup.grad_log import GradientLog
+    from fthsdp.agent.training.catchup.server import CatchUpServer
+    from fthsdp.agent.training.catchup.source import ServedState
+    from fthsdp.agent.training.state.snapshot import state_from_bytes
 
     state = state_of(device, nbytes)
     dest = {name: torch.empty_like(t) for name, t in state["model"].items()}  # the joiner's model
     total = sum(t.numel() * t.element_size() for t in dest.values())
     sync(device)
-    source = CatchUpSource("bench", 0, 0, GradientLog())
+    source = ServedState("bench", 0, 0, GradientLog())
     server = CatchUpServer(source, token=TOKEN).start()
     stop = threading.Event()
     failures: list[BaseException] = []

@@ -12,7 +12,7 @@ fthsdp runs against a real coordinator (embedded store) with the full
 training API with its defaults: FTAR, commit, a state checksum every 10 steps.
 The last column is the share of fthsdp's step its commit vote takes (the
 small all-reduce after the data all-reduce that makes the commit decision
-one for all: fthsdp/agent/training/commit_vote.py), from ``StepResult.vote_s`` in the same runs.
+one for all: fthsdp/agent/training/ftar/vote.py), from ``StepResult.vote_s`` in the same runs.
 
 ``--model comm-heavy``: an MLP whose gradients are 100 MB (six 2048x2048
 layers, float32), on a small batch, so that the all-reduce takes more of the
@@ -87,7 +87,7 @@ def train(mode: str, rank: int, world: int, init: str, steps: int, model_name: s
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     times: list[float] = []
     votes: list[float] = []
-    """fthsdp: each step's commit vote (fthsdp/agent/training/commit_vote.py), in seconds."""
+    """fthsdp: each step's commit vote (fthsdp/agent/training/ftar/vote.py), in seconds."""
     if mode == "ddp":
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))

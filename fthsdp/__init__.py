@@ -45,16 +45,16 @@ from fthsdp.core.errors import (
 )
 
 if TYPE_CHECKING:
+    from fthsdp.agent.training.config import ManagerConfig
     from fthsdp.agent.training.manager import Manager
-    from fthsdp.agent.training.manager_config import ManagerConfig
-    from fthsdp.agent.training.participation import Participation
+    from fthsdp.agent.training.session.participation import Participation
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "Manager": "fthsdp.agent.training.manager",
-    "ManagerConfig": "fthsdp.agent.training.manager_config",
-    "Participation": "fthsdp.agent.training.participation",
+    "ManagerConfig": "fthsdp.agent.training.config",
+    "Participation": "fthsdp.agent.training.session.participation",
 }
 
 __all__ = [

@@ -21,12 +21,12 @@ import threading
 
 import torch
 
-from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, Session, SessionRequest
-from fthsdp.agent.training.catchup_server import CatchUpServer
-from fthsdp.agent.training.catchup_source import CatchUpSource
-from fthsdp.agent.training.checksum import state_checksum
-from fthsdp.agent.training.grad_log import GradientLog
-from fthsdp.agent.training.snapshot import capture_state
+from fthsdp.agent.training.catchup.grad_log import GradientLog
+from fthsdp.agent.training.catchup.group import GroupChannel, GroupTransferError, Session, SessionRequest
+from fthsdp.agent.training.catchup.server import CatchUpServer
+from fthsdp.agent.training.catchup.source import ServedState
+from fthsdp.agent.training.state.checksum import state_checksum
+from fthsdp.agent.training.state.snapshot import capture_state
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 
@@ -85,7 +85,7 @@ def main() -> None:
     log = GradientLog()
     for step, total in enumerate(log_sums()):
         log.append(cpb.LogEntry(step=step, hyperparams_json="[]"), total, 1, 1)
-    source = CatchUpSource("r0", 0, 42, log, chunk_bytes=args.chunk)
+    source = ServedState("r0", 0, 42, log, chunk_bytes=args.chunk)
     channel = None if args.fault == "http-only" else FaultyChannel(args.fault, GlooTransport(), "127.0.0.1", 10.0)
     server = CatchUpServer(source, channel=channel).start()
     stop = threading.Event()

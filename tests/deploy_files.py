@@ -49,7 +49,7 @@ def known_variables() -> dict[str, str]:
     reads (found by reading it: ``ManagerConfig.from_env`` on an environment
     that records the names it asks for)."""
     from fthsdp.agent.node.config import AgentConfig
-    from fthsdp.agent.training.manager_config import ManagerConfig
+    from fthsdp.agent.training.config import ManagerConfig
     from fthsdp.coordinator.config import CoordinatorConfig
     from fthsdp.core.settings import env_name
 

@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.ftar import FTAR, QuorumTracker, StepResult
+from fthsdp.agent.training.ftar.allreduce import FTAR, QuorumTracker, StepResult
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 

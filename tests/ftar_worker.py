@@ -192,7 +192,7 @@ def main() -> int:
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--die-in", choices=("forward", "backward", "allreduce", "commit"), default="forward",
                    help="backward: as the first parameter's gradient is ready, the buckets of the later ones on "
-                        "their way (fthsdp/agent/training/overlap.py)")
+                        "their way (fthsdp/agent/training/ftar/overlap.py)")
     p.add_argument("--die-after", type=float, default=0.005, help="seconds into the all-reduce")
     p.add_argument("--hang-at", type=int, default=-1, help="block forever during this step (first incarnation only)")
     p.add_argument("--hang-in", choices=("data", "backward", "update", "section"), default="backward",

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from fthsdp import Manager
-from fthsdp.agent.training.train_state import default_update
+from fthsdp.agent.training.state.train_state import default_update
 from tests.ftar_worker import batch, hang, make_model, make_optimizer
 
 

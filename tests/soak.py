@@ -161,7 +161,7 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
 
 def summarize(watched: list[Watched], kills: list[Kill], lost: int, target: int) -> dict:
     # Every step line of every incarnation, killed or not: one state and one
-    # count of contributors per step (fthsdp/agent/training/commit_vote.py).
+    # count of contributors per step (fthsdp/agent/training/ftar/vote.py).
     by_step: dict[int, set[tuple[str, int]]] = {}
     for w in watched:
         for line in w.steps():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fthsdp.agent.training.manager import Manager, ManagerConfig
-from fthsdp.agent.training.train_state import check_dense, check_gradient, gradient_sample
+from fthsdp.agent.training.state.train_state import check_dense, check_gradient, gradient_sample
 from fthsdp.core.errors import ApiMisuse, ConfigError
 from tests.processes import CoordinatorProcess, WorkerProcess
 

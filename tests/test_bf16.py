@@ -1,9 +1,9 @@
 """bf16 gradients, the normal case on a GPU, with real processes.
 
 bf16 cannot carry FTAR's switch proposals exactly in the data all-reduce's
-spare slots (fthsdp/agent/training/ftar_decisions.py), so a separate small all-reduce
+spare slots (fthsdp/agent/training/ftar/decisions.py), so a separate small all-reduce
 carries them: a replica joining a bf16 job is switched in through that path.
-The overlapped buckets (fthsdp/agent/training/overlap.py) run on bf16 gradients too.
+The overlapped buckets (fthsdp/agent/training/ftar/overlap.py) run on bf16 gradients too.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fthsdp.agent.training.buckets import FIRST_BUCKET_BYTES, Bucket, bucket_of, plan_buckets, plan_signature
-from fthsdp.agent.training.overlap import Overlap
+from fthsdp.agent.training.ftar.buckets import FIRST_BUCKET_BYTES, Bucket, bucket_of, plan_buckets, plan_signature
+from fthsdp.agent.training.ftar.overlap import Overlap
 
 MB = 1 << 20
 
@@ -155,8 +155,8 @@ def test_overlap_is_off_without_a_cap():
 FSDP2_SCRIPT = """
 import json, os, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from fthsdp.agent.training.overlap import Overlap
-from fthsdp.agent.training.state_codec import local
+from fthsdp.agent.training.ftar.overlap import Overlap
+from fthsdp.agent.training.state.codec import local
 from tests.test_buckets import _Pg, model
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

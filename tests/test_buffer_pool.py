@@ -1,13 +1,13 @@
-"""The step buffers' reuse (fthsdp/agent/training/buffer_pool.py) and the
-gradient log that hands them back (fthsdp/agent/training/grad_log.py)."""
+"""The step buffers' reuse (fthsdp/agent/training/ftar/buffer_pool.py) and the
+gradient log that hands them back (fthsdp/agent/training/catchup/grad_log.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from fthsdp.agent.training.buffer_pool import BufferPool
-from fthsdp.agent.training.grad_log import GradientLog
-from fthsdp.agent.training.overlap import Overlap
+from fthsdp.agent.training.catchup.grad_log import GradientLog
+from fthsdp.agent.training.ftar.buffer_pool import BufferPool
+from fthsdp.agent.training.ftar.overlap import Overlap
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 from tests.test_buckets import _Pg, model
 

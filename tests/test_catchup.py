@@ -127,7 +127,7 @@ def wait_transfer_started(client, replica_id: str) -> str:
 
 @pytest.mark.parametrize("transport", ["http", "distributed"])
 def test_source_killed_mid_transfer_the_joiner_finishes_from_another(cluster, transport):
-    """Over HTTP, or over a two-rank gloo group (fthsdp/agent/training/catchup_group.py),
+    """Over HTTP, or over a two-rank gloo group (fthsdp/agent/training/catchup/group.py),
     which breaks off when the source dies; the joiner then tries HTTP on the
     same dead source, gives it up, and copies the other one."""
     coordinator, _, worker = cluster

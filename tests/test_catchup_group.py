@@ -1,4 +1,4 @@
-"""Catch-up over a two-rank torch.distributed group (fthsdp/agent/training/catchup_group.py):
+"""Catch-up over a two-rank torch.distributed group (fthsdp/agent/training/catchup/group.py):
 a real source process, this process the joiner. The snapshot's chunks and
 the log's entries travel over one session, every chunk and entry
 CRC-checked, and HTTP takes over from the first unverified chunk whenever
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fthsdp.agent.training.catchup_client import SourceClient
-from fthsdp.agent.training.catchup_group import GroupChannel, GroupTransferError, SessionRequest
-from fthsdp.agent.training.checksum import state_checksum
-from fthsdp.agent.training.snapshot import load_state, state_from_bytes
+from fthsdp.agent.training.catchup.client import SourceClient
+from fthsdp.agent.training.catchup.group import GroupChannel, GroupTransferError, SessionRequest
+from fthsdp.agent.training.state.checksum import state_checksum
+from fthsdp.agent.training.state.snapshot import load_state, state_from_bytes
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from tests.catchup_source_worker import LOG_STEPS, log_sums, model_and_optimizer
 
@@ -162,7 +162,7 @@ def test_device_staging_gives_each_piece_in_flight_a_buffer_of_its_size():
     """NCCL's path stages pieces through device buffers, one slot per piece in
     flight, across transfers of different sizes (a meta device stands in for
     a GPU: only the bookkeeping is checked here)."""
-    from fthsdp.agent.training.catchup_group import IN_FLIGHT, Session
+    from fthsdp.agent.training.catchup.group import IN_FLIGHT, Session
 
     class Meta:
         name, device = "nccl", torch.device("meta")

@@ -11,14 +11,14 @@ import threading
 import pytest
 import torch
 
-from fthsdp.agent.training import catchup_tls
-from fthsdp.agent.training.catchup_client import LogGone, SourceClient, SourceUnavailable, Unauthorized
-from fthsdp.agent.training.catchup_server import CatchUpServer
-from fthsdp.agent.training.catchup_source import CatchUpSource, SnapshotUnavailable
-from fthsdp.agent.training.checksum import state_checksum
-from fthsdp.agent.training.grad_log import GradientLog
-from fthsdp.agent.training.snapshot import capture_state, load_state, state_from_bytes
-from fthsdp.agent.training.state_codec import StateCodecError, flatten, unflatten
+from fthsdp.agent.training.catchup import tls as catchup_tls
+from fthsdp.agent.training.catchup.client import LogGone, SourceClient, SourceUnavailable, Unauthorized
+from fthsdp.agent.training.catchup.grad_log import GradientLog
+from fthsdp.agent.training.catchup.server import CatchUpServer
+from fthsdp.agent.training.catchup.source import ServedState, SnapshotUnavailable
+from fthsdp.agent.training.state.checksum import state_checksum
+from fthsdp.agent.training.state.codec import StateCodecError, flatten, unflatten
+from fthsdp.agent.training.state.snapshot import capture_state, load_state, state_from_bytes
 from fthsdp.core.credentials import TlsFiles
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 from tests.waiting import wait_until
@@ -101,7 +101,7 @@ def test_log_forgets_entries_across_a_gap():
 
 
 class Source:
-    """A CatchUpSource over a real server, with a 'training thread' that
+    """A ServedState over a real server, with a 'training thread' that
     takes a requested snapshot at its next step boundary."""
 
     def __init__(self, token: str = "", chunk: int = 4096, tls=None) -> None:
@@ -112,7 +112,7 @@ class Source:
         self.opt.step()
         self.log = GradientLog()
         self.log.append(cpb.LogEntry(step=0, hyperparams_json='[{"lr": 0.01}]'), torch.arange(6.0), 2, 5, "cafe0001")
-        self.source = CatchUpSource("r0", 0, 42, self.log, chunk_bytes=chunk)
+        self.source = ServedState("r0", 0, 42, self.log, chunk_bytes=chunk)
         self.server = CatchUpServer(self.source, token=token, tls=tls).start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._train, daemon=True)
@@ -208,7 +208,7 @@ def test_ranged_read_resumes_in_the_middle(source):
 
 
 def test_a_snapshot_nobody_asks_for_in_time_is_unavailable():
-    source = CatchUpSource("r0", 0, 1, GradientLog())  # no training thread takes it
+    source = ServedState("r0", 0, 1, GradientLog())  # no training thread takes it
     with pytest.raises(SnapshotUnavailable, match="is this replica training"):
         source.request_snapshot(timeout=0.05)
     assert not source.wanted

@@ -20,7 +20,7 @@ from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint.restore import load
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, missing_shares, read_checkpoint, seal
 from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
-from fthsdp.agent.training.train_state import TrainState
+from fthsdp.agent.training.state.train_state import TrainState
 
 JOB, STEP, STRUCTURE = "job-a", 40, 1234
 

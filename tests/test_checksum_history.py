@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fthsdp.agent.training.checksum import StridedHistory
+from fthsdp.agent.training.state.checksum import StridedHistory
 
 
 def test_history_keeps_the_latest_checksum_at_each_stride():

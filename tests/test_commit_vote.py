@@ -1,4 +1,4 @@
-"""One commit decision per step (fthsdp/agent/training/commit_vote.py), raced in-process.
+"""One commit decision per step (fthsdp/agent/training/ftar/vote.py), raced in-process.
 
 Three members train in quorum 2, each FTAR on a thread of its own over a
 fake transport (tests/fake_collectives.py) whose collectives complete on
@@ -24,8 +24,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.commit_vote import Verdict, verdict
-from fthsdp.agent.training.ftar import CONTROL_SLOTS, FTAR, QuorumTracker
+from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, QuorumTracker
+from fthsdp.agent.training.ftar.vote import Verdict, verdict
 from fthsdp.core.errors import Evicted
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.fake_collectives import FakeNetwork, FakeTransport, Op

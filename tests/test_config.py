@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fthsdp.agent.node.config import config_from_args
-from fthsdp.agent.training.manager_config import ManagerConfig
+from fthsdp.agent.training.config import ManagerConfig
 from fthsdp.cli.main import build_parser, coordinator_config
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.errors import ConfigError

@@ -2,7 +2,7 @@
 the message that compares its step inputs with the members'
 (fthsdp/coordinator/divergence.py), the count of mismatch evictions in a row after
 a catch-up as JobState keeps it, the inputs each checksum carries
-(fthsdp/agent/training/checksum.py), and the agent's give-up (fthsdp/agent/node/supervisor.py, with a
+(fthsdp/agent/training/state/checksum.py), and the agent's give-up (fthsdp/agent/node/supervisor.py, with a
 stand-in for its watch of the coordinator)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from fthsdp.agent.injection import AgentFaults
 from fthsdp.agent.node.config import AgentConfig
 from fthsdp.agent.node.supervisor import AgentState, Supervisor
-from fthsdp.agent.training.checksum import MAX_INPUTS, StridedHistory, cap_inputs
+from fthsdp.agent.training.state.checksum import MAX_INPUTS, StridedHistory, cap_inputs
 from fthsdp.coordinator import divergence
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules

@@ -29,7 +29,7 @@ import pytest
 from deploy_files import _Recording
 
 from fthsdp.agent.node.config import AgentConfig
-from fthsdp.agent.training.manager_config import ManagerConfig
+from fthsdp.agent.training.config import ManagerConfig
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.settings import env_name
 from fthsdp.testing.local_etcd import free_port

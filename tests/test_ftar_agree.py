@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from fthsdp.agent.training.ftar_decisions import (
+from fthsdp.agent.training.ftar.decisions import (
     AGAIN,
     FOLLOW_HEAL,
     FOLLOW_HELD,
@@ -163,7 +163,7 @@ def test_members_steps_too_far_apart_is_an_error():
 def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected):
     import torch
 
-    from fthsdp.agent.training.ftar_decisions import slot_switch
+    from fthsdp.agent.training.ftar.decisions import slot_switch
 
     # Summed in float32, as in the gradient all-reduce.
     total = torch.tensor([float(d) for d in proposals], dtype=torch.float32).sum()
@@ -174,7 +174,7 @@ def test_members_switch_only_when_every_proposal_is_the_same(proposals, expected
 # ----- is_growth: what the coordinator's last_drop_id lets a member conclude ------------
 
 def test_is_growth_from_last_drop_id() -> None:
-    from fthsdp.agent.training.ftar_decisions import is_growth
+    from fthsdp.agent.training.ftar.decisions import is_growth
     from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     q = lambda qid, last_drop: pb.Quorum(id=qid, last_drop_id=last_drop)  # noqa: E731
@@ -193,7 +193,7 @@ def test_is_growth_agrees_with_the_member_lists_along_random_chains() -> None:
     (a drop and re-admission in between is conservatively not growth)."""
     import random
 
-    from fthsdp.agent.training.ftar_decisions import is_growth
+    from fthsdp.agent.training.ftar.decisions import is_growth
     from fthsdp.coordinator.codec import quorum_to_pb
     from fthsdp.coordinator.quorum_types import Member, Quorum, next_last_drop_id
 

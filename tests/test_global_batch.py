@@ -1,5 +1,5 @@
 """A constant global batch while a replica is out: ``Manager.participation()``
-(fthsdp/agent/training/participation.py) and fthsdp.examples.gpt.train ``--global-batch``.
+(fthsdp/agent/training/session/participation.py) and fthsdp.examples.gpt.train ``--global-batch``.
 
 The participation's rules are table-tested on pushed quorums; a real job (a
 coordinator, 3 agents training the example) shows that the survivors of a
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fthsdp.agent.training.participation import KEEP_QUORUMS, Participation, QuorumRecord
+from fthsdp.agent.training.session.participation import KEEP_QUORUMS, Participation, QuorumRecord
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.processes import AgentProcess, CoordinatorProcess
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fthsdp.agent.training.step_clock import StepClock
+from fthsdp.agent.training.step.clock import StepClock
 from fthsdp.coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules

@@ -20,7 +20,7 @@ REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
 @pytest.mark.parametrize("bucket_cap_mb", ["25", "0.001", "0"], ids=["one-bucket", "many-buckets", "no-overlap"])
 def test_hsdp_matches_ddp_over_all_ranks(tmp_path, bucket_cap_mb):
     """Each shard rank's cross-replica sum, overlapped with the backward pass
-    in buckets of its local shards (fthsdp/agent/training/overlap.py: FSDP2
+    in buckets of its local shards (fthsdp/agent/training/ftar/overlap.py: FSDP2
     calls their hooks), in one bucket, or after the backward pass."""
     world = REPLICAS * RANKS
     oracle = start_ddp_oracle(tmp_path, world, STEPS, HIDDEN)

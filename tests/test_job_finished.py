@@ -1,7 +1,7 @@
 """A job whose members all finished: the coordinator's finished mark (what
 counts as finished, stored before it is applied, kept across a restart,
 cleared only by a reopen), and the replica that arrives afterwards
-(fthsdp/agent/training/joiner.py raises JobFinished). In process, on the memory store; the
+(fthsdp/agent/training/catchup/joiner.py raises JobFinished). In process, on the memory store; the
 end-to-end runs are in tests/test_job_finished_processes.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from fthsdp.agent.training.job_finished import JobFinished, finished_line, finished_step
-from fthsdp.agent.training.joiner import Joiner
+from fthsdp.agent.training.catchup.joiner import Joiner
+from fthsdp.agent.training.session.job_finished import JobFinished, finished_line, finished_step
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules

@@ -4,7 +4,7 @@ and a node agent. The replica is told the job is finished, prints one line
 and exits 0; its agent ends as SUCCEEDED without a restart; the operator's
 `fthsdp status` shows the mark and `fthsdp reopen-job` clears it.
 
-Needs Manager.start() to catch fthsdp.agent.training.job_finished.JobFinished (log the
+Needs Manager.start() to catch fthsdp.agent.training.session.job_finished.JobFinished (log the
 line, close("finished"), return with ``stopped`` set)."""
 
 from __future__ import annotations

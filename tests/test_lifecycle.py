@@ -1,4 +1,4 @@
-"""A replica's lifecycle (fthsdp/agent/training/lifecycle.py) and the outcome
+"""A replica's lifecycle (fthsdp/agent/training/session/lifecycle.py) and the outcome
 its agent reads (fthsdp/agent/outcome.py): pure logic."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from fthsdp.agent import outcome
-from fthsdp.agent.training.lifecycle import TRANSITIONS, Ending, Lifecycle, Stage, ending_for_eviction
+from fthsdp.agent.training.session.lifecycle import TRANSITIONS, Ending, Lifecycle, LifeStage, ending_for_eviction
 
 
 @pytest.mark.parametrize("drain_requested, ending", [(True, Ending.DRAINED), (False, Ending.EVICTED)])
@@ -25,8 +25,8 @@ def test_which_endings_exit_0(ending, success):
 
 
 def test_every_stage_reaches_stopped_and_stopped_is_final():
-    assert all(Stage.STOPPED in TRANSITIONS[s] for s in (Stage.STARTING, Stage.TRAINING))
-    assert TRANSITIONS[Stage.STOPPED] == frozenset()
+    assert all(LifeStage.STOPPED in TRANSITIONS[s] for s in (LifeStage.STARTING, LifeStage.TRAINING))
+    assert TRANSITIONS[LifeStage.STOPPED] == frozenset()
 
 
 def test_the_first_ending_stands():
@@ -34,7 +34,7 @@ def test_the_first_ending_stands():
     life.joined()
     assert life.stop(Ending.DRAINED, "drained after step 7")
     assert not life.stop(Ending.FINISHED)  # the script's close() after its drain
-    assert (life.stage, life.ending, life.detail) == (Stage.STOPPED, Ending.DRAINED, "drained after step 7")
+    assert (life.stage, life.ending, life.detail) == (LifeStage.STOPPED, Ending.DRAINED, "drained after step 7")
 
 
 def test_a_replica_may_stop_before_it_ever_trained():
@@ -52,7 +52,7 @@ def test_a_drain_asked_from_another_thread_is_seen_and_names_who_asked_first():
     asker.join()
     life.request_drain("the coordinator")
     assert life.drain_requested and life.drain_event.is_set() and life.drain_asked_by == "SIGTERM"
-    assert life.stage is Stage.STARTING  # asking moves nothing: the training thread does
+    assert life.stage is LifeStage.STARTING  # asking moves nothing: the training thread does
 
 
 def test_the_outcome_file_round_trips(tmp_path):

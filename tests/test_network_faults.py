@@ -93,7 +93,7 @@ def reprobes(job: Job, name: str) -> list[str]:
 
 def assert_one_state_per_step(job: Job) -> None:
     """Every step any process printed (every incarnation, killed, cut off or
-    not) has one state and one count of contributors (fthsdp/agent/training/commit_vote.py)."""
+    not) has one state and one count of contributors (fthsdp/agent/training/ftar/vote.py)."""
     steps: dict[int, set[tuple[str, int]]] = {}
     for a in job.agents.values():
         for line in a.step_lines:
@@ -243,7 +243,7 @@ def test_a_replica_cut_from_the_coordinator_is_dropped_and_the_others_commit_on(
     drops it for its heartbeat timeout, as always, and r0 and r1 commit on
     at once, not after a collective timeout. r2, which may be in the
     all-reduce with them when they are told, never commits a step they redo
-    without it (fthsdp/agent/training/commit_vote.py; it failed 1 run in 10 before). Healed,
+    without it (fthsdp/agent/training/ftar/vote.py; it failed 1 run in 10 before). Healed,
     r2 comes back and catches up."""
     job = job_in_lab()
     lab = job.lab

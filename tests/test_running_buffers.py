@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fthsdp.agent.training.running_buffers import RunningBuffers
-from fthsdp.agent.training.train_state import TrainState
+from fthsdp.agent.training.state.running_buffers import RunningBuffers
+from fthsdp.agent.training.state.train_state import TrainState
 
 
 def model() -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""The step protocol's table (fthsdp/agent/training/step_protocol.py), checked whole."""
+"""The step protocol's table (fthsdp/agent/training/ftar/protocol.py), checked whole."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from fthsdp.agent.training.ftar_decisions import Action
-from fthsdp.agent.training.step_protocol import COLLECTIVES, TERMINAL, Outcome, Phase, after
+from fthsdp.agent.training.ftar.decisions import AgreeAction
+from fthsdp.agent.training.ftar.protocol import COLLECTIVES, TERMINAL, Phase, PhaseEnd, after
 from fthsdp.core.errors import FtarError
 
-P, Out, A = Phase, Outcome, Action
+P, Out, A = Phase, PhaseEnd, AgreeAction
 
 CASES = [
     # phase, outcome, action, next phase
@@ -56,15 +56,15 @@ def test_table(phase, outcome, action, expected):
 
 def test_every_other_outcome_is_an_internal_error():
     listed = {(p, o) for p, o, _, _ in CASES}
-    for phase, outcome in itertools.product(Phase, Outcome):
+    for phase, outcome in itertools.product(Phase, PhaseEnd):
         if phase in TERMINAL or (phase, outcome) in listed:
             continue
         with pytest.raises(FtarError, match="internal"):
-            after(phase, outcome, Action.AGAIN if outcome is Out.AGREED else None)
+            after(phase, outcome, AgreeAction.AGAIN if outcome is Out.AGREED else None)
 
 
 def test_every_agree_action_has_a_way_on():
-    assert {after(P.AGREE, Out.AGREED, a) for a in Action} <= set(Phase)
+    assert {after(P.AGREE, Out.AGREED, a) for a in AgreeAction} <= set(Phase)
 
 
 def test_an_abandoned_collective_always_goes_back_to_the_newest_group():

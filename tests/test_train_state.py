@@ -1,12 +1,12 @@
-"""The replay contract's pure parts (fthsdp/agent/training/train_state.py), without processes."""
+"""The replay contract's pure parts (fthsdp/agent/training/state/train_state.py), without processes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fthsdp.agent.training.state_codec import StateCodecError
-from fthsdp.agent.training.train_state import (
+from fthsdp.agent.training.state.codec import StateCodecError
+from fthsdp.agent.training.state.train_state import (
     SMALL_STATE_BYTES,
     TrainState,
     combine,

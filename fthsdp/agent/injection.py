@@ -19,7 +19,7 @@ predecessor's fault. Who does what, and why:
   thread calls ``at_step`` as it enters the step's all-reduce; a hang blocks
   it there for good, in the compute phase, where the members waiting in the
   all-reduce blame it (fthsdp/coordinator/hang.py); its stacks are dumped
-  (fthsdp/agent/training/hang_notice.py) and its agent ends and restarts it. A slow fault
+  (fthsdp/agent/training/session/hang_notice.py) and its agent ends and restarts it. A slow fault
   adds its seconds there to each of its next steps: compute time, which the
   straggler score and policy see.
 """

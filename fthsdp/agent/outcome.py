@@ -27,7 +27,7 @@ log = logging.getLogger("fthsdp.agent.outcome")
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     ending: str
-    """An ``fthsdp.agent.training.lifecycle.Ending`` value: finished, drained, job finished, evicted, failed."""
+    """An ``fthsdp.agent.training.session.lifecycle.Ending`` value: finished, drained, job finished, evicted, failed."""
     detail: str = ""
 
 

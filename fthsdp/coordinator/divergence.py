@@ -2,7 +2,7 @@
 
 Each checksum a replica reports comes with the inputs of the step that
 produced that state (``StepChecksum.inputs``: the optimizer's numeric
-hyperparameters per param group, fthsdp/agent/training/checksum.py). When the coordinator
+hyperparameters per param group, fthsdp/agent/training/state/checksum.py). When the coordinator
 flags a member whose checksum disagrees with the members'
 (``fthsdp.coordinator.checksum_vote.find_diverged``), ``explain`` compares those inputs
 with the members' at the same step and names what differs, e.g. "r2's lr at

@@ -117,7 +117,7 @@ STUCK_MARGIN = 10.0
 def stuck_after(limit: float) -> float:
     """How long a member may wait alone in an all-reduce (every other member
     left it or is past it): well beyond the hang limit plus the margin after
-    which a live member gives up waiting (fthsdp/agent/training/hang_notice.py)."""
+    which a live member gives up waiting (fthsdp/agent/training/session/hang_notice.py)."""
     return 2 * limit + STUCK_MARGIN
 
 

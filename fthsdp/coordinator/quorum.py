@@ -181,7 +181,7 @@ def decide(
     up_to = head if ended else max(head, committed_step)
     # A step vouches for a replica only where no member trains on past it:
     # members that may train (after a drop they never wait for a script's
-    # replica count: fthsdp/agent/training/joiner.py; in a fresh job, once
+    # replica count: fthsdp/agent/training/catchup/joiner.py; in a fresh job, once
     # the quorum has the count each waits for) may be steps past what their
     # last heartbeats said, so an outsider at that step (a late starter, a
     # holder back from a cut, a restore's late loader) catches up from them

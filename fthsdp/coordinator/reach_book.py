@@ -15,8 +15,8 @@ from fthsdp.coordinator.hang import Stuck
 from fthsdp.coordinator.stuck import (
     REPROBE_EVERY,
     Act,
-    Action,
     Escalation,
+    Remedy,
     Stage,
     escalate,
     merge_reports,
@@ -64,7 +64,7 @@ class ReachBook:
     def look(
         self, stuck: Stuck | None, members: Sequence[str], quorum_id: int, low_step: int,
         world_sizes: Mapping[str, int], addresses: Mapping[str, Sequence[str]], now: float, limit: float,
-    ) -> Action:
+    ) -> Remedy:
         """One step of the escalation (fthsdp/coordinator/stuck.py) with what is known now."""
         probe = self._members_probe
         if probe is not None and probe.request.id == self.escalation.probe_id:

@@ -13,7 +13,7 @@ stages:
    step from their intact gradients. That mends a transient fault.
 2. Probe. If the regrouped collective is stuck too, every member probes
    every other over the data path (a TCP connect to the address its
-   collectives use, fthsdp/agent/training/reach_probe.py) and reports what it reached. The
+   collectives use, fthsdp/agent/training/session/reach_probe.py) and reports what it reached. The
    coordinator keeps the largest set of members that all reach one another
    (``largest_clique``) and takes out the rest, each "unreachable from" the
    ones it could not reach. If every member reaches every other, the
@@ -41,7 +41,7 @@ from fthsdp.coordinator.hang import Stuck
 PROBE_WAIT = 5.0
 """How long the coordinator waits for every member's probe report before it
 decides with the ones it has: a probe of a cut peer ends at its connect
-timeout (fthsdp/agent/training/reach_probe.py), well within."""
+timeout (fthsdp/agent/training/session/reach_probe.py), well within."""
 
 REPROBE_EVERY = 3.0
 """How often a replica marked unreachable is asked to probe the members again."""
@@ -64,7 +64,7 @@ class Act(str, enum.Enum):
     PROBE = "probe"
     TAKE_OUT = "take-out"
     KEEP = "keep"
-    """The probes found no cut: nobody is taken out (``Action.reason`` says so)."""
+    """The probes found no cut: nobody is taken out (``Remedy.reason`` says so)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,14 +81,14 @@ class Escalation:
 
 
 @dataclasses.dataclass(frozen=True)
-class Action:
+class Remedy:
     act: Act
     reason: str = ""
     take_out: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Members to take out, with why (``Act.TAKE_OUT``)."""
 
 
-NOTHING = Action(Act.NOTHING)
+NOTHING = Remedy(Act.NOTHING)
 
 
 def escalate(
@@ -101,7 +101,7 @@ def escalate(
     reported: frozenset[str],
     now: float,
     limit: float,
-) -> tuple[Escalation, Action]:
+) -> tuple[Escalation, Remedy]:
     """The next stage and what to do.
 
     ``stuck``: the verdict of ``find_stuck`` on the current quorum (its waits
@@ -118,13 +118,13 @@ def escalate(
             return esc, NOTHING
         why = stuck.reason(n, limit)
         return (Escalation(Stage.REGROUPED, stuck.step, quorum_id, esc.probe_id, now),
-                Action(Act.REGROUP, f"{why}; regrouping them in a new group"))
+                Remedy(Act.REGROUP, f"{why}; regrouping them in a new group"))
     if esc.stage is Stage.REGROUPED:
         if quorum_id == esc.quorum_id or stuck is None:
             return esc, NOTHING  # the regroup is not in place yet, or its collective has not waited the limit
         why = stuck.reason(n, limit)
         return (Escalation(Stage.PROBING, esc.step, quorum_id, esc.probe_id + 1, now),
-                Action(Act.PROBE, f"{why}, after a regroup; the members probe each other over the data path"))
+                Remedy(Act.PROBE, f"{why}, after a regroup; the members probe each other over the data path"))
     if esc.stage is Stage.PROBING:
         if quorum_id != esc.quorum_id:
             return Escalation(Stage.WATCHING, probe_id=esc.probe_id), NOTHING  # the quorum changed anyway
@@ -135,14 +135,14 @@ def escalate(
         keep = largest_clique(members, reach)
         if len(keep) == n:
             return (dataclasses.replace(esc, stage=Stage.SLOW, since=now),
-                    Action(Act.KEEP, f"every member reaches every other over the data path{unheard}: the collective "
+                    Remedy(Act.KEEP, f"every member reaches every other over the data path{unheard}: the collective "
                                      f"of step {esc.step} is slow, not cut; nobody is taken out"))
         kept = set(keep)
         out = {rid: f"unreachable from {', '.join(k for k in keep if not _linked(rid, k, reach))}"
                     f" over the data path (probe {esc.probe_id}, step {esc.step})"
                for rid in members if rid not in kept}
         return (Escalation(Stage.WATCHING, probe_id=esc.probe_id),
-                Action(Act.TAKE_OUT, f"keeping {', '.join(keep)}, which all reach one another{unheard}", out))
+                Remedy(Act.TAKE_OUT, f"keeping {', '.join(keep)}, which all reach one another{unheard}", out))
     return esc, NOTHING
 
 

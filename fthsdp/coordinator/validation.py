@@ -10,7 +10,7 @@ MAX_WORLD_SIZE = 1 << 20
 MAX_SHORT_TEXT = 128
 MAX_REASON = 1024
 MAX_STEP_INPUTS = 512
-"""StepChecksum.inputs: fthsdp/agent/training/checksum.py's MAX_INPUTS."""
+"""StepChecksum.inputs: fthsdp/agent/training/state/checksum.py's MAX_INPUTS."""
 
 
 def check_size(request, limit: int) -> None:

@@ -6,7 +6,7 @@ systemd credential mounted read-only): every call carries
 without it with UNAUTHENTICATED before the call reaches the servicer, so a
 rejected call changes nothing. The standard health service stays open, so
 that probes need no secret. The catch-up transport between replicas takes
-the same token (fthsdp/agent/training/catchup_server.py).
+the same token (fthsdp/agent/training/catchup/server.py).
 
 Every call of the Coordinator service is classified in one table,
 ``METHOD_ACCESS`` (read, replica or admin), and one interceptor,

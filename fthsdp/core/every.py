@@ -4,7 +4,7 @@
 30m`` counts time (a number with a unit: s, m or h). Steps are a boundary
 every member computes alone; a time is each member's own clock, so the
 members agree on the step it falls at inside the step's all-reduce
-(fthsdp/agent/training/ftar_decisions.py, CHECKPOINT_SLOT).
+(fthsdp/agent/training/ftar/decisions.py, CHECKPOINT_SLOT).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 
-from fthsdp.agent.training.membership import Membership
-from fthsdp.agent.training.step_clock import StepClock
+from fthsdp.agent.training.session.membership import Membership
+from fthsdp.agent.training.step.clock import StepClock
 from fthsdp.core.credentials import read_token_file
 
 

@@ -104,7 +104,7 @@ class AgentState(enum.IntEnum):
       quorum at their next step boundary.
     * SUCCEEDED and GAVE_UP are final: the agent exits 0 and 1 respectively.
       A rank that exits 0 because its job finished before it arrived
-      (fthsdp/agent/training/job_finished.py) ends the agent as SUCCEEDED, "job finished at step N".
+      (fthsdp/agent/training/session/job_finished.py) ends the agent as SUCCEEDED, "job finished at step N".
     """
 
     STARTING = pb.AGENT_STATE_STARTING

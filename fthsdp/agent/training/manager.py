@@ -21,19 +21,19 @@ A nanoGPT-style loop stays readable::
 
 The Manager is a facade: it checks that the script calls it in order and
 hands each call to the step it runs, ``ReplicaStep`` under `fthsdp agent`
-(fthsdp/agent/training/replica_step.py) or ``StandaloneStep`` outside it
-(fthsdp/agent/training/standalone_step.py). The replica step registers the replica with the coordinator, learns every
+(fthsdp/agent/training/step/replica_step.py) or ``StandaloneStep`` outside it
+(fthsdp/agent/training/step/standalone.py). The replica step registers the replica with the coordinator, learns every
 membership change from its push (no coordinator call on a step where nothing
 changed) and hosts the rendezvous store of the quorums it is the first member
 of. A SIGTERM, or ``fthsdp drain``, makes the replica leave at the next step
 boundary; ``stopped`` then turns true and the script should exit 0. Data
 sharding by ``(step, replica_rank)`` or by ``participation()``:
-fthsdp/agent/training/participation.py. A replica that starts behind the quorum catches up
-from a peer inside ``start()`` (fthsdp/agent/training/joiner.py) and replays the steps it
-missed through the same ``update`` (fthsdp/agent/training/replay.py; the contract that makes
-that bit-identical: fthsdp/agent/training/train_state.py). Where each process is in its step
+fthsdp/agent/training/session/participation.py. A replica that starts behind the quorum catches up
+from a peer inside ``start()`` (fthsdp/agent/training/catchup/joiner.py) and replays the steps it
+missed through the same ``update`` (fthsdp/agent/training/catchup/replay.py; the contract that makes
+that bit-identical: fthsdp/agent/training/state/train_state.py). Where each process is in its step
 goes to the coordinator, which takes out a replica that others wait for past
-the hang limit (fthsdp/agent/training/step_clock.py, fthsdp/coordinator/hang.py).
+the hang limit (fthsdp/agent/training/step/clock.py, fthsdp/coordinator/hang.py).
 """
 
 from __future__ import annotations
@@ -46,20 +46,20 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.standby import wait_for_activation
-from fthsdp.agent.training.buffer_pool import BufferPool
-from fthsdp.agent.training.checksum import structure_hash
-from fthsdp.agent.training.ftar import StepResult
-from fthsdp.agent.training.grad_log import GradientLog
-from fthsdp.agent.training.joiner import CatchUpReport
-from fthsdp.agent.training.lifecycle import Ending, Lifecycle
-from fthsdp.agent.training.manager_config import ManagerConfig
-from fthsdp.agent.training.participation import Participation
-from fthsdp.agent.training.replay import Replayer
-from fthsdp.agent.training.replica_step import ReplicaStep
-from fthsdp.agent.training.script_hooks import ScriptHooks
-from fthsdp.agent.training.standalone_step import StandaloneStep, stop_unconnected
-from fthsdp.agent.training.step_clock import StepClock
-from fthsdp.agent.training.train_state import TrainState, default_update
+from fthsdp.agent.training.catchup.grad_log import GradientLog
+from fthsdp.agent.training.catchup.joiner import CatchUpReport
+from fthsdp.agent.training.catchup.replay import Replayer
+from fthsdp.agent.training.config import ManagerConfig
+from fthsdp.agent.training.ftar.allreduce import StepResult
+from fthsdp.agent.training.ftar.buffer_pool import BufferPool
+from fthsdp.agent.training.session.lifecycle import Ending, Lifecycle
+from fthsdp.agent.training.session.participation import Participation
+from fthsdp.agent.training.state.checksum import structure_hash
+from fthsdp.agent.training.state.train_state import TrainState, default_update
+from fthsdp.agent.training.step.clock import StepClock
+from fthsdp.agent.training.step.replica_step import ReplicaStep
+from fthsdp.agent.training.step.script_hooks import ScriptHooks
+from fthsdp.agent.training.step.standalone import StandaloneStep, stop_unconnected
 from fthsdp.core.errors import ApiMisuse, ConfigError, FtarError, StateNotHeld
 
 __all__ = ["ApiMisuse", "Manager", "ManagerConfig", "Participation", "StateNotHeld"]
@@ -97,7 +97,7 @@ class Manager:
         """``update``: the step's update, run by ``commit()`` and replayed by
         a joiner (default: ``optimizer.step()`` then ``zero_grad``); ``state``:
         what travels with the model and optimizer, by name (anything with
-        ``state_dict()``/``load_state_dict()``). See fthsdp/agent/training/train_state.py."""
+        ``state_dict()``/``load_state_dict()``). See fthsdp/agent/training/state/train_state.py."""
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -113,10 +113,10 @@ class Manager:
         self._replayer = Replayer(self._state, params, update, self._log)
         """The one place the state moves: the update, live or replayed, and the step it is at."""
         self._lifecycle = Lifecycle()
-        """Starting, training or stopped, and how it stopped (fthsdp/agent/training/lifecycle.py)."""
+        """Starting, training or stopped, and how it stopped (fthsdp/agent/training/session/lifecycle.py)."""
         self._clock = StepClock()
         """Where this process is in its step, for the coordinator's hang verdicts
-        (fthsdp/agent/training/step_clock.py)."""
+        (fthsdp/agent/training/step/clock.py)."""
         self._hooks = ScriptHooks(optimizer, self._replayer, self._lifecycle)
         self._step: _Step | None = None
         """How this replica runs its steps: set by ``start()``."""
@@ -188,7 +188,7 @@ class Manager:
     def participation(self) -> Participation:
         """This replica's ``index`` among the ``count`` replicas whose gradients
         the next ``allreduce_gradients()`` is expected to average, the same on
-        every member (fthsdp/agent/training/participation.py). A failure during the step may
+        every member (fthsdp/agent/training/session/participation.py). A failure during the step may
         leave fewer (``StepResult.contributors``); a joiner's first step has none of its."""
         if self._step is None:
             raise ApiMisuse("participation() before start(): the replica is in no quorum yet")

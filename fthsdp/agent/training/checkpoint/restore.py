@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from fthsdp.agent.training.checkpoint import dcp_metadata, layout
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files
 from fthsdp.agent.training.checkpoint.share import per_rank
-from fthsdp.agent.training.state_codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
+from fthsdp.agent.training.state.codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
 
 _OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.(\d+)\.")
 

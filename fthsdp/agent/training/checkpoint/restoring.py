@@ -1,7 +1,7 @@
 """Restoring a replica group from a checkpoint: every rank its part, all or none.
 
 Used twice: when the coordinator restores a lost state
-(``WatchEvent.restore``, fthsdp/agent/training/joiner.py), and when a job
+(``WatchEvent.restore``, fthsdp/agent/training/catchup/joiner.py), and when a job
 starts with ``--resume`` (the newest complete checkpoint on disk, an older
 one if it is refused; only for a job that has not trained yet, so that a
 replica restarted in a running job, which its agent starts with the same
@@ -20,7 +20,7 @@ from typing import Protocol
 
 from fthsdp.agent.training.checkpoint.restore import newest_complete
 from fthsdp.agent.training.checkpoint.seal import CheckpointError
-from fthsdp.agent.training.replica_group import ReplicaGroup
+from fthsdp.agent.training.session.replica_group import ReplicaGroup
 
 log = logging.getLogger("fthsdp.agent.checkpoint")
 

@@ -76,7 +76,7 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
 
     Every share must come from a member that committed the step by one
     decision: the same quorum (``quorum_id``, when given, or one for all
-    shares; fthsdp/agent/training/commit_vote.py) and the same state checksum. Shares of
+    shares; fthsdp/agent/training/ftar/vote.py) and the same state checksum. Shares of
     members that decided differently are never merged."""
     records: dict[str, dict] = {}
     parts = {}

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.planner import (
 
 from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint.split import Item, split
-from fthsdp.agent.training.state_codec import flatten_named, is_dtensor, local
+from fthsdp.agent.training.state.codec import flatten_named, is_dtensor, local
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class _Piece:
 class StagedShare:
     spec: ShareSpec
     skeleton: str
-    """This rank's state as JSON, tensors by name (fthsdp/agent/training/state_codec.py)."""
+    """This rank's state as JSON, tensors by name (fthsdp/agent/training/state/codec.py)."""
     paths: dict[str, list[str | int]]
     """Every tensor name of this rank's state, and its path in the state."""
     pieces: dict[str, _Piece]

@@ -1,6 +1,6 @@
 """The cross-replica transport: the process group FTAR builds for each quorum.
 
-FTAR (fthsdp/agent/training/ftar.py) needs little of a transport:
+FTAR (fthsdp/agent/training/ftar/allreduce.py) needs little of a transport:
 
 * ``build(store, rank, size, timeout)``: a group of the quorum's members,
   under a store prefix of its own (a new group per quorum: gloo cannot
@@ -8,7 +8,7 @@ FTAR (fthsdp/agent/training/ftar.py) needs little of a transport:
 * the group's ``allreduce`` (of a bucket, or of the flat buffer),
   ``allgather`` and ``broadcast``, each returning a work handle that FTAR
   polls with ``is_completed()`` together with the coordinator's push
-  (fthsdp/agent/training/quorum_groups.py: never a blind blocking wait);
+  (fthsdp/agent/training/ftar/groups.py: never a blind blocking wait);
 * ``abort(group)``: let go of a group that a newer quorum replaced.
 
 Two implementations: gloo (fthsdp/agent/training/transport/gloo.py, CPU or CUDA tensors through

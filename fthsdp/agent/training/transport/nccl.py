@@ -15,7 +15,7 @@ How NCCL is used here, for torch 2.13 (docs/measurements.md):
   itself when a newer quorum replaces it.
 * **Waits**: FTAR polls ``work.is_completed()`` (a CUDA event query, never a
   blocking host wait) together with the coordinator's push, up to its
-  deadline (fthsdp/agent/training/quorum_groups.py), then ``work.wait()`` orders the
+  deadline (fthsdp/agent/training/ftar/groups.py), then ``work.wait()`` orders the
   current stream after the collective.
 * ``dist.shrink_group`` (NCCL >= 2.27) could drop a dead peer without a new
   communicator; it is not used: a new group per quorum serves both a loss

@@ -1,0 +1,126 @@
+"""A cheap, exact fingerprint of a replica's committed state.
+
+CRC-32 over the raw bytes of every parameter and optimizer-state tensor in a
+fixed order: two replicas agree only if they are bit-identical. It costs one
+pass over the state (about 1 GB/s on a CPU core), so the manager computes it
+every ``checksum_every`` steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+
+import torch
+
+
+def tensor_bytes(t: torch.Tensor, local=lambda t: t):
+    t = local(t).detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return t.view(torch.uint8).numpy()
+
+
+def model_crc(model: torch.nn.Module, local=lambda t: t, crc: int = 0) -> int:
+    """CRC-32 over the model's state dict (names and raw bytes), in name order."""
+    for name, p in sorted(model.state_dict().items()):
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(tensor_bytes(p, local), crc)
+    return crc
+
+
+def optimizer_crc(optimizer: torch.optim.Optimizer, local=lambda t: t, crc: int = 0) -> int:
+    """CRC-32 over the optimizer's per-parameter state, in index and key order."""
+    state = optimizer.state_dict()["state"]
+    for index in sorted(state):
+        for key in sorted(state[index]):
+            value = state[index][key]
+            if isinstance(value, torch.Tensor):
+                crc = zlib.crc32(tensor_bytes(value, local), crc)
+            else:
+                crc = zlib.crc32(repr(value).encode(), crc)
+    return crc
+
+
+def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, local=lambda t: t) -> str:
+    """``local`` maps a sharded tensor to this rank's shard (FSDP2)."""
+    crc = model_crc(model, local)
+    if optimizer is not None:
+        crc = optimizer_crc(optimizer, local, crc)
+    return f"{crc:08x}"
+
+
+def structure_hash(model: torch.nn.Module) -> int:
+    """A 62-bit hash of the parameter names, shapes and dtypes (not values):
+    replicas whose hashes differ are not training the same model. For FSDP2
+    parameters the shape of this rank's shard counts too."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, p in model.named_parameters():
+        shard = tuple(p.to_local().shape) if hasattr(p, "to_local") else ()
+        h.update(f"{name}:{tuple(p.shape)}:{shard}:{p.dtype};".encode())
+    return int.from_bytes(h.digest(), "big") >> 2
+
+
+CHECKSUM_STRIDES = (1, 10, 100, 1000, 10000)
+
+MAX_INPUTS = 512
+"""Bytes of a step's recorded inputs sent with its checksum (StepChecksum.inputs):
+every heartbeat carries up to one per stride."""
+
+
+def cap_inputs(inputs: str, limit: int = MAX_INPUTS) -> str:
+    """A step's inputs (TrainState.hyperparams(): a JSON list of each param
+    group's numeric hyperparameters) cut to at most ``limit`` bytes, still
+    valid JSON: the first groups that fit ("" if none does or it is not
+    such a list). A divergence is named from the groups sent."""
+    if len(inputs) <= limit:
+        return inputs
+    try:
+        groups = json.loads(inputs)
+    except ValueError:
+        return ""
+    if not isinstance(groups, list):
+        return ""
+    while groups:
+        groups.pop()
+        text = json.dumps(groups, separators=(",", ":"))
+        if len(text) <= limit:
+            return text if groups else ""
+    return ""
+
+
+class RecentChecksums(dict):
+    """{step: checksum} to report, and ``inputs``: {step: the inputs of the
+    step that produced that state} (fthsdp/agent/training/session/membership.py sends both)."""
+
+    def __init__(self, checksums: dict[int, str], inputs: dict[int, str]) -> None:
+        super().__init__(checksums)
+        self.inputs = inputs
+
+
+class StridedHistory:
+    """The latest checksum at each stride of 1, 10, 100... checksum periods,
+    sent with every heartbeat: replicas whose heartbeats sample different
+    steps still report some steps in common for the coordinator to compare.
+    Each goes with the inputs of the step that produced it (the optimizer's
+    hyperparameters), so that the coordinator can say which differ when
+    the states do (fthsdp/coordinator/divergence.py)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._latest: dict[int, tuple[int, str, str]] = {}
+
+    def record(self, step: int, checksum: str, inputs: str = "") -> RecentChecksums:
+        """Note ``checksum`` at ``step``, produced by a step whose inputs were
+        ``inputs`` (TrainState.hyperparams(); capped at MAX_INPUTS bytes);
+        returns {step: checksum} to report, with ``.inputs``."""
+        inputs = cap_inputs(inputs)
+        for level in CHECKSUM_STRIDES:
+            if step % (self.every * level) == 0:
+                self._latest[level] = (step, checksum, inputs)
+        latest = self._latest.values()
+        return RecentChecksums({s: c for s, c, _ in latest}, {s: i for s, _, i in latest if i})
