@@ -139,7 +139,7 @@ def transfer(mib: int, trials: int, tls: bool) -> None:
     raw = Proc([*me, "--role", "raw-source", "--mib", str(mib)], env)
     certs = https = None
     if tls:  # the test suite's certificates (openssl), in a temporary folder
-        from tests.tls_certs import make_certificates
+        from tests.harness.tls_certs import make_certificates
 
         certs = make_certificates(Path(tempfile.mkdtemp(prefix="fthsdp-bench-certs-")))
         https = Proc([*me, "--role", "http-source", "--mib", str(mib), "--certs", str(certs)], env)

@@ -25,7 +25,7 @@ against state size.
    (stage included); total = writers + seal. Target: total(R) / total(1)
    within 20% of 1/R.
 2. Step time. A coordinator and --replicas workers (tests/ftar_worker.py
-   through tests/processes.py, a 2-layer MLP of --hidden, AdamW, one torch
+   through tests/harness/processes.py, a 2-layer MLP of --hidden, AdamW, one torch
    thread each, gloo on loopback) train once with FTHSDP_CHECKPOINT_EVERY=K
    (each member writes 1/R of each checkpoint in the background, one of
    them seals) and once without; both with the library's default state
@@ -249,7 +249,7 @@ _SEALED = re.compile(r"checkpoint of step (\d+) complete: .*?([\d.]+)s after the
 
 def training_run(args, checkpoint: bool, work: Path) -> dict:
     """One run of a coordinator and --replicas workers; the members' mean step over whole intervals."""
-    from tests.processes import CoordinatorProcess, WorkerProcess
+    from tests.harness.processes import CoordinatorProcess, WorkerProcess
 
     k = args.every
     first, last = k, k + args.intervals * k  # one interval of warm-up, then --intervals

@@ -18,7 +18,7 @@ replica fails in one of these ways:
   (--hang-floor 1s --hang-multiple 3).
 - data link down: each replica runs in a network namespace of its own, with
   a control link to the coordinator and a data link between replicas
-  (tests/netns.py; root and iproute2 needed); the victim's data link goes
+  (tests/harness/netns.py; root and iproute2 needed); the victim's data link goes
   down, every process alive: the stuck collective is regrouped, then probed,
   and the victim taken out as unreachable (fthsdp/coordinator/stuck.py). Under the
   default hang settings and a 3 s floor.
@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from jsonproc import Proc  # noqa: E402
 
 from fthsdp.testing.local_etcd import EtcdServer  # noqa: E402
-from tests.netns import NetLab, why_unavailable  # noqa: E402
+from tests.harness.netns import NetLab, why_unavailable  # noqa: E402
 
 HANG_SETTINGS = {
     "loop hung (defaults: 10s floor 5x)": (),

@@ -31,7 +31,8 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     import torch
     import torch.distributed as dist
 
-    from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, QuorumTracker
+    from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
+    from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
     from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     torch.set_num_threads(1)
@@ -57,7 +58,7 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
                     if kind == "raw":
                         raw.allreduce([t]).wait()
                     else:
-                        ftar.allreduce(step, t, 1, refill=t.clone, control_slots=True)
+                        ftar.allreduce(StepSum(step, t, 1, refill=t.clone, control_slots=True))
                         step += 1
                 raw.barrier().wait()
                 if i:

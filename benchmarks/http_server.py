@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.test_metrics
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.harness.runtimes
 
 
 BASELINE_REV = "1be8e8c"
@@ -48,7 +48,7 @@ def load_old():
 def server_main(replicas: int) -> None:
     from fthsdp.coordinator import http_server as new
     from fthsdp.coordinator.web import WebApp
-    from tests.test_metrics import joined_runtime
+    from tests.harness.runtimes import joined_runtime
 
     old = load_old()
 

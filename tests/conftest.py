@@ -59,4 +59,4 @@ def key_prefix() -> Iterator[str]:
 
 # Fixtures shared by several test modules (the catch-up ``cluster``, ``token_file``):
 # registered here so tests take them as arguments instead of importing them.
-pytest_plugins = ["tests.shared_fixtures"]
+pytest_plugins = ["tests.harness.fixtures"]

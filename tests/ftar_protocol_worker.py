@@ -15,7 +15,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.ftar.allreduce import FTAR, QuorumTracker, StepResult
+from fthsdp.agent.training.ftar.allreduce import FTAR, StepResult, StepSum
+from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
@@ -31,13 +32,13 @@ def main() -> None:
     ftar = FTAR(tracker, "protocol", timeout=30)
     out = {}
     if rank == 0:
-        ftar._last, ftar._last_step = StepResult(torch.full((4,), 7.0), 3, 1, 0), 4
-        r = ftar.allreduce(5, torch.full((4,), 1.0), 1)
+        ftar.memory.remember(StepResult(torch.full((4,), 7.0), 3, 1, 0), 4)
+        r = ftar.allreduce(StepSum(5, torch.full((4,), 1.0), 1))
         out["step5"] = (r.total.tolist(), r.contributors, r.quorum_id)
     else:
-        r = ftar.allreduce(4, torch.full((4,), 9.0), 1)
+        r = ftar.allreduce(StepSum(4, torch.full((4,), 9.0), 1))
         out["step4"] = (r.total.tolist(), r.contributors, r.quorum_id)
-        r = ftar.allreduce(5, torch.full((4,), 2.0), 1)
+        r = ftar.allreduce(StepSum(5, torch.full((4,), 2.0), 1))
         out["step5"] = (r.total.tolist(), r.contributors, r.quorum_id)
     print(json.dumps(out), flush=True)
     os._exit(0)

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from tests.netns import DATA_IF, enter_netns
+from tests.harness.netns import DATA_IF, enter_netns
 
 
 def _gloo_peer(rank: int, args: argparse.Namespace, commands) -> None:

@@ -14,7 +14,7 @@ import pytest
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.auth import ADMIN_METADATA, COORDINATOR_SERVICE, METHOD_ACCESS, Access, AccessInterceptor
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.test_inject_auth import ADMIN_TOKEN, JOB_TOKEN, InProcessCoordinator
+from tests.harness.inprocess import ADMIN_TOKEN, JOB_TOKEN, InProcessCoordinator
 
 
 @pytest.fixture

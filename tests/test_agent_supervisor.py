@@ -23,9 +23,9 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import ConfigError, CoordinatorUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import free_port
-from tests.processes import ROOT, CoordinatorProcess, _env
-from tests.test_cli import fthsdp, one_line_error
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.processes import ROOT, CoordinatorProcess, _env
+from tests.harness.waiting import wait_until
 
 RANK_SCRIPT = str(ROOT / "tests" / "rank_script.py")
 S = AgentState
@@ -203,7 +203,7 @@ def registered(client: CoordinatorClient) -> bool:
 def test_events_the_coordinator_missed_reach_it_in_order_once_it_is_back(tmp_path):
     # As after a coordinator's restart: the agent reported while nothing listened.
     from fthsdp.coordinator.config import CoordinatorConfig
-    from tests.test_inject_auth import InProcessCoordinator
+    from tests.harness.inprocess import InProcessCoordinator
 
     address = f"127.0.0.1:{free_port()}"
     reporter = Reporter([address], timeout=0.5)

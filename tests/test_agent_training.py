@@ -11,8 +11,8 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess, CoordinatorProcess
-from tests.waiting import wait_until
+from tests.harness.processes import AgentProcess, CoordinatorProcess
+from tests.harness.waiting import wait_until
 
 N = 3
 

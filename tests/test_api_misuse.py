@@ -8,7 +8,7 @@ import torch
 from fthsdp.agent.training.manager import Manager, ManagerConfig
 from fthsdp.agent.training.state.train_state import check_dense, check_gradient, gradient_sample
 from fthsdp.core.errors import ApiMisuse, ConfigError
-from tests.processes import CoordinatorProcess, WorkerProcess
+from tests.harness.processes import CoordinatorProcess, WorkerProcess
 
 
 def offline_manager() -> Manager:

@@ -14,8 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess, CoordinatorProcess
-from tests.test_cli import fthsdp, one_line_error
+from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.processes import AgentProcess, CoordinatorProcess
 
 TOKEN = "s3cret-token-0123456789"
 

@@ -8,7 +8,7 @@ import pytest
 
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from tests.processes import CoordinatorProcess
+from tests.harness.processes import CoordinatorProcess
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 

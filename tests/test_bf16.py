@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.test_catchup import assert_same_state_after_rejoin
-from tests.test_ddp_equivalence import train_with_ddp_and_fthsdp
+from tests.harness.ddp import train_with_ddp_and_fthsdp
+from tests.harness.replicas import assert_same_state_after_rejoin
 
 BF16 = ("--dtype", "bfloat16")
 SMALL_BUCKETS = {"FTHSDP_BUCKET_CAP_MB": "0.004"}  # 4 KB: several buckets of this small model

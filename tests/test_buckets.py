@@ -7,6 +7,7 @@ import torch
 
 from fthsdp.agent.training.ftar.buckets import FIRST_BUCKET_BYTES, Bucket, bucket_of, plan_buckets, plan_signature
 from fthsdp.agent.training.ftar.overlap import Overlap
+from tests.harness.buckets import RecordingPg, model
 
 MB = 1 << 20
 
@@ -46,26 +47,10 @@ def test_a_different_cap_is_a_different_signature():
     assert plan_signature(plan_buckets(numels, 4, 2000)) == plan_signature(plan_buckets(list(numels), 4, 2000))
 
 
-class _Work:
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.snapshot = tensor.clone()  # what the all-reduce was started with
 
 
-class _Pg:
-    """Records the all-reduces started, in order (no communication)."""
-
-    def __init__(self) -> None:
-        self.started: list[_Work] = []
-
-    def allreduce(self, tensors, opts):
-        self.started.append(_Work(tensors[0]))
-        return self.started[-1]
 
 
-def model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 8))
 
 
 def flat_grads(m: torch.nn.Module) -> torch.Tensor:
@@ -77,7 +62,7 @@ def test_buckets_start_during_backward_with_the_final_gradients():
     params = list(m.parameters())
     overlap = Overlap(params, cap_bytes=64 * 65 * 4, tail=3)  # about one layer per bucket
     assert len(overlap.buckets) >= 3
-    pg = _Pg()
+    pg = RecordingPg()
     overlap.arm("group", pg)
     m(torch.randn(4, 64)).sum().backward()
     assert len(pg.started) == len(overlap.buckets)  # every bucket started inside backward()
@@ -95,14 +80,14 @@ def test_accumulation_sends_only_the_last_micro_batch_once_learned():
     m = model()
     overlap = Overlap(list(m.parameters()), cap_bytes=64 * 65 * 4, tail=0)
     n = len(overlap.buckets)
-    pg = _Pg()
+    pg = RecordingPg()
     overlap.arm("g", pg)
     for _ in range(3):  # three micro-batches; the count is not known yet: the first pass starts the buckets
         m(torch.randn(4, 64)).sum().backward()
     pre = overlap.complete()
     assert pre is not None and pre.stale and len(pg.started) == n  # stale: FTAR sums the step again
     m.zero_grad()
-    pg = _Pg()
+    pg = RecordingPg()
     overlap.arm("g", pg)
     for micro in range(3):
         m(torch.randn(4, 64)).sum().backward()
@@ -116,7 +101,7 @@ def test_an_unused_parameter_holds_back_its_bucket_once_and_is_sent_as_zeros():
     m = model()
     params = list(m.parameters())
     overlap = Overlap(params, cap_bytes=64 * 65 * 4, tail=0)
-    pg = _Pg()
+    pg = RecordingPg()
     overlap.arm("g", pg)
     frozen_out = m[4]
     x = torch.randn(4, 64)
@@ -126,7 +111,7 @@ def test_an_unused_parameter_holds_back_its_bucket_once_and_is_sent_as_zeros():
     assert pre is not None and len(pg.started) == len(overlap.buckets)
     assert torch.count_nonzero(pre.buffer[-frozen_out.weight.numel() - 8:]) == 0
     # The next step knows: the unused layer no longer holds the others back.
-    overlap.arm("g", pg := _Pg())
+    overlap.arm("g", pg := RecordingPg())
     (m[:4](x).sum()).backward()
     assert len(pg.started) == len(overlap.buckets)
     overlap.complete()
@@ -138,7 +123,7 @@ def test_not_armed_the_hooks_do_nothing_and_close_removes_them():
     m(torch.randn(4, 64)).sum().backward()
     assert overlap.complete() is None
     overlap.close()
-    pg = _Pg()
+    pg = RecordingPg()
     overlap.arm("g", pg)
     m(torch.randn(4, 64)).sum().backward()
     assert not pg.started
@@ -148,7 +133,7 @@ def test_overlap_is_off_without_a_cap():
     m = model()
     overlap = Overlap(list(m.parameters()), cap_bytes=0, tail=2)
     assert not overlap.enabled and overlap.buckets == ()
-    overlap.arm("g", _Pg())
+    overlap.arm("g", RecordingPg())
     assert overlap.complete() is None
 
 
@@ -157,7 +142,7 @@ import json, os, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from fthsdp.agent.training.ftar.overlap import Overlap
 from fthsdp.agent.training.state.codec import local
-from tests.test_buckets import _Pg, model
+from tests.harness.buckets import RecordingPg, model
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 m = model()
@@ -166,7 +151,7 @@ for layer in (m[0], m[2], m[4]):
 fully_shard(m)
 params = list(m.parameters())
 overlap = Overlap(params, cap_bytes=64 * 65 * 4, tail=0)
-pg = _Pg()
+pg = RecordingPg()
 overlap.arm("g", pg)
 m(torch.randn(4, 64)).sum().backward()
 started_in_backward = len(pg.started)

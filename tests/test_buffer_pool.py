@@ -9,7 +9,7 @@ from fthsdp.agent.training.catchup.grad_log import GradientLog
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool
 from fthsdp.agent.training.ftar.overlap import Overlap
 from fthsdp.protos.v1 import catchup_pb2 as cpb
-from tests.test_buckets import _Pg, model
+from tests.harness.buckets import RecordingPg, model
 
 CPU = torch.device("cpu")
 
@@ -94,7 +94,7 @@ def test_steps_of_the_overlap_reuse_a_few_buffers():
     overlap = Overlap(list(m.parameters()), cap_bytes=64 * 65 * 4, tail=0, buffers=pool)
     addresses = set()
     for step in range(12):
-        overlap.arm("g", _Pg())
+        overlap.arm("g", RecordingPg())
         m(torch.randn(4, 64)).sum().backward()
         pre = overlap.complete()
         assert pre is not None

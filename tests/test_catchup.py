@@ -16,15 +16,10 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.status_view import STATE_NAMES
-from tests.processes import AgentProcess
-from tests.shared_fixtures import FOREVER
-from tests.waiting import wait_until
-
-
-def status_of(client, replica_id: str):
-    status = client.status()
-    replica = {r.replica_id: r for r in status.replicas}.get(replica_id)
-    return status, replica
+from tests.harness.fixtures import FOREVER
+from tests.harness.processes import AgentProcess
+from tests.harness.replicas import SLOW, assert_same_state_after_rejoin, members, status_of, wait_transfer_started
+from tests.harness.waiting import wait_until
 
 
 def common_checksum_steps(a, b, after: int) -> list[int]:
@@ -80,22 +75,10 @@ def test_restarted_replica_catches_up_while_the_others_keep_training(cluster):
         assert a2.steps[s]["checksum"] == a0.steps[s]["checksum"], f"r2 differs from r0 at step {s}"
 
 
-def members(client) -> set[str]:
-    return {m.replica_id for m in client.status().quorum.members}
 
 
-def assert_same_state_after_rejoin(joiner, peer, min_steps: int = 20) -> None:
-    """The joiner's state checksum equals the peer's at every common step after it rejoined."""
-    first = joiner.read_until(lambda line: "step" in line)["step"]
-    joiner.read_until(lambda line: line.get("step", 0) >= first + min_steps)
-    peer.read_until(lambda line: line.get("step", 0) >= first + min_steps)
-    steps = [s for s in range(first, first + min_steps) if s in peer.steps and s in joiner.steps]
-    assert len(steps) >= min_steps // 2, f"too few common steps: {steps}"
-    for s in steps:
-        assert joiner.steps[s]["checksum"] == peer.steps[s]["checksum"], f"{joiner.replica_id} differs at step {s}"
 
 
-SLOW = {"FTHSDP_CATCH_UP_MAX_RATE": str(2 << 20)}  # 6 MB of state: a transfer of about 3 s
 
 
 def start_and_lose_one(coordinator, worker, n: int, min_replicas: int, lose: tuple[int, ...] = (2,)):
@@ -110,19 +93,6 @@ def start_and_lose_one(coordinator, worker, n: int, min_replicas: int, lose: tup
     return c, workers
 
 
-def wait_transfer_started(client, replica_id: str) -> str:
-    """Wait until the joiner reports snapshot bytes received; return its source."""
-    found = []
-
-    def started() -> bool:
-        _, r = status_of(client, replica_id)
-        if r is not None and r.catch_up_bytes > 0 and r.catch_up_source:
-            found.append(r.catch_up_source)
-            return True
-        return False
-
-    wait_until(started, 30, interval=0.01, message=f"{replica_id}'s snapshot transfer under way")
-    return found[0]
 
 
 @pytest.mark.parametrize("transport", ["http", "distributed"])

@@ -21,7 +21,7 @@ from fthsdp.agent.training.state.codec import StateCodecError, flatten, unflatte
 from fthsdp.agent.training.state.snapshot import capture_state, load_state, state_from_bytes
 from fthsdp.core.credentials import TlsFiles
 from fthsdp.protos.v1 import catchup_pb2 as cpb
-from tests.waiting import wait_until
+from tests.harness.waiting import wait_until
 
 # ----- the codec -------------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ def test_status_table_shows_catch_up_progress():
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
-    from tests.tls_certs import make_certificates
+    from tests.harness.tls_certs import make_certificates
 
     return make_certificates(tmp_path_factory.mktemp("certs"))
 

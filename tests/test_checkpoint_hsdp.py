@@ -9,8 +9,9 @@ import warnings
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.processes import CoordinatorProcess, start_ddp_oracle
-from tests.test_hsdp import HIDDEN, RANKS, REPLICAS, hsdp_agent
+from tests.harness.ddp import start_ddp_oracle
+from tests.harness.hsdp import HIDDEN, RANKS, REPLICAS, hsdp_agent
+from tests.harness.processes import CoordinatorProcess
 
 SAVED, MORE = 6, 9
 
@@ -29,7 +30,7 @@ def run(tmp_path, steps: int, tag: str, *agent_args: str) -> None:
 
 
 def test_sharded_groups_write_one_checkpoint_and_a_new_job_resumes_from_it(tmp_path):
-    oracle = start_ddp_oracle(tmp_path, REPLICAS * RANKS, MORE, HIDDEN)
+    oracle = start_ddp_oracle(tmp_path, REPLICAS * RANKS, "--steps", str(MORE), "--hidden", HIDDEN)
     root = tmp_path / "ckpt"
     # One checkpoint, at the last step: with one every 3 steps a member whose step-3 share was
     # still being written (a loaded machine) skipped step 6 by design, and it was never sealed.

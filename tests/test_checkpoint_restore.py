@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.waiting import wait_until
+from tests.harness.waiting import wait_until
 
 EVERY = 10
 
@@ -186,7 +186,7 @@ def test_a_fresh_job_started_with_resume_goes_on_from_the_newest_checkpoint(clus
 
 
 def test_without_auto_restore_an_operator_restores_a_checkpoint_by_its_step(cluster, tmp_path):
-    from tests.test_coordinator_etcd import fthsdp
+    from tests.harness.cli import fthsdp
 
     coordinator, _, worker = cluster
     c = coordinator("--min-replicas", "2", "--no-auto-restore")

@@ -16,7 +16,7 @@ from fthsdp.agent.training.checkpoint.saver import Saver
 from fthsdp.agent.training.checkpoint.seal import skipped_shares
 from fthsdp.agent.training.checkpoint.share import ShareSpec
 from fthsdp.core.every import Every
-from tests.waiting import wait_until
+from tests.harness.waiting import wait_until
 
 JOB = "job"
 

@@ -16,26 +16,9 @@ from fthsdp.coordinator import progress_view
 from fthsdp.coordinator.status_view import status_dict
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import free_port
-from tests.processes import ROOT, CoordinatorProcess, _env
-from tests.test_metrics import hung_runtime, straggler_runtime
-
-
-def fthsdp(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fthsdp", *args],
-        cwd=ROOT,
-        env={**_env(), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess, code: int, words: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1 and words in errors[0], result.stderr
+from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.processes import CoordinatorProcess
+from tests.harness.runtimes import hung_runtime, straggler_runtime
 
 
 def test_unreachable_etcd(tmp_path):
@@ -136,8 +119,7 @@ def test_console_script_and_module_entry_points():
     assert script, "pip install should put the fthsdp console script beside python"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "coordinator" in result.stdout and "status" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "fthsdp", "coordinator", "--help"], cwd=ROOT, env=_env(),
-                            capture_output=True, text=True, timeout=30)
+    result = fthsdp("coordinator", "--help")
     assert result.returncode == 0 and "--heartbeat-timeout" in result.stdout
 
 

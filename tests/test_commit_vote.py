@@ -1,7 +1,7 @@
 """One commit decision per step (fthsdp/agent/training/ftar/vote.py), raced in-process.
 
 Three members train in quorum 2, each FTAR on a thread of its own over a
-fake transport (tests/fake_collectives.py) whose collectives complete on
+fake transport (tests/harness/fake_collectives.py) whose collectives complete on
 each member when the test says. A newer quorum 3 (one member dropped, cut
 from the coordinator so that it never hears of it; or a regroup of all
 three) reaches some members at every point between step 1's data all-reduce
@@ -24,11 +24,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, QuorumTracker
+from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
+from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
 from fthsdp.agent.training.ftar.vote import Verdict, verdict
 from fthsdp.core.errors import Evicted
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.fake_collectives import FakeNetwork, FakeTransport, Op
+from tests.harness.fake_collectives import FakeNetwork, FakeTransport, Op
 
 MEMBERS = 3
 STEPS = 3
@@ -131,8 +132,8 @@ def run(race: Race, timeout: float = 20.0) -> dict[int, Member]:
         ftar.groups.connect_store = lambda address, timeout: store
         try:
             for step in itertools.count():
-                result = ftar.allreduce(step, gradient(i, step), 1, refill=lambda s=step: gradient(i, s),
-                                        control_slots=True)
+                result = ftar.allreduce(StepSum(step, gradient(i, step), 1, refill=lambda s=step: gradient(i, s),
+                                                control_slots=True))
                 with net.changed:
                     members[i].committed[step] = (result.total.tolist(), result.contributors)
                     net.changed.notify_all()

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from tests.processes import CoordinatorProcess, ReplicaProcess
-from tests.waiting import wait_until
+from tests.harness.processes import CoordinatorProcess, ReplicaProcess
+from tests.harness.waiting import wait_until
 
 
 @pytest.fixture

@@ -3,47 +3,23 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 
 import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import ROOT, CoordinatorProcess, ReplicaProcess, _env
-from tests.waiting import wait_until
-
-
-def fthsdp(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fthsdp", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
+from tests.harness.cli import fthsdp
+from tests.harness.cluster import Cluster
+from tests.harness.etcd import fresh_prefix
+from tests.harness.waiting import wait_until
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    """Start coordinators and replicas; everything is stopped at the end."""
-    started = []
-
-    class Cluster:
-        def coordinator(self, *args: str, port: int = 0) -> CoordinatorProcess:
-            proc = CoordinatorProcess(tmp_path, *args, port=port).start()
-            started.append(proc)
-            return proc
-
-        def replicas(self, address: str, *ids: str) -> list[ReplicaProcess]:
-            procs = [ReplicaProcess(tmp_path, address, rid).start() for rid in ids]
-            started.extend(procs)
-            return procs
-
-    yield Cluster()
-    for proc in reversed(started):
-        proc.stop()
-
-
-def fresh_prefix() -> str:
-    return f"/fthsdp-test/{uuid.uuid4().hex[:12]}"
+    """Start coordinators (``coordinator(*args, port=)``) and replica stand-ins
+    (``replicas(address, *ids)``); everything is stopped at the end."""
+    with Cluster(tmp_path) as built:
+        yield built
 
 
 def status_json(address: str) -> dict:

@@ -2,7 +2,7 @@
 killed right after it is handled as soon as the others are back (quorum rule
 1's reconnection grace, fthsdp/coordinator/runtime.py ``_grant_grace``).
 
-Real processes: etcd, coordinators under a supervisor (tests/supervised.py:
+Real processes: etcd, coordinators under a supervisor (tests/harness/supervised.py:
 SIGKILLed, started again on the same port, as systemd's Restart=always
 would), three replicas training under ``fthsdp agent``. One second after the
 new coordinator leads, one replica's training process is SIGKILLed,
@@ -18,16 +18,13 @@ import uuid
 
 import pytest
 
-from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.store import open_store
-from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess
-from tests.soak import Watched
-from tests.supervised import LOADED, SupervisedCoordinator, signal_process, stall_etcd
-from tests.waiting import wait_until
+from tests.harness.etcd import HEARTBEAT_TIMEOUT, LEADS, committed_stored
+from tests.harness.processes import AgentProcess
+from tests.harness.soak import Watched
+from tests.harness.supervised import LOADED, SupervisedCoordinator, signal_process, stall_etcd
+from tests.harness.waiting import wait_until
 
 IDS = ("r0", "r1", "r2")
-HEARTBEAT_TIMEOUT = 3.0
 RECOVERY_LIMIT = 4.0
 """Seconds from the kill, or from the survivors' return if later, to every
 survivor's next commit without the victim ("within a few seconds"): its
@@ -42,17 +39,8 @@ def coordinator_args(etcd_url: str, prefix: str) -> tuple[str, ...]:
             "--heartbeat-interval", "500ms", "--heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s", "--join-settle", "0s")
 
 
-def committed_stored(etcd_url: str, prefix: str) -> int:
-    """The job's committed step as stored (it is written about once a second)."""
-    store = open_store(etcd_url)
-    try:
-        item = store.get(JobKeys(prefix, "default").committed)
-        return pb.CommittedStep.FromString(item.value).step if item is not None else 0
-    finally:
-        store.close()
 
 
-LEADS = re.compile(r"leader election: this coordinator \(\S+\) leads")
 
 
 def line_time(line: str) -> float:

@@ -3,7 +3,7 @@ takes the leader key from its dead predecessor at once, instead of following
 it until the lease runs out.
 
 Real processes: etcd, one coordinator under a supervisor that restarts it on
-the same port (tests/supervised.py), three replicas training under ``fthsdp
+the same port (tests/harness/supervised.py), three replicas training under ``fthsdp
 agent``. The coordinator is SIGKILLed while they train and one replica one
 second later, as in the issue. The lease is long (``LEADER_TTL``), so waiting
 it out would show: the survivors' next commit must come within about the
@@ -19,11 +19,11 @@ from datetime import datetime
 
 import pytest
 
-from tests.processes import AgentProcess
-from tests.soak import Watched
-from tests.supervised import SupervisedCoordinator, signal_process
-from tests.test_coordinator_restart import HEARTBEAT_TIMEOUT, LEADS, committed_stored
-from tests.waiting import wait_until
+from tests.harness.etcd import HEARTBEAT_TIMEOUT, LEADS, committed_stored
+from tests.harness.processes import AgentProcess
+from tests.harness.soak import Watched
+from tests.harness.supervised import SupervisedCoordinator, signal_process
+from tests.harness.waiting import wait_until
 
 IDS = ("r0", "r1", "r2")
 LEADER_TTL = 8.0

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.processes import CoordinatorProcess, WorkerProcess, start_ddp_oracle
-
-N, STEPS, HIDDEN = 3, 12, "96"
+from tests.harness.ddp import train_with_ddp_and_fthsdp
 
 
 @pytest.mark.parametrize("model, bucket_cap_mb", [("plain", "25"), ("batchnorm", "25"), ("plain", "0.004"),
@@ -29,22 +27,3 @@ def test_same_parameters_as_ddp(tmp_path, model, bucket_cap_mb):
         assert all(torch.equal(got[k], replicas[0][k]) for k in replicas[0])
 
 
-def train_with_ddp_and_fthsdp(tmp_path, worker_args: tuple[str, ...], env: dict[str, str]):
-    """N ranks of torch DDP and N fthsdp replicas, the same model and data;
-    (DDP's final parameters, each replica's)."""
-    oracle = start_ddp_oracle(tmp_path, N, STEPS, HIDDEN, *worker_args)
-    coordinator = CoordinatorProcess(tmp_path, "--min-replicas", str(N)).start()
-    try:
-        workers = [
-            WorkerProcess(tmp_path, coordinator.address, f"r{r}", r, "--steps", str(STEPS), "--wait-for", str(N),
-                          "--hidden", HIDDEN, *worker_args, "--save", str(tmp_path / f"ft{r}.pt"), env=env).start()
-            for r in range(N)
-        ]
-        for w in workers:
-            w.finish()
-    finally:
-        coordinator.stop()
-    for p in oracle:
-        assert p.wait(timeout=120) == 0
-    expected = torch.load(tmp_path / "ddp0.pt", weights_only=True)
-    return expected, [torch.load(tmp_path / f"ft{r}.pt", weights_only=True) for r in range(N)]

@@ -14,12 +14,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 
 from fthsdp.cli.main import main
 from fthsdp.demo.children import child_environment, marked_pids
 from fthsdp.demo.record import Failure, RankStart, Recorder, StatusSample, StepLine
 from fthsdp.demo.summary import summarize, summary_text
+from tests.harness.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MARK = "DEMO_TEST_MARK"

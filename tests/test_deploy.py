@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_files import (
+
+from fthsdp.core.errors import ConfigError
+from tests.harness.deploy_files import (
     DEPLOY,
     SAMPLE_FIELDS,
     Command,
@@ -29,8 +31,6 @@ from deploy_files import (
     split_fthsdp,
     yaml_documents,
 )
-
-from fthsdp.core.errors import ConfigError
 
 ROOT = DEPLOY.parent
 EXAMPLE = "fthsdp.examples.gpt.train"

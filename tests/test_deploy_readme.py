@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from deploy_files import DEPLOY, known_variables, need_tool, subcommand_flags
+from tests.harness.deploy_files import DEPLOY, known_variables, need_tool, subcommand_flags
 
 
 def readme_tls_probe() -> list[str]:
@@ -21,10 +21,9 @@ def readme_tls_probe() -> list[str]:
 
 
 def test_make_certs_script_and_tls_probe_work_with_a_real_coordinator(tmp_path):
-    from processes import CoordinatorProcess
-
     from fthsdp.client import CoordinatorClient
     from fthsdp.core.credentials import TlsFiles, read_token_file
+    from tests.harness.processes import CoordinatorProcess
 
     openssl = need_tool(shutil.which("openssl"), "openssl")
     out = tmp_path / "creds"

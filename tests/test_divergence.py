@@ -21,8 +21,8 @@ from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.coordinator.status_view import status_table
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import ROOT, _env
-from tests.test_job import formed, registered
+from tests.harness.jobs import formed, registered
+from tests.harness.processes import ROOT, _env
 
 S = AgentState
 

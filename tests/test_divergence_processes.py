@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.processes import AgentProcess, CoordinatorProcess, WorkerProcess
-from tests.test_cli import fthsdp
+from tests.harness.cli import fthsdp
+from tests.harness.processes import AgentProcess, CoordinatorProcess, WorkerProcess
 
 WORKER = ("--steps", "100000", "--wait-for", "3", "--hidden", "32", "--slow", "0.02", "--lr-from-counter")
 

@@ -6,9 +6,8 @@ import re
 import sys
 from pathlib import Path
 
-from deploy_files import known_variables, subcommand_flags
-
 from fthsdp.cli.reference import REFERENCE, render
+from tests.harness.deploy_files import known_variables, subcommand_flags
 
 ROOT = REFERENCE.parents[1]
 README = ROOT / "README.md"

@@ -26,14 +26,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_files import _Recording
 
 from fthsdp.agent.node.config import AgentConfig
 from fthsdp.agent.training.config import ManagerConfig
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.settings import env_name
 from fthsdp.testing.local_etcd import free_port
-from tests.processes import ROOT, _env
+from tests.harness.deploy_files import _Recording
+from tests.harness.processes import ROOT, _env
 
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))

@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import warnings
 
 import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.status_view import STATE_NAMES
-from tests.processes import ROOT, AgentProcess, CoordinatorProcess
-from tests.shared_fixtures import FOREVER, HIDDEN, TOKEN
-from tests.test_catchup import members, status_of
-from tests.test_web import drain as http_drain
-from tests.test_web import page_url
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp
+from tests.harness.fixtures import FOREVER, HIDDEN, TOKEN
+from tests.harness.processes import AgentProcess, CoordinatorProcess
+from tests.harness.replicas import members, status_of
+from tests.harness.waiting import wait_until
+from tests.harness.web import drain as http_drain
+from tests.harness.web import page_url
 
 SLOW_TRANSFER = {"FTHSDP_CATCH_UP_MAX_RATE": str(1 << 20)}  # 6 MB of state: several seconds
 
@@ -57,9 +56,7 @@ def job(tmp_path, token_file):
 def ask_for_drain(way: str, c: CoordinatorProcess, agent: AgentProcess, token_file: str) -> None:
     replica = agent.replica_id
     if way == "cli":
-        out = subprocess.run([sys.executable, "-m", "fthsdp", "drain", "--coordinator", c.address,
-                              "--token-file", token_file, replica], cwd=ROOT, capture_output=True, text=True,
-                             timeout=30)
+        out = fthsdp("drain", "--coordinator", c.address, "--token-file", token_file, replica)
         assert out.returncode == 0, out.stderr
     elif way == "http":
         code, body = http_drain(page_url(c), replica, token=TOKEN)

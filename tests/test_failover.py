@@ -9,8 +9,8 @@ import uuid
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess, CoordinatorProcess
-from tests.waiting import wait_until
+from tests.harness.processes import AgentProcess, CoordinatorProcess
+from tests.harness.waiting import wait_until
 
 
 def leader_and_follower(coordinators):

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.processes import CoordinatorProcess, WorkerProcess
+from tests.harness.cluster import Cluster
 
 STEPS = 8
 DIE_AT = 3  # the step (0-based) during which the victim dies
@@ -22,26 +22,19 @@ HIDDEN = "1024"  # 2.1M parameters: an all-reduce long enough to be killed in
 
 @pytest.fixture
 def cluster(tmp_path):
-    started = []
+    """``start(n, victim_args)``: a coordinator and ``n`` workers, the last one
+    with ``victim_args``; everything SIGKILLed at the end (SIGCONTed first)."""
+    with Cluster(tmp_path, teardown="kill") as built:
 
-    def start(n: int, victim_args: tuple[str, ...] = (), heartbeat_timeout: str = "1s", steps: int = STEPS,
-              hidden: str = HIDDEN):
-        c = CoordinatorProcess(tmp_path, "--min-replicas", "2", "--heartbeat-interval", "200ms",
-                               "--heartbeat-timeout", heartbeat_timeout).start()
-        started.append(c)
-        workers = []
-        for i in range(n):
-            extra = victim_args if i == n - 1 else ()
-            w = WorkerProcess(tmp_path, c.address, f"r{i}", i, "--steps", str(steps), "--wait-for", str(n),
-                              "--hidden", hidden, *extra).start()
-            workers.append(w)
-            started.append(w)
-        return c, workers
+        def start(n: int, victim_args: tuple[str, ...] = (), heartbeat_timeout: str = "1s", steps: int = STEPS,
+                  hidden: str = HIDDEN):
+            c = built.coordinator("--min-replicas", "2", "--heartbeat-interval", "200ms",
+                                  "--heartbeat-timeout", heartbeat_timeout)
+            workers = [built.worker(c, i, n, *(victim_args if i == n - 1 else ()), steps=str(steps), hidden=hidden)
+                       for i in range(n)]
+            return c, workers
 
-    yield start
-    for proc in started:
-        proc.signal(signal.SIGCONT)
-        proc.kill()
+        yield start
 
 
 def assert_consistent(survivors, victim_steps, steps: int = STEPS):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from fthsdp.testing.local_etcd import free_port
-from tests.processes import ROOT, _env
+from tests.harness.processes import ROOT, _env
 
 
 def test_replica_behind_commits_the_sum_the_others_committed():

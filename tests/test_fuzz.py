@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import CoordinatorProcess
-from tests.waiting import wait_until
+from tests.harness.processes import CoordinatorProcess
+from tests.harness.waiting import wait_until
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
 DELIBERATE = {

@@ -17,7 +17,7 @@ import pytest
 
 from fthsdp.agent.training.session.participation import KEEP_QUORUMS, Participation, QuorumRecord
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess, CoordinatorProcess
+from tests.harness.processes import AgentProcess, CoordinatorProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package

@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from tests.processes import AgentProcess, CoordinatorProcess
-from tests.supervised import LOADED, SupervisedCoordinator
-from tests.waiting import wait_until
+from tests.harness.processes import AgentProcess, CoordinatorProcess
+from tests.harness.supervised import LOADED, SupervisedCoordinator
+from tests.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

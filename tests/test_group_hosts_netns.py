@@ -1,5 +1,5 @@
 """Replica groups of several hosts, each host in its own network namespace
-(tests/netns.py): real coordinator, agents and FSDP2 ranks (tests/hsdp_worker.py).
+(tests/harness/netns.py): real coordinator, agents and FSDP2 ranks (tests/hsdp_worker.py).
 
 Two groups, r0 (hosts p0, p1) and r1 (hosts a, b), each of two hosts of
 1 rank (``--nnodes 2``: FSDP2 across the two hosts' data links), which
@@ -46,10 +46,10 @@ from pathlib import Path
 import pytest
 
 from fthsdp.demo.record import json_objects
-from tests.netns import NetLab
-from tests.netns_state import kill_inside, netns_names
-from tests.processes import AgentProcess
-from tests.waiting import wait_until
+from tests.harness.netns import NetLab
+from tests.harness.netns_state import kill_inside, netns_names
+from tests.harness.processes import AgentProcess
+from tests.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,11 @@ from hypothesis import strategies as st
 
 from fthsdp.agent.training.step.clock import StepClock
 from fthsdp.coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.jobs import HANG_RULES, joined_job
 
 C, A, U, S, N = pb.PHASE_COMPUTE, pb.PHASE_ALLREDUCE, pb.PHASE_UPDATE, pb.PHASE_SECTION, pb.PHASE_UNSPECIFIED
 P = pb.PHASE_STARTING
-RULES = HangRules(multiple=5.0, floor=2.0, ceiling=60.0, section_timeout=100.0)
 
 
 def r(phase, age, step, received=10.0, **kw):
@@ -29,7 +27,7 @@ def r(phase, age, step, received=10.0, **kw):
     (30.0, 60.0),  # above the ceiling
 ])
 def test_job_limit(median, limit):
-    assert job_limit(median, RULES) == limit
+    assert job_limit(median, HANG_RULES) == limit
 
 
 # members: {replica: {rank: Report}}; limit 5 s.
@@ -83,7 +81,7 @@ HUNG_CASES = [
 
 @pytest.mark.parametrize("what, members, hung", HUNG_CASES, ids=[c[0] for c in HUNG_CASES])
 def test_find_hung(what, members, hung):
-    verdict = find_hung(members, 5.0, RULES)
+    verdict = find_hung(members, 5.0, HANG_RULES)
     assert set(verdict) == hung
     for rid in hung:
         assert verdict[rid].startswith("hung")
@@ -121,19 +119,19 @@ REDO_CASES = [
 
 @pytest.mark.parametrize("what, members, since_quorum, hung", REDO_CASES, ids=[c[0] for c in REDO_CASES])
 def test_find_hung_after_a_take_out(what, members, since_quorum, hung):
-    verdict = find_hung(members, 5.0, RULES, quorum_since=10.0 - since_quorum)
+    verdict = find_hung(members, 5.0, HANG_RULES, quorum_since=10.0 - since_quorum)
     assert set(verdict) == hung, verdict
 
 
 def test_the_reason_counts_the_wait_in_the_quorum_it_is_waited_in():
-    verdict = find_hung({"a": {0: r(A, 30.0, 7)}, "j": {0: r(P, 40.0, 7)}}, 5.0, RULES, quorum_since=4.0)
+    verdict = find_hung({"a": {0: r(A, 30.0, 7)}, "j": {0: r(P, 40.0, 7)}}, 5.0, HANG_RULES, quorum_since=4.0)
     assert verdict == {"j": "hung: no progress at step 7 (starting for 40.0s) while a waited 6.0s in the "
                             "all-reduce of step 7 (limit 5.0s)"}
 
 
 def test_the_reason_says_who_waited_and_where_the_hung_one_is():
     verdict = find_hung({"a": {0: r(A, 6.0, 7)}, "c": {1: r(S, 120.0, 7, section="eval")},
-                         "d": {1: r(A, 130.0, 7)}}, 5.0, RULES)
+                         "d": {1: r(A, 130.0, 7)}}, 5.0, HANG_RULES)
     assert verdict == {"c": "hung (rank 1): no progress at step 7 (in section 'eval' for 120.0s) while d waited "
                             "130.0s in the all-reduce of step 7 (limit 100.0s)"}
 
@@ -169,17 +167,6 @@ def progress(phase, age, step, **kw):
     return pb.Progress(phase=phase, phase_age_s=age, step=step, **kw)
 
 
-def joined_job(n=3, hang_rules=RULES):
-    job = JobState("j", Rules(min_replicas=1, heartbeat_timeout=5.0), hang_rules)
-    sessions = {}
-    for i in range(n):
-        rid = f"r{i}"
-        sessions[rid] = job.register(rid, f"h:{i}", 1, 0, 0, 0.0, restart_count=2)
-        job.heartbeat(rid, sessions[rid], 0, False, "", 0, 0.1)
-    decision = job.evaluate(0.2)
-    from fthsdp.coordinator.quorum_types import Quorum
-    job.apply(decision, Quorum(1, decision.members), 1)
-    return job, sessions
 
 
 def adopt(job, now, quorum_id):

@@ -16,24 +16,30 @@ import signal
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from tests.processes import CoordinatorProcess, WorkerProcess
-from tests.test_catchup import SLOW, members, status_of, wait_transfer_started
-from tests.test_overlapping_failures import assert_one_state_per_step
-from tests.waiting import wait_until
+from tests.harness.processes import CoordinatorProcess, WorkerProcess
+from tests.harness.replicas import (
+    HANG_FLOOR,
+    LONG_FTAR,
+    SLOW,
+    TIGHT,
+    assert_one_state_per_step,
+    members,
+    status_of,
+    train_on_and_stop,
+    wait_transfer_started,
+)
+from tests.harness.waiting import wait_until
 
-HANG_FLOOR = 3.0
 """The floor of the hang limit here. A replica is blamed once it has made no
 progress for the limit, and the steps here take milliseconds, so the floor
 is the limit: the longest a healthy process may go unscheduled. On a busy
 2-core machine (a dozen training processes of these tests beside others')
 a second happens, most of all in a group's first step after it rejoins; the
 product's default floor (10 s) is never near that tight."""
-TIGHT = ("--hang-floor", f"{HANG_FLOOR:g}s", "--hang-multiple", "3")
 HEARTBEAT_TIMEOUT = "2s"
 """Of the bare workers: long enough that a loaded machine's pause in a healthy
 worker's heartbeat thread does not drop it (the product's default is 5 s)."""
 HANG_AT = 5
-LONG_FTAR = {"FTHSDP_FTAR_TIMEOUT": "60"}  # far beyond the verdict: the survivors must not need it
 
 
 @pytest.fixture
@@ -124,16 +130,6 @@ def restarted_and_back(c, victims, timeout=90):
                    timeout, message=f"{', '.join(victims)} restarted, caught up and back in the quorum")
 
 
-def train_on_and_stop(groups, more=5):
-    last = groups[0].read_until(lambda line: "step" in line)["step"]
-    for g in groups:
-        g.read_until(lambda line: line.get("step", 0) >= last + more, timeout=60)
-    for g in groups:
-        g.stop()
-        g.collect_after_exit()
-    assert_one_state_per_step(*groups)
-    steps = sorted(groups[0].steps)  # the first never failed: it committed every step
-    assert steps == list(range(steps[0], steps[-1] + 1)), "a committed step is missing"
 
 
 def test_a_hung_replica_is_ended_by_its_agent_restarted_and_caught_up(cluster):
@@ -212,7 +208,7 @@ def test_a_rank_of_an_fsdp2_group_hung_takes_the_group_out(cluster, tmp_path):
     forward pass, so its rank 0 waits forever inside FSDP's all-gather:
     neither reaches the all-reduce, the other groups wait for both, and the
     group is taken out as a whole, ended by its agent and restarted."""
-    from tests.processes import AgentProcess
+    from tests.harness.processes import AgentProcess
 
     coordinator, _, _ = cluster
     c = coordinator("--min-replicas", "1", *TIGHT)
@@ -238,7 +234,7 @@ def test_a_source_that_hangs_while_a_replica_catches_up_from_it(cluster):
     """r2 is killed and restarted; while it fetches its snapshot, its source
     hangs. The source is taken out and ended, the other member trains on,
     and both come back (from the member left) with one state per step."""
-    from tests.test_catchup import SLOW
+    from tests.harness.replicas import SLOW
 
     coordinator, agent, _ = cluster
     c = coordinator("--min-replicas", "1", *TIGHT)

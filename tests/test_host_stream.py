@@ -14,8 +14,8 @@ import pytest
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from tests.processes import CoordinatorProcess
-from tests.waiting import wait_until
+from tests.harness.processes import CoordinatorProcess
+from tests.harness.waiting import wait_until
 
 
 class HostStream:

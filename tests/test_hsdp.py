@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from fthsdp.testing.local_etcd import free_port
-from tests.processes import AgentProcess, CoordinatorProcess, start_ddp_oracle
-from tests.waiting import wait_until
+from tests.harness.ddp import start_ddp_oracle
+from tests.harness.hsdp import HIDDEN, RANKS, REPLICAS, hsdp_agent
+from tests.harness.processes import CoordinatorProcess
+from tests.harness.waiting import wait_until
 
-REPLICAS, RANKS, STEPS, HIDDEN = 2, 2, 6, "32"
+STEPS = 6
 
 
 @pytest.mark.parametrize("bucket_cap_mb", ["25", "0.001", "0"], ids=["one-bucket", "many-buckets", "no-overlap"])
@@ -23,7 +25,7 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path, bucket_cap_mb):
     in buckets of its local shards (fthsdp/agent/training/ftar/overlap.py: FSDP2
     calls their hooks), in one bucket, or after the backward pass."""
     world = REPLICAS * RANKS
-    oracle = start_ddp_oracle(tmp_path, world, STEPS, HIDDEN)
+    oracle = start_ddp_oracle(tmp_path, world, "--steps", str(STEPS), "--hidden", HIDDEN)
     for p in oracle:
         assert p.wait(timeout=180) == 0
     c = CoordinatorProcess(tmp_path, "--min-replicas", str(REPLICAS)).start()
@@ -56,11 +58,6 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path, bucket_cap_mb):
             torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=f"replica {k}, {name}")
 
 
-def hsdp_agent(tmp_path, address: str, k: int, *args: str, agent_args: tuple[str, ...] = ()) -> AgentProcess:
-    a = AgentProcess(tmp_path, address, f"r{k}", k, REPLICAS, "--hidden", HIDDEN, "--wait-for", str(REPLICAS), *args,
-                     agent_args=("--nproc", str(RANKS), *agent_args))
-    a.argv[a.argv.index("tests.ftar_worker")] = "tests.hsdp_worker"
-    return a
 
 
 def fast_coordinator(tmp_path) -> CoordinatorProcess:

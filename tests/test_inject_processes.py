@@ -25,14 +25,12 @@ import pytest
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.web import WebApp
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.test_catchup import members, status_of
-from tests.test_cli import fthsdp
-from tests.test_hangs import LONG_FTAR, TIGHT, train_on_and_stop
-from tests.test_metrics import hung_runtime
-from tests.test_web import page_url
-from tests.test_web import status as page_status
-from tests.test_web_page import dump_dom
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp
+from tests.harness.replicas import LONG_FTAR, TIGHT, members, status_of, train_on_and_stop
+from tests.harness.runtimes import hung_runtime
+from tests.harness.waiting import wait_until
+from tests.harness.web import dump_dom, page_url
+from tests.harness.web import status as page_status
 
 ADMIN_TOKEN = "inject-admin-token-0123"
 

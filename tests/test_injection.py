@@ -23,7 +23,7 @@ from fthsdp.coordinator.web import recent_events
 from fthsdp.core.auth import PermissionDenied, Unauthenticated, check_admin
 from fthsdp.core.errors import ConfigError, InvalidRequest, NotFound
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.test_metrics import joined_runtime
+from tests.harness.runtimes import joined_runtime
 
 KILL, HANG, SLOW = pb.FAULT_KIND_KILL, pb.FAULT_KIND_HANG, pb.FAULT_KIND_SLOW
 

@@ -8,26 +8,13 @@ from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.core.errors import NotFound, StaleSession
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.jobs import formed, registered
 
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
 
 
-def registered(job: JobState, replica_id: str, *args, now: float, **kwargs) -> str:
-    """Register, and heartbeat at once as an agent does (no replica is admitted before)."""
-    session = job.register(replica_id, *args, now=now, **kwargs)
-    job.heartbeat(replica_id, session, args[2] if len(args) > 2 else 0, False, "", 0, now=now)
-    return session
 
 
-def formed(job: JobState, now: float):
-    decision = job.evaluate(now)
-    assert decision.members is not None, decision.reason
-    from fthsdp.coordinator.quorum_types import Quorum
-
-    prev = job.quorum
-    quorum = Quorum((prev.id if prev else 0) + 1, decision.members)
-    job.apply(decision, quorum, revision=quorum.id)
-    return quorum
 
 
 def test_sessions_replace_each_other():

@@ -22,7 +22,7 @@ from fthsdp.coordinator.status_view import status_dict, status_table
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.core.errors import JobNotFinished
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.test_job import formed, registered
+from tests.harness.jobs import formed, registered
 
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=0.0)
 

@@ -14,9 +14,9 @@ import signal
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from tests.processes import AgentProcess, CoordinatorProcess, WorkerProcess
-from tests.test_cli import fthsdp, one_line_error
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.processes import AgentProcess, CoordinatorProcess, WorkerProcess
+from tests.harness.waiting import wait_until
 
 STEPS = 5
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import signal
 
 from fthsdp.client import CoordinatorClient
-from tests.processes import CoordinatorProcess, WorkerProcess
-from tests.shared_fixtures import FOREVER
+from tests.harness.fixtures import FOREVER
+from tests.harness.processes import CoordinatorProcess, WorkerProcess
 
 # Slow heartbeats: the members' step as the coordinator knows it stays where
 # they started for most of the time a late replica takes to start.

@@ -27,7 +27,7 @@ from fthsdp.coordinator.leadership import (
     this_host,
 )
 from fthsdp.coordinator.store import MemoryStore, Versioned
-from tests.waiting import wait_until
+from tests.harness.waiting import wait_until
 
 HERE = Host("boot-1", "4:4026531836")
 KEY = "/fthsdp/v1/leader"

@@ -8,10 +8,10 @@ import logging
 import sys
 
 from fthsdp.core.log_format import JsonFormatter
-from tests.processes import ROOT, CoordinatorProcess, ReplicaProcess
-from tests.test_cli import fthsdp, one_line_error
-from tests.test_web import members, page_url, status, steps
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.processes import ROOT, CoordinatorProcess, ReplicaProcess
+from tests.harness.waiting import wait_until
+from tests.harness.web import members, page_url, status, steps
 
 BASE_KEYS = {"time", "level", "logger", "message"}
 

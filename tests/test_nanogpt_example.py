@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from tests.processes import ROOT, CoordinatorProcess, WorkerProcess, _env
+from tests.harness.ddp import start_ddp_oracle
+from tests.harness.processes import ROOT, CoordinatorProcess, WorkerProcess, _env
 
 EXAMPLE = ROOT / "examples" / "nanogpt"
 N, STEPS = 2, 10
@@ -24,18 +25,6 @@ TRAINING = [
     "--beta1", "0.9", "--beta2", "0.99", "--grad-clip", "1.0", "--warmup-iters", "3", "--lr-decay-iters", "8",
     "--min-lr", "3e-4", "--seed", "7",
 ]
-
-
-def _ddp_oracle(tmp_path, dtype: str) -> list[subprocess.Popen]:
-    init = f"file://{tmp_path / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.nanogpt_ddp_worker", "--rank", str(r), "--world", str(N), "--init", init,
-             "--save", str(tmp_path / f"ddp{r}.pt"), "--dtype", dtype, *TRAINING],
-            cwd=ROOT, env=_env(), stderr=open(tmp_path / f"ddp{r}.log", "ab"),
-        )
-        for r in range(N)
-    ]
 
 
 def _fthsdp_replicas(tmp_path, coordinator: str, dtype: str) -> list[WorkerProcess]:
@@ -50,7 +39,7 @@ def _fthsdp_replicas(tmp_path, coordinator: str, dtype: str) -> list[WorkerProce
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
 def test_same_parameters_as_ddp(tmp_path, dtype):
-    oracle = _ddp_oracle(tmp_path, dtype)
+    oracle = start_ddp_oracle(tmp_path, N, "--dtype", dtype, *TRAINING, worker="tests.nanogpt_ddp_worker", log=True)
     coordinator = CoordinatorProcess(tmp_path, "--min-replicas", str(N)).start()
     try:
         workers = _fthsdp_replicas(tmp_path, coordinator.address, dtype)

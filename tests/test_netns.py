@@ -1,4 +1,4 @@
-"""The network-fault harness (tests/netns.py) with real processes and real sockets.
+"""The network-fault harness (tests/harness/netns.py) with real processes and real sockets.
 
 Each test makes its own namespaces (NetLab) and removes them, pass or fail.
 They need root and iproute2; elsewhere they skip, saying why.
@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from tests.netns import NetLab
-from tests.netns_state import STATE_DIR, netns_names, remove_leftovers
-from tests.processes import ROOT, _env
-from tests.waiting import wait_until
+from tests.harness.netns import NetLab
+from tests.harness.netns_state import STATE_DIR, netns_names, remove_leftovers
+from tests.harness.processes import ROOT, _env
+from tests.harness.waiting import wait_until
 
 
 @pytest.fixture
@@ -252,7 +252,7 @@ def test_a_rate_limited_data_link_is_slow_both_ways_but_works(lab):
 
 def test_leftovers_of_a_killed_run_are_removed(tmp_path):
     NetLab.skip_unless_possible()
-    code = ("import sys, time; from tests.netns import NetLab; lab = NetLab(2); lab.open(); "
+    code = ("import sys, time; from tests.harness.netns import NetLab; lab = NetLab(2); lab.open(); "
             "print(lab.prefix, flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)

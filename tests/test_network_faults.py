@@ -1,4 +1,4 @@
-"""Network faults with real processes in network namespaces (tests/netns.py).
+"""Network faults with real processes in network namespaces (tests/harness/netns.py).
 
 Each replica runs under `fthsdp agent` in a namespace of its own, with a
 control link to the coordinator's bridge and a data link (its gloo traffic
@@ -22,9 +22,9 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.netns import NetLab
-from tests.netns_state import netns_names
-from tests.waiting import wait_until
+from tests.harness.netns import NetLab
+from tests.harness.netns_state import netns_names
+from tests.harness.waiting import wait_until
 
 FOREVER = "1000000"
 HANG_FLOOR = "3s"

@@ -12,28 +12,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from tests.processes import ROOT, AgentProcess, _env
-from tests.test_catchup import SLOW, members, status_of
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp
+from tests.harness.processes import AgentProcess
+from tests.harness.replicas import SLOW, assert_one_state_per_step, members, status_of
+from tests.harness.waiting import wait_until
 
 LOOP = ("--loop", "full")
 
 
-def assert_one_state_per_step(*workers) -> None:
-    """Every step printed by several replicas (or incarnations) has one checksum."""
-    seen: dict[int, dict[str, str]] = {}
-    for w in workers:
-        for step, line in w.steps.items():
-            if line.get("checksum"):
-                seen.setdefault(step, {})[w.log_path.name] = line["checksum"]
-    split = {s: c for s, c in seen.items() if len(set(c.values())) > 1}
-    assert not split, f"steps committed with different states: {dict(list(split.items())[:3])}"
 
 
 def test_two_of_three_killed_at_once(cluster):
@@ -208,8 +199,7 @@ def test_a_rank_of_an_fsdp2_group_killed_while_another_group_catches_up(cluster,
 
 
 def give_up(c, step: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fthsdp", "give-up-state", "--coordinator", c.address,
-                           "--step", str(step)], capture_output=True, text=True, timeout=30, cwd=ROOT, env=_env())
+    return fthsdp("give-up-state", "--coordinator", c.address, "--step", str(step))
 
 
 @pytest.mark.parametrize("back", [2, 1])

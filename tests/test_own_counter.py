@@ -18,9 +18,9 @@ import signal
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from tests.processes import AgentProcess, CoordinatorProcess
-from tests.shared_fixtures import FOREVER, HIDDEN
-from tests.test_catchup import status_of
+from tests.harness.fixtures import FOREVER, HIDDEN
+from tests.harness.processes import AgentProcess, CoordinatorProcess
+from tests.harness.replicas import status_of
 
 AFTER_REJOIN = 100
 

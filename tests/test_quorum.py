@@ -8,7 +8,7 @@ import pytest
 
 from fthsdp.coordinator.quorum import decide, settle_for
 from fthsdp.coordinator.quorum_types import Member, Quorum, next_last_drop_id
-from tests.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
+from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
 
 CASES = [
     Case("first quorum of a new job", None, table(alive("a", 0), alive("b", 0), alive("c", 0)), ("a", "b", "c"),

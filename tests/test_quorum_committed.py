@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fthsdp.coordinator.liveness import lost_at
 from fthsdp.coordinator.quorum import decide, holds_state
-from tests.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
+from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
 
 CASES = [
     # ----- rule 8: the committed state (the members held step 100) --------------------

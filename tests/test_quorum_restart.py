@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.quorum_cases import GRACE, NOW, Case, alive, awaited, check, quorum, table
+from tests.harness.quorum_cases import GRACE, NOW, Case, alive, awaited, check, quorum, table
 
 # After a coordinator (re)start (rule 1 and the split-brain guard): every
 # replica loaded from the store has a grace to reconnect (GRACE: the

@@ -19,7 +19,7 @@ from fthsdp.coordinator.quorum_types import Member, Quorum, Restoring
 from fthsdp.coordinator.replica_entry import grant_reconnect_grace
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.quorum_cases import NOW, RULES, Case, alive, check, quorum, table
+from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, table
 
 STEP = 40
 """The checkpoint restored; the members of quorum 7 were past it when their state was lost."""

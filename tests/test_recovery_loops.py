@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from tests.test_catchup import SLOW, assert_same_state_after_rejoin, members
-from tests.waiting import wait_until
+from tests.harness.replicas import SLOW, assert_same_state_after_rejoin, members
+from tests.harness.waiting import wait_until
 
 
 def lose_and_restart(coordinator, worker, *loop_args: str):

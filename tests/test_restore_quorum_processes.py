@@ -19,8 +19,8 @@ import signal
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess
-from tests.waiting import wait_until
+from tests.harness.processes import AgentProcess
+from tests.harness.waiting import wait_until
 
 EVERY = 10
 

@@ -9,7 +9,7 @@ import pytest
 from fthsdp.coordinator import silence
 from fthsdp.coordinator.quorum_types import Quorum
 from fthsdp.coordinator.replica_entry import ReplicaEntry
-from tests.test_hang import joined_job
+from tests.harness.jobs import joined_job
 
 TIMEOUT = 5.0
 
@@ -80,9 +80,9 @@ def test_a_replica_registered_after_a_scan_that_found_none_still_times_out():
     the next scan forward, or a member's silence would go unseen."""
     from fthsdp.coordinator.job import JobState
     from fthsdp.coordinator.quorum_types import Rules
-    from tests.test_hang import RULES
+    from tests.harness.jobs import HANG_RULES
 
-    job = JobState("j", Rules(min_replicas=1, heartbeat_timeout=5.0), RULES)
+    job = JobState("j", Rules(min_replicas=1, heartbeat_timeout=5.0), HANG_RULES)
     job.needs_decision(0.0)  # the first tick: no replica yet
     job.evaluate(0.0)
     sid = job.register("r0", "h:0", 1, 0, 0, 1.0)

@@ -18,7 +18,7 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.demo.record import json_objects
-from tests.processes import ROOT, CoordinatorProcess
+from tests.harness.processes import ROOT, CoordinatorProcess
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slow

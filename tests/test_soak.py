@@ -1,8 +1,8 @@
-"""The randomized fault soak (tests/soak.py): a short run in the default
+"""The randomized fault soak (tests/harness/soak.py): a short run in the default
 suite, a short control-plane one in the slow suite (both in CI), long ones
 (marked ``soak``: too long for CI, about 13 minutes together) whose tables
 go in benchmarks/README.md.
-With control-plane faults (tests/soak_control.py) the coordinators run under
+With control-plane faults (tests/harness/soak_control.py) the coordinators run under
 a supervisor on a private etcd, which the faults stall and restart."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from tests.processes import CoordinatorProcess
-from tests.soak import control_table, dump, run_soak, table
-from tests.soak_control import ControlPlane
+from tests.harness.processes import CoordinatorProcess
+from tests.harness.soak import control_table, dump, run_soak, table
+from tests.harness.soak_control import ControlPlane
 
 COORDINATOR_ARGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s", "--join-timeout", "2s",
                     "--min-replicas", "1")

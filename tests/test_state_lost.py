@@ -14,9 +14,10 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.keys import JobKeys
 from fthsdp.coordinator.store import open_store
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import CoordinatorProcess, ReplicaProcess
-from tests.test_coordinator_etcd import fresh_prefix, fthsdp
-from tests.waiting import wait_until
+from tests.harness.cli import fthsdp
+from tests.harness.etcd import fresh_prefix
+from tests.harness.processes import CoordinatorProcess, ReplicaProcess
+from tests.harness.waiting import wait_until
 
 
 @pytest.fixture

@@ -301,7 +301,7 @@ def test_a_revoked_lease_takes_its_keys_with_it(leased, key_prefix: str) -> None
 
 
 def test_an_expired_lease_deletes_its_keys_and_cannot_be_refreshed(leased, key_prefix: str) -> None:
-    from tests.waiting import wait_until
+    from tests.harness.waiting import wait_until
 
     store, clock = leased
     lease = store.grant_lease(1)

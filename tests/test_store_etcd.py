@@ -17,7 +17,7 @@ from fthsdp.coordinator.store import Store, open_store
 from fthsdp.coordinator.store.etcd import EtcdStore
 from fthsdp.core.errors import StoreUnavailable
 from fthsdp.testing.local_etcd import EtcdServer, free_port
-from tests.waiting import wait_until
+from tests.harness.waiting import wait_until
 
 # Generous for a loaded CI machine; on a quiet one it is well under a second.
 FAIL_FAST_S = 5.0

@@ -14,9 +14,9 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.core.credentials import TlsFiles
 from fthsdp.core.errors import CoordinatorUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.processes import AgentProcess, CoordinatorProcess
-from tests.test_cli import fthsdp, one_line_error
-from tests.tls_certs import make_certificates
+from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.processes import AgentProcess, CoordinatorProcess
+from tests.harness.tls_certs import make_certificates
 
 
 @pytest.fixture(scope="module")

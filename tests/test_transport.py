@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 import sys
+import types
+from collections.abc import Iterator, MutableMapping
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.transport import choose
+from fthsdp.agent.training.transport.nccl import ERROR_HANDLING
 from fthsdp.core.errors import ConfigError
-from tests.processes import ROOT, _env
+from tests.harness.processes import ROOT, _env
 
 BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
     not (dist.is_nccl_available() and torch.cuda.device_count() >= 2),
@@ -88,3 +92,72 @@ def test_bad_choices_are_one_clear_error():
     with pytest.raises(ConfigError, match="needs the gradients on a GPU"):
         choose("nccl", torch.device("cpu"))
     assert choose("auto", torch.device("cpu")).name == "gloo"
+
+
+class WritesRecorded(MutableMapping[str, str]):
+    """``os.environ`` that records every write made through it (a read passes through)."""
+
+    def __init__(self, real: MutableMapping[str, str]) -> None:
+        self.real = real
+        self.writes: list[tuple[str, str | None]] = []
+
+    def __getitem__(self, key: str) -> str:
+        return self.real[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.writes.append((key, value))
+        self.real[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self.writes.append((key, None))
+        del self.real[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.real)
+
+    def __len__(self) -> int:
+        return len(self.real)
+
+
+class FakeNccl:
+    """``dist.ProcessGroupNCCL`` as the transport uses it (CPU builds have none): a
+    group records the error handling torch would read in its constructor."""
+
+    class Options:
+        def __init__(self) -> None:
+            self.config = types.SimpleNamespace(blocking=1)
+            self._timeout = datetime.timedelta(minutes=10)
+
+    def __init__(self, store: object, rank: int, size: int, options: FakeNccl.Options) -> None:
+        self.error_handling = os.environ.get(ERROR_HANDLING)
+        self.options = options
+        self.connected: torch.device | None = None
+
+    def eager_connect_single_device(self, device: torch.device) -> None:
+        self.connected = device
+
+
+def test_nccl_is_chosen_with_error_handling_off_once_and_a_build_never_writes_the_environment(monkeypatch):
+    """The NCCL transport's one change to the process (``choose()``, in
+    ``Manager.start()``): FTAR's groups are built with torch's error handling
+    off while every build leaves ``os.environ`` alone (FTAR builds on helper
+    threads, beside the script's own); a group the script built before (its
+    FSDP world) keeps its own setting."""
+    monkeypatch.setenv(ERROR_HANDLING, "3")  # the script's own choice, or torch's default
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNccl, raising=False)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    environ = WritesRecorded(os.environ)
+    monkeypatch.setattr(os, "environ", environ)
+    scripts = FakeNccl(None, 0, 2, FakeNccl.Options())  # built before Manager.start()
+    device = torch.device("cuda", 0)
+
+    transport = choose("nccl", device)
+    assert environ.writes == [(ERROR_HANDLING, "0")]
+    groups = [transport.build(dist.HashStore(), 0, 2, datetime.timedelta(seconds=5)) for _ in range(2)]
+    choose("auto", device)  # a second Manager of the process finds it set
+    assert environ.writes == [(ERROR_HANDLING, "0")]
+    for group in groups:
+        assert isinstance(group, FakeNccl)
+        assert group.error_handling == "0" and group.options.config.blocking == 0
+        assert group.options._timeout == datetime.timedelta(seconds=5) and group.connected == device
+    assert scripts.error_handling == "3"

@@ -7,61 +7,31 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import urllib.error
-import urllib.request
 import uuid
 
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.http_server import Request
 from fthsdp.coordinator.web import WebApp, checksum_summary, history_view
-from tests.processes import CoordinatorProcess, ReplicaProcess
-from tests.shared_fixtures import TOKEN
-from tests.test_metrics import hung_runtime, straggler_runtime
-from tests.waiting import wait_until
-
-FAST = ("--metrics-port", "0", "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s")
-
+from tests.harness.fixtures import TOKEN
+from tests.harness.processes import CoordinatorProcess, ReplicaProcess
+from tests.harness.runtimes import hung_runtime, straggler_runtime
+from tests.harness.waiting import wait_until
+from tests.harness.web import FAST, drain, http, members, page_url, states, status, steps
 
 # ----- HTTP helpers ------------------------------------------------------------------
 
-def http(url: str, method: str = "GET", token: str | None = None, auth: str | None = None) -> tuple[int, dict, bytes]:
-    """(status, headers, body); errors are answers too."""
-    headers = {"Authorization": auth or f"Bearer {token}"} if (token or auth) else {}
-    request = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "POST" else None)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
-def status(base: str, job: str = "") -> dict:
-    code, _, body = http(base + "api/status" + (f"?job={job}" if job else ""))
-    assert code == 200, body
-    return json.loads(body)
 
 
-def drain(base: str, replica: str, **auth) -> tuple[int, dict]:
-    code, _, body = http(f"{base}api/replicas/{replica}/drain", "POST", **auth)
-    return code, json.loads(body)
 
 
-def page_url(c: CoordinatorProcess) -> str:
-    url = c.metrics_url.removesuffix("metrics")
-    assert url.endswith("/"), c.metrics_url
-    return url
 
 
-def members(s: dict) -> list[str]:
-    return sorted(s["quorum"]["members"])
 
 
-def states(s: dict) -> dict[str, str]:
-    return {r["id"]: r["state"] for r in s["replicas"]}
 
 
-def steps(s: dict) -> dict[str, int]:
-    return {r["id"]: r["step"] for r in s["replicas"]}
 
 
 def settled(base: str, ids: list[str]) -> dict:

@@ -10,58 +10,22 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-
-from fthsdp.coordinator.http_server import Request, Response, serve_http
+from fthsdp.coordinator.http_server import Request, Response
 from fthsdp.coordinator.web import WebApp
-from tests.processes import CoordinatorProcess, ReplicaProcess
-from tests.test_metrics import hung_runtime
-from tests.test_web import FAST, members, page_url, states, status, steps
-from tests.waiting import wait_until
+from tests.harness.processes import CoordinatorProcess, ReplicaProcess
+from tests.harness.runtimes import hung_runtime
+from tests.harness.waiting import wait_until
+from tests.harness.web import FAST, chromium, dump_dom, members, page_url, run_chromium, states, status, steps
 
 # ----- a real coordinator -----------------------------------------------------------
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    message = "no chromium on PATH: `make etcd` installs Debian's chromium (apt-get install chromium)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
-def run_chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    # A first start unpacks and initialises a profile: slow on a loaded machine.
-    argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-            f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, f"chromium failed ({result.returncode}):\n{result.stderr[-3000:]}"
-    return result
 
 
-def dump_dom(handle, profile: Path) -> str:
-    """The page that ``handle`` (a WebApp's, or one around it) serves on a
-    port of its own, as Chromium dumps its DOM. Chromium runs in a thread:
-    the server answers it meanwhile, on this loop."""
-    binary = chromium()
-
-    async def render() -> str:
-        server = await serve_http(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            return (await asyncio.to_thread(run_chromium, binary, profile, "--dump-dom",
-                                            f"http://127.0.0.1:{port}/")).stdout
-        finally:
-            server.close()
-            await server.wait_closed()
-
-    return asyncio.run(render())
 
 
 class _Rows(HTMLParser):

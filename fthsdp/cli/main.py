@@ -1,8 +1,10 @@
 """The `fthsdp` command: coordinator, agent, status, drain, cordon, uncordon, give-up-state, restore, reopen-job,
 inject, demo.
 
-This is the only place that reads the environment (FTHSDP_*) and the only
-place that turns errors into exit codes: a user mistake ends with one line on
+This is where the coordinator and the agent read the environment (FTHSDP_*),
+once, handing it on (the training process's own entry point is
+``Manager.from_env``, fthsdp/agent/training/manager.py), and the only place
+that turns errors into exit codes: a user mistake ends with one line on
 stderr and a non-zero status, never a traceback.
 """
 

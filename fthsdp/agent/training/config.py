@@ -1,6 +1,8 @@
 """Settings of the fault-tolerant step, from the FTHSDP_* variables that
 `fthsdp agent` sets for its ranks (``ManagerConfig.from_env``, the one place
-they are read); explicit keyword arguments win."""
+they are parsed, from the mapping ``Manager.from_env`` hands it: the training
+process's entry point, and the one place the training library takes settings
+from ``os.environ``); explicit keyword arguments win."""
 
 from __future__ import annotations
 

@@ -130,7 +130,13 @@ class Manager:
         cls, model, optimizer, env: Mapping[str, str] | None = None, *, update=None, state=None, **overrides
     ) -> Manager:
         """The manager configured by `fthsdp agent`. In a warm standby (``fthsdp
-        agent --standby``) this waits until the agent activates it."""
+        agent --standby``) this waits until the agent activates it.
+
+        The training process's entry point: the one place the training library
+        takes settings from ``os.environ`` (``env``, when given, instead);
+        everything past it gets them from the ``ManagerConfig`` built here.
+        (The one variable it sets, for NCCL's sake: ``choose()`` in
+        fthsdp/agent/training/transport/__init__.py.)"""
         env = os.environ if env is None else env
         wait_for_activation(env)
         return cls(model, optimizer, ManagerConfig.from_env(env, **overrides), update=update, state=state)

@@ -1,10 +1,12 @@
 """A joiner's last gap, closed inside its first all-reduce in the members' quorum.
 
-FTAR (fthsdp/agent/training/ftar/allreduce.py) yields what a joiner must do before it can go on; this
-answers those requests from the catch-up source's log, on the training
-thread: replay up to a step (``CloseGap``, ``ReplayTo``), read the members'
-inputs of the step they wait in (``EnterStep``), and, while the joiner waits
-for the members in a new group, replay what they commit meanwhile. A
+FTAR (fthsdp/agent/training/ftar/allreduce.py) asks a joiner what it must do
+before it can go on, through the ``Joining`` interface
+(fthsdp/agent/training/ftar/results.py); this answers from the catch-up
+source's log, on the training thread: replay up to a step (``close_gap``,
+``replay_to``), read the members' inputs of the step they wait in
+(``enter_step``), and, while the joiner waits for the members in a new
+group, replay what they commit meanwhile (``while_waiting``). A
 source lost meanwhile (killed, drained, taken out) is replaced by the next
 one the coordinator names for this replica; only a joiner that gets none in
 time has lost the state (``StateNotHeld``).
@@ -19,7 +21,6 @@ from typing import TypeVar
 from fthsdp.agent.training.catchup.client import CatchUpError, SourceClient
 from fthsdp.agent.training.catchup.replay import Replayer
 from fthsdp.agent.training.catchup.source import ServedState
-from fthsdp.agent.training.ftar.allreduce import CloseGap, EnterStep, ReplayTo, Request
 from fthsdp.core.errors import FtarError, StateNotHeld
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 
@@ -45,6 +46,8 @@ def require_state_held(replica_id: str, step: int, members_step: int) -> None:
 
 
 class LastGap:
+    """A joiner's answers to FTAR (a ``Joining``)."""
+
     def __init__(self, replayer: Replayer, source: ServedState, timeout: float, replica_id: str,
                  client: Callable[[], SourceClient | None], moved: Callable[[], None],
                  switch: Callable[[], SourceClient | None] = lambda: None) -> None:
@@ -62,17 +65,6 @@ class LastGap:
         self._join_inputs: cpb.LogEntry | None = None
         self.taken: cpb.LogEntry | None = None
         """The members' inputs this joiner entered its step with (None: its own)."""
-
-    def serve(self, request: Request) -> int | None:
-        """What FTAR asks of this joiner before it can go on."""
-        if isinstance(request, CloseGap):
-            return self._close_gap(request.step, request.head)
-        if isinstance(request, EnterStep):
-            self._enter_members_step(request.head)
-            return None
-        if isinstance(request, ReplayTo):
-            return self._replay_to_members(request.head)
-        raise FtarError(f"internal: FTAR asked for {request!r}")
 
     def while_waiting(self) -> None:
         """Between FTAR's polls of the collective this joiner waits in for the
@@ -125,7 +117,7 @@ class LastGap:
         self.source.publish_inputs(entry)
         self._moved()
 
-    def _close_gap(self, step: int, head: int) -> int:
+    def close_gap(self, step: int, head: int) -> int:
         """The members are at ``head`` and this joiner, with a gradient for
         ``step``, two or more steps behind (admitted while it still
         replayed): replay up to ``head - 1`` and take that step's inputs;
@@ -143,10 +135,10 @@ class LastGap:
         self._take_inputs(entries[0][0])
         return self.replayer.step
 
-    def _enter_members_step(self, head: int) -> None:
+    def enter_step(self, head: int) -> None:
         """About to join the members' data all-reduce of step ``head``: read
         their inputs of ``head`` now, while they wait in it (the steps still
-        missing are replayed while it runs: ``_replay_to_members``)."""
+        missing are replayed while it runs: ``replay_to``)."""
         def read(client: SourceClient) -> cpb.LogEntry:
             inputs = client.inputs()
             if inputs.step < head:  # it left the quorum (drained, or taken out) before the members' step
@@ -159,10 +151,10 @@ class LastGap:
         self._join_inputs = inputs
         return None
 
-    def _replay_to_members(self, head: int) -> int:
+    def replay_to(self, head: int) -> int:
         if self.replayer.step > head:
             raise FtarError(f"this replica is at step {self.replayer.step}, ahead of the quorum's {head}")
         self._from_source(head, lambda client: self.replayer.replay_until(client, head, self.timeout))
-        assert self._join_inputs is not None  # FTAR asks for EnterStep before ReplayTo
+        assert self._join_inputs is not None  # FTAR calls enter_step before replay_to
         self._take_inputs(self._join_inputs)
         return self.replayer.step

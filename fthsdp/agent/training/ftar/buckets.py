@@ -61,6 +61,26 @@ def plan_buckets(numels: Sequence[int], element_size: int, cap_bytes: int) -> tu
     return tuple(buckets)
 
 
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    """How a replica cuts its gradients into buckets, as FTAR needs it: its
+    signature, compared in every new group's agree, and the buckets' slices
+    of the gradient part in the order they start (a step summed after the
+    backward pass runs them too, so that it sums bit for bit as the overlapped
+    step does)."""
+
+    signature: int = 0
+    slices: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, buckets: Sequence[Bucket]) -> BucketPlan:
+        return cls(plan_signature(buckets), tuple((b.start_element, b.stop_element) for b in buckets))
+
+
+NO_BUCKETS = BucketPlan()
+"""A replica whose step is summed flat after the backward pass."""
+
+
 def plan_signature(buckets: Sequence[Bucket]) -> int:
     """A 31-bit digest of a plan, compared in a new group's agree: members
     with different plans (a different ``--bucket-cap-mb``) would pair

@@ -19,13 +19,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeGuard
 
-import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar.decisions import is_growth
-from fthsdp.agent.training.transport import Transport
+from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.agent.training.transport import Collectives, Transport
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.core.errors import Evicted, FtarTimeout
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -35,86 +34,23 @@ log = logging.getLogger("fthsdp.agent.ftar")
 
 
 
-KEEP_PLACES = 64
-"""Ranks remembered, by quorum id: a group is built for one of the last few."""
-
-
-class QuorumTracker:
-    """The newest quorum this replica knows, and its rank in the recent ones
-    it is a member of, fed by coordinator push events (which carry no member
-    list: the rank, the member count and the first member's address are what
-    a group needs)."""
-
-    def __init__(self, replica_id: str) -> None:
-        self.replica_id = replica_id
-        self.cond = threading.Condition()
-        self.quorum: pb.Quorum | None = None
-        self._ranks: dict[int, int] = {}
-        self.divergence = ""
-        """Why the coordinator took this replica out for a checksum mismatch, if it did (named by ``Evicted``)."""
-
-    def update(self, event: pb.WatchEvent) -> None:
-        with self.cond:
-            if event.HasField("divergence"):
-                self.divergence = event.divergence.reason
-            if event.HasField("place"):
-                self._ranks[event.quorum.id] = event.place.rank
-                for old in sorted(self._ranks)[:-KEEP_PLACES]:
-                    del self._ranks[old]
-            if self.quorum is None or event.quorum.id > self.quorum.id:
-                self.quorum = event.quorum
-            self.cond.notify_all()
-
-    def out_because(self) -> str:
-        """What ``Evicted`` adds to its message: why this replica was taken out, when known."""
-        return f": checksum mismatch: {self.divergence}" if self.divergence else ""
-
-    def newest_id(self) -> int:
-        return self.quorum.id if self.quorum is not None else 0
-
-    def wait_for_membership(self, timeout: float, min_members: int = 1) -> pb.Quorum:
-        """Block until a quorum of at least ``min_members`` includes this replica."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.includes_me(self.quorum) or self.quorum.member_count < min_members:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise FtarTimeout(f"replica {self.replica_id} was not admitted into a quorum within {timeout:g}s")
-                self.cond.wait(left)
-            return self.quorum
-
-    def rank_in(self, quorum: pb.Quorum | None) -> int | None:
-        """This replica's rank in ``quorum``; None if it is not a member."""
-        return self._ranks.get(quorum.id) if quorum is not None else None
-
-    def includes_me(self, quorum: pb.Quorum | None) -> TypeGuard[pb.Quorum]:
-        return self.rank_in(quorum) is not None
-
-
-class _Collectives(Protocol):
-    """The collectives FTAR runs in a group (a gloo backend's)."""
-
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]) -> dist.Work: ...
-
-    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
-
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work: ...
-
-
 @dataclasses.dataclass
-class _Group:
+class QuorumGroup:
+    """The process group of one quorum, as this rank is in it."""
+
     quorum_id: int
     rank: int
+    """This replica's rank in the quorum."""
     size: int
-    pg: _Collectives
+    pg: Collectives
 
 
 class _Prebuild:
     """A group built on a helper thread while training goes on in the old one."""
 
-    def __init__(self, quorum_id: int, build: Callable[[], _Group]) -> None:
+    def __init__(self, quorum_id: int, build: Callable[[], QuorumGroup]) -> None:
         self.quorum_id = quorum_id
-        self.group: _Group | None = None
+        self.group: QuorumGroup | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
 
@@ -162,12 +98,12 @@ class QuorumGroups:
         self.shard_rank = shard_rank
         self.timeout = timeout
         self.transport: Transport = transport if transport is not None else GlooTransport()
-        self._group: _Group | None = None
+        self._group: QuorumGroup | None = None
         self._in_step_with = 0
         """The group whose members are known to be at the same step."""
         # Abandoned groups are kept alive: destroying one whose collective is
         # still blocked could block the destructor on this thread.
-        self._abandoned: list[tuple[float, _Group]] = []
+        self._abandoned: list[tuple[float, QuorumGroup]] = []
         self._prebuilt: dict[int, _Prebuild] = {}
         """Groups of growth quorums, built in the background (by quorum id)."""
         self._switch_to = 0
@@ -194,19 +130,19 @@ class QuorumGroups:
         self._called = now
 
     @property
-    def group(self) -> _Group | None:
+    def group(self) -> QuorumGroup | None:
         """The group this replica trains in now (None before the first, or after a failure)."""
         return self._group
 
-    def in_step(self, group: _Group) -> bool:
+    def in_step(self, group: QuorumGroup) -> bool:
         """Whether ``group``'s members are known to be at the same step (no agree needed)."""
         return group.quorum_id == self._in_step_with
 
-    def mark_in_step(self, group: _Group | None) -> None:
+    def mark_in_step(self, group: QuorumGroup | None) -> None:
         """After an agree: the members of ``group`` are at one step (None: not known, agree again)."""
         self._in_step_with = group.quorum_id if group is not None else 0
 
-    def next_group(self) -> _Group | None:
+    def next_group(self) -> QuorumGroup | None:
         """The group the next step's data all-reduce will run in, where that
         is known now and needs no agree: the current group while it is in
         step, with no switch agreed and no newer quorum but one that only
@@ -243,7 +179,7 @@ class QuorumGroups:
 
     # ----- groups --------------------------------------------------------------------
 
-    def current_group(self, deadline: float) -> _Group:
+    def current_group(self, deadline: float) -> QuorumGroup:
         """The group to run the next collective in: the current one while a
         quorum that only grows it waits for the agreed switch, else the
         newest quorum's (built if needed; the old one is abandoned)."""
@@ -280,14 +216,14 @@ class QuorumGroups:
                 log.info("quorum %d: group of %d built", quorum.id, built.size)
                 return built
 
-    def _adopt(self, group: _Group) -> None:
+    def _adopt(self, group: QuorumGroup) -> None:
         if self._group is not None and self._group is not group:
             self.retire(self._group)
         self._group = group
         self._in_step_with = 0  # the first collective in a new group is an agree
         self._prebuilt = {q: p for q, p in self._prebuilt.items() if q > group.quorum_id}
 
-    def retire(self, group: _Group) -> None:
+    def retire(self, group: QuorumGroup) -> None:
         self.transport.abort(group.pg)
         now = time.monotonic()
         # Past twice the timeout their collectives have ended: let them go.
@@ -318,7 +254,7 @@ class QuorumGroups:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
         self._group, self._abandoned, self._prebuilt = None, [], {}
 
-    def _build(self, quorum: pb.Quorum) -> _Group:
+    def _build(self, quorum: pb.Quorum) -> QuorumGroup:
         rank = self.tracker.rank_in(quorum)
         if rank is None:
             raise Evicted(f"quorum {quorum.id} does not include this replica{self.tracker.out_because()}")
@@ -327,7 +263,7 @@ class QuorumGroups:
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
         pg = self.transport.build(prefix, rank, quorum.member_count, timeout)
         # torch's stubs derive ProcessGroupGloo from a Backend without the collectives it has at runtime.
-        return _Group(quorum.id, rank, quorum.member_count, pg)  # type: ignore[arg-type]
+        return QuorumGroup(quorum.id, rank, quorum.member_count, pg)  # type: ignore[arg-type]
 
     # ----- waiting -------------------------------------------------------------------
 
@@ -354,12 +290,12 @@ class QuorumGroups:
             return True
         return False
 
-    def wait_work(self, work, group: _Group, deadline: float, idle: Callable[[], None] | None = None) -> str:
+    def wait_work(self, work, group: QuorumGroup, deadline: float, idle: Callable[[], None] | None = None) -> str:
         """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
         thread, and a newer quorum is seen within a millisecond. A newer
         quorum abandons it, except one that only grows the group: the members
         switch at an agreed step boundary instead (see ``_leave_for``).
-        ``idle`` runs between polls instead of a sleep (see FTAR.operation)."""
+        ``idle`` runs between polls instead of a sleep (a joiner's ``Joining.while_waiting``)."""
         pause = 20e-6
         since: list[float] = []
         while not work.is_completed():

@@ -45,7 +45,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.ftar.buckets import Bucket, bucket_of, plan_buckets, plan_signature
+from fthsdp.agent.training.ftar.buckets import Bucket, BucketPlan, bucket_of, plan_buckets
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool
 from fthsdp.agent.training.state.codec import local
 
@@ -98,8 +98,8 @@ class Overlap:
         numels = [p.numel() for p in shards]
         self.buckets: tuple[Bucket, ...] = (
             plan_buckets(numels, shards[0].element_size(), cap_bytes) if self.enabled else ())
-        self.signature = plan_signature(self.buckets)
-        """Compared in every new group's agree (FTAR.plan_signature)."""
+        self.plan = BucketPlan.of(self.buckets)
+        """FTAR's copy of it (compared in every new group's agree; slices for a step summed afterwards)."""
         self._gradients = sum(numels)
         self._bucket_of = bucket_of(self.buckets, len(params))
         self._lock = threading.Lock()

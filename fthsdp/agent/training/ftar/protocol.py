@@ -1,9 +1,10 @@
 """The step protocol of FTAR, as a pure state machine.
 
-One call of ``FTAR.operation`` runs one step's sum through a sequence of
-phases; each phase is one collective (or one request to the caller), and
+One call of ``FTAR.allreduce`` runs one step's sum through a sequence of
+phases; each phase is one collective (or one request to the joiner), and
 what comes next depends only on the phase and how it ended: ``after(phase,
-outcome, action)``. fthsdp/agent/training/ftar/allreduce.py runs the collectives and the requests;
+end, action)``. Each phase is one method of ``StepRun``
+(fthsdp/agent/training/ftar/phases.py), which runs the collectives and the requests;
 this decides, and tests/test_step_protocol.py checks the whole table.
 
     FIND_GROUP --in-step--> DATA --completed--> VOTE --completed--> DONE
@@ -40,7 +41,7 @@ class Phase(str, enum.Enum):
     DATA = "data"
     """The data all-reduce (a joiner reads the members' inputs first and replays during it)."""
     CLOSE_GAP = "close-gap"
-    """Ask the caller to replay up to the step before the members' (a ``CloseGap``)."""
+    """Ask the joiner to replay up to the step before the members' (``Joining.close_gap``)."""
     FOLLOW_HEAL = "follow-heal"
     """Take part, without using it, in the broadcast of the last sum to members one step behind."""
     TAKE_LAST = "take-last"

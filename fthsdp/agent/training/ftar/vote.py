@@ -74,7 +74,7 @@ import enum
 import torch
 import torch.distributed as dist
 
-from fthsdp.agent.training.ftar.groups import DONE, QuorumGroups, _Group
+from fthsdp.agent.training.ftar.groups import DONE, QuorumGroup, QuorumGroups
 from fthsdp.core.errors import Evicted
 
 VOTE_DTYPE = torch.int64
@@ -106,7 +106,7 @@ def vote_tensor(newest_known: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([newest_known], dtype=VOTE_DTYPE, device=device)
 
 
-def vote(groups: QuorumGroups, group: _Group, deadline: float, device: torch.device,
+def vote(groups: QuorumGroups, group: QuorumGroup, deadline: float, device: torch.device,
          decides: bool = True) -> int | None:
     """This member holds the step's complete sum: its vote, in ``group``.
     Returns the newest quorum id any member knew, once the vote completed

@@ -24,7 +24,7 @@ from fthsdp.agent.training.catchup.group import GroupChannel
 from fthsdp.agent.training.catchup.server import CatchUpServer
 from fthsdp.agent.training.catchup.source import ServedState
 from fthsdp.agent.training.config import ManagerConfig
-from fthsdp.agent.training.ftar.allreduce import QuorumTracker
+from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
 from fthsdp.agent.training.session.hang_notice import HangNotices
 from fthsdp.agent.training.session.lifecycle import Lifecycle
 from fthsdp.agent.training.session.membership import Membership

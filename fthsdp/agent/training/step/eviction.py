@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from fthsdp.agent.training.ftar.groups import QuorumTracker
+from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
 
 EVICTION_GRACE = 2.0
 """Seconds the training thread has to reach an API call once the group is out."""

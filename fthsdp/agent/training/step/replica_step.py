@@ -38,7 +38,7 @@ from fthsdp.agent.training.checkpoint.saver import Saver
 from fthsdp.agent.training.checkpoint.seal import Sealed
 from fthsdp.agent.training.checkpoint.share import ShareSpec
 from fthsdp.agent.training.config import ManagerConfig
-from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepResult
+from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepResult, StepSum
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool
 from fthsdp.agent.training.ftar.overlap import Overlap, Prelaunched
 from fthsdp.agent.training.session.job_finished import JobFinished
@@ -49,6 +49,7 @@ from fthsdp.agent.training.state.codec import local
 from fthsdp.agent.training.state.train_state import TrainState, gradient_sample
 from fthsdp.agent.training.step.buffer import StepBuffer
 from fthsdp.agent.training.step.clock import StepClock
+from fthsdp.agent.training.step.clocked_gap import ClockedGap
 from fthsdp.agent.training.step.connection import JobConnection
 from fthsdp.agent.training.step.eviction import EvictionWatch
 from fthsdp.agent.training.step.script_hooks import ScriptHooks
@@ -83,23 +84,23 @@ class ReplicaStep:
         self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout, transport)
         self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader, job=config.job,
                                      structure=structure)
-        self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
-                          transport=transport)
-        self._ftar.groups.horizon = self._link.hangs.horizon
         running = state.running
         self._overlap = Overlap(self._params, int(config.bucket_cap_mb * (1 << 20)),
                                 tail=(running.numel() if running.carries else 0) + CONTROL_SLOTS, buffers=buffers)
-        self._buffers = buffers
         """Starts the step's all-reduce bucket by bucket during the backward pass
         (fthsdp/agent/training/ftar/overlap.py)."""
-        self._ftar.plan_signature = self._overlap.signature
-        self._ftar.bucket_slices = tuple((b.start_element, b.stop_element) for b in self._overlap.buckets)
+        self._buffers = buffers
+        self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
+                          transport=transport, buckets=self._overlap.plan)
+        self._ftar.groups.horizon = self._link.hangs.horizon
         self._joiner: Joiner | None = None
         """Until a joiner's first step in the quorum is committed: its catch-up, and the source it holds."""
         self._gap = LastGap(replayer, self._source, config.timeout, config.replica_id,
                             client=lambda: self._joiner.gap_client() if self._joiner is not None else None,
                             moved=self._target.moved,
                             switch=lambda: self._joiner.switch_source() if self._joiner is not None else None)
+        self._joining = ClockedGap(self._gap, self._clock, replayer)
+        """What FTAR asks of this replica while it joins: the last gap, on the step clock."""
         self._history = StridedHistory(config.checksum_every)
         self._checksum_wanted = False
         """A joiner took a snapshot at this boundary: the next one carries a checksum it checks its replay by."""
@@ -117,8 +118,9 @@ class ReplicaStep:
             self._saver = Saver(Path(config.checkpoint_dir).resolve(), config.job, every=config.checkpoint_every,
                                 keep=config.checkpoint_keep, seal_timeout=max(60.0, config.timeout),
                                 on_sealed=self._sealed, now=time.monotonic())
-        # A script that ends by an exception exits promptly too.
-        atexit.register(lambda: self._ftar.groups.release(self._link.store))
+        # A script that ends by an exception, never leaving, exits promptly too (groups.release).
+        # Unregistered by leave(), which releases them itself: no handler, nor this step, outlives it.
+        self._release_at_exit = atexit.register(lambda: self._ftar.groups.release(self._link.store))
         if config.resume:
             # Before registering: the coordinator must never see this replica at step 0.
             resume_newest(self._target, self._link.group, Path(config.checkpoint_dir), config.job, structure,
@@ -227,13 +229,12 @@ class ReplicaStep:
             buffer.fill_tail(prelaunched.buffer, prelaunched.gradients)
         proposal, self._proposal = self._proposal, 0
         try:
-            result = self._ftar.allreduce(
+            result = self._ftar.allreduce(StepSum(
                 step, prelaunched.buffer if prelaunched is not None else buffer.flatten(), self._structure,
                 refill=buffer.flatten, contributes=contributes, prelaunched=prelaunched,
-                proposal=proposal, control_slots=True, idle=self._gap.while_waiting, serve=self._serve,
-                first_only=buffer.first_only,
+                proposal=proposal, control_slots=True, first_only=buffer.first_only,
                 checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
-            )
+            ), joining=self._joining)
         except Evicted as e:
             # Out of the quorum (dropped, drained, taken out as hung or unreachable): this
             # replica commits nothing of the step; the members that go on decide it among
@@ -361,15 +362,6 @@ class ReplicaStep:
             shares=sealed.shares, bytes=sealed.nbytes, sealed_unix_ms=int(time.time() * 1000),
             sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum, kept=self.config.checkpoint_keep))
 
-    def _serve(self, request):
-        """FTAR's requests of a joiner (fthsdp/agent/training/catchup/last_gap.py): its own work,
-        not a wait for the others."""
-        self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
-        try:
-            return self._gap.serve(request)
-        finally:
-            self._clock.arrive(self._replayer.step)
-
     def raise_if_evicted(self) -> None:
         """Another rank of this group died and the coordinator took the group
         out: this rank's state is lost with it (fthsdp/agent/training/step/eviction.py)."""
@@ -396,6 +388,7 @@ class ReplicaStep:
             self._saver.close(self.config.timeout)  # a share in flight is finished: the others may be sealing it
         self._link.close(leave_reason(ending, detail), failed=not ending.success)
         self._ftar.groups.release(self._link.store)  # so that the script exits normally, even past a hung peer
+        atexit.unregister(self._release_at_exit)
         outcome.write(self.config.outcome_file, ending.value, detail)
 
 

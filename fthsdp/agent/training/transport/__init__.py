@@ -43,9 +43,26 @@ class Transport(Protocol):
         ...
 
 
+class Collectives(Protocol):
+    """The collectives FTAR runs in a quorum's group (what ``Transport.build`` returns has them)."""
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]) -> dist.Work: ...
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work: ...
+
+
 def choose(backend: str, device: torch.device, host: str = "", interface: str = "") -> Transport:
     """The transport for ``--cross-replica-backend`` (``auto``: NCCL for CUDA
-    gradients when this torch has it, else gloo)."""
+    gradients when this torch has it, else gloo).
+
+    Choosing NCCL sets ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` for the process:
+    the one change to the process's environment that the training library
+    makes past its entry point (``Manager.from_env``), made here alone. It runs in ``Manager.start()``,
+    before FTAR's threads exist; torch 2.13 has no per-group way to turn the
+    handling off for FTAR's groups, and the script's groups built before
+    ``start()`` keep theirs (fthsdp/agent/training/transport/nccl.py)."""
     from fthsdp.agent.training.transport.gloo import GlooTransport
 
     if backend not in BACKENDS:
@@ -58,9 +75,10 @@ def choose(backend: str, device: torch.device, host: str = "", interface: str = 
         raise ConfigError(f"--cross-replica-backend nccl needs the gradients on a GPU; they are on {device}")
     if not dist.is_nccl_available():
         raise ConfigError("--cross-replica-backend nccl: this torch has no NCCL (a CPU build?); use gloo")
-    from fthsdp.agent.training.transport.nccl import NcclTransport
+    from fthsdp.agent.training.transport.nccl import NcclTransport, error_handling_off
 
+    error_handling_off()
     return NcclTransport(device)
 
 
-__all__ = ["BACKENDS", "Transport", "choose"]
+__all__ = ["BACKENDS", "Collectives", "Transport", "choose"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fthsdp.demo.record import json_objects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
@@ -247,17 +247,3 @@ class AgentProcess(WorkerProcess):
         ]
         self.log_path = tmp / f"agent-{replica_id}.log"
         self.env = {"FTHSDP_FTAR_TIMEOUT": "30", "FTHSDP_CHECKSUM_EVERY": "1", **(env or {})}
-
-
-def start_ddp_oracle(tmp: Path, world: int, steps: int, hidden: str, *extra: str) -> list[subprocess.Popen]:
-    """tests/ddp_worker.py on ``world`` ranks: torch DDP, the equivalence tests'
-    oracle; rank r saves its final parameters to tmp/ddp{r}.pt."""
-    init = f"file://{tmp / 'ddp-rendezvous'}"  # a file: no free-port race with other tests
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.ddp_worker", "--rank", str(r), "--world", str(world), "--init", init,
-             "--steps", str(steps), "--hidden", hidden, "--save", str(tmp / f"ddp{r}.pt"), *extra],
-            cwd=ROOT, env=_env(),
-        )
-        for r in range(world)
-    ]

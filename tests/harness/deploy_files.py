@@ -18,7 +18,7 @@ import yaml
 
 from fthsdp.cli.main import build_parser, coordinator_config
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 CREDENTIAL_FLAGS = ("--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--config")
 CREDENTIAL_VARIABLES = ("FTHSDP_TOKEN_FILE", "FTHSDP_TLS_CA", "FTHSDP_TLS_CERT", "FTHSDP_TLS_KEY")

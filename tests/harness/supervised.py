@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from fthsdp.testing.local_etcd import EtcdServer, free_port
-from tests.processes import ROOT, _env
+from tests.harness.processes import ROOT, _env
 
 LOADED = re.compile(r"job (\S+): (\d+) replicas from the store; each has (\S+)s to reconnect")
 """The line a coordinator logs when it has loaded a job from the store and leads it."""

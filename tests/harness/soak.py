@@ -24,9 +24,9 @@ from pathlib import Path
 
 from fthsdp.client import CoordinatorClient, parse_addresses
 from fthsdp.demo.record import json_objects
-from tests.processes import AgentProcess
-from tests.soak_control import ControlPlane
-from tests.waiting import wait_until
+from tests.harness.processes import AgentProcess
+from tests.harness.soak_control import ControlPlane
+from tests.harness.waiting import wait_until
 
 
 @dataclasses.dataclass
@@ -91,7 +91,7 @@ def run_soak(tmp: Path, coordinator_address: str, replicas: int, fault_seconds: 
              seed: int, model: str = "plain", control: ControlPlane | None = None,
              control_every: tuple[float, float] = (10.0, 20.0)) -> dict:
     """``model``: tests/ftar_worker.py's --names (``batchnorm``: running statistics in the all-reduce).
-    ``control``: also fault the control plane (tests/soak_control.py), once every ``control_every`` seconds."""
+    ``control``: also fault the control plane (tests/harness/soak_control.py), once every ``control_every`` seconds."""
     rng = random.Random(seed)
     # The product's default: a survivor blocked with a member lost just before
     # an etcd stall waits out the stall (up to 30 s) and the restart after it.

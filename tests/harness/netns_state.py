@@ -1,4 +1,4 @@
-"""What a NetLab (tests/netns.py) records of itself, and the removal of what
+"""What a NetLab (tests/harness/netns.py) records of itself, and the removal of what
 a dead run left: its namespaces, its links and the processes inside them.
 
 Each lab records its owner (pid and start time) in STATE_DIR/PREFIX.json,

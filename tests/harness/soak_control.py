@@ -1,5 +1,5 @@
-"""The soak's control plane and its faults (tests/soak.py): a private etcd
-and one or two coordinators under a supervisor (tests/supervised.py), and
+"""The soak's control plane and its faults (tests/harness/soak.py): a private etcd
+and one or two coordinators under a supervisor (tests/harness/supervised.py), and
 what can happen to them: a coordinator SIGKILLed (its supervisor starts it
 again; a follower, if there is one, takes over first), etcd stalled by
 SIGSTOP for 5-30 s (a disk or host stall; the coordinator's lease runs out,
@@ -18,8 +18,8 @@ from pathlib import Path
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import EtcdServer
-from tests.supervised import SupervisedCoordinator, stall_etcd
-from tests.waiting import wait_until
+from tests.harness.supervised import SupervisedCoordinator, stall_etcd
+from tests.harness.waiting import wait_until
 
 KINDS = ("coordinator_kill", "etcd_stall", "etcd_restart")
 NOT_BACK = "not reconnected since the coordinator started"

@@ -40,7 +40,7 @@ Use (as root; ``NetLab.skip_unless_possible()`` skips otherwise)::
         lab.cut_data("r2")
         ...
 
-Run as a module (``python -m tests.netns leftovers``), it removes what dead
+Run as a module (``python -m tests.harness.netns leftovers``), it removes what dead
 runs left. The gloo ranks the harness's own tests run inside namespaces are
 tests/netns_gloo.py.
 """
@@ -61,7 +61,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.netns_state import (
+from tests.harness.netns_state import (
     PREFIX_HEAD,
     STATE_DIR,
     ip,
@@ -273,24 +273,24 @@ class NetLab:
         return subprocess.Popen(self.argv(name, argv), **kwargs)
 
     def inside(self, name: str, proc):
-        """Make an unstarted tests.processes process (AgentProcess, WorkerProcess,
-        ReplicaProcess) run inside the replica's namespace; returns it. (tests.processes strips FTHSDP_* from
+        """Make an unstarted tests.harness.processes process (AgentProcess, WorkerProcess,
+        ReplicaProcess) run inside the replica's namespace; returns it. (tests.harness.processes strips FTHSDP_* from
         the environment, so the replica's settings travel on the command line.)"""
         proc.argv = self.argv(name, proc.argv)
         return proc
 
     def agent(self, name: str, tmp: Path, coordinator: str, replica_rank: int, num_replicas: int,
               *worker_args: str, **kwargs):
-        """tests.processes.AgentProcess for replica ``name``, inside its namespace (not started)."""
-        from tests.processes import AgentProcess
+        """tests.harness.processes.AgentProcess for replica ``name``, inside its namespace (not started)."""
+        from tests.harness.processes import AgentProcess
 
         return self.inside(name, AgentProcess(tmp, coordinator, name, replica_rank, num_replicas, *worker_args,
                                               **kwargs))
 
     def coordinator(self, tmp: Path, *args: str, port: int = 0):
-        """tests.processes.CoordinatorProcess bound to the control bridge's address
+        """tests.harness.processes.CoordinatorProcess bound to the control bridge's address
         (root namespace: replicas reach it over their control links only)."""
-        from tests.processes import CoordinatorProcess
+        from tests.harness.processes import CoordinatorProcess
 
         return CoordinatorProcess(tmp, "--bind", f"{self.control_host}:{port}", *args, port=port)
 
@@ -456,7 +456,7 @@ def enter_netns(ns: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tests.netns")
+    p = argparse.ArgumentParser(prog="python -m tests.harness.netns")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("leftovers", help="remove what dead runs left behind")
     p.parse_args(argv)

@@ -1,0 +1,375 @@
+"""FTAR's phases in-process, table-driven (fthsdp/agent/training/ftar/phases.py).
+
+Each member runs FTAR on a thread of its own over the fake transport of
+tests/harness/fake_collectives.py, whose groups are matched by the order their
+members post collectives, as gloo's are. The tables kill a member as it is
+about to post a given collective of a given group (so: in a given phase),
+push a newer quorum in the middle of a collective, let a joiner take its
+first step, or give the members different bucket plans; every run must end
+with one state per step: every member that commits a step commits the same
+sum, the survivors commit every step, and the sum counts the contributors
+whose gradients it holds. They run in milliseconds; the real-process tests
+(tests/test_ftar.py, tests/test_overlapping_failures.py) stay beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import uuid
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
+from fthsdp.agent.training.ftar.buckets import BucketPlan
+from fthsdp.agent.training.ftar.overlap import Prelaunched
+from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.core.errors import Evicted, FtarError
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.fake_collectives import FakeGroup, FakeNetwork, FakeTransport, Op
+
+ADDRESS = "in-process:0"
+FIRST_QUORUM = 2
+END_QUORUM = 100
+"""A quorum that includes nobody: every member stops with ``Evicted``."""
+TIMEOUT = 20.0
+
+
+class Killed(BaseException):
+    """The member's process died here (nothing in FTAR catches it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kill:
+    member: int
+    group: int
+    """The fake group's id: the order groups were built in (0 is the first quorum's)."""
+    before: int
+    """The member dies as it is about to post this collective of that group."""
+
+
+def gradient(member: int, step: int) -> torch.Tensor:
+    """Distinct per member and step: every sum tells its contributors."""
+    values = torch.full((4,), float((step + 1) * 10 ** member), dtype=torch.float64)
+    return torch.cat([values, torch.zeros(CONTROL_SLOTS, dtype=torch.float64)])
+
+
+def full_sum(step: int, members) -> list[float]:
+    return [float(sum((step + 1) * 10 ** i for i in members))] * 4
+
+
+class DoomedGroup:
+    """A fake group whose member dies before the collective its ``Kill`` names."""
+
+    def __init__(self, inner: FakeGroup, kills: list[Kill], member: int) -> None:
+        self.inner, self.kills, self.member = inner, kills, member
+
+    def _check(self) -> None:
+        index = self.inner._counters.get(self.inner.gid, -1) + 1
+        if Kill(self.member, self.inner.gid, index) in self.kills:
+            raise Killed(f"r{self.member} killed before collective {index} of group {self.inner.gid}")
+
+    def allreduce(self, tensors, opts):
+        self._check()
+        return self.inner.allreduce(tensors, opts)
+
+    def allgather(self, output_tensors, input_tensors):
+        self._check()
+        return self.inner.allgather(output_tensors, input_tensors)
+
+    def broadcast(self, tensors, opts):
+        self._check()
+        return self.inner.broadcast(tensors, opts)
+
+
+class DoomedTransport(FakeTransport):
+    def __init__(self, net: FakeNetwork, kills: list[Kill], member: int) -> None:
+        super().__init__(net)
+        self.kills, self.member = kills, member
+
+    def build(self, store, rank, size, timeout):
+        return DoomedGroup(super().build(store, rank, size, timeout), self.kills, self.member)
+
+    def abort(self, group: object) -> None:
+        assert isinstance(group, DoomedGroup)
+        super().abort(group.inner)
+
+
+@dataclasses.dataclass
+class Member:
+    committed: dict[int, tuple[list[float], int]] = dataclasses.field(default_factory=dict)
+    """Step: (the sum it committed, its contributors)."""
+    ended: BaseException | None = None
+
+
+class Job:
+    """Members training on threads; the test pushes quorums and ends the job."""
+
+    def __init__(self, members: int, kills: list[Kill] = (), plans: list[BucketPlan] | None = None) -> None:
+        self.net = FakeNetwork()
+        self.store = dist.HashStore()
+        self.kills = list(kills)
+        self.trackers = [QuorumTracker(f"r{i}") for i in range(members)]
+        self.members = {i: Member() for i in range(members)}
+        self.finished: set[int] = set()
+        self.quorum_id = FIRST_QUORUM
+        self.plans = plans or [BucketPlan()] * members
+        self.job = f"phases-{uuid.uuid4().hex[:8]}"
+        self.threads: dict[int, threading.Thread] = {}
+
+    def push(self, members, quorum_id: int, last_drop_id: int | None = None) -> None:
+        """Quorum ``quorum_id`` of ``members`` (ranks in that order) reaches each of them."""
+        members = list(members)
+        quorum = pb.Quorum(id=quorum_id, member_count=len(members), first_member_address=ADDRESS,
+                           last_drop_id=quorum_id if last_drop_id is None else last_drop_id)
+        for rank, i in enumerate(members):
+            self.trackers[i].update(pb.WatchEvent(quorum=quorum, place=pb.QuorumPlace(rank=rank)))
+        self.quorum_id = max(self.quorum_id, quorum_id)
+
+    def ftar(self, i: int) -> FTAR:
+        ftar = FTAR(self.trackers[i], self.job, timeout=TIMEOUT / 2, transport=DoomedTransport(self.net, self.kills, i),
+                    buckets=self.plans[i])
+        ftar.groups.connect_store = lambda address, timeout: self.store
+        return ftar
+
+    def start(self, i: int, train) -> None:
+        def run() -> None:
+            try:
+                train(self.ftar(i))
+            except BaseException as e:  # noqa: BLE001 - recorded for the assertions
+                self.members[i].ended = e
+            with self.net.changed:
+                self.finished.add(i)
+                self.net.changed.notify_all()
+
+        self.threads[i] = threading.Thread(target=run, name=f"member-r{i}", daemon=True)
+        self.threads[i].start()
+
+    def train(self, i: int, steps_from: int = 0, first: StepSum | None = None, joining=None):
+        """A member's loop: every step summed with its own gradient, committed, the next."""
+        def loop(ftar: FTAR) -> None:
+            start = steps_from
+            if first is not None:
+                result = ftar.allreduce(first, joining)
+                self.commit(i, result.step, result)
+                start = result.step + 1
+            for step in itertools.count(start):
+                result = ftar.allreduce(StepSum(step, gradient(i, step), 1, refill=lambda s=step: gradient(i, s),
+                                                control_slots=True))
+                self.commit(i, step, result)
+        self.start(i, loop)
+
+    def commit(self, i: int, step: int, result) -> None:
+        with self.net.changed:
+            self.members[i].committed[step] = (result.total[:4].tolist(), result.contributors)
+            self.net.changed.notify_all()
+
+    def dead(self, i: int) -> bool:
+        return i in self.finished and isinstance(self.members[i].ended, Killed)
+
+    def wait(self, until, what: str) -> None:
+        self.net.wait(until, what, TIMEOUT)
+
+    def end(self) -> None:
+        for t in self.trackers:
+            t.update(pb.WatchEvent(quorum=pb.Quorum(id=END_QUORUM, member_count=1, last_drop_id=END_QUORUM)))
+        for t in self.threads.values():
+            t.join(TIMEOUT)
+            assert not t.is_alive(), "a member did not end"
+        assert not self.net.errors, self.net.errors
+
+    def check_one_state_per_step(self) -> None:
+        for step in range(max(len(m.committed) for m in self.members.values())):
+            states = {i: m.committed[step] for i, m in self.members.items() if step in m.committed}
+            assert len({repr(s) for s in states.values()}) == 1, f"step {step} committed differently: {states}"
+
+
+def run_with_kills(members: int, kills: list[Kill], steps: int) -> Job:
+    """Train until the survivors committed ``steps`` steps; after each death the coordinator
+    pushes the quorum of the living (the dead member's place taken out)."""
+    job = Job(members, kills)
+    job.push(range(members), FIRST_QUORUM)
+    for i in range(members):
+        job.train(i)
+    living = set(range(members))
+    for _ in kills:
+        job.wait(lambda alive=frozenset(living): any(job.dead(i) for i in alive), "a member dying")
+        living = {i for i in living if not job.dead(i)}
+        job.push(sorted(living), job.quorum_id + 1)
+    job.wait(lambda: all(steps - 1 in job.members[i].committed or i in job.finished for i in living),
+             f"every survivor committing step {steps - 1}")
+    job.end()
+    for i in living:
+        m = job.members[i]
+        assert isinstance(m.ended, Evicted) and f"({END_QUORUM})" in str(m.ended), f"r{i} failed: {m.ended!r}"
+        assert sorted(m.committed) == list(range(len(m.committed))), f"r{i} skipped a step"
+    job.check_one_state_per_step()
+    return job
+
+
+# Quorum 2's group (0), in order: step 0's agree (0), data all-reduce (1), vote (2),
+# step 1's data all-reduce (3), vote (4). Quorum 3's group (1) after a death in
+# step s: the agree (0), then the step's phases in the order the agree chose.
+KILL_TABLE = [
+    # kills, step checked, its contributors and sum's members (every survivor commits them)
+    pytest.param([Kill(2, 0, 0)], 0, [0, 1], id="dies-before-the-agree: the survivors redo step 0 without it"),
+    pytest.param([Kill(2, 0, 1)], 0, [0, 1], id="dies-in-the-data-all-reduce: step 0 summed again by the survivors"),
+    pytest.param([Kill(2, 0, 2)], 0, [0, 1, 2], id="dies-before-its-vote: the survivors hold the sum of three and "
+                                                   "commit it (take-held), never a redo"),
+    pytest.param([Kill(2, 0, 3)], 1, [0, 1], id="dies-in-step-1s-data-all-reduce"),
+    pytest.param([Kill(2, 0, 4)], 1, [0, 1, 2], id="dies-before-step-1s-vote"),
+    pytest.param([Kill(0, 0, 2)], 0, [0, 1, 2], id="rank-0-dies-before-its-vote: a new first member holds the sum"),
+    pytest.param([Kill(3, 0, 2), Kill(2, 1, 1)], 0, [0, 1, 2, 3],
+                 id="a-second-member-dies-in-the-take-held-broadcast: the sum of four is still the one committed"),
+    pytest.param([Kill(3, 0, 2), Kill(2, 1, 2)], 0, [0, 1, 2, 3],
+                 id="a-second-member-dies-in-the-vote-after-take-held"),
+    pytest.param([Kill(3, 0, 1), Kill(2, 1, 0)], 0, [0, 1], id="a-second-member-dies-in-the-next-groups-agree"),
+]
+
+
+@pytest.mark.parametrize("kills, step, contributors", KILL_TABLE)
+def test_a_member_dies_in_each_phase(kills, step, contributors):
+    members = 4 if any(k.member == 3 for k in kills) else 3
+    job = run_with_kills(members, kills, steps=3)
+    dead = {k.member for k in kills}
+    for i in set(range(members)) - dead:
+        assert job.members[i].committed[step] == (full_sum(step, contributors), len(contributors)), f"r{i}"
+        assert job.members[i].committed[2][1] == members - len(dead), "after the deaths every step counts the living"
+    for i in dead:
+        assert isinstance(job.members[i].ended, Killed)
+
+
+MID_COLLECTIVE = [
+    # (collective index in quorum 2's group, the pushed quorum drops nobody (a regroup), expected step 1 contributors)
+    pytest.param(0, id="a-regroup-mid-agree"),
+    pytest.param(3, id="a-regroup-mid-data-all-reduce"),
+]
+
+
+@pytest.mark.parametrize("index", MID_COLLECTIVE)
+def test_a_newer_quorum_arrives_mid_collective(index):
+    """Quorum 3 (the same three: a regroup of a stuck collective) is pushed
+    while quorum 2's collective ``index`` has every member posted but none
+    completed: every member leaves it for quorum 3's group and the step
+    goes on there, from the intact local gradients; nothing is lost."""
+    job = Job(3)
+    pushed = threading.Event()
+
+    def director(op: Op) -> None:
+        if op.group == 0 and op.index == index:
+            job.push(range(3), FIRST_QUORUM + 1)
+            pushed.set()
+            job.wait(lambda: all((0, r) in job.net.left for r in range(3)), "every member leaving quorum 2's group")
+            return  # never released: left for the newer quorum, as a stuck gloo collective is
+        job.net.release_all(op)
+
+    job.net.director = director
+    job.push(range(3), FIRST_QUORUM)
+    for i in range(3):
+        job.train(i)
+    job.wait(lambda: all(3 in job.members[i].committed for i in range(3)), "every member committing step 3")
+    job.end()
+    assert pushed.is_set()
+    job.check_one_state_per_step()
+    for step in range(4):
+        assert job.members[0].committed[step] == (full_sum(step, range(3)), 3)
+    assert len(job.net.sizes) == 2, "exactly one new group, quorum 3's"
+
+
+class RecordingJoiner:
+    """A joiner's answers (a ``Joining``), recorded: it replays to the head it is asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def close_gap(self, step: int, head: int) -> int:
+        self.calls.append(("close_gap", head))
+        return head - 1
+
+    def enter_step(self, head: int) -> None:
+        self.calls.append(("enter_step", head))
+
+    def replay_to(self, head: int) -> int:
+        self.calls.append(("replay_to", head))
+        return head
+
+    def while_waiting(self) -> None:
+        """Nothing to replay in this test: the members' commits are not read."""
+
+
+def test_a_joiners_first_step_joins_the_members_all_reduce_without_a_gradient():
+    """r2 joins (quorum 3 only grows quorum 2: last_drop_id 2). The members
+    build its group in the background and switch at a step boundary they
+    agree on; r2, at step 0 with no gradient, waits in the new group, reads
+    the members' inputs of their step and replays to it while their data
+    all-reduce runs. Its first sum is the members' (two contributors) of
+    their step, and it trains as a member from the next step on."""
+    job = Job(3)
+    job.push([0, 1], FIRST_QUORUM)
+    for i in (0, 1):
+        job.train(i)
+    job.wait(lambda: all(2 in job.members[i].committed for i in (0, 1)), "the members committing step 2")
+    joiner = RecordingJoiner()
+    first = StepSum(0, torch.zeros(4 + CONTROL_SLOTS, dtype=torch.float64), 1, contributes=False, control_slots=True)
+    job.push([0, 1, 2], FIRST_QUORUM + 1, last_drop_id=FIRST_QUORUM)
+    job.train(2, first=first, joining=joiner)
+    job.wait(lambda: len(job.members[2].committed) >= 3, "the joiner committing three steps")
+    job.end()
+    job.check_one_state_per_step()
+    head = min(job.members[2].committed)
+    assert joiner.calls == [("enter_step", head), ("replay_to", head)]
+    assert job.members[2].committed[head] == (full_sum(head, [0, 1]), 2), "its first sum is the members'"
+    assert job.members[2].committed[head + 1] == (full_sum(head + 1, [0, 1, 2]), 3)
+
+
+def test_replicas_with_different_bucket_plans_are_refused_at_the_agree():
+    """A member whose buckets differ (another --bucket-cap-mb) would pair
+    collectives of different sizes: every member refuses it, loudly, in the
+    first agree, before any data moves."""
+    plans = [BucketPlan(7, ((0, 4),)), BucketPlan(7, ((0, 4),)), BucketPlan(8, ((0, 2), (2, 4)))]
+    job = Job(3, plans=plans)
+    job.push(range(3), FIRST_QUORUM)
+    for i in range(3):
+        job.train(i)
+    job.wait(lambda: len(job.finished) == 3, "every member ending")
+    job.end()
+    for m in job.members.values():
+        assert isinstance(m.ended, FtarError) and "--bucket-cap-mb" in str(m.ended)
+        assert not m.committed
+    assert [op.kind for op in job.net.groups[0]] == ["allgather"], "nothing but the agree ran"
+
+
+def test_a_stale_bucket_makes_every_member_sum_the_step_again():
+    """A member whose bucket left before its gradient changed (another
+    micro-batch's backward pass) says so in the stale slot; every member
+    reads the same sum and sums the step again, flat, in the same group:
+    the committed sum is the right one."""
+    job = Job(3)
+    job.push(range(3), FIRST_QUORUM)
+
+    def loop(i: int):
+        def train(ftar: FTAR) -> None:
+            result = ftar.allreduce(StepSum(0, gradient(i, 0), 1, refill=lambda: gradient(i, 0), control_slots=True))
+            job.commit(i, 0, result)
+            group = ftar.groups.next_group()
+            assert group is not None
+            wrong = gradient(i, 1) * 0.5  # the bucket's values before the gradient changed
+            pre = Prelaunched(group, wrong, works=(), gradients=0, stale=i == 1)
+            result = ftar.allreduce(StepSum(1, wrong, 1, refill=lambda: gradient(i, 1), control_slots=True,
+                                            prelaunched=pre))
+            job.commit(i, 1, result)
+        return train
+
+    for i in range(3):
+        job.start(i, loop(i))
+    job.wait(lambda: len(job.finished) == 3, "every member ending")
+    job.end()
+    for i, m in job.members.items():
+        assert m.ended is None, f"r{i}: {m.ended!r}"
+        assert m.committed[1] == (full_sum(1, range(3)), 3)
+    kinds = [op.kind for op in job.net.groups[0]]
+    assert kinds == ["allgather", "allreduce", "allreduce", "allreduce", "allreduce", "allreduce"], (
+        "step 0: agree, data, vote; step 1: the stale data, the data again, the vote")
