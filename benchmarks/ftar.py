@@ -32,14 +32,14 @@ def worker(rank: int, n: int, port: int, sizes_mb: list[int], pairs: int) -> Non
     import torch.distributed as dist
 
     from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
-    from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+    from fthsdp.agent.training.quorum_view import QuorumView
     from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=120)
     store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     raw = dist.ProcessGroupGloo(dist.PrefixStore("raw", store), rank, n, timeout)
-    tracker = QuorumTracker(f"r{rank}")
+    tracker = QuorumView(f"r{rank}")
     quorum = pb.Quorum(id=1, member_count=n, first_member_address=f"127.0.0.1:{port}", last_drop_id=1)
     tracker.update(pb.WatchEvent(quorum=quorum, place=pb.QuorumPlace(rank=rank)))
     ftar = FTAR(tracker, "bench", timeout=120)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar.allreduce import FTAR, StepResult, StepSum
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
@@ -26,7 +26,7 @@ def main() -> None:
 
     store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, wait_for_workers=False,  # noqa: F841 - hosts the groups
                           timeout=datetime.timedelta(seconds=30))
-    tracker = QuorumTracker(f"r{rank}")
+    tracker = QuorumView(f"r{rank}")
     quorum = pb.Quorum(id=2, member_count=2, first_member_address=f"127.0.0.1:{port}", last_drop_id=2)
     tracker.update(pb.WatchEvent(quorum=quorum, place=pb.QuorumPlace(rank=rank)))
     ftar = FTAR(tracker, "protocol", timeout=30)

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
 from fthsdp.agent.training.ftar.vote import Verdict, verdict
+from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.core.errors import Evicted
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.fake_collectives import FakeNetwork, FakeTransport, Op
@@ -79,7 +79,7 @@ def run(race: Race, timeout: float = 20.0) -> dict[int, Member]:
     net = FakeNetwork()
     store = dist.HashStore()  # the members' rendezvous, in-process (QuorumGroups.connect_store)
     address = "in-process:0"
-    trackers = [QuorumTracker(f"r{i}") for i in range(MEMBERS)]
+    trackers = [QuorumView(f"r{i}") for i in range(MEMBERS)]
     q2 = pb.Quorum(id=2, member_count=MEMBERS, first_member_address=address, last_drop_id=2)
     for i, t in enumerate(trackers):
         t.update(pb.WatchEvent(quorum=q2, place=pb.QuorumPlace(rank=i)))

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
 from fthsdp.agent.training.ftar.buckets import BucketPlan
 from fthsdp.agent.training.ftar.overlap import Prelaunched
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.core.errors import Evicted, FtarError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.fake_collectives import FakeGroup, FakeNetwork, FakeTransport, Op
@@ -112,7 +112,7 @@ class Job:
         self.net = FakeNetwork()
         self.store = dist.HashStore()
         self.kills = list(kills)
-        self.trackers = [QuorumTracker(f"r{i}") for i in range(members)]
+        self.trackers = [QuorumView(f"r{i}") for i in range(members)]
         self.members = {i: Member() for i in range(members)}
         self.finished: set[int] = set()
         self.quorum_id = FIRST_QUORUM

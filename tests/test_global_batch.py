@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fthsdp.agent.training.session.participation import KEEP_QUORUMS, Participation, QuorumRecord
+from fthsdp.agent.training.quorum_view import KEEP_PLACES, QuorumView
+from fthsdp.agent.training.session.participation import Participation, participation
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 
@@ -28,55 +29,55 @@ TRAIN = [sys.executable, "-m", "fthsdp.examples.gpt.train"]
 """The example, run as a module."""
 
 
-def push(record: QuorumRecord, quorum_id: int, *members: str, count: int = 0) -> None:
+def push(record: QuorumView, quorum_id: int, *members: str, count: int = 0) -> None:
     """A Watch event as the coordinator pushes it to ``record``'s replica:
     the quorum without its list, and the replica's place if it is a member
     (``count`` alone: a quorum it is not in)."""
     event = pb.WatchEvent(quorum=pb.Quorum(id=quorum_id, member_count=count or len(members)))
     if record.replica_id in members:
         event.place.rank = members.index(record.replica_id)
-    record.record(event)
+    record.update(event)
 
 
 def test_the_basis_is_the_quorum_of_the_last_step_not_the_newest_push():
-    record = QuorumRecord("r1")
+    record = QuorumView("r1")
     push(record, 4, "r0", "r1", "r2")
-    assert record.participation(4, joining=False) == Participation(1, 3)
+    assert participation(record, 4, joining=False) == Participation(1, 3)
     push(record, 5, "r1", "r2")  # r0 lost: pushed, but the step in flight was split among 3
-    assert record.participation(4, joining=False) == Participation(1, 3)
-    assert record.participation(5, joining=False) == Participation(0, 2)  # the next step, committed in 5
+    assert participation(record, 4, joining=False) == Participation(1, 3)
+    assert participation(record, 5, joining=False) == Participation(0, 2)  # the next step, committed in 5
     push(record, 6, "r0", "r1", "r2")  # r0 back: it joins at a boundary the members agree on
-    assert record.participation(5, joining=False) == Participation(0, 2)
-    assert record.participation(6, joining=False) == Participation(1, 3)
+    assert participation(record, 5, joining=False) == Participation(0, 2)
+    assert participation(record, 6, joining=False) == Participation(1, 3)
 
 
 def test_every_member_of_a_quorum_has_its_own_index():
     members = ("r0", "r1", "r2", "r3")
     places = []
     for me in members:
-        record = QuorumRecord(me)
+        record = QuorumView(me)
         push(record, 9, *members)
-        places.append(record.participation(9, joining=False))
+        places.append(participation(record, 9, joining=False))
     assert sorted(p.index for p in places) == [0, 1, 2, 3] and {p.count for p in places} == {4}
 
 
 def test_a_joiner_contributes_nothing_and_gets_an_estimate_of_its_place():
-    record = QuorumRecord("r2")
+    record = QuorumView("r2")
     push(record, 7, count=2)  # not a member: the quorum without its list
-    assert record.participation(0, joining=True) == Participation(2, 3, contributes=False)
+    assert participation(record, 0, joining=True) == Participation(2, 3, contributes=False)
     push(record, 8, "r0", "r1", "r2")  # admitted: its place in the quorum that includes it
-    assert record.participation(0, joining=True) == Participation(2, 3, contributes=False)
-    assert record.participation(8, joining=False) == Participation(2, 3)
+    assert participation(record, 0, joining=True) == Participation(2, 3, contributes=False)
+    assert participation(record, 8, joining=False) == Participation(2, 3)
 
 
 def test_only_the_recent_member_lists_are_kept():
-    record = QuorumRecord("r0")
-    for q in range(1, KEEP_QUORUMS + 11):
+    record = QuorumView("r0")
+    for q in range(1, KEEP_PLACES + 11):
         push(record, q, "r0", *(f"x{i}" for i in range(q % 3)))
-    newest = KEEP_QUORUMS + 10
-    assert record.participation(newest, joining=False) == Participation(0, 1 + newest % 3)
+    newest = KEEP_PLACES + 10
+    assert participation(record, newest, joining=False) == Participation(0, 1 + newest % 3)
     # A basis trimmed away falls back on the newest quorum that includes this replica.
-    assert record.participation(1, joining=False) == Participation(0, 1 + newest % 3)
+    assert participation(record, 1, joining=False) == Participation(0, 1 + newest % 3)
 
 
 def test_bad_global_batch_is_one_line():

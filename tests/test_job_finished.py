@@ -14,6 +14,7 @@ import pytest
 
 from fthsdp.agent.training.catchup.joiner import Joiner
 from fthsdp.agent.training.session.job_finished import JobFinished, finished_line, finished_step
+from fthsdp.agent.training.session.report import Reporting
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules
@@ -168,7 +169,7 @@ def test_finished_mark_is_stored_survives_a_restart_and_only_a_reopen_clears_it(
 # ----- the replica that arrives: the joiner --------------------------------------------------
 
 
-class FakeMembership:
+class FakeView:
     def __init__(self, event: pb.WatchEvent | None) -> None:
         self.latest = event
         self._cond = threading.Condition()
@@ -187,8 +188,9 @@ class OneRank:
 
 
 def joiner_for(event: pb.WatchEvent | None) -> Joiner:
-    return Joiner(types.SimpleNamespace(), job="default", replica_id="r2", structure=0, group=OneRank(),
-                  membership=FakeMembership(event), lifecycle=types.SimpleNamespace(drain_requested=False),
+    return Joiner(types.SimpleNamespace(step=0), job="default", replica_id="r2", structure=0, group=OneRank(),
+                  view=FakeView(event), reporting=Reporting(),
+                  lifecycle=types.SimpleNamespace(drain_requested=False),
                   connect=lambda address: None)
 
 

@@ -4,7 +4,7 @@ A fresh job's first step waits for the script's replica count
 (``start(wait_for_replicas=N)``). A job that lost its state and goes on
 from a checkpoint (fthsdp/coordinator/checkpoints.py) no longer keeps that
 count on the replicas' side: a job restored onto fewer hosts must still
-train (fthsdp/agent/training/catchup/joiner.py ``_enough``). Without a wait on the
+train (fthsdp/agent/training/catchup/join_plan.py ``enough_members``). Without a wait on the
 coordinator's side, the first replica to load the checkpoint formed a
 quorum alone and trained on by itself, a third of the global batch, while
 the others were still loading; they then copied it, and the data of their

@@ -42,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(give one replica another value to simulate a diverged state); empty: none")
     args = parser.parse_args(argv)
 
+    clock = StepClock()  # progress in every heartbeat, as a real replica reports it (fthsdp/coordinator/hang.py)
     m = Membership(args.coordinator.split(","), args.job, args.replica_id, args.address, args.world_size, args.step,
-                   token=read_token_file(args.token_file), member_list=True)  # it prints the members
+                   token=read_token_file(args.token_file), member_list=True,  # it prints the members
+                   progress=clock.progress)
+    reporting = m.reporting
     printing = threading.Lock()
     changed = threading.Event()
 
@@ -51,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         members = [x.replica_id for x in event.quorum.members]
         if event.HasField("place"):
             # A real replica switches at its next step boundary; this one at once.
-            m.training_quorum_id = event.quorum.id
-            m.ready = False
+            reporting.publish(training_quorum_id=event.quorum.id, ready=False)
         line = {
             "t": time.monotonic(),
             "quorum_id": event.quorum.id,
@@ -68,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         changed.set()
 
     m.add_listener(on_event)
-    clock = StepClock()  # progress in every heartbeat, as a real replica reports it (fthsdp/coordinator/hang.py)
-    m.progress = clock.progress
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -85,17 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         if event is not None and event.drain_requested and not member:
             break  # drained: the quorum no longer includes us
         if member and args.step_period > 0:
-            m.step += 1
-            clock.begin(m.step)
-            clock.arrive(m.step)  # no compute: it waits in the "all-reduce" until its next step
+            step = m.report.step + 1
+            reporting.publish(step=step)
+            clock.begin(step)
+            clock.arrive(step)  # no compute: it waits in the "all-reduce" until its next step
             if args.checksum:  # the last few steps, as a real replica reports them
-                m.recent_checksums = {s: args.checksum for s in range(max(1, m.step - 7), m.step + 1)}
-                m.state_checksum, m.checksum_step = args.checksum, m.step
-        elif event is not None and event.catch_up.source_replica_id and not m.ready:
+                reporting.publish(recent_checksums={s: args.checksum for s in range(max(1, step - 7), step + 1)},
+                                  state_checksum=args.checksum, checksum_step=step)
+        elif event is not None and event.catch_up.source_replica_id and not m.report.ready:
             catch_up_started = catch_up_started or time.monotonic()
             if time.monotonic() - catch_up_started >= args.catch_up_time:
-                m.step = max(m.step, event.catch_up.source_step)
-                m.ready = True
+                reporting.publish(step=max(m.report.step, event.catch_up.source_step), ready=True)
                 catch_up_started = None
         if member and args.step_period > 0:
             stop.wait(args.step_period)

@@ -47,8 +47,8 @@ import torch.distributed as dist
 
 from fthsdp.agent.standby import wait_for_activation
 from fthsdp.agent.training.catchup.grad_log import GradientLog
-from fthsdp.agent.training.catchup.joiner import CatchUpReport
 from fthsdp.agent.training.catchup.replay import Replayer
+from fthsdp.agent.training.catchup.report import CatchUpReport
 from fthsdp.agent.training.config import ManagerConfig
 from fthsdp.agent.training.ftar.allreduce import StepResult
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool

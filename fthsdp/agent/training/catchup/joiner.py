@@ -37,22 +37,24 @@ connection to a *live* source resumes where it stopped instead).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 
 from fthsdp.agent.training.catchup.client import CatchUpError, SourceClient
+from fthsdp.agent.training.catchup.join_plan import RETRY_SAME_SOURCE_AFTER, JoinPlan, PlanKind, Restore, plan_for
 from fthsdp.agent.training.catchup.replay import ReplayMismatch
+from fthsdp.agent.training.catchup.report import CatchUpReport
 from fthsdp.agent.training.checkpoint.restoring import restore_group
 from fthsdp.agent.training.checkpoint.seal import CheckpointError
-from fthsdp.agent.training.session.job_finished import JobFinished, finished_step
+from fthsdp.agent.training.quorum_view import QuorumView
+from fthsdp.agent.training.session.job_finished import JobFinished
 from fthsdp.agent.training.session.lifecycle import Lifecycle
-from fthsdp.agent.training.session.membership import Membership
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
+from fthsdp.agent.training.session.report import Reporting
 from fthsdp.agent.training.state.snapshot import state_from_bytes
 from fthsdp.core.errors import CatchUpFailed, FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -64,37 +66,9 @@ READY_GAP = 2
 """Steps behind the source's head at which a verified joiner asks to be admitted."""
 STALLED_ROUNDS = 5
 """Log rounds without gaining on the source after which a verified joiner asks anyway."""
-RETRY_SAME_SOURCE_AFTER = 2.0
-"""Seconds before a source that failed is tried again if the coordinator names no other."""
 LOG_BATCH_BYTES = 256 << 20
 SWITCH_WAIT = 10.0
 """Seconds an admitted joiner whose source was lost waits for the coordinator to name the next."""
-
-
-@dataclasses.dataclass
-class CatchUpReport:
-    """What the last catch-up took (times on the monotonic clock, which is
-    system-wide, so other processes' timestamps compare)."""
-
-    source: str = ""
-    snapshot_step: int = -1
-    snapshot_bytes: int = 0
-    """Bytes of this rank's snapshot."""
-    began: float = 0.0
-    loaded: float = 0.0
-    """The snapshot is received and loaded."""
-    ready: float = 0.0
-    """Verified and close to the head: admission asked for."""
-    admitted: float = 0.0
-    replayed_steps: int = 0
-    attempts: int = 0
-    """Catch-ups started (more than one after a source failed or a refusal)."""
-    transport: str = ""
-    """http, or https when the replicas have certificates (fthsdp/agent/training/catchup/tls.py)."""
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 
 class CatchingUp(Protocol):
@@ -142,16 +116,17 @@ class _DrainAsked(CatchUpError):
 
 class Joiner:
     def __init__(self, replica: CatchingUp, *, job: str, replica_id: str, structure: int, group: ReplicaGroup,
-                 membership: Membership, lifecycle: Lifecycle,
+                 view: QuorumView, reporting: Reporting, lifecycle: Lifecycle,
                  connect: Callable[[str], SourceClient]) -> None:
-        """``replica``: the state it catches up; ``membership``: its session
-        (rank 0) or observation (other ranks) of the coordinator; ``connect``:
+        """``replica``: the state it catches up; ``view``: the coordinator's
+        pushes; ``reporting``: what this rank tells the coordinator (rank 0's
+        heartbeats send it); ``connect``:
         a client to a source's catch-up address, with the job's credentials;
         ``structure``: the model's structure hash (a source must train the same model)."""
         self.replica = replica
         self.job, self.replica_id, self.structure = job, replica_id, structure
         self.group = group
-        self.membership, self.lifecycle = membership, lifecycle
+        self.view, self.reporting, self.lifecycle = view, reporting, lifecycle
         self.connect = connect
         self.client: SourceClient | None = None
         self.snapshot_step = -1
@@ -181,25 +156,26 @@ class Joiner:
         failed: dict[str, float] = {}
         while True:
             if self.client is not None:  # ready before: follow the same source on
-                source = self.source
+                source, addresses = self.source, []
             else:
                 deadline = time.monotonic() + timeout
-                plan = cast(dict[str, Any], self.group.broadcast_json(
-                    self._plan(deadline, failed) if self.group.rank == 0 else None))
-                if plan.get("finished"):  # every rank raises, not only rank 0, which saw it
-                    raise JobFinished(self.job, plan["finished"])
-                if plan.get("drained"):
+                plan = JoinPlan.from_json(self.group.broadcast_json(
+                    self._plan(deadline, failed).to_json() if self.group.rank == 0 else None))
+                if plan.kind is PlanKind.FINISHED:  # every rank raises, not only rank 0, which saw it
+                    raise JobFinished(self.job, plan.finished_step)
+                if plan.kind is PlanKind.DRAINED:
                     doing = "catching up" if self.report is not None else "waiting for admission"
                     raise Drained(f"drained while {doing}")
-                if plan.get("restore"):
-                    self._restore(plan["restore"])
+                if plan.kind is PlanKind.RESTORE:
+                    assert plan.restore is not None  # a RESTORE plan names its checkpoint
+                    self._restore(plan.restore)
                     continue
-                if plan["admitted"]:
+                if plan.kind is PlanKind.ADMITTED:
                     return True
-                source = plan["source"]
+                source, addresses = plan.source, list(plan.addresses)
             try:
                 if self.client is None:
-                    self._catch_up(source, plan["addresses"], deadline)
+                    self._catch_up(source, addresses, deadline)
                 return self._follow(source, until_admitted)
             except CatchUpError as e:
                 if not self.lifecycle.drain_requested:  # (a drain ends the catch-up: the plan says so next)
@@ -207,48 +183,23 @@ class Joiner:
                     failed[source] = time.monotonic()
             self._reset()
 
-    def _enough(self, quorum: pb.Quorum) -> bool:
-        """Whether a quorum that includes this replica has the members the
-        script waits for (``start(wait_for_replicas=N)``): N, so that every
-        replica of a fresh job begins at step 0 together; any number once the
-        job lost a member (it starts over after an operator gave up the lost
-        state, or goes on from a checkpoint restored after every replica was
-        lost): the replicas there are then train, as the coordinator's
-        ``--min-replicas`` allows, where a script's N would hold them out for
-        good when fewer came back (a rack that stays down). The coordinator
-        then admits no replica on its step alone into members that train on:
-        one that loads the checkpoint after they trained on catches up from
-        them. Quorum ids start at 1, and ``last_drop_id`` stays 1 while each
-        quorum only added replicas to the one before."""
-        return quorum.member_count >= self.min_members or quorum.last_drop_id > 1
+    def _plan(self, deadline: float, failed: dict[str, float]) -> JoinPlan:
+        """Rank 0: wait until the coordinator's push gives the group something to do
+        (fthsdp/agent/training/catchup/join_plan.py decides what)."""
+        view = self.view
 
-    def _plan(self, deadline: float, failed: dict[str, float]) -> dict:
-        """Rank 0: wait until admitted, or until a source worth trying is named."""
-        membership = self.membership
-
-        def restoring(event) -> bool:
-            r = event.restore
-            return event.HasField("restore") and r.step != self.replica.step and r.digest not in self.refused
-
-        def usable(event) -> bool:
-            if finished_step(event) or restoring(event):
-                return True
-            if event.drain_requested or self.lifecycle.drain_requested:
-                return True
-            if event.HasField("place") and self._enough(event.quorum):
-                return True
-            source = event.catch_up.source_replica_id
-            if not source or not event.catch_up.source_catch_up_addresses:
-                return False
-            return time.monotonic() - failed.get(source, -1e9) > RETRY_SAME_SOURCE_AFTER
+        def plan(event: pb.WatchEvent | None) -> JoinPlan | None:
+            return plan_for(event, drain_requested=self.lifecycle.drain_requested, min_members=self.min_members,
+                            at_step=self.replica.step, refused=self.refused, failed=failed, now=time.monotonic())
 
         lost_seen = 0
         while True:
             if self.lifecycle.drain_requested:  # SIGTERM: no push wakes the wait below
-                return {"drained": True}
-            latest = membership.latest
-            if finished_step(latest):  # nothing left to train: no admission or source will come
-                return {"admitted": False, "finished": finished_step(latest)}
+                return JoinPlan(PlanKind.DRAINED)
+            latest = view.latest
+            decided = plan(latest)
+            if decided is not None:
+                break
             lost = latest.state_lost_step if latest is not None else 0
             if latest is not None and lost:
                 # Every replica holding the job's state is gone: no source
@@ -269,22 +220,12 @@ class Joiner:
             if left <= 0:
                 raise FthsdpError(f"replica {self.replica_id} was neither admitted nor given a catch-up source in time")
             try:
-                event = membership.wait_for(usable, min(left, RETRY_SAME_SOURCE_AFTER))
-                break
+                view.wait_for(lambda e: plan(e) is not None, min(left, RETRY_SAME_SOURCE_AFTER))
             except TimeoutError:
                 continue
-        if finished_step(event):
-            return {"admitted": False, "finished": finished_step(event)}
-        if event.drain_requested or self.lifecycle.drain_requested:
-            return {"drained": True}
-        if restoring(event):
-            r = event.restore
-            return {"admitted": False, "restore": {"path": r.path, "digest": r.digest, "step": r.step}}
-        if event.HasField("place") and self._enough(event.quorum):
-            return {"admitted": True}
-        cu = event.catch_up
-        log.info("catching up from %s (at step %d)", cu.source_replica_id, cu.source_step)
-        return {"admitted": False, "source": cu.source_replica_id, "addresses": list(cu.source_catch_up_addresses)}
+        if decided.kind is PlanKind.CATCH_UP:
+            log.info("catching up from %s (at step %d)", decided.source, decided.source_step)
+        return decided
 
     def _catch_up(self, source: str, addresses: list[str], deadline: float) -> None:
         m, group = self.replica, self.group
@@ -292,7 +233,7 @@ class Joiner:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
         self.client = self.connect(addresses[group.rank])
         self.source, self.source_address = source, addresses[group.rank]
-        self.membership.set_catching_up(True)  # not to be admitted on its step alone, until ready
+        self.reporting.set_catching_up(True)  # not to be admitted on its step alone, until ready
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
         self.report = report = CatchUpReport(
@@ -363,7 +304,7 @@ class Joiner:
             admitted, changed, near, drained = 0, 0, 0, 0
             if group.rank == 0:
                 drained = int(self.lifecycle.drain_requested)
-                latest = self.membership.latest  # one event for both: the quorum and the assignment change together
+                latest = self.view.latest  # one event for both: the quorum and the assignment change together
                 admitted = int(latest is not None and latest.HasField("place"))
                 changed = int(not admitted and latest is not None and latest.catch_up.source_replica_id != source)
                 gaps.append(head - m.step)
@@ -389,17 +330,17 @@ class Joiner:
                 report.ready = time.monotonic()
                 log.info("caught up to step %d (source at %d) in %.2fs: ready", m.step, head,
                          report.ready - report.began)
-                self.membership.set_ready(True)
+                self.reporting.set_ready(True)
 
-    def _restore(self, ref: dict) -> None:
+    def _restore(self, ref: Restore) -> None:
         """The coordinator restores the job's lost state from a checkpoint: load it (every rank)."""
-        log.warning("the job's state is restored from the checkpoint of step %d: loading %s", ref["step"], ref["path"])
+        log.warning("the job's state is restored from the checkpoint of step %d: loading %s", ref.step, ref.path)
         try:
-            restore_group(self.replica, self.group, ref["path"], ref["digest"])
+            restore_group(self.replica, self.group, ref.path, ref.digest)
         except CheckpointError as e:
-            log.error("the checkpoint of step %d was refused: %s", ref["step"], e)
-            self.refused.add(ref["digest"])
-            self.membership.refuse_checkpoint(ref["digest"], str(e))
+            log.error("the checkpoint of step %d was refused: %s", ref.step, e)
+            self.refused.add(ref.digest)
+            self.reporting.refuse_checkpoint(ref.digest, str(e))
 
     def _agree(self, ok: int, error: str) -> None:
         (all_ok,) = self.group.min(ok)
@@ -413,7 +354,7 @@ class Joiner:
             self.client.close()
         self.client, self.snapshot_step = None, -1
         self.verified = self.ready = False
-        self.membership.set_ready(False)
+        self.reporting.set_ready(False)
         self.replica.report_progress(0, 0)
 
     def gap_client(self) -> SourceClient | None:
@@ -436,7 +377,7 @@ class Joiner:
                     and len(cu.source_catch_up_addresses) == self.group.size)
 
         try:
-            event = self.membership.wait_for(named, wait)
+            event = self.view.wait_for(named, wait)
         except TimeoutError:
             return None
         cu = event.catch_up
@@ -451,4 +392,4 @@ class Joiner:
     def finish(self) -> None:
         """After the first committed step in the quorum: let the source go."""
         self._reset()
-        self.membership.set_catching_up(False)
+        self.reporting.set_catching_up(False)

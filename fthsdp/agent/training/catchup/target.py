@@ -16,22 +16,23 @@ import torch
 from fthsdp.agent.training.catchup.replay import Replayer, combine_hex
 from fthsdp.agent.training.checkpoint import restore as checkpoint_restore
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, read_checkpoint
-from fthsdp.agent.training.session.membership import Membership
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
+from fthsdp.agent.training.session.report import Reporting
 from fthsdp.agent.training.state.train_state import TrainState
 from fthsdp.core.errors import FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 
 
 class CatchUpTarget:
-    def __init__(self, state: TrainState, replayer: Replayer, membership: Membership, leader: bool, *,
+    def __init__(self, state: TrainState, replayer: Replayer, reporting: Reporting, leader: bool, *,
                  job: str, structure: int) -> None:
-        """``leader``: rank 0 of the replica group, which reports the transfer's progress;
+        """``reporting``: what this rank tells the coordinator (fthsdp/agent/training/session/report.py);
+        ``leader``: rank 0 of the replica group, which reports the transfer's progress;
         ``job``, ``structure``: what a checkpoint it restores must be of."""
         self._job, self._structure = job, structure
         self._state = state
         self._replayer = replayer
-        self._membership = membership
+        self._reporting = reporting
         self._leader = leader
 
     @property
@@ -52,7 +53,7 @@ class CatchUpTarget:
 
     def report_progress(self, done: int, total: int) -> None:
         if self._leader:
-            self._membership.catch_up_progress = (done, total)
+            self._reporting.publish(catch_up_progress=(done, total))
 
     def restore(self, path: str, digest: str, rank: int) -> str:
         """Load this rank's part of the checkpoint at ``path`` (recorded with
@@ -77,4 +78,4 @@ class CatchUpTarget:
 
     def moved(self) -> None:
         """The state's step moved (a replay, a snapshot): heartbeats report it."""
-        self._membership.step = self._replayer.step
+        self._reporting.publish(step=self._replayer.step)

@@ -55,14 +55,14 @@ from fthsdp.agent.training.ftar.carried import StepMemory
 from fthsdp.agent.training.ftar.decisions import CONTROL_SLOTS, FtarError
 from fthsdp.agent.training.ftar.groups import QuorumGroups
 from fthsdp.agent.training.ftar.phases import StepRun
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
 from fthsdp.agent.training.ftar.results import Joining, NotJoining, StepResult, StepSum
+from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.transport import Transport
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.core.errors import Evicted, FtarTimeout
 
 __all__ = [
-    "CONTROL_SLOTS", "FTAR", "Evicted", "FtarError", "FtarTimeout", "Joining", "NotJoining", "QuorumTracker",
+    "CONTROL_SLOTS", "FTAR", "Evicted", "FtarError", "FtarTimeout", "Joining", "NotJoining", "QuorumView",
     "StepResult", "StepSum",
 ]
 
@@ -77,7 +77,7 @@ class FTAR:
 
     def __init__(
         self,
-        tracker: QuorumTracker,
+        view: QuorumView,
         job: str,
         shard_rank: int = 0,
         timeout: float = 60.0,
@@ -89,9 +89,9 @@ class FTAR:
         """``transport``: what the quorums' groups are (fthsdp/agent/training/transport/);
         by default gloo, its pairs on ``host`` or ``interface``. ``buckets``: how this
         replica cuts its gradients (fthsdp/agent/training/ftar/overlap.py; none by default)."""
-        self.tracker = tracker
+        self.view = view
         self.timeout = timeout
-        self.groups = QuorumGroups(tracker, job, shard_rank, timeout,
+        self.groups = QuorumGroups(view, job, shard_rank, timeout,
                                    transport if transport is not None else GlooTransport(host, interface))
         self.memory = StepMemory(self.groups, buckets)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from fthsdp.agent.training.ftar.decisions import is_growth
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.transport import Collectives, Transport
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.core.errors import Evicted, FtarTimeout
@@ -89,11 +89,11 @@ def _tcp_store_client(address: str, timeout: datetime.timedelta) -> dist.Store:
 class QuorumGroups:
     """The group of the quorum this replica trains in, and the waits on it."""
 
-    def __init__(self, tracker: QuorumTracker, job: str, shard_rank: int = 0, timeout: float = 60.0,
+    def __init__(self, view: QuorumView, job: str, shard_rank: int = 0, timeout: float = 60.0,
                  transport: Transport | None = None) -> None:
         """``transport``: what the groups are built with (gloo by default:
         fthsdp/agent/training/transport/)."""
-        self.tracker = tracker
+        self.view = view
         self.job = job
         self.shard_rank = shard_rank
         self.timeout = timeout
@@ -149,7 +149,7 @@ class QuorumGroups:
         grows it (that one waits for the agreed switch); else None. The
         members of a group in step all see the same, except for a newer
         quorum that comes meanwhile, which takes them out of the group anyway."""
-        group, quorum = self._group, self.tracker.quorum
+        group, quorum = self._group, self.view.quorum
         if group is None or self._in_step_with != group.quorum_id or self._switch_to:
             return None
         if quorum is None or (quorum.id != group.quorum_id and not is_growth(group.quorum_id, quorum)):
@@ -164,7 +164,7 @@ class QuorumGroups:
         """The id of the newest quorum if it only adds replicas to the group
         this one trains in and its group is built here, else 0: the switch
         this rank proposes. Starts building that group if nobody has."""
-        group, quorum = self._group, self.tracker.quorum
+        group, quorum = self._group, self.view.quorum
         if group is None or quorum is None or quorum.id == group.quorum_id:
             return 0  # every step but a membership change's
         if self._in_step_with != group.quorum_id or not is_growth(group.quorum_id, quorum):
@@ -184,11 +184,11 @@ class QuorumGroups:
         quorum that only grows it waits for the agreed switch, else the
         newest quorum's (built if needed; the old one is abandoned)."""
         while True:
-            with self.tracker.cond:
-                quorum = self.tracker.quorum
-            if quorum is None or not self.tracker.includes_me(quorum):
+            with self.view.cond:
+                quorum = self.view.quorum
+            if quorum is None or not self.view.includes_me(quorum):
                 raise Evicted(f"the newest quorum ({quorum.id if quorum else 'none'}) does not include this replica"
-                              f"{self.tracker.out_because()}")
+                              f"{self.view.out_because()}")
             group, switch_to, self._switch_to = self._group, self._switch_to, 0
             if group is not None and group.quorum_id == quorum.id:
                 return group
@@ -255,9 +255,9 @@ class QuorumGroups:
         self._group, self._abandoned, self._prebuilt = None, [], {}
 
     def _build(self, quorum: pb.Quorum) -> QuorumGroup:
-        rank = self.tracker.rank_in(quorum)
+        rank = self.view.rank_in(quorum)
         if rank is None:
-            raise Evicted(f"quorum {quorum.id} does not include this replica{self.tracker.out_because()}")
+            raise Evicted(f"quorum {quorum.id} does not include this replica{self.view.out_because()}")
         timeout = datetime.timedelta(seconds=self.timeout)
         store = self.connect_store(quorum.first_member_address, timeout)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
@@ -276,7 +276,7 @@ class QuorumGroups:
         for the newest quorum: at once for one that drops a member; for one
         that only grows the group, after the patience (``since`` holds when
         it was first seen, and its id)."""
-        newest = self.tracker.quorum
+        newest = self.view.quorum
         if newest is None or newest.id <= quorum_id:
             return False
         if not since or since[1] != newest.id:
@@ -322,22 +322,22 @@ class QuorumGroups:
     def wait_for_push(self, quorum_id: int, deadline: float) -> bool:
         """Wait for the push of quorum ``quorum_id`` (or a newer one), up to an
         operation's ``deadline`` (stretched to the horizon); False if it did not come."""
-        with self.tracker.cond:
-            while self.tracker.newest_id() < quorum_id:
+        with self.view.cond:
+            while self.view.newest_id() < quorum_id:
                 left = self._deadline(deadline) - time.monotonic()
                 if left <= 0:
                     return False
-                self.tracker.cond.wait(left)
+                self.view.cond.wait(left)
         return True
 
     def _await_newer(self, quorum_id: int, deadline: float, cause: BaseException) -> str:
         log.warning("collective in quorum %d failed (%s); waiting for a newer quorum", quorum_id, cause)
-        with self.tracker.cond:
-            while self.tracker.newest_id() <= quorum_id:
+        with self.view.cond:
+            while self.view.newest_id() <= quorum_id:
                 left = self._deadline(deadline) - time.monotonic()
                 if left <= 0:
                     raise FtarTimeout(f"a collective in quorum {quorum_id} failed ({cause}) and no newer quorum came")
-                self.tracker.cond.wait(left)
+                self.view.cond.wait(left)
         return NEWER
 
     def _wait(self, blocking: Callable[[], object], quorum_id: int, deadline: float) -> str:
@@ -355,12 +355,12 @@ class QuorumGroups:
                 errors.append(e)
             finally:
                 done.set()
-                with self.tracker.cond:
-                    self.tracker.cond.notify_all()
+                with self.view.cond:
+                    self.view.cond.notify_all()
 
         threading.Thread(target=run, name="fthsdp-ftar-build", daemon=True).start()
         since: list[float] = []
-        with self.tracker.cond:
+        with self.view.cond:
             while not done.is_set():
                 if self._leave_for(quorum_id, since):
                     return NEWER
@@ -369,7 +369,7 @@ class QuorumGroups:
                     raise FtarTimeout(
                         f"building the group of quorum {quorum_id} did not finish and no newer quorum came"
                     )
-                self.tracker.cond.wait(min(left, 0.1) if since else left)
+                self.view.cond.wait(min(left, 0.1) if since else left)
         if errors:
             return self._await_newer(quorum_id, deadline, errors[0])
         return DONE

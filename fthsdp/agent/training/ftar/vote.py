@@ -113,8 +113,8 @@ def vote(groups: QuorumGroups, group: QuorumGroup, deadline: float, device: torc
     and, if ``decides``, this member may commit; None if it was abandoned
     (``group`` is then retired). Raises ``Evicted`` if this member is out of
     the quorum: it commits nothing."""
-    tracker = groups.tracker
-    ballot = vote_tensor(tracker.newest_id(), device)
+    view = groups.view
+    ballot = vote_tensor(view.newest_id(), device)
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # pybind11 converts it; the stubs do not say so
     if groups.wait_work(group.pg.allreduce([ballot], opts), group, deadline) != DONE:
@@ -123,10 +123,10 @@ def vote(groups: QuorumGroups, group: QuorumGroup, deadline: float, device: torc
     seen = int(ballot[0])
     if not decides:
         return seen
-    if tracker.newest_id() < seen:
+    if view.newest_id() < seen:
         groups.wait_for_push(seen, deadline)  # its peers got it; this one's is normally ms behind
-    with tracker.cond:
-        known, included = tracker.newest_id(), tracker.includes_me(tracker.quorum)
+    with view.cond:
+        known, included = view.newest_id(), view.includes_me(view.quorum)
     said = verdict(seen, known, included)
     if said is Verdict.COMMIT:
         return seen
@@ -135,7 +135,7 @@ def vote(groups: QuorumGroups, group: QuorumGroup, deadline: float, device: torc
         raise Evicted(f"its peers know quorum {seen}, whose push never reached this replica (cut from the "
                       f"coordinator?): it commits nothing of quorum {group.quorum_id}'s step")
     raise Evicted(f"the newest quorum ({known}) does not include this replica: it commits nothing of quorum "
-                  f"{group.quorum_id}'s step{tracker.out_because()}")
+                  f"{group.quorum_id}'s step{view.out_because()}")
 
 
 __all__ = ["VOTE_DTYPE", "Verdict", "verdict", "vote", "vote_tensor"]

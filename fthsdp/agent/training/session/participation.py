@@ -23,12 +23,8 @@ in that step. The next step's basis no longer includes it.
 from __future__ import annotations
 
 import dataclasses
-import threading
 
-from fthsdp.protos.v1 import coordinator_pb2 as pb
-
-KEEP_QUORUMS = 64
-"""Places kept, newest first: the basis is always one of the last few quorums."""
+from fthsdp.agent.training.quorum_view import QuorumView
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,37 +41,16 @@ class Participation:
     of its place once admitted."""
 
 
-class QuorumRecord:
-    """This replica's place (rank, member count) in the recent quorums it
-    was pushed as a member of (a membership listener: it runs on the watch
-    thread)."""
-
-    def __init__(self, replica_id: str) -> None:
-        self.replica_id = replica_id
-        self._lock = threading.Lock()
-        self._places: dict[int, tuple[int, int]] = {}
-        self._newest: tuple[int, int] = (0, 0)
-        """(id, member count) of the newest quorum, a member of it or not."""
-
-    def record(self, event: pb.WatchEvent) -> None:
-        q = event.quorum
-        with self._lock:
-            if event.HasField("place"):
-                self._places[q.id] = (event.place.rank, q.member_count)
-                for old in sorted(self._places)[:-KEEP_QUORUMS]:
-                    del self._places[old]
-            if q.id >= self._newest[0]:
-                self._newest = (q.id, q.member_count)
-
-    def participation(self, basis: int, joining: bool) -> Participation:
-        """The place of this replica in quorum ``basis`` (see the module
-        docstring); for a joiner not yet in one (``joining``), its place in
-        the newest quorum that includes it, or at the end of the newest."""
-        with self._lock:
-            place = self._places.get(basis)
-            if not joining and place is not None:
-                return Participation(*place)
-            if self._places:
-                return Participation(*self._places[max(self._places)], contributes=not joining)
-            count = self._newest[1] + 1
-            return Participation(count - 1, count, contributes=False)
+def participation(view: QuorumView, basis: int, joining: bool) -> Participation:
+    """The place of this replica in quorum ``basis`` (see the module
+    docstring); for a joiner not yet in one (``joining``), its place in
+    the newest quorum that includes it, or at the end of the newest."""
+    with view.cond:  # one push's places, not two
+        place = view.place_in(basis)
+        if not joining and place is not None:
+            return Participation(*place)
+        newest = view.newest_place()
+        if newest is not None:
+            return Participation(*newest, contributes=not joining)
+        count = view.newest_count() + 1
+        return Participation(count - 1, count, contributes=False)

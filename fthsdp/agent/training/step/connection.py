@@ -24,20 +24,24 @@ from fthsdp.agent.training.catchup.group import GroupChannel
 from fthsdp.agent.training.catchup.server import CatchUpServer
 from fthsdp.agent.training.catchup.source import ServedState
 from fthsdp.agent.training.config import ManagerConfig
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.hang_notice import HangNotices
 from fthsdp.agent.training.session.lifecycle import Lifecycle
 from fthsdp.agent.training.session.membership import Membership
-from fthsdp.agent.training.session.participation import QuorumRecord
+from fthsdp.agent.training.session.observer import Observer
 from fthsdp.agent.training.session.reach_probe import ReachProbes
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.step.clock import StepClock
 from fthsdp.agent.training.transport import Transport
+from fthsdp.client import CoordinatorClient
 from fthsdp.core.credentials import TlsFiles
 from fthsdp.core.errors import ConfigError, FthsdpError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.connection")
+
+SESSION_TIMEOUT = 5.0
+"""Seconds each call to the coordinator may take (a Heartbeat, a Leave, a probe's report)."""
 
 
 class JobConnection:
@@ -55,21 +59,11 @@ class JobConnection:
             self.store = dist.TCPStore(config.host, 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=config.timeout))
             address = f"{config.host}:{self.store.port}"
-        self.tracker = QuorumTracker(config.replica_id)
-        self.quorums = QuorumRecord(config.replica_id)
+        self.view = QuorumView(config.replica_id)
+        """The coordinator's pushes: the one copy every part of this rank reads."""
         self.hangs = HangNotices(config.replica_id, config.shard_rank, config.restart_count)
         self.faults = RankFaults(config.replica_id, config.shard_rank, config.restart_count)
         """Injected hang and slow faults (`fthsdp inject`; fthsdp/agent/injection.py)."""
-        m = self.membership = Membership(config.coordinator, config.job, config.replica_id, address,
-                                         config.shard_count, 0, token=config.token, tls=config.tls)
-        # First: a drain is known before the quorum that no longer includes this replica.
-        m.add_listener(self._on_event)
-        m.add_listener(self.tracker.update)
-        m.add_listener(self.quorums.record)
-        m.add_listener(self.hangs)
-        m.add_listener(self.faults)
-        m.add_listener(ReachProbes(config.replica_id, config.shard_rank, m.report_reach))
-        m.progress, m.restart_count = clock.progress, config.restart_count
         self.group = ReplicaGroup(config.shard_rank, config.shard_count, group_timeout)
         self._catch_up_tls = config.tls if config.catch_up_tls else TlsFiles()
         self._source_tls: ssl.SSLContext | None = None  # the catch-up client's, made on first use
@@ -80,18 +74,32 @@ class JobConnection:
         push_channel = None if catchup_tls.uses_tls(self._catch_up_tls) else channel
         self._server = CatchUpServer(source, config.host, token=config.token, max_rate=config.catch_up_max_rate,
                                      tls=catchup_tls.server_context(self._catch_up_tls), channel=push_channel).start()
-        m.catch_up_addresses = self.group.all_gather_strings(self._server.address)
+        catch_up_addresses = self.group.all_gather_strings(self._server.address)
+        m: Membership | Observer
+        if self.leader:
+            m = Membership(config.coordinator, config.job, config.replica_id, address, config.shard_count, 0,
+                           token=config.token, tls=config.tls, view=self.view, catch_up_addresses=catch_up_addresses,
+                           restart_count=config.restart_count, progress=clock.progress)
+        else:
+            client = CoordinatorClient(config.coordinator, timeout=SESSION_TIMEOUT, token=config.token, tls=config.tls)
+            m = Observer(client, config.job, config.replica_id, config.shard_rank, self.view, progress=clock.progress)
+        self.membership = m
+        """Rank 0's session with the coordinator, or another rank's observation of it."""
+        self.reporting = m.reporting
+        """What this rank tells the coordinator: published whole by the thread that owns it."""
+        # First: a drain is known before the quorum that no longer includes this replica.
+        m.add_listener(self._on_event, before_view=True)
+        m.add_listener(self.hangs)
+        m.add_listener(self.faults)
+        m.add_listener(ReachProbes(config.replica_id, config.shard_rank, m.report_reach))
 
     def start_session(self) -> None:
         """Register with the coordinator (rank 0), or follow rank 0's place (the others)."""
-        if self.leader:
-            self.membership.start()
-        else:
-            self.membership.observe(self.config.shard_rank)
+        self.membership.start()
 
     def drain_requested(self) -> bool:
         """Asked here (SIGTERM, the coordinator's push) or in the newest push itself."""
-        latest = self.membership.latest
+        latest = self.view.latest
         return self._lifecycle.drain_requested or (latest is not None and latest.drain_requested)
 
     def source_client(self, address: str) -> SourceClient:

@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from fthsdp.agent.training.ftar.quorum_view import QuorumTracker
+from fthsdp.agent.training.quorum_view import QuorumView
 
 EVICTION_GRACE = 2.0
 """Seconds the training thread has to reach an API call once the group is out."""
@@ -27,9 +27,9 @@ EXIT_EVICTED = 75
 
 
 class EvictionWatch:
-    def __init__(self, tracker: QuorumTracker, shard_rank: int, stopped: Callable[[], bool],
+    def __init__(self, view: QuorumView, shard_rank: int, stopped: Callable[[], bool],
                  draining: threading.Event) -> None:
-        self.tracker = tracker
+        self.view = view
         self.shard_rank = shard_rank
         self.stopped = stopped
         self.draining = draining
@@ -40,19 +40,19 @@ class EvictionWatch:
         threading.Thread(target=self._run, name="fthsdp-eviction-watch", daemon=True).start()
 
     def _out(self) -> bool:
-        quorum = self.tracker.quorum
-        return quorum is not None and not self.tracker.includes_me(quorum) and not self.draining.is_set()
+        quorum = self.view.quorum
+        return quorum is not None and not self.view.includes_me(quorum) and not self.draining.is_set()
 
     def _run(self) -> None:
-        with self.tracker.cond:
+        with self.view.cond:
             while not self.stopped():
                 if self._out():
-                    quorum = self.tracker.quorum
+                    quorum = self.view.quorum
                     assert quorum is not None  # _out() saw it, under the same lock
-                    self.evicted = (f"replica {self.tracker.replica_id} was taken out of quorum {quorum.id}"
-                                    f"{self.tracker.out_because()}")
+                    self.evicted = (f"replica {self.view.replica_id} was taken out of quorum {quorum.id}"
+                                    f"{self.view.out_because()}")
                     break
-                self.tracker.cond.wait(1.0)
+                self.view.cond.wait(1.0)
         if not self.evicted:
             return
         if self.acknowledged.wait(EVICTION_GRACE) or self.stopped() or self.draining.is_set():

@@ -28,9 +28,10 @@ import torch
 
 from fthsdp.agent import outcome
 from fthsdp.agent.training.catchup.grad_log import GradientLog
-from fthsdp.agent.training.catchup.joiner import CatchUpReport, Drained, Joiner
+from fthsdp.agent.training.catchup.joiner import Drained, Joiner
 from fthsdp.agent.training.catchup.last_gap import LastGap, require_state_held
 from fthsdp.agent.training.catchup.replay import Replayer, combine_hex
+from fthsdp.agent.training.catchup.report import CatchUpReport
 from fthsdp.agent.training.catchup.source import ServedState
 from fthsdp.agent.training.catchup.target import CatchUpTarget
 from fthsdp.agent.training.checkpoint.restoring import resume_newest
@@ -43,7 +44,7 @@ from fthsdp.agent.training.ftar.buffer_pool import BufferPool
 from fthsdp.agent.training.ftar.overlap import Overlap, Prelaunched
 from fthsdp.agent.training.session.job_finished import JobFinished
 from fthsdp.agent.training.session.lifecycle import Ending, Lifecycle, ending_for_eviction
-from fthsdp.agent.training.session.participation import Participation
+from fthsdp.agent.training.session.participation import Participation, participation
 from fthsdp.agent.training.state.checksum import StridedHistory
 from fthsdp.agent.training.state.codec import local
 from fthsdp.agent.training.state.train_state import TrainState, gradient_sample
@@ -82,7 +83,7 @@ class ReplicaStep:
         transport = choose(config.cross_replica_backend, local(self._params[0]).device, config.host,
                            config.gloo_interface)
         self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout, transport)
-        self._target = CatchUpTarget(state, replayer, self._link.membership, self._link.leader, job=config.job,
+        self._target = CatchUpTarget(state, replayer, self._link.reporting, self._link.leader, job=config.job,
                                      structure=structure)
         running = state.running
         self._overlap = Overlap(self._params, int(config.bucket_cap_mb * (1 << 20)),
@@ -90,7 +91,7 @@ class ReplicaStep:
         """Starts the step's all-reduce bucket by bucket during the backward pass
         (fthsdp/agent/training/ftar/overlap.py)."""
         self._buffers = buffers
-        self._ftar = FTAR(self._link.tracker, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
+        self._ftar = FTAR(self._link.view, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
                           transport=transport, buckets=self._overlap.plan)
         self._ftar.groups.horizon = self._link.hangs.horizon
         self._joiner: Joiner | None = None
@@ -136,14 +137,14 @@ class ReplicaStep:
 
     @property
     def quorum_id(self) -> int:
-        return self._link.tracker.newest_id()
+        return self._link.view.newest_id()
 
     @property
     def checksum(self) -> str:
-        return self._link.membership.state_checksum
+        return self._link.reporting.current.state_checksum
 
     def participation(self) -> Participation:
-        return self._link.quorums.participation(self._link.membership.training_quorum_id, False)
+        return participation(self._link.view, self._link.reporting.current.training_quorum_id, False)
 
     # ----- joining ---------------------------------------------------------------------
 
@@ -152,10 +153,10 @@ class ReplicaStep:
         (drained meanwhile, or the job finished before it came). Returns how it caught up (None: it was up to date)."""
         self._joiner = joiner = Joiner(
             self._target, job=self.config.job, replica_id=self.config.replica_id, structure=self._structure,
-            group=self._link.group, membership=self._link.membership, lifecycle=self._lifecycle,
+            group=self._link.group, view=self._link.view, reporting=self._link.reporting, lifecycle=self._lifecycle,
             connect=self._link.source_client)
         self._clock.working(pb.PHASE_STARTING, self._replayer.step)
-        self._link.membership.set_wait_for_replicas(wait_for_replicas)
+        self._link.reporting.set_wait_for_replicas(wait_for_replicas)
         try:
             joiner.run(admission_timeout, min_members=wait_for_replicas, until_admitted=True)
         except Drained as e:
@@ -180,12 +181,12 @@ class ReplicaStep:
         if self._joiner is not None and not self._joiner.source_address:
             self._joiner = None  # admitted as up to date: no source to let go of
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
-        quorum = self._link.tracker.wait_for_membership(timeout)
-        self._link.membership.training_quorum_id = quorum.id
+        quorum = self._link.view.wait_for_membership(timeout)
+        self._link.reporting.publish(training_quorum_id=quorum.id)
         log.info("replica %s admitted in quorum %d at step %d", self.config.replica_id, quorum.id,
                  self._replayer.step)
         if self.config.shard_count > 1 and self._eviction is None:
-            self._eviction = EvictionWatch(self._link.tracker, self.config.shard_rank,
+            self._eviction = EvictionWatch(self._link.view, self.config.shard_rank,
                                            lambda: self._lifecycle.stopped, self._lifecycle.drain_event)
 
     def _first_step(self) -> None:
@@ -276,9 +277,8 @@ class ReplicaStep:
         self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
         self._replayer.run_update(last.contributors, self._sentinel, replayed)
         step = self._replayer.step
-        m, group = self._link.membership, self._link.group
-        m.step = step
-        m.training_quorum_id = last.quorum_id
+        reporting, group = self._link.reporting, self._link.group
+        reporting.publish(step=step, training_quorum_id=last.quorum_id)
         every = self.config.checksum_every
         periodic = bool(every) and step % every == 0
         inputs = self._inputs
@@ -299,8 +299,8 @@ class ReplicaStep:
         parts = self._replayer.part_checksums(group) if periodic or self._checksum_wanted or checkpoint else {}
         checksum = combine_hex(parts) if parts else ""
         if periodic:
-            m.state_checksum, m.checksum_step = checksum, step
-            m.recent_checksums = self._history.record(step, checksum, inputs.hyperparams_json)
+            reporting.publish(state_checksum=checksum, checksum_step=step,
+                              recent_checksums=self._history.record(step, checksum, inputs.hyperparams_json))
         self._checksum_wanted = False
         self._log.append(
             inputs, last.total, last.contributors, last.quorum_id, checksum,
@@ -349,7 +349,7 @@ class ReplicaStep:
         committed, so its share is of that decision; one that committed the
         step in another quorum writes a share the sealer never merges with these."""
         assert self._saver is not None
-        place = self._link.quorums.participation(quorum_id, False)
+        place = participation(self._link.view, quorum_id, False)
         spec = ShareSpec(self.config.job, step, self._structure, quorum_id, place.index, place.count,
                          self.config.shard_rank, self.config.shard_count)
         with self._clock.section("checkpoint staging", None):
@@ -357,7 +357,7 @@ class ReplicaStep:
 
     def _sealed(self, sealed: Sealed) -> None:
         """The saver's thread: a checkpoint this replica sealed is complete; the coordinator hears of it."""
-        self._link.membership.report_checkpoint(pb.CheckpointRecord(
+        self._link.reporting.report_checkpoint(pb.CheckpointRecord(
             step=sealed.step, path=str(sealed.folder), digest=sealed.digest, quorum_id=sealed.quorum_id,
             shares=sealed.shares, bytes=sealed.nbytes, sealed_unix_ms=int(time.time() * 1000),
             sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum, kept=self.config.checkpoint_keep))
