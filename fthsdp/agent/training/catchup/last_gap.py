@@ -122,7 +122,8 @@ class LastGap:
         ``step``, two or more steps behind (admitted while it still
         replayed): replay up to ``head - 1`` and take that step's inputs;
         FTAR then hands over the members' sum of ``head - 1``."""
-        self.replayer.step = step
+        if step != self.replayer.step:
+            raise FtarError(f"internal: FTAR closes the gap from step {step}, the state is at {self.replayer.step}")
         target = head - 1
 
         def replay(client: SourceClient):

@@ -42,8 +42,7 @@ class Replayer:
         self.params = params
         self.update = update
         self.log = log
-        self.step = 0
-        """The step this rank's state is at (the next step to train)."""
+        self._step = 0
         self.in_update = False
         """True while the update runs (live or replayed): optimizer.step() is allowed only then."""
         self.replaying = False
@@ -51,6 +50,17 @@ class Replayer:
         self.contributors = 0
         """While the update runs: the replicas whose gradients the step averaged."""
         self._pending: list[tuple[cpb.LogEntry, torch.Tensor]] = []
+
+    @property
+    def step(self) -> int:
+        """The step this rank's state is at (the next step to train). It moves
+        here alone: by one with every update (``run_update``), or to the step of
+        a state loaded whole (``loaded``)."""
+        return self._step
+
+    def loaded(self, step: int) -> None:
+        """The state was replaced by one at ``step`` (a snapshot, a checkpoint)."""
+        self._step = step
 
     @contextlib.contextmanager
     def updating(self, contributors: int, replay: bool = False):
@@ -84,7 +94,7 @@ class Replayer:
         check_gradient(self.params[0], sample)
         with self.updating(contributors, replay=replayed):
             self.update()
-        self.step += 1
+        self._step += 1
 
     def numel(self) -> int:
         """Elements of a logged sum: the gradients, then the batch-norm statistics."""

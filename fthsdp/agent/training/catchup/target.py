@@ -41,7 +41,7 @@ class CatchUpTarget:
 
     def load_snapshot(self, state: dict[str, Any], step: int) -> None:
         self._state.load(state)
-        self._replayer.step = step
+        self._replayer.loaded(step)
         self.moved()
 
     def replay(self, entry: cpb.LogEntry, total: torch.Tensor) -> None:
@@ -68,7 +68,7 @@ class CatchUpTarget:
             self._state.load(loaded)
         except FthsdpError as e:
             raise CheckpointError(f"{folder}: the state does not fit this replica: {e}") from e
-        self._replayer.step = record["step"]
+        self._replayer.loaded(record["step"])
         self.moved()
         return str(record.get("state_checksum", ""))
 

@@ -264,7 +264,8 @@ class ReplicaStep:
         if self._inputs.step != result.step:
             raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step "
                             f"{result.step}")
-        self._replayer.step = result.step  # a joiner replayed up to the members' step inside FTAR
+        if self._replayer.step != result.step:  # a joiner replays up to the members' step inside FTAR, not past
+            raise FtarError(f"internal: the sum is of step {result.step}, the state at step {self._replayer.step}")
         self._sentinel = gradient_sample(self._params[0])
         # A snapshot taken at the last boundary must be copied before the update changes the state.
         with self._clock.section("snapshot copy", None):  # serving a joiner may take long: not a hang
