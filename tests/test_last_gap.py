@@ -72,16 +72,23 @@ class Served:
 
 def gap(step: int, *sources: Source | None) -> tuple[LastGap, Replayer, Served]:
     """A joiner at ``step``, on the first source; each switch names the next (None: none comes)."""
-    queue = list(sources)
-    current = [queue.pop(0)]
     replayer, served = Replayer(step), Served()
+    return LastGap(replayer, served, 5.0, "r2", sources=Sources(sources), moved=lambda: None), replayer, served  # type: ignore[arg-type]
 
-    def switch():
-        current[0] = queue.pop(0) if queue else None
-        return current[0]
 
-    return LastGap(replayer, served, 5.0, "r2", client=lambda: current[0], moved=lambda: None,  # type: ignore[arg-type]
-                   switch=switch), replayer, served
+class Sources:
+    """The coordinator names the next source each time one is lost (None: none comes)."""
+
+    def __init__(self, sources) -> None:
+        self.queue = list(sources)
+        self.current = self.queue.pop(0)
+
+    def gap_client(self):
+        return self.current
+
+    def switch_source(self):
+        self.current = self.queue.pop(0) if self.queue else None
+        return self.current
 
 
 def test_closing_the_gap_replays_to_the_step_before_the_members_and_takes_its_inputs():

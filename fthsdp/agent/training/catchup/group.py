@@ -321,7 +321,44 @@ class GroupChannel:
         return Session(self, group, 1, request.prefix, keep=store)
 
 
+SESSION_IDLE = 120.0
+"""Seconds a session may go unused before the source closes it (a joiner that died)."""
+
+
+class OpenSessions:
+    """The open sessions of a source, by name (the HTTP threads share them)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: Session) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for name, old in list(self._open.items()):
+                if old.closed or now - old.last_used > SESSION_IDLE:
+                    old.close()
+                    del self._open[name]
+            self._open[session.name] = session
+
+    def get(self, name: str) -> Session | None:
+        with self._lock:
+            session = self._open.get(name)
+            if session is not None and session.closed:
+                del self._open[name]
+                return None
+            return session
+
+    def close(self, name: str) -> bool:
+        with self._lock:
+            session = self._open.pop(name, None)
+        if session is None:
+            return False
+        session.close()
+        return True
+
 __all__ = [
+    "SESSION_IDLE", "OpenSessions",
     "IN_FLIGHT", "LOG_PIECE", "PIECE", "TRANSPORTS", "GroupChannel", "GroupTransferError", "Session",
     "SessionRequest", "chunks_of", "piece_bytes",
 ]

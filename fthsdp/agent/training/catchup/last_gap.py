@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from fthsdp.agent.training.catchup.client import CatchUpError, SourceClient
 from fthsdp.agent.training.catchup.replay import Replayer
@@ -45,23 +45,31 @@ def require_state_held(replica_id: str, step: int, members_step: int) -> None:
         )
 
 
+class GapSources(Protocol):
+    """Where a joiner's last gap is read from (the ``Joiner``: fthsdp/agent/training/catchup/joiner.py)."""
+
+    def gap_client(self) -> SourceClient | None:
+        """The connection to this joiner's catch-up source (None without one)."""
+        ...
+
+    def switch_source(self) -> SourceClient | None:
+        """The source was lost: a connection to the next one the coordinator names (None if none comes in time)."""
+        ...
+
+
 class LastGap:
     """A joiner's answers to FTAR (a ``Joining``)."""
 
     def __init__(self, replayer: Replayer, source: ServedState, timeout: float, replica_id: str,
-                 client: Callable[[], SourceClient | None], moved: Callable[[], None],
-                 switch: Callable[[], SourceClient | None] = lambda: None) -> None:
-        """``client``: the connection to this joiner's catch-up source (None
-        without one); ``moved``: called when the state's step moved;
-        ``switch``: the source was lost: a connection to the next one the
-        coordinator names (None if none comes in time)."""
+                 sources: GapSources, moved: Callable[[], None]) -> None:
+        """``source``: what this rank serves (it publishes the inputs it enters a step with);
+        ``moved``: called when the state's step moved."""
         self.replayer = replayer
         self.source = source
         self.timeout = timeout
         self.replica_id = replica_id
-        self._client = client
+        self._sources = sources
         self._moved = moved
-        self._switch = switch
         self._join_inputs: cpb.LogEntry | None = None
         self.taken: cpb.LogEntry | None = None
         """The members' inputs this joiner entered its step with (None: its own)."""
@@ -70,7 +78,7 @@ class LastGap:
         """Between FTAR's polls of the collective this joiner waits in for the
         members to arrive in its new group: replay what they committed
         meanwhile, one step at a time, so that little is left when they come."""
-        client = self._client()
+        client = self._sources.gap_client()
         if client is None:
             return
         try:
@@ -92,12 +100,12 @@ class LastGap:
             except CatchUpError as e:
                 log.warning("replica %s: the catch-up source was lost at step %d (%s); asking for another",
                             self.replica_id, self.replayer.step, e)
-                if attempt + 1 == MAX_SOURCES or self._switch() is None:
+                if attempt + 1 == MAX_SOURCES or self._sources.switch_source() is None:
                     raise self._lost(head, e) from e
         raise AssertionError("unreachable")
 
     def _source(self, head: int) -> SourceClient:
-        client = self._client()
+        client = self._sources.gap_client()
         if client is None:
             raise FtarError(
                 f"this replica is at step {self.replayer.step}, the quorum at {head}, and it has no catch-up source"

@@ -57,6 +57,7 @@ from fthsdp.agent.training.catchup.group import (
     LOG_PIECE,
     GroupChannel,
     GroupTransferError,
+    OpenSessions,
     Session,
     SessionRequest,
     chunks_of,
@@ -70,8 +71,6 @@ PROTOBUF = "application/x-protobuf"
 MAX_WAIT = 60.0
 _SNAPSHOT = re.compile(r"^/v1/snapshots/(\d+)(/manifest|/data|/push)?$")
 _SESSION = re.compile(r"^/v1/sessions/([A-Za-z0-9_.-]+)$")
-SESSION_IDLE = 120.0
-"""Seconds a session may go unused before the source closes it (a joiner that died)."""
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 WRITE_PIECE = 1 << 20
 
@@ -315,39 +314,6 @@ class Pacer:
             time.sleep(ahead)
 
 
-class _Sessions:
-    """The open sessions of a source, by name (the HTTP threads share them)."""
-
-    def __init__(self) -> None:
-        self._open: dict[str, Session] = {}
-        self._lock = threading.Lock()
-
-    def add(self, session: Session) -> None:
-        with self._lock:
-            now = time.monotonic()
-            for name, old in list(self._open.items()):
-                if old.closed or now - old.last_used > SESSION_IDLE:
-                    old.close()
-                    del self._open[name]
-            self._open[session.name] = session
-
-    def get(self, name: str) -> Session | None:
-        with self._lock:
-            session = self._open.get(name)
-            if session is not None and session.closed:
-                del self._open[name]
-                return None
-            return session
-
-    def close(self, name: str) -> bool:
-        with self._lock:
-            session = self._open.pop(name, None)
-        if session is None:
-            return False
-        session.close()
-        return True
-
-
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -364,7 +330,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.token = token
         self.max_rate = max_rate
         self.channel = channel
-        self.sessions = _Sessions()
+        self.sessions = OpenSessions()
 
     def handle_error(self, request, client_address) -> None:
         # A joiner that died mid-transfer breaks the connection: routine, not a traceback.

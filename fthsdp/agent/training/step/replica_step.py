@@ -28,7 +28,8 @@ import torch
 
 from fthsdp.agent import outcome
 from fthsdp.agent.training.catchup.grad_log import GradientLog
-from fthsdp.agent.training.catchup.joiner import Drained, Joiner
+from fthsdp.agent.training.catchup.join_session import JoinEnd, JoinSession, join_quorum
+from fthsdp.agent.training.catchup.joiner import Joiner
 from fthsdp.agent.training.catchup.last_gap import LastGap, require_state_held
 from fthsdp.agent.training.catchup.replay import Replayer, combine_hex
 from fthsdp.agent.training.catchup.report import CatchUpReport
@@ -42,7 +43,6 @@ from fthsdp.agent.training.config import ManagerConfig
 from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepResult, StepSum
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool
 from fthsdp.agent.training.ftar.overlap import Overlap, Prelaunched
-from fthsdp.agent.training.session.job_finished import JobFinished
 from fthsdp.agent.training.session.lifecycle import Ending, Lifecycle, ending_for_eviction
 from fthsdp.agent.training.session.participation import Participation, participation
 from fthsdp.agent.training.state.checksum import StridedHistory
@@ -94,14 +94,9 @@ class ReplicaStep:
         self._ftar = FTAR(self._link.view, config.job, shard_rank=config.shard_rank, timeout=config.timeout,
                           transport=transport, buckets=self._overlap.plan)
         self._ftar.groups.horizon = self._link.hangs.horizon
-        self._joiner: Joiner | None = None
-        """Until a joiner's first step in the quorum is committed: its catch-up, and the source it holds."""
-        self._gap = LastGap(replayer, self._source, config.timeout, config.replica_id,
-                            client=lambda: self._joiner.gap_client() if self._joiner is not None else None,
-                            moved=self._target.moved,
-                            switch=lambda: self._joiner.switch_source() if self._joiner is not None else None)
-        self._joining = ClockedGap(self._gap, self._clock, replayer)
-        """What FTAR asks of this replica while it joins: the last gap, on the step clock."""
+        self._join: JoinSession | None = None
+        """A caught-up joiner until its first step in the quorum is committed: the source it holds and
+        the last gap closed from it (set by ``join``, let go by the step boundary that commits it)."""
         self._history = StridedHistory(config.checksum_every)
         self._checksum_wanted = False
         """A joiner took a snapshot at this boundary: the next one carries a checksum it checks its replay by."""
@@ -151,35 +146,32 @@ class ReplicaStep:
     def join(self, wait_for_replicas: int, admission_timeout: float) -> CatchUpReport | None:
         """Return once this replica is a member, at the step it trains next, or stopped
         (drained meanwhile, or the job finished before it came). Returns how it caught up (None: it was up to date)."""
-        self._joiner = joiner = Joiner(
+        joiner = Joiner(
             self._target, job=self.config.job, replica_id=self.config.replica_id, structure=self._structure,
             group=self._link.group, view=self._link.view, reporting=self._link.reporting, lifecycle=self._lifecycle,
             connect=self._link.source_client)
         self._clock.working(pb.PHASE_STARTING, self._replayer.step)
         self._link.reporting.set_wait_for_replicas(wait_for_replicas)
-        try:
-            joiner.run(admission_timeout, min_members=wait_for_replicas, until_admitted=True)
-        except Drained as e:
-            joiner.finish()
-            self.leave(Ending.DRAINED, str(e))
-            return joiner.report
-        except JobFinished as e:  # nothing left to train: the script's loop ends and it exits 0
-            log.warning("%s", e)  # the one line: "job default finished at step 500"
-            joiner.finish()
-            self.leave(Ending.JOB_FINISHED, str(e))
-            return joiner.report
+        joined = join_quorum(joiner, admission_timeout, wait_for_replicas)
+        if joined.end is JoinEnd.DRAINED:
+            self.leave(Ending.DRAINED, joined.detail)
+            return joined.report
+        if joined.end is JoinEnd.JOB_FINISHED:  # nothing left to train: the script's loop ends and it exits 0
+            log.warning("%s", joined.detail)  # the one line: "job default finished at step 500"
+            self.leave(Ending.JOB_FINISHED, joined.detail)
+            return joined.report
         self._admitted(admission_timeout)
-        if self._joiner is not None:
+        if joined.end is JoinEnd.CAUGHT_UP:
+            self._join = JoinSession(joiner, LastGap(self._replayer, self._source, self.config.timeout,
+                                                     self.config.replica_id, sources=joiner, moved=self._target.moved))
             self._first_step()
         if not self._lifecycle.stopped:
             self._lifecycle.joined()
             self._arm()
         self._clock.begin(self._replayer.step)
-        return joiner.report
+        return joined.report
 
     def _admitted(self, timeout: float) -> None:
-        if self._joiner is not None and not self._joiner.source_address:
-            self._joiner = None  # admitted as up to date: no source to let go of
         # Rank 0 saw the admission; the other ranks follow the same push on their own stream.
         quorum = self._link.view.wait_for_membership(timeout)
         self._link.reporting.publish(training_quorum_id=quorum.id)
@@ -220,7 +212,9 @@ class ReplicaStep:
         # The step's inputs, as a joiner will restore them before replaying its update.
         self._inputs = self._state.inputs(step)
         self._source.publish_inputs(self._inputs)
-        self._gap.taken = None
+        gap = self._join.gap if self._join is not None else None
+        if gap is not None:
+            gap.taken = None
         prelaunched = self._overlap.complete()  # the buckets the backward pass did not start, started now
         if not contributes and prelaunched is not None:
             self._buffers.forget(prelaunched.buffer)
@@ -235,7 +229,7 @@ class ReplicaStep:
                 refill=buffer.flatten, contributes=contributes, prelaunched=prelaunched,
                 proposal=proposal, control_slots=True, first_only=buffer.first_only,
                 checkpoint=self._saver is not None and self._saver.clock_ran_out(time.monotonic()),
-            ), joining=self._joining)
+            ), joining=ClockedGap(gap, self._clock, self._replayer) if gap is not None else None)
         except Evicted as e:
             # Out of the quorum (dropped, drained, taken out as hung or unreachable): this
             # replica commits nothing of the step; the members that go on decide it among
@@ -259,8 +253,8 @@ class ReplicaStep:
             self._sentinel = None
             return result
         self._replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
-        if self._gap.taken is not None:
-            self._inputs = self._gap.taken  # a joiner entered the members' step with their inputs
+        if gap is not None and gap.taken is not None:
+            self._inputs = gap.taken  # a joiner entered the members' step with their inputs
         if self._inputs.step != result.step:
             raise FtarError(f"internal: the inputs recorded are of step {self._inputs.step}, the sum of step "
                             f"{result.step}")
@@ -315,9 +309,9 @@ class ReplicaStep:
             self._source.expire()  # a joiner that died without releasing its snapshot
         if checkpoint:
             self._save(step, last.quorum_id, checksum)
-        if self._joiner is not None:
-            self._joiner.finish()  # the first step in the quorum is committed: release the source
-            self._joiner = None
+        if self._join is not None:
+            self._join.finish()  # the first step in the quorum is committed: release the source
+            self._join = None
         if drain:
             log.info("replica %s drains after step %d", self.config.replica_id, step)
             asked_by = self._lifecycle.drain_asked_by or "another rank"
