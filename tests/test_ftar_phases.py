@@ -14,6 +14,7 @@ whose gradients it holds. They run in milliseconds; the real-process tests
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import threading
@@ -23,9 +24,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fthsdp.agent.training.ftar import phases
 from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
 from fthsdp.agent.training.ftar.buckets import BucketPlan
 from fthsdp.agent.training.ftar.overlap import Prelaunched
+from fthsdp.agent.training.ftar.protocol import Phase
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.core.errors import Evicted, FtarError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -36,6 +39,21 @@ FIRST_QUORUM = 2
 END_QUORUM = 100
 """A quorum that includes nobody: every member stops with ``Evicted``."""
 TIMEOUT = 20.0
+
+
+def record_phases(monkeypatch) -> dict[int, list[Phase]]:
+    """The phases each member ran (the step protocol's ``after`` sees every one), by member."""
+    seen: dict[int, list[Phase]] = collections.defaultdict(list)
+    real = phases.after
+
+    def after(phase, end, action=None):
+        name = threading.current_thread().name
+        if name.startswith("member-r"):
+            seen[int(name.removeprefix("member-r"))].append(phase)
+        return real(phase, end, action)
+
+    monkeypatch.setattr(phases, "after", after)
+    return seen
 
 
 class Killed(BaseException):
@@ -214,28 +232,34 @@ def run_with_kills(members: int, kills: list[Kill], steps: int) -> Job:
 # step 1's data all-reduce (3), vote (4). Quorum 3's group (1) after a death in
 # step s: the agree (0), then the step's phases in the order the agree chose.
 KILL_TABLE = [
-    # kills, step checked, its contributors and sum's members (every survivor commits them)
-    pytest.param([Kill(2, 0, 0)], 0, [0, 1], id="dies-before-the-agree: the survivors redo step 0 without it"),
-    pytest.param([Kill(2, 0, 1)], 0, [0, 1], id="dies-in-the-data-all-reduce: step 0 summed again by the survivors"),
-    pytest.param([Kill(2, 0, 2)], 0, [0, 1, 2], id="dies-before-its-vote: the survivors hold the sum of three and "
-                                                   "commit it (take-held), never a redo"),
-    pytest.param([Kill(2, 0, 3)], 1, [0, 1], id="dies-in-step-1s-data-all-reduce"),
-    pytest.param([Kill(2, 0, 4)], 1, [0, 1, 2], id="dies-before-step-1s-vote"),
-    pytest.param([Kill(0, 0, 2)], 0, [0, 1, 2], id="rank-0-dies-before-its-vote: a new first member holds the sum"),
-    pytest.param([Kill(3, 0, 2), Kill(2, 1, 1)], 0, [0, 1, 2, 3],
+    # kills, step checked, its sum's members (every survivor commits that sum), a phase every survivor runs
+    pytest.param([Kill(2, 0, 0)], 0, [0, 1], Phase.AGREE,
+                 id="dies-before-the-agree: the survivors redo step 0 without it"),
+    pytest.param([Kill(2, 0, 1)], 0, [0, 1], Phase.DATA,
+                 id="dies-in-the-data-all-reduce: step 0 summed again by the survivors"),
+    pytest.param([Kill(2, 0, 2)], 0, [0, 1, 2], Phase.TAKE_HELD,
+                 id="dies-before-its-vote: the survivors hold the sum of three and commit it (take-held), no redo"),
+    pytest.param([Kill(2, 0, 3)], 1, [0, 1], Phase.DATA, id="dies-in-step-1s-data-all-reduce"),
+    pytest.param([Kill(2, 0, 4)], 1, [0, 1, 2], Phase.TAKE_HELD, id="dies-before-step-1s-vote"),
+    pytest.param([Kill(0, 0, 2)], 0, [0, 1, 2], Phase.TAKE_HELD,
+                 id="rank-0-dies-before-its-vote: a new first member holds the sum"),
+    pytest.param([Kill(3, 0, 2), Kill(2, 1, 1)], 0, [0, 1, 2, 3], Phase.TAKE_HELD,
                  id="a-second-member-dies-in-the-take-held-broadcast: the sum of four is still the one committed"),
-    pytest.param([Kill(3, 0, 2), Kill(2, 1, 2)], 0, [0, 1, 2, 3],
+    pytest.param([Kill(3, 0, 2), Kill(2, 1, 2)], 0, [0, 1, 2, 3], Phase.VOTE,
                  id="a-second-member-dies-in-the-vote-after-take-held"),
-    pytest.param([Kill(3, 0, 1), Kill(2, 1, 0)], 0, [0, 1], id="a-second-member-dies-in-the-next-groups-agree"),
+    pytest.param([Kill(3, 0, 1), Kill(2, 1, 0)], 0, [0, 1], Phase.AGREE,
+                 id="a-second-member-dies-in-the-next-groups-agree"),
 ]
 
 
-@pytest.mark.parametrize("kills, step, contributors", KILL_TABLE)
-def test_a_member_dies_in_each_phase(kills, step, contributors):
+@pytest.mark.parametrize("kills, step, contributors, recovered_in", KILL_TABLE)
+def test_a_member_dies_in_each_phase(monkeypatch, kills, step, contributors, recovered_in):
+    seen = record_phases(monkeypatch)
     members = 4 if any(k.member == 3 for k in kills) else 3
     job = run_with_kills(members, kills, steps=3)
     dead = {k.member for k in kills}
     for i in set(range(members)) - dead:
+        assert recovered_in in seen[i], f"r{i} ran {seen[i]}"
         assert job.members[i].committed[step] == (full_sum(step, contributors), len(contributors)), f"r{i}"
         assert job.members[i].committed[2][1] == members - len(dead), "after the deaths every step counts the living"
     for i in dead:
@@ -373,3 +397,109 @@ def test_a_stale_bucket_makes_every_member_sum_the_step_again():
     kinds = [op.kind for op in job.net.groups[0]]
     assert kinds == ["allgather", "allreduce", "allreduce", "allreduce", "allreduce", "allreduce"], (
         "step 0: agree, data, vote; step 1: the stale data, the data again, the vote")
+
+
+def test_members_one_step_apart_serve_and_take_the_last_sum(monkeypatch):
+    """r0's vote on step 1 completes; a regroup (quorum 3, the same three) reaches
+    r1 and r2 before theirs does, so they leave it holding step 1's sum
+    undecided while r0 has committed it and moved on. In quorum 3's group r0
+    serves step 1's sum (serve-last) and r1, r2 take it (take-last): the sum
+    r0 committed, never one of their own."""
+    seen = record_phases(monkeypatch)
+    job = Job(3)
+
+    def director(op: Op) -> None:
+        if op.group == 0 and op.index == 4:  # step 1's vote in quorum 2's group
+            job.net.release(op, 0)
+            job.net.wait(lambda: job.net.seen_or_left(op, 0), "r0 seeing its vote complete")
+            job.wait(lambda: 1 in job.members[0].committed, "r0 committing step 1")
+            job.push(range(3), FIRST_QUORUM + 1)
+            return  # r1's and r2's parts never complete: they leave for quorum 3
+        job.net.release_all(op)
+
+    job.net.director = director
+    job.push(range(3), FIRST_QUORUM)
+    for i in range(3):
+        job.train(i)
+    job.wait(lambda: all(3 in job.members[i].committed for i in range(3)), "every member committing step 3")
+    job.end()
+    job.check_one_state_per_step()
+    assert Phase.SERVE_LAST in seen[0] and all(Phase.TAKE_LAST in seen[i] for i in (1, 2)), dict(seen)
+    for i in range(3):
+        assert job.members[i].committed[1] == (full_sum(1, range(3)), 3)
+
+
+def test_a_joiner_behind_with_a_gradient_closes_the_gap_then_takes_the_last_sum(monkeypatch):
+    """r2 comes with a gradient for step 0 while the members are steps ahead
+    (admitted while it still replayed): the agree sends it to close the gap
+    (close-gap) to the step before theirs, whose sum it takes from them
+    (take-last); it trains their next step with them."""
+    seen = record_phases(monkeypatch)
+    job = Job(3)
+    job.push([0, 1], FIRST_QUORUM)
+    for i in (0, 1):
+        job.train(i)
+    job.wait(lambda: all(3 in job.members[i].committed for i in (0, 1)), "the members committing step 3")
+    joiner = RecordingJoiner()
+    first = StepSum(0, gradient(2, 0), 1, refill=lambda: gradient(2, 0), control_slots=True)
+    job.push([0, 1, 2], FIRST_QUORUM + 1, last_drop_id=FIRST_QUORUM)
+    job.train(2, first=first, joining=joiner)
+    job.wait(lambda: len(job.members[2].committed) >= 3, "the joiner committing three steps")
+    job.end()
+    job.check_one_state_per_step()
+    head = min(job.members[2].committed) + 1
+    assert joiner.calls == [("close_gap", head)]
+    assert Phase.CLOSE_GAP in seen[2] and Phase.TAKE_LAST in seen[2]
+    assert job.members[2].committed[head - 1] == (full_sum(head - 1, [0, 1]), 2), "the members' sum, not its own"
+    assert job.members[2].committed[head] == (full_sum(head, [0, 1, 2]), 3)
+
+
+def test_a_joiner_follows_the_members_take_held_then_joins_their_next_step(monkeypatch):
+    """r2 dies before its vote on step 1, holding back r0's and r1's; the
+    quorum that drops it admits joiner r3 (no gradient). r0 and r1 commit
+    the sum of three they hold (take-held, vote); r3 takes part without
+    using it (follow-held, follow-vote), then joins their step 2 as a joiner
+    does, and trains step 3 with its own gradient."""
+    seen = record_phases(monkeypatch)
+    job = Job(4, kills=[Kill(2, 0, 4)])
+    job.push(range(3), FIRST_QUORUM)
+    for i in range(3):
+        job.train(i)
+    job.wait(lambda: job.dead(2), "r2 dying")
+    job.push([0, 1, 3], FIRST_QUORUM + 1)
+    joiner = RecordingJoiner()
+    first = StepSum(0, torch.zeros(4 + CONTROL_SLOTS, dtype=torch.float64), 1, contributes=False, control_slots=True)
+    job.train(3, first=first, joining=joiner)
+    job.wait(lambda: len(job.members[3].committed) >= 2, "the joiner committing two steps")
+    job.end()
+    job.check_one_state_per_step()
+    assert [Phase.FOLLOW_HELD, Phase.FOLLOW_VOTE] == [p for p in seen[3] if p.name.startswith("FOLLOW")]
+    assert all(Phase.TAKE_HELD in seen[i] for i in (0, 1))
+    assert job.members[0].committed[1] == (full_sum(1, range(3)), 3)
+    assert joiner.calls == [("enter_step", 2), ("replay_to", 2)]
+    assert job.members[3].committed[2] == (full_sum(2, [0, 1]), 2)
+    assert job.members[3].committed[3] == (full_sum(3, [0, 1, 3]), 3)
+
+
+def test_a_joiner_whose_members_are_all_gone_has_no_gradient_to_sum(monkeypatch):
+    """Every member was lost as r0 joined: the quorum is r0 alone, and nobody
+    has a gradient for the step (no-gradient). It is not a step: nothing is
+    committed, and the loop runs it again with a gradient of its own."""
+    seen = record_phases(monkeypatch)
+    job = Job(1)
+    job.push([0], FIRST_QUORUM)
+    results = []
+
+    def train(ftar: FTAR) -> None:
+        zeros = torch.zeros(4 + CONTROL_SLOTS, dtype=torch.float64)
+        results.append(ftar.allreduce(StepSum(5, zeros, 1, contributes=False, control_slots=True), RecordingJoiner()))
+        results.append(ftar.allreduce(StepSum(5, gradient(0, 5), 1, refill=lambda: gradient(0, 5), control_slots=True)))
+
+    job.start(0, train)
+    job.wait(lambda: 0 in job.finished, "r0 ending")
+    job.end()
+    assert job.members[0].ended is None, repr(job.members[0].ended)
+    nothing, alone = results
+    assert nothing.contributors == 0 and not nothing.total.any()
+    assert seen[0][:2] == [Phase.FIND_GROUP, Phase.AGREE]
+    assert (alone.step, alone.contributors, alone.total[:4].tolist()) == (5, 1, full_sum(5, [0]))
