@@ -503,3 +503,35 @@ def test_a_joiner_whose_members_are_all_gone_has_no_gradient_to_sum(monkeypatch)
     assert nothing.contributors == 0 and not nothing.total.any()
     assert seen[0][:2] == [Phase.FIND_GROUP, Phase.AGREE]
     assert (alone.step, alone.contributors, alone.total[:4].tolist()) == (5, 1, full_sum(5, [0]))
+
+
+def test_a_joiner_follows_the_heal_of_members_one_step_apart(monkeypatch):
+    """As in the serve-last test, but the regroup also admits joiner r3 (no
+    gradient): it takes part in r0's broadcast of step 1's sum without using
+    it (follow-heal), then joins the members' step 2."""
+    seen = record_phases(monkeypatch)
+    job = Job(4)
+    joiner = RecordingJoiner()
+
+    def director(op: Op) -> None:
+        if op.group == 0 and op.index == 4:  # step 1's vote in quorum 2's group
+            job.net.release(op, 0)
+            job.net.wait(lambda: job.net.seen_or_left(op, 0), "r0 seeing its vote complete")
+            job.wait(lambda: 1 in job.members[0].committed, "r0 committing step 1")
+            job.push(range(4), FIRST_QUORUM + 1)  # a regroup that also admits r3
+            zeros = torch.zeros(4 + CONTROL_SLOTS, dtype=torch.float64)
+            job.train(3, first=StepSum(0, zeros, 1, contributes=False, control_slots=True), joining=joiner)
+            return
+        job.net.release_all(op)
+
+    job.net.director = director
+    job.push(range(3), FIRST_QUORUM)
+    for i in range(3):
+        job.train(i)
+    job.wait(lambda: len(job.members[3].committed) >= 2, "the joiner committing two steps")
+    job.end()
+    job.check_one_state_per_step()
+    assert Phase.FOLLOW_HEAL in seen[3] and Phase.SERVE_LAST in seen[0], dict(seen)
+    assert joiner.calls == [("enter_step", 2), ("replay_to", 2)]
+    assert job.members[3].committed[2] == (full_sum(2, range(3)), 3)
+    assert job.members[3].committed[3] == (full_sum(3, range(4)), 4)
