@@ -14,223 +14,30 @@ whose gradients it holds. They run in milliseconds; the real-process tests
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import itertools
 import threading
-import uuid
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from fthsdp.agent.training.ftar import phases
 from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepSum
 from fthsdp.agent.training.ftar.buckets import BucketPlan
 from fthsdp.agent.training.ftar.overlap import Prelaunched
 from fthsdp.agent.training.ftar.protocol import Phase
-from fthsdp.agent.training.quorum_view import QuorumView
-from fthsdp.core.errors import Evicted, FtarError
-from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.harness.fake_collectives import FakeGroup, FakeNetwork, FakeTransport, Op
+from fthsdp.core.errors import FtarError
+from tests.harness.ftar_members import (
+    FIRST_QUORUM,
+    Job,
+    Kill,
+    Killed,
+    Op,
+    RecordingJoiner,
+    full_sum,
+    gradient,
+    one_step_apart,
+    record_phases,
+    run_with_kills,
+)
 
-ADDRESS = "in-process:0"
-FIRST_QUORUM = 2
-END_QUORUM = 100
-"""A quorum that includes nobody: every member stops with ``Evicted``."""
-TIMEOUT = 20.0
-
-
-def record_phases(monkeypatch) -> dict[int, list[Phase]]:
-    """The phases each member ran (the step protocol's ``after`` sees every one), by member."""
-    seen: dict[int, list[Phase]] = collections.defaultdict(list)
-    real = phases.after
-
-    def after(phase, end, action=None):
-        name = threading.current_thread().name
-        if name.startswith("member-r"):
-            seen[int(name.removeprefix("member-r"))].append(phase)
-        return real(phase, end, action)
-
-    monkeypatch.setattr(phases, "after", after)
-    return seen
-
-
-class Killed(BaseException):
-    """The member's process died here (nothing in FTAR catches it)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Kill:
-    member: int
-    group: int
-    """The fake group's id: the order groups were built in (0 is the first quorum's)."""
-    before: int
-    """The member dies as it is about to post this collective of that group."""
-
-
-def gradient(member: int, step: int) -> torch.Tensor:
-    """Distinct per member and step: every sum tells its contributors."""
-    values = torch.full((4,), float((step + 1) * 10 ** member), dtype=torch.float64)
-    return torch.cat([values, torch.zeros(CONTROL_SLOTS, dtype=torch.float64)])
-
-
-def full_sum(step: int, members) -> list[float]:
-    return [float(sum((step + 1) * 10 ** i for i in members))] * 4
-
-
-class DoomedGroup:
-    """A fake group whose member dies before the collective its ``Kill`` names."""
-
-    def __init__(self, inner: FakeGroup, kills: list[Kill], member: int) -> None:
-        self.inner, self.kills, self.member = inner, kills, member
-
-    def _check(self) -> None:
-        index = self.inner._counters.get(self.inner.gid, -1) + 1
-        if Kill(self.member, self.inner.gid, index) in self.kills:
-            raise Killed(f"r{self.member} killed before collective {index} of group {self.inner.gid}")
-
-    def allreduce(self, tensors, opts):
-        self._check()
-        return self.inner.allreduce(tensors, opts)
-
-    def allgather(self, output_tensors, input_tensors):
-        self._check()
-        return self.inner.allgather(output_tensors, input_tensors)
-
-    def broadcast(self, tensors, opts):
-        self._check()
-        return self.inner.broadcast(tensors, opts)
-
-
-class DoomedTransport(FakeTransport):
-    def __init__(self, net: FakeNetwork, kills: list[Kill], member: int) -> None:
-        super().__init__(net)
-        self.kills, self.member = kills, member
-
-    def build(self, store, rank, size, timeout):
-        return DoomedGroup(super().build(store, rank, size, timeout), self.kills, self.member)
-
-    def abort(self, group: object) -> None:
-        assert isinstance(group, DoomedGroup)
-        super().abort(group.inner)
-
-
-@dataclasses.dataclass
-class Member:
-    committed: dict[int, tuple[list[float], int]] = dataclasses.field(default_factory=dict)
-    """Step: (the sum it committed, its contributors)."""
-    ended: BaseException | None = None
-
-
-class Job:
-    """Members training on threads; the test pushes quorums and ends the job."""
-
-    def __init__(self, members: int, kills: list[Kill] = (), plans: list[BucketPlan] | None = None) -> None:
-        self.net = FakeNetwork()
-        self.store = dist.HashStore()
-        self.kills = list(kills)
-        self.trackers = [QuorumView(f"r{i}") for i in range(members)]
-        self.members = {i: Member() for i in range(members)}
-        self.finished: set[int] = set()
-        self.quorum_id = FIRST_QUORUM
-        self.plans = plans or [BucketPlan()] * members
-        self.job = f"phases-{uuid.uuid4().hex[:8]}"
-        self.threads: dict[int, threading.Thread] = {}
-
-    def push(self, members, quorum_id: int, last_drop_id: int | None = None) -> None:
-        """Quorum ``quorum_id`` of ``members`` (ranks in that order) reaches each of them."""
-        members = list(members)
-        quorum = pb.Quorum(id=quorum_id, member_count=len(members), first_member_address=ADDRESS,
-                           last_drop_id=quorum_id if last_drop_id is None else last_drop_id)
-        for rank, i in enumerate(members):
-            self.trackers[i].update(pb.WatchEvent(quorum=quorum, place=pb.QuorumPlace(rank=rank)))
-        self.quorum_id = max(self.quorum_id, quorum_id)
-
-    def ftar(self, i: int) -> FTAR:
-        ftar = FTAR(self.trackers[i], self.job, timeout=TIMEOUT / 2, transport=DoomedTransport(self.net, self.kills, i),
-                    buckets=self.plans[i])
-        ftar.groups.connect_store = lambda address, timeout: self.store
-        return ftar
-
-    def start(self, i: int, train) -> None:
-        def run() -> None:
-            try:
-                train(self.ftar(i))
-            except BaseException as e:  # noqa: BLE001 - recorded for the assertions
-                self.members[i].ended = e
-            with self.net.changed:
-                self.finished.add(i)
-                self.net.changed.notify_all()
-
-        self.threads[i] = threading.Thread(target=run, name=f"member-r{i}", daemon=True)
-        self.threads[i].start()
-
-    def train(self, i: int, steps_from: int = 0, first: StepSum | None = None, joining=None):
-        """A member's loop: every step summed with its own gradient, committed, the next."""
-        def loop(ftar: FTAR) -> None:
-            start = steps_from
-            if first is not None:
-                result = ftar.allreduce(first, joining)
-                self.commit(i, result.step, result)
-                start = result.step + 1
-            for step in itertools.count(start):
-                result = ftar.allreduce(StepSum(step, gradient(i, step), 1, refill=lambda s=step: gradient(i, s),
-                                                control_slots=True))
-                self.commit(i, step, result)
-        self.start(i, loop)
-
-    def commit(self, i: int, step: int, result) -> None:
-        with self.net.changed:
-            self.members[i].committed[step] = (result.total[:4].tolist(), result.contributors)
-            self.net.changed.notify_all()
-
-    def dead(self, i: int) -> bool:
-        return i in self.finished and isinstance(self.members[i].ended, Killed)
-
-    def wait(self, until, what: str) -> None:
-        self.net.wait(until, what, TIMEOUT)
-
-    def end(self) -> None:
-        for t in self.trackers:
-            t.update(pb.WatchEvent(quorum=pb.Quorum(id=END_QUORUM, member_count=1, last_drop_id=END_QUORUM)))
-        for t in self.threads.values():
-            t.join(TIMEOUT)
-            assert not t.is_alive(), "a member did not end"
-        assert not self.net.errors, self.net.errors
-
-    def check_one_state_per_step(self) -> None:
-        for step in range(max(len(m.committed) for m in self.members.values())):
-            states = {i: m.committed[step] for i, m in self.members.items() if step in m.committed}
-            assert len({repr(s) for s in states.values()}) == 1, f"step {step} committed differently: {states}"
-
-
-def run_with_kills(members: int, kills: list[Kill], steps: int) -> Job:
-    """Train until the survivors committed ``steps`` steps; after each death the coordinator
-    pushes the quorum of the living (the dead member's place taken out)."""
-    job = Job(members, kills)
-    job.push(range(members), FIRST_QUORUM)
-    for i in range(members):
-        job.train(i)
-    living = set(range(members))
-    for _ in kills:
-        job.wait(lambda alive=frozenset(living): any(job.dead(i) for i in alive), "a member dying")
-        living = {i for i in living if not job.dead(i)}
-        job.push(sorted(living), job.quorum_id + 1)
-    job.wait(lambda: all(steps - 1 in job.members[i].committed or i in job.finished for i in living),
-             f"every survivor committing step {steps - 1}")
-    job.end()
-    for i in living:
-        m = job.members[i]
-        assert isinstance(m.ended, Evicted) and f"({END_QUORUM})" in str(m.ended), f"r{i} failed: {m.ended!r}"
-        assert sorted(m.committed) == list(range(len(m.committed))), f"r{i} skipped a step"
-    job.check_one_state_per_step()
-    return job
-
-
-# Quorum 2's group (0), in order: step 0's agree (0), data all-reduce (1), vote (2),
-# step 1's data all-reduce (3), vote (4). Quorum 3's group (1) after a death in
-# step s: the agree (0), then the step's phases in the order the agree chose.
 KILL_TABLE = [
     # kills, step checked, its sum's members (every survivor commits that sum), a phase every survivor runs
     pytest.param([Kill(2, 0, 0)], 0, [0, 1], Phase.AGREE,
@@ -301,27 +108,6 @@ def test_a_newer_quorum_arrives_mid_collective(index):
     for step in range(4):
         assert job.members[0].committed[step] == (full_sum(step, range(3)), 3)
     assert len(job.net.sizes) == 2, "exactly one new group, quorum 3's"
-
-
-class RecordingJoiner:
-    """A joiner's answers (a ``Joining``), recorded: it replays to the head it is asked for."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-
-    def close_gap(self, step: int, head: int) -> int:
-        self.calls.append(("close_gap", head))
-        return head - 1
-
-    def enter_step(self, head: int) -> None:
-        self.calls.append(("enter_step", head))
-
-    def replay_to(self, head: int) -> int:
-        self.calls.append(("replay_to", head))
-        return head
-
-    def while_waiting(self) -> None:
-        """Nothing to replay in this test: the members' commits are not read."""
 
 
 def test_a_joiners_first_step_joins_the_members_all_reduce_without_a_gradient():
@@ -408,16 +194,7 @@ def test_members_one_step_apart_serve_and_take_the_last_sum(monkeypatch):
     seen = record_phases(monkeypatch)
     job = Job(3)
 
-    def director(op: Op) -> None:
-        if op.group == 0 and op.index == 4:  # step 1's vote in quorum 2's group
-            job.net.release(op, 0)
-            job.net.wait(lambda: job.net.seen_or_left(op, 0), "r0 seeing its vote complete")
-            job.wait(lambda: 1 in job.members[0].committed, "r0 committing step 1")
-            job.push(range(3), FIRST_QUORUM + 1)
-            return  # r1's and r2's parts never complete: they leave for quorum 3
-        job.net.release_all(op)
-
-    job.net.director = director
+    job.net.director = one_step_apart(job, lambda: job.push(range(3), FIRST_QUORUM + 1))
     job.push(range(3), FIRST_QUORUM)
     for i in range(3):
         job.train(i)
@@ -513,18 +290,12 @@ def test_a_joiner_follows_the_heal_of_members_one_step_apart(monkeypatch):
     job = Job(4)
     joiner = RecordingJoiner()
 
-    def director(op: Op) -> None:
-        if op.group == 0 and op.index == 4:  # step 1's vote in quorum 2's group
-            job.net.release(op, 0)
-            job.net.wait(lambda: job.net.seen_or_left(op, 0), "r0 seeing its vote complete")
-            job.wait(lambda: 1 in job.members[0].committed, "r0 committing step 1")
-            job.push(range(4), FIRST_QUORUM + 1)  # a regroup that also admits r3
-            zeros = torch.zeros(4 + CONTROL_SLOTS, dtype=torch.float64)
-            job.train(3, first=StepSum(0, zeros, 1, contributes=False, control_slots=True), joining=joiner)
-            return
-        job.net.release_all(op)
+    def admit_r3() -> None:
+        job.push(range(4), FIRST_QUORUM + 1)  # a regroup that also admits r3
+        zeros = torch.zeros(4 + CONTROL_SLOTS, dtype=torch.float64)
+        job.train(3, first=StepSum(0, zeros, 1, contributes=False, control_slots=True), joining=joiner)
 
-    job.net.director = director
+    job.net.director = one_step_apart(job, admit_r3)
     job.push(range(3), FIRST_QUORUM)
     for i in range(3):
         job.train(i)

@@ -30,6 +30,8 @@ Training and its checks:
   tests/nanogpt_ddp_worker.py alike) and ``train_with_ddp_and_fthsdp``.
 - ``fake_collectives``: an in-process transport for FTAR whose collectives complete
   when a test says (tests/test_commit_vote.py, tests/test_ftar_phases.py).
+- ``ftar_members``: members running FTAR on threads over it, killed before a given
+  collective, with the phases each ran (tests/test_ftar_phases.py).
 - ``hsdp``: ``hsdp_agent``, a replica of FSDP2 shard ranks, and its shape.
 - ``buckets``: ``RecordingPg``, a process group that only records, and the
   small bucketed ``model``.
