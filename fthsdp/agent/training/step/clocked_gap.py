@@ -9,6 +9,9 @@ and a slow replay must count as its update, not as a wait for the others.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from fthsdp.agent.training.catchup.last_gap import LastGap
 from fthsdp.agent.training.catchup.replay import Replayer
 from fthsdp.agent.training.step.clock import StepClock
@@ -21,26 +24,26 @@ class ClockedGap:
     def __init__(self, gap: LastGap, clock: StepClock, replayer: Replayer) -> None:
         self._gap, self._clock, self._replayer = gap, clock, replayer
 
-    def close_gap(self, step: int, head: int) -> int:
+    @contextlib.contextmanager
+    def _working(self) -> Iterator[None]:
+        """The answer is this replica's update; once given, it waits for the others again."""
         self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
         try:
-            return self._gap.close_gap(step, head)
+            yield
         finally:
             self._clock.arrive(self._replayer.step)
+
+    def close_gap(self, step: int, head: int) -> int:
+        with self._working():
+            return self._gap.close_gap(step, head)
 
     def enter_step(self, head: int) -> None:
-        self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
-        try:
+        with self._working():
             self._gap.enter_step(head)
-        finally:
-            self._clock.arrive(self._replayer.step)
 
     def replay_to(self, head: int) -> int:
-        self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
-        try:
+        with self._working():
             return self._gap.replay_to(head)
-        finally:
-            self._clock.arrive(self._replayer.step)
 
     def while_waiting(self) -> None:
         """Between polls of a wait: the replay of one step is short, and the wait goes on."""
