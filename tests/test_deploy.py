@@ -5,7 +5,6 @@ or variable fails here, not on the operator's cluster)."""
 
 from __future__ import annotations
 
-import copy
 import re
 import shutil
 import subprocess
@@ -17,7 +16,6 @@ import yaml
 from fthsdp.core.errors import ConfigError
 from tests.harness.deploy_files import (
     DEPLOY,
-    SAMPLE_FIELDS,
     Command,
     config_maps,
     expand_exec,
@@ -31,17 +29,14 @@ from tests.harness.deploy_files import (
     split_fthsdp,
     yaml_documents,
 )
+from tests.harness.kubernetes import KUBERNETES, pod_labels, validate_kubernetes
 
 ROOT = DEPLOY.parent
 EXAMPLE = "fthsdp.examples.gpt.train"
 """The example the manifests' ranks run (python -m), from the installed package."""
 SYSTEMD = DEPLOY / "systemd"
-KUBERNETES = DEPLOY / "k8s"
 DOCKER = DEPLOY / "docker"
 UNITS = sorted(SYSTEMD.glob("*.service"))
-KUBERNETES_VERSIONS = ("1.30.0", "latest")
-"""The oldest Kubernetes the manifests need (gRPC probes, the Job's
-podReplacementPolicy) and the newest schema kubernetes-validate bundles."""
 
 
 # ----- systemd ----------------------------------------------------------------------------
@@ -123,128 +118,6 @@ def test_systemd_units_run_real_commands_with_real_settings(tmp_path):
 # ----- Kubernetes -------------------------------------------------------------------------
 
 
-def validate_kubernetes(doc: dict) -> None:
-    import kubernetes_validate
-
-    if doc["kind"] == "JobSet":  # a custom resource: its own fields here, its Job templates against the schema
-        check_jobset_fields(doc)
-        for rjob in doc["spec"]["replicatedJobs"]:
-            validate_kubernetes(jobset_job(doc, rjob, 0))
-        return
-    for version in KUBERNETES_VERSIONS:
-        version = kubernetes_validate.latest_version() if version == "latest" else version
-        kubernetes_validate.validate(doc, version, strict=True)
-
-
-# The JobSet API (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset's
-# api/jobset/v1alpha2/jobset_types.go): the fields of the objects a manifest
-# may write, which kubernetes-validate, knowing only Kubernetes' own kinds,
-# cannot check.
-JOBSET_FIELDS = {
-    "JobSet": {"apiVersion", "kind", "metadata", "spec"},
-    "JobSetSpec": {"replicatedJobs", "network", "successPolicy", "failurePolicy", "startupPolicy", "suspend",
-                   "coordinator", "managedBy", "ttlSecondsAfterFinished", "volumeClaimPolicies"},
-    "ReplicatedJob": {"name", "groupName", "template", "replicas", "dependsOn"},
-    "SuccessPolicy": {"operator", "targetReplicatedJobs"},
-    "FailurePolicy": {"maxRestarts", "restartStrategy", "rules"},
-    "FailurePolicyRule": {"name", "action", "onJobFailureReasons", "onJobFailureMessagePatterns",
-                          "targetReplicatedJobs"},
-}
-JOBSET_ACTIONS = {"FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"}
-"""The failure policy actions of a JobSet controller without feature gates
-(RestartJob and RestartJobAndIgnoreMaxRestarts need the alpha gate RestartJob)."""
-RESTARTS_EVERY_JOB = {"RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"}
-JOBSET_POD_LABELS = {"jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/replicatedjob-name",
-                     "jobset.sigs.k8s.io/replicatedjob-replicas", "jobset.sigs.k8s.io/global-replicas",
-                     "jobset.sigs.k8s.io/job-index", "jobset.sigs.k8s.io/job-global-index",
-                     "jobset.sigs.k8s.io/job-key", "batch.kubernetes.io/job-completion-index"}
-"""The labels the JobSet controller (and the Job controller) put on every pod."""
-
-
-def check_jobset_fields(doc: dict) -> None:
-    def only(obj: dict, kind: str, where: str) -> None:
-        unknown = set(obj) - JOBSET_FIELDS[kind]
-        assert not unknown, f"{where}: {sorted(unknown)} are not fields of a {kind}"
-
-    assert doc["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
-    only(doc, "JobSet", "JobSet")
-    spec = doc["spec"]
-    only(spec, "JobSetSpec", "spec")
-    names = [rjob["name"] for rjob in spec["replicatedJobs"]]
-    assert len(set(names)) == len(names), "replicated job names must be unique"
-    for rjob in spec["replicatedJobs"]:
-        only(rjob, "ReplicatedJob", f"replicatedJobs {rjob['name']}")
-        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rjob["name"]), rjob["name"]
-        assert isinstance(rjob.get("replicas", 1), int) and rjob.get("replicas", 1) >= 1
-    if "successPolicy" in spec:
-        only(spec["successPolicy"], "SuccessPolicy", "successPolicy")
-        assert spec["successPolicy"]["operator"] in ("All", "Any")
-        assert set(spec["successPolicy"].get("targetReplicatedJobs", [])) <= set(names)
-    for rule in spec.get("failurePolicy", {}).get("rules", []):
-        only(spec["failurePolicy"], "FailurePolicy", "failurePolicy")
-        only(rule, "FailurePolicyRule", f"failurePolicy rule {rule.get('name')}")
-        assert re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", rule["name"]), rule["name"]
-        assert rule["action"] in JOBSET_ACTIONS, f"rule {rule['name']}: action {rule['action']}"
-        assert set(rule.get("targetReplicatedJobs", [])) <= set(names)
-
-
-def jobset_job(doc: dict, rjob: dict, index: int) -> dict:
-    """The Job the JobSet controller makes of ``rjob`` for job index ``index``."""
-    template = rjob["template"]
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {**template.get("metadata", {}), "name": f"{doc['metadata']['name']}-{rjob['name']}-{index}"},
-            "spec": template["spec"]}
-
-
-def jobset_failure_action(spec: dict, rjob: str, reason: str, message: str = "") -> str:
-    """What the JobSet controller does when a Job of ``rjob`` fails for
-    ``reason``: the first rule that matches, else RestartJobSet (the default
-    action); without a failure policy the JobSet fails."""
-    policy = spec.get("failurePolicy")
-    if policy is None:
-        return "FailJobSet"
-    for rule in policy.get("rules", []):
-        if rule.get("targetReplicatedJobs") and rjob not in rule["targetReplicatedJobs"]:
-            continue
-        if rule.get("onJobFailureReasons") and reason not in rule["onJobFailureReasons"]:
-            continue
-        patterns = rule.get("onJobFailureMessagePatterns")
-        if patterns and not any(re.search(p, message) for p in patterns):
-            continue
-        return rule["action"]
-    return "RestartJobSet"
-
-
-def jobset_succeeded(spec: dict, succeeded: dict[str, int]) -> bool:
-    """Whether the JobSet controller declares the JobSet complete with
-    ``succeeded[rjob]`` Jobs of each replicated job complete."""
-    policy = spec.get("successPolicy") or {"operator": "All"}
-    targets = policy.get("targetReplicatedJobs") or [r["name"] for r in spec["replicatedJobs"]]
-    done = sum(succeeded.get(name, 0) for name in targets)
-    if policy["operator"] == "Any":
-        return done >= 1
-    return done >= sum(r.get("replicas", 1) for r in spec["replicatedJobs"] if r["name"] in targets)
-
-
-JOB_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded", "PodFailurePolicy", "FailedIndexes",
-                       "MaxFailedIndexesExceeded")
-
-
-def pod_failures_can_fail(job_spec: dict) -> str | None:
-    """Why failing pods could fail this Job (the Job controller's rules), or None."""
-    if job_spec.get("backoffLimit", 6) < 2**31 - 1:
-        return f"backoffLimit {job_spec.get('backoffLimit', 6)}"
-    if "backoffLimitPerIndex" in job_spec:
-        return f"backoffLimitPerIndex {job_spec['backoffLimitPerIndex']}"
-    if "activeDeadlineSeconds" in job_spec:
-        return f"activeDeadlineSeconds {job_spec['activeDeadlineSeconds']}"
-    rules = job_spec.get("podFailurePolicy", {}).get("rules", [])
-    failing = [rule for rule in rules if rule["action"] in ("FailJob", "FailIndex")]
-    if failing:
-        return f"podFailurePolicy {failing}"
-    return None
-
-
 @pytest.mark.parametrize(
     "path,doc", list(kubernetes_documents()), ids=lambda x: x.name if isinstance(x, Path) else x["kind"]
 )
@@ -309,161 +182,6 @@ def test_coordinator_deployment_is_highly_available_and_probed_on_grpc_health(tm
     assert service["spec"]["selector"].items() <= pod_labels(deployment).items()
     assert {p["port"] for p in service["spec"]["ports"]} == {port}
     assert all(c["resources"]["requests"] for p in (pod,) for c in p["containers"])
-
-
-def pod_labels(doc: dict) -> dict:
-    return doc["spec"]["template"]["metadata"]["labels"]
-
-
-def jobset() -> tuple[dict, dict[str, dict]]:
-    """The JobSet of jobset.yaml, and its replicated jobs by name."""
-    (doc,) = yaml_documents(KUBERNETES / "jobset.yaml")
-    return doc, {rjob["name"]: rjob for rjob in doc["spec"]["replicatedJobs"]}
-
-
-def jobset_fields(group_index: int) -> dict[str, str]:
-    return {**SAMPLE_FIELDS, "metadata.labels['jobset.sigs.k8s.io/job-index']": str(group_index)}
-
-
-def rjob_command(doc: dict, rjob: dict, fields=SAMPLE_FIELDS) -> tuple[dict, dict, Command]:
-    (found,) = kubernetes_commands([(KUBERNETES / "jobset.yaml", {**doc, "spec": {**doc["spec"],
-                                                                                  "replicatedJobs": [rjob]}})], fields)
-    return found
-
-
-def test_jobset_makes_every_replica_group_of_the_job(tmp_path):
-    """One Job per replica group, each an Indexed Job of one pod per host
-    (--nnodes), its replica id from the JobSet's job index, and the job's
-    size enforced: job index R of R groups is refused."""
-    doc, rjobs = jobset()
-    group = rjobs["group"]
-    job = group["template"]["spec"]
-    assert job["completionMode"] == "Indexed"
-    num_replicas = int(config_maps()["fthsdp-agent"]["FTHSDP_NUM_REPLICAS"])
-    assert group["replicas"] == num_replicas, "one Job per replica group: replicas = FTHSDP_NUM_REPLICAS"
-    for index in range(group["replicas"] + 1):
-        pod, _, command = rjob_command(doc, group, jobset_fields(index))
-        if index == group["replicas"]:
-            with pytest.raises(ConfigError, match="num-replicas"):
-                command.build(tmp_path)
-            continue
-        args, config, rank_command = command.build(tmp_path)
-        assert (config.replica_id, config.replica_rank, config.num_replicas) == (
-            f"replica-{index}", index, group["replicas"])
-        assert job["completions"] == job["parallelism"] == config.nnodes > 1, "one pod per host of the group"
-        # Every host runs the same command: the coordinator hands out the node ranks and the store.
-        assert config.rendezvous and config.node_rank == -1 and config.master_port == 0
-        assert not config.spare and not config.standby and config.host_id == "", "the host id is the pod's host name"
-        assert pod["terminationGracePeriodSeconds"] > config.stop_timeout, (
-            "Kubernetes must give the drain longer than the ranks' stop timeout")
-        assert rank_command[0] == "python"
-        # The example GPT is one rank per replica group (it refuses a world of several ranks).
-        assert EXAMPLE not in rank_command or config.nnodes * config.nproc == 1
-
-
-def test_jobset_reads_only_labels_that_jobset_sets():
-    doc, _ = jobset()
-    read = [item["valueFrom"]["fieldRef"]["fieldPath"] for pod in pod_templates(doc) for c in pod["containers"]
-            for item in c.get("env", []) if "valueFrom" in item]
-    labels = {m for path in read for m in re.findall(r"metadata\.labels\['([^']+)'\]", path)}
-    assert "jobset.sigs.k8s.io/job-index" in labels
-    assert labels <= JOBSET_POD_LABELS, f"no controller sets {sorted(labels - JOBSET_POD_LABELS)}"
-
-
-def test_jobset_spares_fit_the_groups(tmp_path):
-    """The spare pool runs fthsdp agent --spare with the groups' --nnodes,
-    --nproc and rank command, in the same pod as a group's host."""
-    doc, rjobs = jobset()
-    assert set(rjobs) == {"group", "spare"}
-    group_pod, group_container, group_command = rjob_command(doc, rjobs["group"])
-    spare_pod, spare_container, spare_command = rjob_command(doc, rjobs["spare"])
-    group_args, group_config, group_rank_command = group_command.build(tmp_path)
-    spare_args, spare_config, spare_rank_command = spare_command.build(tmp_path)
-    assert "--spare" in spare_command.argv and spare_config.spare and spare_config.rendezvous
-    assert spare_config.replica_id == "", "a spare belongs to no group until the coordinator gives it a place"
-    assert (spare_config.nnodes, spare_config.nproc) == (group_config.nnodes, group_config.nproc)
-    assert spare_rank_command == group_rank_command
-    assert spare_config.num_replicas == group_config.num_replicas, "a spare trains on a group's data shard"
-    spare_job = rjobs["spare"]["template"]["spec"]
-    assert spare_job["completions"] == spare_job["parallelism"] >= 1
-    for key in ("image", "resources", "securityContext", "volumeMounts"):
-        assert spare_container[key] == group_container[key], f"a spare's {key} is a group host's"
-    for key in ("affinity", "securityContext", "volumes", "terminationGracePeriodSeconds", "restartPolicy"):
-        assert spare_pod[key] == group_pod[key], f"a spare's pod {key} is a group host's"
-
-
-def test_jobset_succeeds_when_the_groups_do_and_spares_do_not_block_it():
-    doc, rjobs = jobset()
-    spec = doc["spec"]
-    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["group"]}
-    groups = rjobs["group"]["replicas"]
-    assert jobset_succeeded(spec, {"group": groups, "spare": 0}), "spares still waiting do not block success"
-    assert not jobset_succeeded(spec, {"group": groups - 1, "spare": rjobs["spare"]["replicas"]})
-    # Without the policy, the waiting spares would keep the JobSet from completing.
-    assert not jobset_succeeded({**spec, "successPolicy": None}, {"group": groups, "spare": 0})
-
-
-def test_one_groups_failures_never_restart_the_other_groups():
-    """A pod's failure stays within its Job (restarted there, never failing
-    the Job), and a Job's failure, were there one, never makes the JobSet
-    recreate every Job."""
-    doc, rjobs = jobset()
-    for name, rjob in rjobs.items():
-        job = rjob["template"]["spec"]
-        why = pod_failures_can_fail(job)
-        assert why is None, f"{name}: a pod's failures can fail the Job ({why}), and the JobSet with it"
-        pod = job["template"]["spec"]
-        assert pod["restartPolicy"] == "OnFailure", f"{name}: a failed agent restarts in its pod"
-        assert job["podReplacementPolicy"] == "Failed", f"{name}: never two pods of one index (one host id) at once"
-        for reason in JOB_FAILURE_REASONS:
-            action = jobset_failure_action(doc["spec"], name, reason, "Job has reached the specified backoff limit")
-            assert action not in RESTARTS_EVERY_JOB, f"a failed {name} Job ({reason}) would restart every group"
-    # The checks have teeth: a Job's defaults fail it after 6 pod failures,
-    # and with no rule the JobSet's default is to recreate every Job.
-    assert pod_failures_can_fail({"completionMode": "Indexed"}) == "backoffLimit 6"
-    assert pod_failures_can_fail({"backoffLimit": 2**31 - 1, "podFailurePolicy": {"rules": [
-        {"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [2]}}]}, "backoffLimitPerIndex": 1})
-    no_rules = {**doc["spec"], "failurePolicy": {"maxRestarts": 3}}
-    assert jobset_failure_action(no_rules, "group", "BackoffLimitExceeded") == "RestartJobSet"
-    other_rule = {**doc["spec"], "failurePolicy": {"rules": [
-        {"name": "x", "action": "FailJobSet", "targetReplicatedJobs": ["spare"]}]}}
-    assert jobset_failure_action(other_rule, "group", "BackoffLimitExceeded") == "RestartJobSet"
-
-
-def test_group_template_runs_as_a_plain_job_without_the_jobset_controller(tmp_path):
-    """deploy/README.md's way without the controller: a group's Job template
-    as a batch/v1 Job of its own, the replica id written in."""
-    readme = (DEPLOY / "README.md").read_text()
-    assert "`--replica-id replica-1` in place of\n  `replica-$(GROUP_INDEX)`" in readme
-    doc, rjobs = jobset()
-    job = copy.deepcopy(jobset_job(doc, rjobs["group"], 1))
-    assert job["metadata"]["name"] == "fthsdp-group-1" and "`fthsdp-group-1`" in readme
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    args[args.index("replica-$(GROUP_INDEX)")] = "replica-1"
-    validate_kubernetes(job)
-    # No JobSet labels on its pods: the downward API gives "" for a missing label.
-    fields = {**SAMPLE_FIELDS, "metadata.labels['jobset.sigs.k8s.io/job-index']": ""}
-    ((_, _, command),) = kubernetes_commands([(KUBERNETES / "jobset.yaml", job)], fields)
-    _, config, _ = command.build(tmp_path)
-    assert (config.replica_id, config.replica_rank, config.nnodes) == ("replica-1", 1, job["spec"]["completions"])
-
-
-def test_jobset_check_catches_a_misplaced_field():
-    doc, _ = jobset()
-    validate_kubernetes(doc)
-    bad = {**doc, "spec": {**doc["spec"], "sucessPolicy": doc["spec"]["successPolicy"]}}
-    with pytest.raises(AssertionError, match="sucessPolicy"):
-        validate_kubernetes(bad)
-    import kubernetes_validate
-
-    rjob = doc["spec"]["replicatedJobs"][0]
-    job = rjob["template"]["spec"]
-    misplaced = {**rjob, "template": {"spec": {**job, "template": {**job["template"], "restartPolicy": "Never"}}}}
-    with pytest.raises(kubernetes_validate.ValidationError, match="restartPolicy"):
-        validate_kubernetes({**doc, "spec": {**doc["spec"], "replicatedJobs": [misplaced]}})
-    wrong_action = {"name": "x", "action": "RestartJob"}
-    with pytest.raises(AssertionError, match="RestartJob"):
-        check_jobset_fields({**doc, "spec": {**doc["spec"], "failurePolicy": {"rules": [wrong_action]}}})
 
 
 def test_docs_name_the_kubernetes_files_where_they_are():
