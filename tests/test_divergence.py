@@ -13,8 +13,9 @@ import sys
 import pytest
 
 from fthsdp.agent.injection import AgentFaults
+from fthsdp.agent.node.agent_state import AgentState
 from fthsdp.agent.node.config import AgentConfig
-from fthsdp.agent.node.supervisor import AgentState, Supervisor
+from fthsdp.agent.node.supervisor import Supervisor
 from fthsdp.agent.training.state.checksum import MAX_INPUTS, StridedHistory, cap_inputs
 from fthsdp.coordinator import divergence
 from fthsdp.coordinator.job import JobState

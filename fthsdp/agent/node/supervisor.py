@@ -27,26 +27,25 @@ restarts its own node's ranks on its own schedule.
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
-import queue
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from fthsdp.agent import outcome, standby
 from fthsdp.agent.injection import kill_ranks
+from fthsdp.agent.node.agent_state import TRANSITIONS, AgentState
 from fthsdp.agent.node.config import MAX_BACKOFF, AgentConfig
 from fthsdp.agent.node.group_rendezvous import Assignment, GroupRendezvous
 from fthsdp.agent.node.group_round import Phase
 from fthsdp.agent.node.hang_watch import HangWatch
 from fthsdp.agent.node.late_exits import LateExits
 from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
+from fthsdp.agent.node.reporter import Reporter
 from fthsdp.agent.node.stop_request import StopRequest
 from fthsdp.core.credentials import read_token_file
 from fthsdp.core.log_format import configure_logging
@@ -54,13 +53,6 @@ from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent")
 
-REPORT_TIMEOUT = 2.0
-"""Deadline of one ReportAgentEvent call (the coordinator answers in milliseconds)."""
-FLUSH_TIMEOUT = 3.0
-"""How long an exiting agent waits for its last reports to go out."""
-RETRY_FIRST = 0.2
-"""The wait before an event the coordinator did not take is sent again (doubling up to RETRY_CAP)."""
-RETRY_CAP = 2.0
 STABLE_UPTIME = 60.0
 """A group that ran this long before failing is not crash-looping: it restarts without back-off."""
 ROUND_END_GRACE = 0.0
@@ -73,67 +65,6 @@ DIVERGENCE_SETTLE = 1.0
 (it carries a checksum-mismatch verdict, if any) to reach the agent's stream."""
 
 
-class AgentState(enum.IntEnum):
-    """The lifecycle of a node agent; the values are the proto's ``AgentState``.
-
-    ::
-
-        STARTING ──> RUNNING ──(every rank exits 0)──────────────> SUCCEEDED
-          │  ▲          │
-          │  │          ├──(a rank exits non-zero, or it hangs)───> FAILED ─┬─(restarts left)──> RESTARTING
-          │  │          │                                                   └─(none left)──────> GAVE_UP
-          │  └──────────┼──────────(back-off over, restart_count+1)──────────────────────────── RESTARTING
-          │             │
-          │             └──(SIGTERM/SIGINT)──> DRAINING ──(every rank exits 0)──> SUCCEEDED
-          │                                     ▲  ▲   └──(otherwise)─────────> GAVE_UP
-          ├──(SIGTERM/SIGINT)───────────────────┘  │
-          │                   FAILED, RESTARTING ──┘ (SIGTERM: no restart; nothing left to drain -> SUCCEEDED)
-          ├──(the rank command cannot be started)──> GAVE_UP
-          └──(a group of several hosts: the coordinator releases this host)──> SUCCEEDED
-
-    * STARTING: launching the local ranks (a fresh MASTER_PORT when it is 0).
-    * RUNNING: all local ranks started; checked every --monitor-interval.
-    * FAILED: a rank died, or the coordinator took the replica out as hung
-      (fthsdp/agent/node/hang_watch.py); the ranks are SIGTERMed (SIGKILLed after
-      --stop-timeout, or --hang-grace for a hang). Reported before they are stopped.
-      A replica the coordinator took out for a checksum mismatch twice in a
-      row after catching up is not restarted: GAVE_UP, "gave up: <why>"
-      (fthsdp/coordinator/divergence.py).
-    * RESTARTING: waiting out the back-off; a SIGTERM ends the wait.
-    * DRAINING: the agent was asked to stop; ranks got SIGTERM and leave the
-      quorum at their next step boundary.
-    * SUCCEEDED and GAVE_UP are final: the agent exits 0 and 1 respectively.
-      A rank that exits 0 because its job finished before it arrived
-      (fthsdp/agent/training/session/job_finished.py) ends the agent as SUCCEEDED, "job finished at step N".
-    """
-
-    STARTING = pb.AGENT_STATE_STARTING
-    RUNNING = pb.AGENT_STATE_RUNNING
-    FAILED = pb.AGENT_STATE_FAILED
-    RESTARTING = pb.AGENT_STATE_RESTARTING
-    DRAINING = pb.AGENT_STATE_DRAINING
-    SUCCEEDED = pb.AGENT_STATE_SUCCEEDED
-    GAVE_UP = pb.AGENT_STATE_GAVE_UP
-
-    @property
-    def final(self) -> bool:
-        return self in (AgentState.SUCCEEDED, AgentState.GAVE_UP)
-
-
-TRANSITIONS: dict[AgentState | None, frozenset[AgentState]] = {
-    None: frozenset({AgentState.STARTING}),
-    AgentState.STARTING: frozenset({AgentState.RUNNING, AgentState.DRAINING, AgentState.GAVE_UP,
-                                    AgentState.SUCCEEDED}),  # a host of a group the coordinator no longer needs
-    AgentState.RUNNING: frozenset({AgentState.SUCCEEDED, AgentState.FAILED, AgentState.DRAINING}),
-    AgentState.FAILED: frozenset({AgentState.RESTARTING, AgentState.GAVE_UP, AgentState.DRAINING}),
-    AgentState.RESTARTING: frozenset({AgentState.STARTING, AgentState.DRAINING}),
-    AgentState.DRAINING: frozenset({AgentState.SUCCEEDED, AgentState.GAVE_UP}),
-    AgentState.SUCCEEDED: frozenset(),
-    AgentState.GAVE_UP: frozenset(),
-}
-"""Every allowed transition; ``Supervisor`` refuses any other (a bug)."""
-
-
 def backoff_delay(base: float, restart: int, cap: float = MAX_BACKOFF) -> float:
     """Seconds to wait before restart number ``restart`` (1, 2, ...): ``base``,
     doubling per restart, at most ``cap`` (or ``base`` if that is larger)."""
@@ -142,81 +73,20 @@ def backoff_delay(base: float, restart: int, cap: float = MAX_BACKOFF) -> float:
     return min(max(cap, base), base * 2.0 ** min(restart - 1, 64))
 
 
-class Reporter:
-    """Sends agent events to the coordinator in order, from a background thread,
-    so that a slow or unreachable coordinator never holds up supervision.
-
-    An event the coordinator did not take is sent again (backing off to
-    ``RETRY_CAP``) until it does, and the events after it wait their turn:
-    a FAILED lost to a coordinator's restart would leave the survivors to
-    find the failure by a heartbeat timeout. Only ``close`` gives up, after
-    its flush timeout, and says so."""
-
-    def __init__(self, addresses: Sequence[str], token: str = "", tls=None, timeout: float = REPORT_TIMEOUT) -> None:
-        self._addresses = list(addresses)
-        self._token = token
-        self._tls = tls
-        self._timeout = timeout
-        self._queue: queue.Queue[pb.AgentEventRequest | None] = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fthsdp-agent-reporter", daemon=True)
-        self._thread.start()
-
-    def __call__(self, request: pb.AgentEventRequest) -> None:
-        self._queue.put(request)
-
-    def _run(self) -> None:
-        from fthsdp.client import CoordinatorClient  # gRPC only where it is used
-
-        client = CoordinatorClient(self._addresses, timeout=self._timeout, token=self._token, tls=self._tls)
-        try:
-            while (request := self._queue.get()) is not None and self._deliver(client, request):
-                pass
-        finally:
-            client.close()
-
-    def _deliver(self, client, request: pb.AgentEventRequest) -> bool:
-        """Send ``request`` until the coordinator takes it; False once ``close`` gave up."""
-        state, delay, failing = AgentState(request.state).name, RETRY_FIRST, False
-        while True:
-            try:
-                client.call("ReportAgentEvent", request)
-            except Exception as e:  # noqa: BLE001 - reporting must never end supervision
-                # One warning per outage, not one per attempt.
-                (log.debug if failing else log.warning)("could not report %s to the coordinator (%s); "
-                                                        "sending it again until it answers", state, e)
-                failing = True
-                if self._stop.wait(delay):
-                    return False
-                delay = min(delay * 2, RETRY_CAP)
-                continue
-            if failing:
-                log.info("reported %s to the coordinator (%s) after an outage", state, client.current_address())
-            return True
-
-    def close(self, timeout: float = FLUSH_TIMEOUT) -> None:
-        """Send what is queued, waiting at most ``timeout``; the rest is dropped, with a warning."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self._stop.set()
-            log.warning("gave up reporting to the coordinator after %gs: the events not sent yet are dropped",
-                        timeout)
-
-
 class Supervisor:
     """Runs the ranks of one node through the ``AgentState`` lifecycle.
 
+    ``env`` is the environment the ranks inherit underneath the launch
+    contract (the agent's own, which only its entry point reads: ``main``);
     ``report`` receives one ``AgentEventRequest`` per transition (default: a
-    ``Reporter`` to ``config.coordinator``); ``env`` is the environment the
-    ranks inherit underneath the launch contract (default: ``os.environ``).
+    ``Reporter`` to ``config.coordinator``).
     """
 
     def __init__(
         self,
         config: AgentConfig,
         command: Sequence[str],
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str],
         report: Callable[[pb.AgentEventRequest], None] | None = None,
     ) -> None:
         if not command:
@@ -225,7 +95,7 @@ class Supervisor:
         """The settings of the incarnation that runs (with a rendezvous: the round's node rank and store)."""
         self._base = config
         self.command = list(command)
-        self.env = dict(os.environ if env is None else env)
+        self.env = dict(env)
         self._report = report
         self.state: AgentState | None = None
         self.restart_count = 0
