@@ -16,14 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from fthsdp.agent.node.agent_state import TRANSITIONS, AgentState
 from fthsdp.agent.node.config import AgentConfig, replica_rank_from_id
 from fthsdp.agent.node.launch import describe_exit, rank_environments
-from fthsdp.agent.node.supervisor import TRANSITIONS, AgentState, Reporter, Supervisor, backoff_delay
+from fthsdp.agent.node.reporter import Reporter
+from fthsdp.agent.node.supervisor import Supervisor, backoff_delay
 from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import ConfigError, CoordinatorUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import free_port
 from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.events import JsonLog, has
 from tests.harness.processes import ROOT, CoordinatorProcess, _env
 from tests.harness.waiting import wait_until
 
@@ -32,7 +35,8 @@ S = AgentState
 
 
 class Agent:
-    """`fthsdp agent ... -- python tests/rank_script.py OUT PLAN`, its log in tmp."""
+    """`fthsdp agent ... -- python tests/rank_script.py OUT PLAN`, its log in tmp, in JSON lines:
+    the tests read its transitions from the ``agent_state`` events, not from their wording."""
 
     def __init__(self, tmp: Path, plan: str, *args: str, coordinator: str | None = None,
                  plan_args: tuple[str, ...] = ()) -> None:
@@ -42,10 +46,11 @@ class Agent:
         # By default nothing listens on the coordinator port: reporting fails fast.
         coordinator = coordinator or f"127.0.0.1:{free_port()}"
         argv = [sys.executable, "-m", "fthsdp", "agent", "--coordinator", coordinator]
-        argv += ["--monitor-interval", "20ms", "--restart-backoff", "10ms", *args]
+        argv += ["--monitor-interval", "20ms", "--restart-backoff", "10ms", "--log-format", "json", *args]
         argv += ["--", sys.executable, RANK_SCRIPT, str(self.out), plan, *plan_args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=log, stderr=log)
+        self.events = JsonLog(self.log_path)
 
     def wait(self, timeout: float = 30.0) -> int:
         try:
@@ -56,6 +61,14 @@ class Agent:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def states(self) -> list[str]:
+        """The states the agent went through, in order (its ``agent_state`` events)."""
+        return [e["state"] for e in self.events.events_named("agent_state")]
+
+    def entered(self, state: str, **fields) -> dict | None:
+        """The agent's first transition to ``state`` whose fields match (``detail=...``), or None."""
+        return self.events.find_event("agent_state", state=state, **fields)
 
     def env(self, rank: int, restart: int = 0) -> dict:
         return json.loads((self.out / f"env-rank{rank}-restart{restart}.json").read_text())
@@ -96,7 +109,7 @@ def test_env_contract_for_two_ranks(tmp_path, agents):
         assert env["FTHSDP_COORDINATOR"].startswith("127.0.0.1:")
         assert env["pgid"] == env["pid"], "each rank leads its own process group"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
-    assert "SUCCEEDED" in agent.log()
+    assert agent.entered("SUCCEEDED", replica="replica-1"), agent.log()
 
 
 def test_sigkilled_rank_restarts_the_whole_group(tmp_path, agents):
@@ -106,14 +119,14 @@ def test_sigkilled_rank_restarts_the_whole_group(tmp_path, agents):
     # Rank 0 did not fail: the agent stopped it with SIGTERM before restarting.
     assert (agent.out / "sigterm-rank0-restart0").exists()
     assert agent.env(0, 1)["TORCHELASTIC_RESTART_COUNT"] == agent.env(1, 1)["FTHSDP_RESTART_COUNT"] == "1"
-    assert "local rank 1 exited with signal SIGKILL" in agent.log()
+    assert agent.entered("FAILED", replica="r0", detail=has("local rank 1 exited with signal SIGKILL")), agent.log()
 
 
 def test_gives_up_after_max_restarts(tmp_path, agents):
     agent = agents(tmp_path, "fail", "--replica-id", "r0", "--max-restarts", "2")
     assert agent.wait() == 1, agent.log()
     assert agent.started() == [f"env-rank0-restart{n}.json" for n in range(3)]
-    assert "GAVE_UP" in agent.log() and "no restarts left" in agent.log()
+    assert agent.entered("GAVE_UP", replica="r0", detail=has("no restarts left")), agent.log()
 
 
 def test_sigterm_drains_the_ranks(tmp_path, agents):
@@ -122,7 +135,8 @@ def test_sigterm_drains_the_ranks(tmp_path, agents):
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 0, agent.log()
     assert (agent.out / "sigterm-rank0-restart0").exists() and (agent.out / "sigterm-rank1-restart0").exists()
-    assert "DRAINING" in agent.log() and agent.started() == ["env-rank0-restart0.json", "env-rank1-restart0.json"]
+    assert agent.entered("DRAINING", replica="r0"), agent.log()
+    assert agent.started() == ["env-rank0-restart0.json", "env-rank1-restart0.json"]
 
 
 @pytest.mark.parametrize("ending, restarted", [("drained", False), ("evicted", True), ("failed", True)])
@@ -135,12 +149,16 @@ def test_a_rank_that_dies_after_it_left_drained_is_not_restarted(tmp_path, agent
     log = agent.log()
     if restarted:
         assert agent.started() == ["env-rank0-restart0.json", "env-rank0-restart1.json"], log
-        assert "local rank 0 exited with signal SIGABRT" in log and "-> RESTARTING" in log
+        assert agent.entered("FAILED", detail=has("local rank 0 exited with signal SIGABRT")), log
+        assert agent.entered("RESTARTING"), log
     else:
         assert agent.started() == ["env-rank0-restart0.json"], log
-        assert "-> FAILED" not in log and "-> RESTARTING" not in log, log
-        assert "exited with signal SIGABRT after it had left the job (drained): not a failure, not restarted" in log
-        assert "-> SUCCEEDED (every local rank left (drained); local rank 0 then exited with signal SIGABRT)" in log
+        assert not {"FAILED", "RESTARTING"} & set(agent.states()), log
+        # No event for this line (a warning of the late exit): its message says it.
+        assert agent.events.find(r"exited with signal SIGABRT after it had left the job \(drained\): not a failure, "
+                                 r"not restarted"), log
+        assert agent.entered("SUCCEEDED", detail="every local rank left (drained); local rank 0 then exited with "
+                                                 "signal SIGABRT"), log
 
 
 def test_a_rank_that_dies_after_it_left_drained_on_sigterm_is_a_drain(tmp_path, agents):
@@ -148,13 +166,13 @@ def test_a_rank_that_dies_after_it_left_drained_on_sigterm_is_a_drain(tmp_path, 
     agent.wait_started(1)
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 0, agent.log()
-    assert "-> SUCCEEDED (drained: every local rank left (drained); local rank 0 then exited with signal SIGABRT)" \
-        in agent.log(), agent.log()
+    assert agent.entered("SUCCEEDED", detail="drained: every local rank left (drained); local rank 0 then exited "
+                                             "with signal SIGABRT"), agent.log()
 
 
 def test_sigterm_during_the_backoff_stops_without_restarting(tmp_path, agents):
     agent = agents(tmp_path, "fail", "--replica-id", "r0", "--restart-backoff", "60s")
-    wait_until(lambda: "-> RESTARTING" in agent.log(), 20, message="the agent to enter RESTARTING")
+    agent.events.wait_event("agent_state", 20, state="RESTARTING")
     began = time.monotonic()
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 0, agent.log()
@@ -163,7 +181,7 @@ def test_sigterm_during_the_backoff_stops_without_restarting(tmp_path, agents):
 
 
 def test_transitions_are_reported_to_a_real_coordinator(tmp_path, agents):
-    coordinator = CoordinatorProcess(tmp_path).start()
+    coordinator = CoordinatorProcess(tmp_path, "--log-format", "json").start()
     try:
         with CoordinatorClient([coordinator.address]) as client:
             # The coordinator shows agent state only for replicas it knows.
@@ -173,12 +191,13 @@ def test_transitions_are_reported_to_a_real_coordinator(tmp_path, agents):
             assert agent.wait() == 0, agent.log()
             replica = {r.replica_id: r for r in client.status().replicas}["r0"]
             assert (replica.agent_state, replica.restart_count) == (pb.AGENT_STATE_SUCCEEDED, 1)
-        log = lambda: (tmp_path / "coordinator.log").read_text()  # noqa: E731
-        wait_until(lambda: "agent of r0 (node 0): succeeded" in log(), 10, message="the coordinator to log the events")
-        reported = [line.split("agent of r0 (node 0): ")[1].split(" (")[0]
-                    for line in log().splitlines() if "agent of r0" in line]
-        assert reported == ["starting", "running", "failed", "restarting", "starting", "running", "succeeded"]
-        assert "agent of r0 (node 0): failed (local rank 0 exited with code 3)" in log()
+        log = JsonLog(coordinator.log_path)
+        log.wait_event("agent_reported", 10, replica="r0", node_rank=0, state="succeeded")
+        reported = log.events_named("agent_reported", replica="r0", node_rank=0)
+        assert [e["state"] for e in reported] == [
+            "starting", "running", "failed", "restarting", "starting", "running", "succeeded"]
+        assert log.find_event("agent_reported", job="default", replica="r0", node_rank=0, state="failed",
+                              detail="local rank 0 exited with code 3")
     finally:
         coordinator.stop()
 
@@ -239,7 +258,7 @@ def test_supervisor_reports_every_transition_in_order(tmp_path):
 def test_a_missing_rank_command_gives_up_at_once(tmp_path):
     events: list[pb.AgentEventRequest] = []
     config = AgentConfig(replica_id="r0", max_restarts=5)
-    assert Supervisor(config, [str(tmp_path / "no-such-program")], report=events.append).run() == 1
+    assert Supervisor(config, [str(tmp_path / "no-such-program")], env=_env(), report=events.append).run() == 1
     assert [S(e.state) for e in events] == [S.STARTING, S.GAVE_UP]
     assert "cannot start the rank command" in events[-1].detail
 

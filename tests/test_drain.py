@@ -21,6 +21,7 @@ import pytest
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.status_view import STATE_NAMES
 from tests.harness.cli import fthsdp
+from tests.harness.events import JsonLog
 from tests.harness.fixtures import FOREVER, HIDDEN, TOKEN
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 from tests.harness.replicas import members, status_of
@@ -44,7 +45,8 @@ def job(tmp_path, token_file):
 
     def agent(c, i: int, n: int, *worker_args: str, env: dict | None = None) -> AgentProcess:
         a = AgentProcess(tmp_path, c.address, f"r{i}", i, n, "--steps", FOREVER, "--wait-for", str(n),
-                         "--hidden", HIDDEN, *worker_args, agent_args=("--token-file", token_file), env=env).start()
+                         "--hidden", HIDDEN, *worker_args, env=env,
+                         agent_args=("--token-file", token_file, "--log-format", "json")).start()
         started.append(a)
         return a
 
@@ -69,8 +71,10 @@ def assert_drained(agent: AgentProcess) -> None:
     """The agent ended SUCCEEDED, saying drained, and never restarted the replica."""
     assert agent.exit_code(60) == 0, agent.log_tail(60)
     text = agent.log_path.read_text()
-    assert "-> SUCCEEDED" in text and "drained" in text.split("-> SUCCEEDED", 1)[1].splitlines()[0], text[-3000:]
-    assert "-> FAILED" not in text and "-> RESTARTING" not in text, text[-3000:]
+    states = JsonLog(agent.log_path).events_named("agent_state")
+    succeeded = [e["detail"] for e in states if e["state"] == "SUCCEEDED"]
+    assert succeeded and "drained" in succeeded[0], text[-3000:]
+    assert not [e for e in states if e["state"] in ("FAILED", "RESTARTING")], text[-3000:]
     assert "Evicted" not in text, text[-3000:]
     _say_a_death_after_leaving(text)
 
@@ -149,9 +153,10 @@ def test_a_replica_drained_while_it_catches_up_leaves_cleanly(job, token_file, w
 def assert_drained_after_one_restart(agent: AgentProcess) -> None:
     assert agent.exit_code(60) == 0, agent.log_tail(60)
     text = agent.log_path.read_text()
-    last = text.rsplit("-> SUCCEEDED", 1)
-    assert len(last) == 2 and "drained" in last[1].splitlines()[0], text[-3000:]
-    assert text.count("-> RESTARTING") == 1, "only the kill restarts it"
+    states = JsonLog(agent.log_path).events_named("agent_state")
+    succeeded = [e["detail"] for e in states if e["state"] == "SUCCEEDED"]
+    assert succeeded and "drained" in succeeded[-1], text[-3000:]
+    assert [e["state"] for e in states].count("RESTARTING") == 1, "only the kill restarts it"
     assert "Evicted" not in text, text[-3000:]
     _say_a_death_after_leaving(text)
 

@@ -14,6 +14,7 @@ import signal
 import pytest
 
 from tests.harness.cluster import Cluster
+from tests.harness.events import JsonLog
 
 STEPS = 8
 DIE_AT = 3  # the step (0-based) during which the victim dies
@@ -29,7 +30,7 @@ def cluster(tmp_path):
         def start(n: int, victim_args: tuple[str, ...] = (), heartbeat_timeout: str = "1s", steps: int = STEPS,
                   hidden: str = HIDDEN):
             c = built.coordinator("--min-replicas", "2", "--heartbeat-interval", "200ms",
-                                  "--heartbeat-timeout", heartbeat_timeout)
+                                  "--heartbeat-timeout", heartbeat_timeout, "--log-format", "json")
             workers = [built.worker(c, i, n, *(victim_args if i == n - 1 else ()), steps=str(steps), hidden=hidden)
                        for i in range(n)]
             return c, workers
@@ -101,7 +102,7 @@ def test_replica_whose_state_diverges_is_flagged_and_taken_out(cluster, tmp_path
         status = {r.replica_id: r for r in client.status().replicas}
     assert status["r2"].checksum_mismatch_step >= 3
     # Only r2 was flagged (the finished survivors have left the table).
-    flagged = [line for line in c.log_path.read_text().splitlines() if "state checksum disagrees" in line]
-    assert len(flagged) == 1 and "replica r2's" in flagged[0]
+    flagged = JsonLog(c.log_path).events_named("checksum_mismatch")
+    assert len(flagged) == 1 and flagged[0]["replica"] == "r2", flagged
     assert_consistent([r0, r1], {}, steps=1500)
     assert r0.steps[1500]["contributors"] == 2

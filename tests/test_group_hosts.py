@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
+from tests.harness.events import JsonLog, has
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 from tests.harness.supervised import LOADED, SupervisedCoordinator
-from tests.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,59 +38,58 @@ def host(tmp_path, address: str, host_id: str, *, spare: bool = False) -> AgentP
 
 def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_place(tmp_path):
     c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "2s", "--heartbeat-interval",
-                           "200ms", "--spare-wait", "1s").start()
+                           "200ms", "--spare-wait", "1s", "--log-format", "json").start()
+    log = JsonLog(c.log_path)
     r0 = AgentProcess(tmp_path, c.address, "r0", 0, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", str(STEPS),
                       agent_args=("--nproc", "2"), worker="tests.hsdp_worker")  # one host, as many ranks as r1
     hosts = {h: host(tmp_path, c.address, h) for h in ("h-a", "h-b")}
     spare = host(tmp_path, c.address, "h-spare", spare=True)
     procs = [r0.start(), *(a.start() for a in hosts.values())]
     try:
-        coordinator_log = c.log_path.read_text
-        wait_until(lambda: "r1: round 1 complete" in coordinator_log(), 90, message="round 1 of r1 complete")
-        first = re.search(r"r1: round 1 complete: node rank 0 (\S+), node rank 1 (\S+);", coordinator_log())
-        assert first is not None and {first[1], first[2]} == {"h-a", "h-b"}
-        node1 = hosts[first[2]]
+        first = log.wait_event("rendezvous", 90, group="r1", action="complete", round=1)["hosts"]
+        assert sorted(first) == ["h-a", "h-b"], first  # hosts by node rank
+        node1 = hosts[first[1]]
         r0.read_until(lambda line: line.get("step", 0) >= 20, 120)
 
         # 1. The rank on node rank 1 dies: the round ends on both hosts, round 2 forms with the same ranks.
         victim = node1.read_until(lambda line: line.get("rank") == 1, 60)
         os.kill(victim["pid"], signal.SIGKILL)
-        wait_until(lambda: "r1: round 2 complete" in coordinator_log(), 90, message="round 2 of r1 complete")
-        text = coordinator_log()
+        second = log.wait_event("rendezvous", 90, group="r1", action="complete", round=2)
         # Whichever host saw it first (the killed rank's, or the other, whose rank's collective broke) ended it.
-        assert re.search(r"r1: round 1 ended: node rank \d \(h-[ab]\): it reported a failure", text)
-        assert f"r1: round 2 complete: node rank 0 {first[1]}, node rank 1 {first[2]};" in text, \
-            "each host keeps its node rank"
+        # (An end's round is the one that gathers next; the host that ended it is in its reason alone.)
+        assert log.find_event("rendezvous", group="r1", action="end", round=2,
+                              reason=lambda r: re.match(r"round 1 ended: node rank \d \(h-[ab]\): it reported a "
+                                                        r"failure", r or "")), log.events_named("rendezvous")
+        assert second["hosts"] == first, "each host keeps its node rank"
 
         # 2. The host of node rank 1 is lost (its agent and rank killed): a spare takes its place.
         spare.start()
         procs.append(spare)
-        wait_until(lambda: "host h-spare connected" in coordinator_log(), 60, message="the spare registered")
+        log.wait_event("host_connected", 60, host="h-spare", group="")  # a spare: in no group yet
         os.kill(node1.proc.pid, signal.SIGKILL)
-        wait_until(lambda: "r1: round 3 complete" in coordinator_log(), 120, message="round 3 with the spare")
-        text = coordinator_log()
-        assert f"spare h-spare takes the place of lost {first[2]}" in text
-        assert f"r1: round 3 complete: node rank 0 {first[1]}, node rank 1 h-spare;" in text
+        third = log.wait_event("rendezvous", 120, group="r1", action="complete", round=3)
+        assert log.find_event("rendezvous", group="r1", action="adopt-spares", round=3, adopted=["h-spare"],
+                              reason=has(f"takes the place of lost {first[1]}")), log.events_named("rendezvous")
+        assert third["hosts"] == [first[0], "h-spare"]
 
         # 3. The lost host comes back (rescheduled): its place is taken, it is released and exits 0.
-        back = host(tmp_path, c.address, first[2])
-        back.log_path = tmp_path / f"agent-{first[2]}-again.log"
+        back = host(tmp_path, c.address, first[1])
+        back.log_path = tmp_path / f"agent-{first[1]}-again.log"
         procs.append(back.start())
         assert back.proc.wait(timeout=60) == 0, back.log_tail()
         assert "spare h-spare took this host's place" in back.log_path.read_text()
 
         # 4. SIGTERM to the host of node rank 0 (a node drained): it leaves the group as a failed host, exit 1;
         #    rescheduled, it rejoins and the group trains again.
-        survivor = hosts[first[1]]
+        survivor = hosts[first[0]]
         survivor.proc.send_signal(signal.SIGTERM)
         assert survivor.proc.wait(timeout=60) == 1, survivor.log_tail()
-        wait_until(lambda: f"host {first[1]} of r1 failed in round 3" in coordinator_log(), 30,
-                   message="the SIGTERMed host reported leaving")
-        again = host(tmp_path, c.address, first[1])
-        again.log_path = tmp_path / f"agent-{first[1]}-again.log"
+        log.wait_event("host_failed", 30, host=first[0], group="r1", round=3)  # it reported leaving
+        again = host(tmp_path, c.address, first[0])
+        again.log_path = tmp_path / f"agent-{first[0]}-again.log"
         procs.append(again.start())
-        wait_until(lambda: "r1: round 4 complete" in coordinator_log(), 120, message="round 4 with the host back")
-        assert f"r1: round 4 complete: node rank 0 {first[1]}, node rank 1 h-spare;" in coordinator_log()
+        fourth = log.wait_event("rendezvous", 120, group="r1", action="complete", round=4)
+        assert fourth["hosts"] == [first[0], "h-spare"]
         r0.finish(timeout=300)
         for a in (again, spare):
             assert a.proc.wait(timeout=120) == 0, a.log_tail()
@@ -100,7 +99,7 @@ def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_pla
         c.stop()
     assert sorted(r0.steps) == list(range(1, STEPS + 1)), "r0 lost or repeated a step"
     # The surviving host ran rounds 1-3 (restart counts 0-2), and r1 trained again after round 4.
-    assert "round 3: node rank 0 of 2" in hosts[first[1]].log_path.read_text()
+    assert "round 3: node rank 0 of 2" in hosts[first[0]].log_path.read_text()
     assert "round 4: node rank 0 of 2" in again.log_path.read_text()
     assert max(line["contributors"] for line in r0.step_lines if line["step"] > STEPS - 20) == 2, \
         "r1 trained again at the end"
@@ -113,29 +112,32 @@ def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_th
     prefix = f"/fthsdp-test/{uuid.uuid4().hex[:12]}"
     c = SupervisedCoordinator(tmp_path / "coordinator.log", "--store", etcd_url, "--store-prefix", prefix,
                               "--leader-ttl", "2s", "--heartbeat-interval", "200ms", "--heartbeat-timeout", "3s",
-                              "--spare-wait", "1s").start()
+                              "--spare-wait", "1s", "--log-format", "json").start()
+    events = JsonLog(c.log.path)
     r0 = AgentProcess(tmp_path, c.address, "r0", 0, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", "100000",
                       agent_args=("--nproc", "2"), worker="tests.hsdp_worker")
     hosts = [host(tmp_path, c.address, h) for h in ("h-a", "h-b")]
     procs = [r0.start(), *(a.start() for a in hosts)]
     try:
-        c.log.wait_for("r1: round 1 complete", timeout=90)
+        events.wait_event("rendezvous", 90, group="r1", action="complete", round=1)
         r0.read_until(lambda line: line.get("step", 0) >= 10 and line["contributors"] == 2, 120)
-        mark = c.log.count()
+        mark, killed = c.log.count(), time.time()
         c.kill()  # its supervisor starts it again at once
         c.log.wait_for(LOADED, after=mark, timeout=30)
         back = time.time()
         # The new coordinator knows the running round again, from the hellos, and r1 still commits with r0: 20
         # steps committed after it took over (not lines printed during the outage and read only now).
-        c.log.wait_for("r1: round 1 complete", after=mark, timeout=30)
+        events.wait_event("rendezvous", 30, since=killed, group="r1", action="complete", round=1)
         r0.read_until(lambda line: line.get("time", 0) > back and line["step"] >= first_after(r0, back) + 20, 120)
-        lines = c.log.lines()[mark:]  # before the teardown stops anything
+        after_kill = [e for e in events.events() if e["t"] >= killed]  # before the teardown stops anything
         agent_logs = [a.log_path.read_text() for a in hosts]
     finally:
         for p in procs:
             p.stop()
         c.stop()
-    assert not [ln for ln in lines if "round 1 ended" in ln or "round 2" in ln], "the restart ended no round"
+    # No round ended (a rendezvous ``end``, a host's failure) nor another began: every round field says 1.
+    assert not [e for e in after_kill if e.get("action") == "end" or e.get("round", 1) != 1
+                or "round 1 ended" in e["message"] or "round 2" in e["message"]], "the restart ended no round"
     for text in agent_logs:
         assert "restarting" not in text and "round 1 ended" not in text, "a host's ranks were restarted"
     after = [line for line in r0.step_lines if line["time"] > back]
@@ -149,7 +151,8 @@ def first_after(worker: AgentProcess, t: float) -> int:
 
 
 def test_a_round_that_cannot_complete_gives_up_after_the_rendezvous_timeout_saying_why(tmp_path):
-    c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s").start()
+    c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s",
+                           "--log-format", "json").start()
     alone = host(tmp_path, c.address, "h-a")
     alone.argv[alone.argv.index("--max-restarts"):alone.argv.index("--max-restarts")] = ["--rendezvous-timeout", "3s"]
     alone.start()
@@ -160,4 +163,5 @@ def test_a_round_that_cannot_complete_gives_up_after_the_rendezvous_timeout_sayi
         c.stop()
     text = alone.log_path.read_text()
     assert "gave up: round 1 did not complete in 3s: waiting for 1 more host (none known)" in text, text[-2000:]
-    assert "r1: round 1 did not complete in 3s" in c.log_path.read_text()
+    assert JsonLog(c.log_path).find_event("rendezvous", group="r1", action="give-up", round=1,
+                                          reason=has("round 1 did not complete in 3s"))

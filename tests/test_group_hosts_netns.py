@@ -32,8 +32,6 @@ are printed (pytest -s).
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import json
 import os
 import queue
@@ -46,6 +44,7 @@ from pathlib import Path
 import pytest
 
 from fthsdp.demo.record import json_objects
+from tests.harness.events import JsonLog, has, like
 from tests.harness.netns import NetLab
 from tests.harness.netns_state import kill_inside, netns_names
 from tests.harness.processes import AgentProcess
@@ -73,47 +72,6 @@ STOP_BOUND = 3.0
 """Seconds from the failure being known until a host's ranks are all stopped: the coordinator's push, the agent's
 monitor tick, --hang-grace (1 s here) before SIGKILL for a hang (none for a round another host ended), and a
 loaded machine."""
-
-
-class JsonLog:
-    """The JSON lines of a --log-format json log, read incrementally; each
-    event gets ``t``, its time as a Unix timestamp (comparable with the step lines' ``time``)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._events: list[dict] = []
-
-    def events(self) -> list[dict]:
-        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-            end = data.rfind(b"\n")
-            if end >= 0:
-                self._offset += end + 1
-                for line in data[:end + 1].decode(errors="replace").splitlines():
-                    if not line.startswith("{"):
-                        continue  # a rank's own output
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict) and "time" in event and "message" in event:
-                        event["t"] = datetime.datetime.fromisoformat(event["time"]).timestamp()
-                        self._events.append(event)
-        return self._events
-
-    def find(self, pattern: str, since: float = 0.0) -> tuple[dict, re.Match] | None:
-        for event in self.events():
-            if event["t"] >= since and (m := re.search(pattern, event["message"])):
-                return event, m
-        return None
-
-    def wait(self, pattern: str, timeout: float, since: float = 0.0) -> tuple[dict, re.Match]:
-        found: list = []
-        wait_until(lambda: found.append(self.find(pattern, since)) or found[-1], timeout, interval=0.05,
-                   message=f"{self.path.name}: a line matching {pattern!r} (after {since:.3f})")
-        return found[-1]
 
 
 def drain(agent: AgentProcess) -> None:
@@ -184,7 +142,7 @@ class Job:
 
     def started(self, group: tuple[str, str]) -> None:
         """Both groups formed their first round with the node ranks in host-id order, and train together."""
-        self.log.wait(rf"r0: round 1 complete: node rank 0 {R0_HOSTS[0]}, node rank 1 {R0_HOSTS[1]};", 120)
+        self.log.wait_event("rendezvous", 120, group="r0", action="complete", round=1, hosts=list(R0_HOSTS))
         assert self.round_complete(1)[1] == group, "node ranks in host-id order"
         self.training_again(1)
         self.r0.read_until(lambda line: line.get("step", 0) >= 20, 60)
@@ -200,8 +158,9 @@ class Job:
 
     def round_complete(self, n: int, timeout: float = 120) -> tuple[float, tuple[str, str]]:
         """When r1's round ``n`` completed, and its hosts by node rank."""
-        event, m = self.log.wait(rf"r1: round {n} complete: node rank 0 (\S+), node rank 1 (\S+);", timeout)
-        return event["t"], (m[1], m[2])
+        event = self.log.wait_event("rendezvous", timeout, group="r1", action="complete", round=n)
+        first, second = event["hosts"]
+        return event["t"], (first, second)
 
     def training_again(self, n: int, timeout: float = 120) -> float:
         """Wait until r1 commits a step in round ``n`` with r0 (contributors 2); returns its time."""
@@ -237,7 +196,11 @@ class Job:
         next fault came first). Records when the failure was known, each live host's stop latency (a host in
         ``reconnected``: from when it came back) and r0's longest pause."""
         started, ranks = self.round_complete(n)
-        ended, m = self.log.wait(rf"r1: round {n} ended: node rank (\d) \((\S+)\): (.+)", 60)
+        # An end's round is the one that gathers next; who ended it, and why, is in its reason alone.
+        ended = self.log.wait_event("rendezvous", 60, group="r1", action="end", round=n + 1,
+                                    reason=like(rf"^round {n} ended: node rank \d \(\S+\): .+"))
+        m = re.match(r"round \d+ ended: node rank (\d) \((\S+)\): (.+)", ended["reason"])
+        assert m is not None
         known_at = [ended["t"]]
         for event in self.log.events():
             if event["t"] >= fault_at and (
@@ -316,7 +279,8 @@ class Job:
                 and e.get("action") == "end"]
         assert len(ends) == rounds - 1, [e["message"] for e in ends]
         for e in ends:
-            assert re.search(r"round \d+ ended: node rank \d \(\S+\): .+; round \d+ gathers", e["message"]), e
+            assert re.search(rf"round {e['round'] - 1} ended: node rank \d \(\S+\): .+; round {e['round']} gathers",
+                             e["reason"]), e
         completes = [e for e in self.log.events() if e.get("event") == "rendezvous" and e.get("group") == "r1"
                      and e.get("action") == "complete"]
         assert [e["round"] for e in completes] == list(range(1, rounds + 1)), [e["message"] for e in completes]
@@ -329,8 +293,9 @@ class Job:
         for host in R0_HOSTS:
             assert not [e for e in self.logs[host].events() if e.get("event") == "agent_state"
                         and e["state"] in ("FAILED", "RESTARTING")], f"r0's host {host} restarted"
-        assert not self.log.find(r"r0: round \d+ ended"), "r0 restarted"
-        assert not self.log.find(r"replica r0 (taken out|must be ended)"), "r0 was taken out"
+        assert not self.log.events_named("rendezvous", group="r0", action="end"), "r0 restarted"
+        assert not self.log.taken_out("r0") and not self.log.events_named("silent", replica="r0"), \
+            "r0 was taken out"
 
 
 @pytest.fixture
@@ -408,20 +373,24 @@ def test_a_killed_rank_a_stopped_rank_and_a_host_cut_off_in_catch_up_each_restar
     lab.cut_control("a")
     lab.cut_data("a")
     job.measure("a rank killed (node rank 1)", 3, at, None)
-    admitted = job.log.find(r"quorum \d+ members=\[.*\]: admitting .*r1", started)
+    admitted = job.log.find_event("quorum_change", started, reason=like(r"^admitting .*r1"))
     landed = (f"{cut - registered['t']:.2f}s after r1 registered, "
-              + ("before its admission" if admitted is None or admitted[0]["t"] > cut else "after its admission"))
+              + ("before its admission" if admitted is None or admitted["t"] > cut else "after its admission"))
     drain(job.hosts["a"])
     assert not [line for line in job.hosts["a"].step_lines if line["time"] > started], \
         "r1 committed a step in round 4 before the cut: the cut missed the catch-up"
-    job.log.wait(r"host a of r1 lost", 30, since=cut)
+    job.log.wait_event("host_lost", 30, since=cut, host="a", group="r1")
     wait_until(lambda: job.stopped("b", 4) is not None, 30, message="b stopped its ranks of round 4")
-    job.logs["b"].wait(r"host b: round 5 joining -> round 5 gathering", 30, since=cut)
+    gathering = job.logs["b"].wait_event("group_round", 30, since=cut, host="b", round=5, phase="gathering")
+    # Each change of round or phase is one event: the one before says where it came from (joining round 5).
+    rounds = job.logs["b"].events_named("group_round", host="b")
+    before = rounds[rounds.index(gathering) - 1]
+    assert (before["round"], before["phase"]) == (5, "joining"), before
     assert job.hosts["a"].proc.poll() is None
     lab.heal_control("a")
     lab.heal_data("a")
     healed = time.time()
-    event, _ = job.log.wait(r"host a connected", 60, since=healed)
+    event = job.log.wait_event("host_connected", 60, since=healed, host="a")
     back = job.training_again(5)
     record = job.measure(f"host a (node rank 0) cut off in catch-up ({landed}), healed after {healed - cut:.1f}s",
                          4, cut, back, reconnected={"a": event["t"]})
@@ -441,14 +410,15 @@ def test_hosts_that_lose_power_are_replaced_by_spares_node_rank_1_then_the_store
     trains."""
     job = job_in_lab([*R0_HOSTS, "a", "b", "s1", "s2"], group=("a", "b"), spares=("s1", "s2"))
     job.started(("a", "b"))
-    job.log.wait(r"host s2 connected", 60)
+    job.log.wait_event("host_connected", 60, host="s2")
 
     at = time.time()
     job.power_off("b")
     back = job.training_again(2)
     job.measure("node rank 1 (b) lost power", 1, at, back)
-    lost, _ = job.log.wait(r"host b of r1 lost", 1)
-    adopted, _ = job.log.wait(r"r1: round 2: spare s1 takes the place of lost b", 1)
+    lost = job.log.wait_event("host_lost", 1, host="b", group="r1")
+    adopted = job.log.wait_event("rendezvous", 1, group="r1", action="adopt-spares", round=2, adopted=["s1"],
+                                 reason=has("spare s1 takes the place of lost b"))
     assert adopted["t"] - lost["t"] >= SPARE_WAIT - 0.1
     assert job.round_complete(2)[1] == ("a", "s1")
 
@@ -456,9 +426,10 @@ def test_hosts_that_lose_power_are_replaced_by_spares_node_rank_1_then_the_store
     job.power_off("a")
     back = job.training_again(3)
     job.measure("node rank 0 (a, the store) lost power", 2, at, back)
-    job.log.wait(r"r1: round 3: spare s2 takes the place of lost a", 1)
+    job.log.wait_event("rendezvous", 1, group="r1", action="adopt-spares", round=3, adopted=["s2"],
+                       reason=has("spare s2 takes the place of lost a"))
     started, ranks = job.round_complete(3)
     assert ranks == ("s2", "s1"), "s1 keeps node rank 1; s2 takes node rank 0 and hosts the store"
-    store = job.log.find(r"r1: round 3 complete: .*; the store at (\S+)")[1][1]
+    store = job.log.wait_event("rendezvous", 1, group="r1", action="complete", round=3)["store"]
     assert store.startswith(job.lab.replica("s2").data_ip + ":"), f"round 3's store {store} is not on s2"
     job.check(rounds=3)

@@ -16,6 +16,7 @@ import signal
 import pytest
 
 from fthsdp.client import CoordinatorClient
+from tests.harness.events import JsonLog, has, like
 from tests.harness.processes import CoordinatorProcess, WorkerProcess
 from tests.harness.replicas import (
     HANG_FLOOR,
@@ -48,7 +49,8 @@ def bare(tmp_path):
 
     def start(n, victim_args=(), coordinator_args=TIGHT, steps=30, env=LONG_FTAR):
         c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-interval", "200ms",
-                               "--heartbeat-timeout", HEARTBEAT_TIMEOUT, *coordinator_args).start()
+                               "--heartbeat-timeout", HEARTBEAT_TIMEOUT, "--log-format", "json",
+                               *coordinator_args).start()
         started.append(c)
         workers = []
         for i in range(n):
@@ -83,8 +85,7 @@ def test_survivors_go_on_past_a_replica_that_hangs(bare, where):
     assert r0.steps[failing]["contributors"] == 2, r0.steps[failing]
     gap = r0.steps[failing]["t"] - r0.steps[failing - 1]["t"]
     assert gap < HANG_FLOOR + 5.0, f"the survivors waited {gap:.1f}s for a verdict the limit puts at {HANG_FLOOR:g} s"
-    log = c.log_path.read_text()
-    assert "replica r2 taken out: hung: no progress at step" in log
+    assert JsonLog(c.log_path).find_event("hang", replica="r2", reason=like(r"^hung: no progress at step"))
     # The hung process dumped its stacks: the training thread is in hang().
     text = r2.log_path.read_text()
     assert "taken out by the coordinator" in text and "in hang" in text
@@ -110,7 +111,7 @@ def test_a_marked_section_longer_than_the_limit_is_no_hang(bare):
         w.finish()
     assert_every_step_once([r0, r1, r2], 30)
     assert all(w.steps[s]["contributors"] == 3 for w in (r0, r1, r2) for s in w.steps)
-    assert "taken out" not in c.log_path.read_text()
+    assert not JsonLog(c.log_path).taken_out()
 
 
 @pytest.mark.slow
@@ -120,7 +121,7 @@ def test_a_section_past_its_own_timeout_is_a_hang(bare):
     for w in (r0, r1):
         w.finish()
     assert r0.steps[HANG_AT + 1]["contributors"] == 2
-    assert "in section 'stuck'" in c.log_path.read_text()
+    assert JsonLog(c.log_path).find_event("hang", replica="r2", reason=has("in section 'stuck'"))
 
 
 def restarted_and_back(c, victims, timeout=90):
@@ -134,7 +135,7 @@ def restarted_and_back(c, victims, timeout=90):
 
 def test_a_hung_replica_is_ended_by_its_agent_restarted_and_caught_up(cluster):
     coordinator, agent, _ = cluster
-    c = coordinator("--min-replicas", "1", *TIGHT)
+    c = coordinator("--min-replicas", "1", "--log-format", "json", *TIGHT)
     r0, r1 = (agent(c, i, 3, env=LONG_FTAR) for i in range(2))
     r2 = agent(c, 2, 3, "--hang-at", "20", env=LONG_FTAR, agent_args=("--hang-grace", "1s"))
     hung_pid = r2.read_until(lambda line: "hanging" in line)["hanging"]
@@ -147,7 +148,7 @@ def test_a_hung_replica_is_ended_by_its_agent_restarted_and_caught_up(cluster):
 
 def test_a_stopped_rank_is_killed_by_its_agent_and_restarted(cluster):
     coordinator, agent, _ = cluster
-    c = coordinator("--min-replicas", "1", *TIGHT)
+    c = coordinator("--min-replicas", "1", "--log-format", "json", *TIGHT)
     r0, r1, r2 = (agent(c, i, 3, env=LONG_FTAR, agent_args=("--hang-grace", "1s")) for i in range(3))
     pid = r2.read_until(lambda line: "admitted" in line)["pid"]
     r0.read_until(lambda line: line.get("step", 0) >= 10)
@@ -172,7 +173,7 @@ def test_a_joiner_stopped_while_it_catches_up_is_ended_by_its_agent_and_restarte
     its heartbeats stop with its session open, the coordinator tells its
     agent, which ends it, and the next incarnation catches up and rejoins."""
     coordinator, agent, _ = cluster
-    c = coordinator("--min-replicas", "1", *TIGHT)
+    c = coordinator("--min-replicas", "1", "--log-format", "json", *TIGHT)
     r0, r1, r2 = (agent(c, i, 3, env={**LONG_FTAR, **SLOW}, agent_args=("--hang-grace", "1s")) for i in range(3))
     os.kill(r2.read_until(lambda line: "admitted" in line)["pid"], signal.SIGKILL)
     r0.read_until(lambda line: line.get("step", 0) >= 10)
@@ -186,8 +187,9 @@ def test_a_joiner_stopped_while_it_catches_up_is_ended_by_its_agent_and_restarte
         assert members(client) == {"r0", "r1"}
     restarted_and_back(c, ["r2"], timeout=90)
     train_on_and_stop([r0, r1, r2])
-    log = c.log_path.read_text()
-    assert "replica r2 must be ended: no heartbeat for 1s while outside the quorum, catching up" in log, log[-3000:]
+    log = JsonLog(c.log_path)
+    assert log.find_event("silent", replica="r2", reason=like(
+        r"^no heartbeat for 1s while outside the quorum, catching up")), log.tail()
 
 
 def test_a_straggler_is_taken_out_and_cordoned_under_the_policy(bare):
@@ -197,8 +199,7 @@ def test_a_straggler_is_taken_out_and_cordoned_under_the_policy(bare):
         w.finish(timeout=120)
     assert_every_step_once([r0, r1], 60)
     assert r0.steps[60]["contributors"] == 2
-    log = c.log_path.read_text()
-    assert "replica r2 taken out: straggler: compute" in log
+    assert JsonLog(c.log_path).find_event("straggler", replica="r2", reason=like(r"^straggler: compute"))
     assert r2.collect_after_exit() != 0  # it learned it was out at its next step, and ended
     assert "does not include this replica" in r2.log_path.read_text()
 
@@ -211,7 +212,7 @@ def test_a_rank_of_an_fsdp2_group_hung_takes_the_group_out(cluster, tmp_path):
     from tests.harness.processes import AgentProcess
 
     coordinator, _, _ = cluster
-    c = coordinator("--min-replicas", "1", *TIGHT)
+    c = coordinator("--min-replicas", "1", "--log-format", "json", *TIGHT)
     groups = [
         AgentProcess(tmp_path, c.address, f"r{k}", k, 3, "--steps", "1000000", "--hidden", "64", "--wait-for", "3",
                      *(("--hang-at", "10") if k == 2 else ()),
@@ -226,7 +227,7 @@ def test_a_rank_of_an_fsdp2_group_hung_takes_the_group_out(cluster, tmp_path):
     finally:
         for g in groups:
             g.stop()
-    assert "replica r2 taken out: hung" in c.log_path.read_text()
+    assert JsonLog(c.log_path).find_event("hang", replica="r2", reason=like(r"^hung"))
 
 
 @pytest.mark.slow
@@ -237,7 +238,7 @@ def test_a_source_that_hangs_while_a_replica_catches_up_from_it(cluster):
     from tests.harness.replicas import SLOW
 
     coordinator, agent, _ = cluster
-    c = coordinator("--min-replicas", "1", *TIGHT)
+    c = coordinator("--min-replicas", "1", "--log-format", "json", *TIGHT)
     workers = [agent(c, i, 3, "--hang-on-signal", env={**SLOW, **LONG_FTAR}, agent_args=("--hang-grace", "1s"))
                for i in range(3)]
     pids = {w.replica_id: w.read_until(lambda line: "admitted" in line)["pid"] for w in workers}
@@ -254,5 +255,5 @@ def test_a_source_that_hangs_while_a_replica_catches_up_from_it(cluster):
     other.read_until(lambda line: line.get("step", 0) >= before + 20, timeout=30)  # never stalls for good
     restarted_and_back(c, ["r2", source], timeout=120)
     train_on_and_stop([other] + [w for w in workers if w is not other])  # the one that never failed first
-    assert f"replica {source} taken out: hung" in c.log_path.read_text()
+    assert JsonLog(c.log_path).find_event("hang", replica=source, reason=like(r"^hung"))
     assert "taken out by the coordinator (hung" in hung.log_path.read_text()

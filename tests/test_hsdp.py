@@ -12,6 +12,7 @@ import torch
 
 from fthsdp.testing.local_etcd import free_port
 from tests.harness.ddp import start_ddp_oracle
+from tests.harness.events import JsonLog, has
 from tests.harness.hsdp import HIDDEN, RANKS, REPLICAS, hsdp_agent
 from tests.harness.processes import CoordinatorProcess
 from tests.harness.waiting import wait_until
@@ -66,17 +67,17 @@ def fast_coordinator(tmp_path) -> CoordinatorProcess:
     # thread drops it (the product's default is 5 s; the hang limit keeps its
     # default 10 s floor here).
     return CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "2s",
-                              "--heartbeat-interval", "200ms").start()
+                              "--heartbeat-interval", "200ms", "--log-format", "json").start()
 
 
 @pytest.mark.parametrize(
     "sig, detected_by",
     [
         # Rank 1 dies: its agent reports it at once (r1's rank 0 holds the session).
-        (signal.SIGKILL, "agent of r1 (node 0): failed"),
+        (signal.SIGKILL, ("agent_reported", {"replica": "r1", "node_rank": 0, "state": "failed"})),
         # Rank 1 hangs while r1's rank 0 goes on heartbeating: rank 1's own
         # pings stop, so the coordinator drops r1 after the heartbeat timeout.
-        (signal.SIGSTOP, "r1 (heartbeat timeout)"),
+        (signal.SIGSTOP, ("quorum_change", {"reason": has("r1 (heartbeat timeout)")})),
     ],
     ids=["killed", "hung"],
 )
@@ -102,7 +103,8 @@ def test_a_failed_shard_rank_takes_its_replica_out_and_the_other_trains_on(tmp_p
         c.stop()
     assert sorted(r0.steps) == list(range(1, 201)), "r0 lost or repeated a step"
     assert r0.steps[200]["contributors"] == 1
-    assert detected_by in c.log_path.read_text()
+    name, fields = detected_by
+    assert JsonLog(c.log_path).find_event(name, **fields), c.log_tail()
 
 
 def _running(pid: int) -> bool:
@@ -132,11 +134,9 @@ def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
         r0.read_until(lambda line: line.get("step") == 5)
         os.kill(victim["pid"], signal.SIGKILL)
 
-        def both_restarted() -> bool:
-            text = c.log_path.read_text()
-            return "agent of r1 (node 0): restarting" in text and "agent of r1 (node 1): restarting" in text
-
-        wait_until(both_restarted, 60, message="both nodes of r1 restarting")
+        log = JsonLog(c.log_path)
+        for node in (0, 1):  # both nodes of r1 restarting
+            log.wait_event("agent_reported", 60, replica="r1", node_rank=node, state="restarting")
         r0.finish(timeout=240)
     finally:
         for a in nodes:

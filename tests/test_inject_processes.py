@@ -26,6 +26,7 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.web import WebApp
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.cli import fthsdp
+from tests.harness.events import JsonLog, like
 from tests.harness.replicas import LONG_FTAR, TIGHT, members, status_of, train_on_and_stop
 from tests.harness.runtimes import hung_runtime
 from tests.harness.waiting import wait_until
@@ -45,9 +46,9 @@ def admin_token(tmp_path) -> str:
 def start(cluster, admin_token, *coordinator_args, r1_agent_args=()):
     coordinator, agent, _ = cluster
     c = coordinator("--min-replicas", "1", "--metrics-port", "0", "--admin-token-file", admin_token,
-                    *coordinator_args)
+                    "--log-format", "json", *coordinator_args)
     r0 = agent(c, 0, 2, env=LONG_FTAR)
-    r1 = agent(c, 1, 2, env=LONG_FTAR, agent_args=r1_agent_args)
+    r1 = agent(c, 1, 2, env=LONG_FTAR, agent_args=("--log-format", "json", *r1_agent_args))
     r1.read_until(lambda line: line.get("step", 0) >= 5)
     return c, r0, r1
 
@@ -59,9 +60,11 @@ def inject(c, admin_token, *argv: str) -> str:
     return done.stdout
 
 
-def assert_recorded(c, fault: str) -> None:
-    """In the log, in `fthsdp status` and on the status page's recent events."""
-    assert f"replica r1: fault injected: {fault}" in c.log_path.read_text()
+def assert_recorded(c, fault: str, **fields) -> None:
+    """In the log (its ``fault_injected`` event: the fault's name, then ``fields``), in `fthsdp status` and on
+    the status page's recent events (``fault`` as they say it: ``slow (+1s per step for 4 steps)``)."""
+    assert JsonLog(c.log_path).find_event("fault_injected", job="default", replica="r1", fault=fault.split()[0],
+                                          **fields)
     shown = fthsdp("status", "--coordinator", c.address)
     assert shown.returncode == 0 and f"replica r1: fault injected: {fault}" in shown.stdout, shown.stdout
     events = page_status(page_url(c))["events"]
@@ -82,12 +85,14 @@ def test_an_injected_kill_is_a_crash_restarted_once(cluster, admin_token):
     inject(c, admin_token, "kill")
     back_after_restart(c, r1)
     train_on_and_stop([r0, r1])
-    text = r1.log_path.read_text()
-    assert "fault injected: kill (asked by" in text and "SIGKILLing its ranks" in text, text[-3000:]
-    assert text.count("-> FAILED (local rank 0 exited with signal SIGKILL)") == 1, text[-3000:]
-    assert text.count("-> RESTARTING") == 1
-    log = c.log_path.read_text()
-    assert "agent of r1 (node 0): failed (local rank 0 exited with signal SIGKILL)" in log  # as any crash
+    text, agent_log = r1.log_path.read_text(), JsonLog(r1.log_path)
+    # The agent carried it out: "fault injected: kill (asked by ...); SIGKILLing its ranks".
+    assert agent_log.find_event("fault_injected", replica="r1", fault="kill"), text[-3000:]
+    assert len(agent_log.events_named("agent_state", replica="r1", state="FAILED",
+                                      detail="local rank 0 exited with signal SIGKILL")) == 1, text[-3000:]
+    assert len(agent_log.events_named("agent_state", replica="r1", state="RESTARTING")) == 1
+    assert JsonLog(c.log_path).find_event("agent_reported", replica="r1", node_rank=0, state="failed",
+                                          detail="local rank 0 exited with signal SIGKILL")  # as any crash
     assert_recorded(c, "kill")
 
 
@@ -97,8 +102,8 @@ def test_an_injected_hang_is_taken_out_as_hung_dumped_and_restarted(cluster, adm
     inject(c, admin_token, "hang")
     back_after_restart(c, r1)
     train_on_and_stop([r0, r1])
-    log = c.log_path.read_text()
-    assert "replica r1 taken out: hung: no progress at step" in log, log[-3000:]
+    log = JsonLog(c.log_path)
+    assert log.find_event("hang", replica="r1", reason=like(r"^hung: no progress at step")), log.tail()
     text = r1.log_path.read_text()
     assert "fault injected (hang" in text and "taken out by the coordinator (hung" in text, text[-3000:]
     assert "Stacks of every thread" in text and "in at_step" in text  # blocked where the fault put it
@@ -122,8 +127,10 @@ def test_an_injected_slow_fault_slows_the_steps_while_it_lasts(cluster, admin_to
         assert members(client) == {"r0", "r1"}  # a slow replica, no take-out (the straggler policy is off)
     train_on_and_stop([r0, r1])
     text = r1.log_path.read_text()
-    assert "fault injected: slow (+1s per step for 4 steps)" in text and "-> FAILED" not in text, text[-3000:]
-    assert_recorded(c, "slow (+1s per step for 4 steps)")
+    # No event for this line (a rank carries the fault out, saying so): its text.
+    assert "fault injected: slow (+1s per step for 4 steps)" in text, text[-3000:]
+    assert not JsonLog(r1.log_path).events_named("agent_state", state="FAILED"), text[-3000:]
+    assert_recorded(c, "slow (+1s per step for 4 steps)", seconds=1, steps=4)
 
 
 class _Events(HTMLParser):

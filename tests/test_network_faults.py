@@ -22,6 +22,7 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.events import JsonLog, has, like
 from tests.harness.netns import NetLab
 from tests.harness.netns_state import netns_names
 from tests.harness.waiting import wait_until
@@ -39,7 +40,8 @@ class Job:
         self.coordinator = lab.coordinator(
             tmp, "--store", etcd_url, "--store-prefix", key_prefix.rstrip("/"), "--min-replicas", "2",
             "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s",
-            "--hang-floor", HANG_FLOOR).start()
+            "--hang-floor", HANG_FLOOR, "--log-format", "json").start()
+        self.log = JsonLog(self.coordinator.log_path)
         self.agents = {}
         for i, name in enumerate(lab.names):
             self.agents[name] = lab.agent(name, tmp, self.coordinator.address, i, len(lab.names), "--steps", FOREVER,
@@ -51,22 +53,6 @@ class Job:
         for a in self.agents.values():
             a.stop()
         self.coordinator.stop()
-
-    def log(self) -> str:
-        return self.coordinator.log_path.read_text(errors="replace")
-
-    def wait_log(self, pattern: str, timeout: float) -> re.Match:
-        found: list[re.Match] = []
-
-        def seen() -> bool:
-            m = re.search(pattern, self.log())
-            if m:
-                found.append(m)
-            return m is not None
-
-        wait_until(seen, timeout=timeout, interval=0.2,
-                   message=f"coordinator log matching {pattern!r}; its tail:\n{self.coordinator.log_tail()}")
-        return found[0]
 
     def status(self) -> dict:
         with CoordinatorClient([self.coordinator.address]) as client:
@@ -144,11 +130,12 @@ def test_a_down_data_link_takes_out_that_replica_only_and_it_rejoins_once_healed
     head = job.training(lab.names, contributors=3, steps=20, timeout=120)
     cut_at = time.monotonic()
     lab.cut_data("r2")
-    job.wait_log(r"quorum \d+: all 3 members have waited [\d.]+s in the all-reduce of step \d+ .*regrouping", 30)
-    job.wait_log(r"replica r2 taken out: unreachable from r0, r1 over the data path", 40)
+    job.log.wait_event("stuck_regroup", 30, reason=like(
+        r"all 3 members have waited [\d.]+s in the all-reduce of step \d+ .*regrouping"))
+    job.log.wait_event("unreachable", 40, replica="r2", reason=has("unreachable from r0, r1 over the data path"))
     after = job.training(["r0", "r1"], contributors=2, past=head, steps=10, timeout=60)
     stall = first_step_with(job, "r0", 2, head)["t"] - cut_at
-    assert "r0 taken out" not in job.log() and "r1 taken out" not in job.log(), "a healthy member was taken out"
+    assert not job.log.taken_out("r0", "r1"), "a healthy member was taken out"
     # r2 waits, kept out, saying why; its agent restarted it once (the eviction), not in a loop.
     def kept_out() -> bool:
         r2 = job.status()["r2"]
@@ -160,9 +147,9 @@ def test_a_down_data_link_takes_out_that_replica_only_and_it_rejoins_once_healed
     wait_until(lambda: len(reprobes(job, "r2")) >= probes_before + 3, timeout=60, interval=0.2,
                message="r2, kept out, probing the members again and again")
     assert kept_out(), "r2 was restarted again, or let back, while its link is down"
-    assert "reaches every member" not in job.log(), "r2 was let back while its link is down"
+    assert not job.log.events_named("reachable"), "r2 was let back while its link is down"
     lab.heal_data("r2")
-    job.wait_log(r"replica r2 reaches every member over the data path again", 30)
+    job.log.wait_event("reachable", 30, replica="r2")
     back = job.agents["r2"].read_until(lambda line: "admitted" in line and line.get("catch_up"), timeout=120)
     job.training(["r2"], contributors=3, past=after, steps=20, timeout=120)
     assert back["catch_up"] is not None
@@ -173,7 +160,7 @@ def test_a_down_data_link_takes_out_that_replica_only_and_it_rejoins_once_healed
 
 def assert_nobody_taken_out(job: Job) -> None:
     """Nobody was taken out or restarted, every replica committed every step, with one state."""
-    assert "taken out" not in job.log(), job.coordinator.log_tail()
+    assert not job.log.taken_out(), job.coordinator.log_tail()
     assert all(r.restart_count == 0 for r in job.status().values()), "a replica was restarted"
     assert_one_state_per_step(job)
     assert_no_step_lost(job, job.lab.names)
@@ -193,14 +180,13 @@ def test_a_cut_between_two_replicas_takes_out_one_of_them_only(job_in_lab):
     lab = job.lab
     head = job.training(lab.names, contributors=3, steps=20, timeout=120)
     lab.cut_pair("r0", "r1")
-    job.wait_log(r"replica r1 taken out: unreachable from r0 over the data path", 60)
+    job.log.wait_event("unreachable", 60, replica="r1", reason=has("unreachable from r0 over the data path"))
     after = job.training(["r0", "r2"], contributors=2, past=head, steps=10, timeout=60)
-    log = job.log()
-    assert "r0 taken out" not in log and "r2 taken out" not in log, "a member that reaches the others was taken out"
+    assert not job.log.taken_out("r0", "r2"), "a member that reaches the others was taken out"
     wait_until(lambda: "unreachable from r0 " in job.status()["r1"].unreachable, timeout=60, interval=0.2,
                message="r1 shown as kept out, unreachable from r0")
     lab.heal_pair("r0", "r1")
-    job.wait_log(r"replica r1 reaches every member over the data path again", 30)
+    job.log.wait_event("reachable", 30, replica="r1")
     job.training(["r1"], contributors=3, past=after, steps=20, timeout=120)
     assert_one_state_per_step(job)
     assert_no_step_lost(job, ["r0", "r2"])
@@ -250,11 +236,12 @@ def test_a_replica_cut_from_the_coordinator_is_dropped_and_the_others_commit_on(
     head = job.training(lab.names, contributors=3, steps=20, timeout=120)
     cut_at = time.monotonic()
     lab.cut_control("r2")
-    job.wait_log(r"members leaving: r2 \(heartbeat timeout\)", 30)
+    job.log.wait_event("quorum_change", 30, members=lambda m: m is not None and "r2" not in m,
+                       reason=has("members leaving: r2 (heartbeat timeout)"))
     after = job.training(["r0", "r1"], contributors=2, past=head, steps=10, timeout=60)
     stall = first_step_with(job, "r0", 2, head)["t"] - cut_at
     assert stall < 10, f"r0 and r1 committed {stall:.1f}s after the cut (the heartbeat timeout is 2s)"
-    assert "r0 taken out" not in job.log() and "r1 taken out" not in job.log()
+    assert not job.log.taken_out("r0", "r1")
     lab.heal_control("r2")
     job.training(["r2"], contributors=3, past=after, steps=20, timeout=150)
     assert_one_state_per_step(job)

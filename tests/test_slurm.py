@@ -18,6 +18,7 @@ import pytest
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.demo.record import json_objects
+from tests.harness.events import JsonLog
 from tests.harness.processes import ROOT, CoordinatorProcess
 from tests.slurm_cluster import SlurmCluster
 
@@ -109,7 +110,8 @@ def proc_stat(pid: int) -> tuple[str, int]:
 @pytest.mark.timeout(240)
 def test_two_groups_as_an_array_job_survive_a_rank_kill_and_an_agent_kill_with_a_requeue(slurm, tmp_path):
     coordinator = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-interval", "200ms",
-                                     "--heartbeat-timeout", "1s", "--join-timeout", "2s").start()
+                                     "--heartbeat-timeout", "1s", "--join-timeout", "2s",
+                                     "--log-format", "json").start()
     try:
         env = slurm.env(
             PATH=f"{Path(sys.executable).parent}{os.pathsep}{slurm.env()['PATH']}",
@@ -188,7 +190,8 @@ def test_two_groups_as_an_array_job_survive_a_rank_kill_and_an_agent_kill_with_a
         # left it finished (ft.close() after their last step), replica-1 in
         # its incarnation since the requeue.
         assert status.finished.step == STEPS, status
-        log = coordinator.log_path.read_text()
-        assert all(f"replica {r} left (finished)" in log for r in ("replica-0", "replica-1")), coordinator.log_tail()
+        log = JsonLog(coordinator.log_path)
+        assert all(log.find_event("replica_left", replica=r, reason="finished") for r in ("replica-0", "replica-1")), \
+            coordinator.log_tail()
     finally:
         coordinator.stop()

@@ -16,6 +16,7 @@ from fthsdp.coordinator.store import open_store
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.cli import fthsdp
 from tests.harness.etcd import fresh_prefix
+from tests.harness.events import JsonLog
 from tests.harness.processes import CoordinatorProcess, ReplicaProcess
 from tests.harness.waiting import wait_until
 
@@ -55,7 +56,7 @@ def test_lost_state_is_never_silently_restarted_and_is_given_up_by_name(started,
     # join-timeout 0: SIGKILLed replicas close their streams, which the
     # split-brain guard would otherwise take join_timeout to believe.
     args = ("--store", etcd_url, "--store-prefix", prefix, "--heartbeat-interval", "100ms",
-            "--heartbeat-timeout", "2s", "--join-timeout", "0s", "--metrics-port", "0")
+            "--heartbeat-timeout", "2s", "--join-timeout", "0s", "--metrics-port", "0", "--log-format", "json")
     first = started(CoordinatorProcess(tmp_path, *args))
 
     def replicas(address: str, *extra: str) -> list[ReplicaProcess]:
@@ -123,6 +124,7 @@ def test_lost_state_is_never_silently_restarted_and_is_given_up_by_name(started,
     assert s.last_give_up.step == lost and "@" in s.last_give_up.requested_by and s.last_give_up.peer
     record = stored(etcd_url, prefix)
     assert record.step == 0 and record.last_give_up == s.last_give_up  # stored, who and when with it
-    log = (tmp_path / "coordinator.log").read_text()
-    assert log.count(f"STATE LOST at step {lost}") == 2  # once per coordinator, not once per decision
-    assert log.count(f"state loss at step {lost} ended: given up by") == 1
+    log = JsonLog(tmp_path / "coordinator.log")  # both coordinators'
+    # Once per coordinator, not once per decision.
+    assert len(log.events_named("state_lost", job="default", step=lost)) == 2, log.events_named("state_lost")
+    assert len(log.events_named("state_given_up", job="default", step=lost)) == 1

@@ -297,7 +297,10 @@ class HostTable:
     def _apply(self, group: Group, decision: Decision, now: float) -> None:
         log.info("job %s: %s: %s", self.job, group.replica_id, decision.reason,
                  extra={"event": "rendezvous", "job": self.job, "group": group.replica_id,
-                        "action": decision.action.value, "round": decision.round.number, "reason": decision.reason})
+                        "action": decision.action.value, "round": decision.round.number,
+                        "hosts": list(decision.round.ranks), "store": decision.round.store,
+                        "adopted": list(decision.adopted),
+                        "reason": decision.reason})
         group.reason = decision.reason
         members = [h for h in self.hosts.values() if h.group == group.replica_id]
         if decision.action is Action.COMPLETE:

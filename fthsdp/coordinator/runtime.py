@@ -261,7 +261,9 @@ class CoordinatorRuntime:
             gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock(), req.reason, req.step)
             if gone and revision:
                 await job_store.delete_record(self.store, job, req.replica_id, revision)
-        log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given")
+        log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given",
+                 extra={"event": "replica_left", "job": job.state.name, "replica": req.replica_id,
+                        "reason": req.reason, "failed": req.failed, "step": req.step})
         self.wake()
 
     def agent_event(self, req: pb.AgentEventRequest) -> None:
@@ -270,13 +272,17 @@ class CoordinatorRuntime:
         failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, now)
         if not failed and fail_awaited(job.state.replicas.get(req.replica_id), req.state, now):
             job.state.dirty = failed = True
+        state = pb.AgentState.Name(req.state).removeprefix("AGENT_STATE_").lower()
         log.info(
             "job %s: agent of %s (node %d): %s%s",
             job.state.name,
             req.replica_id,
             req.node_rank,
-            pb.AgentState.Name(req.state).removeprefix("AGENT_STATE_").lower(),
+            state,
             f" ({req.detail})" if req.detail else "",
+            extra={"event": "agent_reported", "job": job.state.name, "replica": req.replica_id,
+                   "node_rank": req.node_rank, "state": state, "restart_count": req.restart_count,
+                   "detail": req.detail},
         )
         if failed:
             self.wake()

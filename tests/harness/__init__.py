@@ -11,6 +11,8 @@ Processes and waiting:
   ``WorkerProcess``, ``AgentProcess``, ``ReplicaProcess``; ``ROOT`` and
   ``_env()``, the environment every child of a test gets.
 - ``waiting``: ``wait_until``, a condition with a deadline (never a sleep).
+- ``events``: ``JsonLog``, a ``--log-format json`` log of a coordinator or
+  agent: ``wait_event``/``events_named`` find an event by name and fields.
 - ``cli``: ``fthsdp(*args)``, the command run as a user runs it, and
   ``one_line_error``, what a user's mistake must print.
 - ``cluster``: ``Cluster``, the builder of every ``cluster`` fixture
@@ -54,4 +56,6 @@ Whole set-ups:
 - ``soak``, ``soak_control``: the randomized fault soak and its control-plane faults.
 - ``tls_certs``: throwaway certificates.
 - ``deploy_files``: reading deploy/ (units, scripts, manifests) for the deployment and docs tests.
+- ``kubernetes``: the manifests as the API server and the JobSet controller read them (the
+  schema check, the JobSet's Jobs, failure and success policies), for the deployment tests.
 """
