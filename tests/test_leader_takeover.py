@@ -13,6 +13,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -167,3 +168,43 @@ def test_an_unreadable_record_is_followed():
     follower = Leadership(store, KEY, "b:1", ttl=60, probe=seen(False))
     assert not run(follower.try_once())
     assert follower.leader == ADDRESS
+
+
+class Clock:
+    """The store's clock, moved by the test: a stall of this process past the lease's time to live."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def hold_through_a_stall(sole: bool) -> tuple[Leadership, MemoryStore, int, bool]:
+    """Lead, then let the store's clock jump past the lease; returns the
+    leadership, the store, the first lease, and whether ``hold`` returned (the lease was lost)."""
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    leader = Leadership(store, KEY, "a:1", ttl=0.3, sole=sole)
+    assert await leader.try_once()
+    first = leader._lease
+    holding = asyncio.create_task(leader.hold())
+    clock.now += 10.0  # the process stalled: nothing renewed the lease meanwhile
+    deadline = time.monotonic() + 10.0
+    while not holding.done() and leader._lease == first and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # polling a condition with a deadline: hold() runs on this loop
+    lost = holding.done()
+    holding.cancel()
+    return leader, store, first, lost
+
+
+def test_a_coordinator_on_its_own_memory_store_leads_on_after_a_stall_past_its_lease():
+    leader, store, first, lost = asyncio.run(hold_through_a_stall(sole=True))
+    assert not lost and leader.leading and leader._lease != first, "a new lease, taken at once"
+    assert store.get(KEY).value == b"a:1"
+
+
+def test_a_coordinator_on_a_shared_store_that_stalls_past_its_lease_loses_it():
+    leader, store, _, lost = asyncio.run(hold_through_a_stall(sole=False))
+    assert lost and not leader.leading, "another coordinator may lead now: this one must restart as a follower"
+    assert store.get(KEY) is None

@@ -162,9 +162,14 @@ def probe_pid(pid: int) -> Seen:
 
 
 class Leadership:
-    def __init__(self, store: Store, key: str, me: str, ttl: float, *,
+    def __init__(self, store: Store, key: str, me: str, ttl: float, *, sole: bool = False,
                  here: Callable[[], Host | None] = this_host, probe: Callable[[int], Seen] = probe_pid) -> None:
+        """``sole``: no other coordinator can use ``store`` (``--store memory``,
+        which lives in this process): a lease that lapsed while this process
+        stalled past the time to live passed to nobody, and is taken again
+        rather than lost (losing it would end the only coordinator)."""
         self.store, self.key, self.me, self.ttl = store, key, me, ttl
+        self.sole = sole
         self.holder_key = key + "-holder"
         self.leader = ""
         """The leader's address as last seen ('' unknown); ``me`` once leading."""
@@ -249,6 +254,15 @@ class Leadership:
                     log.warning("leader election: could not refresh the lease (%s)", e)
                     continue
                 alive = False
+            if not alive and self.sole:
+                stalled = time.monotonic() - last_ok
+                self.leading = False
+                if await self.try_once():
+                    log.warning("leader election: the lease lapsed (this coordinator went %.1fs without renewing "
+                                "it, against a %gs time to live); no other coordinator can share its memory store, "
+                                "so it leads on", stalled, self.ttl)
+                    last_ok = time.monotonic()
+                    continue
             if not alive:
                 self.leading = False
                 log.error("leader election: this coordinator lost its lease; another one may lead now")

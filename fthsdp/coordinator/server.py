@@ -137,7 +137,8 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
             raise ConfigError(f"cannot listen on {config.bind}: the address is in use or not local")
         leader = advertised_address(config, port)
         runtime = CoordinatorRuntime(config, store, leader)
-        leadership = Leadership(store, f"{config.store_prefix}/leader", leader, config.leader_ttl)
+        leadership = Leadership(store, f"{config.store_prefix}/leader", leader, config.leader_ttl,
+                                sole=config.store == "memory")
         if await leadership.try_once():
             await runtime.start()
         runtime.leader_hint = leadership.leader
