@@ -83,3 +83,26 @@ def test_probe_sees_a_blocked_loop():
 )
 def test_backlog_is_the_typical_replica_lateness(ages, interval, expected):
     assert backlog(ages, interval) == expected
+
+
+@pytest.mark.parametrize(
+    "records, now, expected",
+    [
+        ([], 9.0, 0.0),  # nothing probes yet (a runtime not started, a fake clock): no lag
+        ([(0.0, 0.0)], 0.04, 0.0),  # the prober is due in 0.05 s: not late
+        ([(0.0, 0.0)], 5.05, 5.0),  # no record for 5.05 s: a stall, still going or just over
+        ([(0.0, 0.0), (5.05, 5.0)], 5.1, 5.0),  # the prober caught up and recorded the stall itself
+        ([(0.0, 2.0), (0.5, 0.0)], 1.0, 2.0),  # an earlier, larger lag still in the window
+    ],
+)
+def test_a_prober_that_has_not_run_is_lag(records, now, expected):
+    window = LagWindow(10.0, every=0.05)
+    for t, lag in records:
+        window.record(t, lag)
+    assert window.worst(now) == pytest.approx(expected)
+
+
+def test_a_window_without_a_period_counts_only_what_was_recorded():
+    window = LagWindow(10.0)
+    window.record(0.0, 0.0)
+    assert window.worst(5.0) == 0.0

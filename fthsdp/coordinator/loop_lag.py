@@ -13,7 +13,12 @@ loop itself never ran more than 0.7 s late).
 Two measures, both added to the heartbeat timeout by the runtime:
 
 - ``LagWindow``: the worst lag of the event loop seen recently (it woke a
-  sleeper this much later than asked). Catches a loop that is stalled.
+  sleeper this much later than asked). Catches a loop that is stalled,
+  including one still stalled, or that has just come back and not yet woken
+  the prober: the time since the prober last ran counts as lag too. Without
+  that, a decision taken first after a stall (whose timer fired before the
+  prober's) saw none of it, and counted every live replica lost for the
+  coordinator's own silence (a 5.6 s stall of a loaded 2-core machine did).
 - ``backlog``: how much later than they should be the heartbeats of the
   *typical* replica are. Every replica sends once per interval, so the
   median time since a replica was last heard of is about half an interval;
@@ -39,13 +44,20 @@ PROBE_INTERVAL = 0.05
 
 
 class LagWindow:
-    """The largest lag observed within the last ``window`` seconds."""
+    """The largest lag observed within the last ``window`` seconds.
 
-    def __init__(self, window: float) -> None:
+    With ``every`` (the prober's period), a prober that has not recorded for
+    longer than that is itself late: ``worst`` counts the overdue time from
+    its first record on (before, nothing probes; tests driving a fake clock
+    without a prober are unaffected)."""
+
+    def __init__(self, window: float, every: float | None = None) -> None:
         if window <= 0:
             raise ValueError(f"the lag window must be positive, not {window}")
         self.window = window
+        self.every = every
         self._samples: deque[tuple[float, float]] = deque()  # (time, lag), lags decreasing
+        self._last: float | None = None  # when the prober last recorded
 
     def record(self, now: float, lag: float) -> None:
         # A monotonic deque: an older sample no larger than the new one can
@@ -53,11 +65,20 @@ class LagWindow:
         while self._samples and self._samples[-1][1] <= lag:
             self._samples.pop()
         self._samples.append((now, max(0.0, lag)))
+        self._last = now
         self._expire(now)
 
     def worst(self, now: float) -> float:
         self._expire(now)
-        return self._samples[0][1] if self._samples else 0.0
+        seen = self._samples[0][1] if self._samples else 0.0
+        return max(seen, self.overdue(now))
+
+    def overdue(self, now: float) -> float:
+        """How much later than expected the prober is now: a stall still
+        going on, or just over and not yet recorded."""
+        if self.every is None or self._last is None:
+            return 0.0
+        return max(0.0, now - self._last - self.every)
 
     def _expire(self, now: float) -> None:
         while self._samples and self._samples[0][0] < now - self.window:

@@ -27,7 +27,7 @@ from fthsdp.coordinator.gauges import job_gauges
 from fthsdp.coordinator.host_status import group_statuses
 from fthsdp.coordinator.injection import InjectionBook
 from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.loop_lag import LagWindow, probe
+from fthsdp.coordinator.loop_lag import PROBE_INTERVAL, LagWindow, probe
 from fthsdp.coordinator.metrics import TAKEN_OUT_REASONS, Metrics
 from fthsdp.coordinator.replica_entry import fail_awaited, grant_reconnect_grace
 from fthsdp.coordinator.served_job import ServedJob
@@ -64,7 +64,7 @@ class CoordinatorRuntime:
             for reason in TAKEN_OUT_REASONS:
                 self.metrics.taken_out.inc(0, job=name, reason=reason)
         self._ticker: asyncio.Task | None = None
-        self.lag = LagWindow(config.heartbeat_timeout)
+        self.lag = LagWindow(config.heartbeat_timeout, every=PROBE_INTERVAL)
         """The event loop's recent worst lag: added to the heartbeat timeout (fthsdp/coordinator/loop_lag.py)."""
         self.decisions = DecisionLoop(config, store, self.jobs, self.metrics, self.lag, clock, wall)
         """Every job's decisions, each tick or when woken (fthsdp/coordinator/decision_loop.py)."""
