@@ -28,6 +28,9 @@ from typing import Any
 
 from tests.harness.waiting import wait_until
 
+RECORD_START = '{"time": "'
+"""How fthsdp's JSON log records begin (fthsdp/core/log_format.py puts ``time`` first)."""
+
 TAKEN_OUT = ("hang", "straggler", "unreachable", "checksum_mismatch")
 """The coordinator's events that take a replica out: each is logged as "replica X taken out: ...", a checksum
 mismatch as "... it is taken out and must catch up" (or its agent gives up)."""
@@ -62,8 +65,11 @@ class JsonLog:
             if end >= 0:
                 self._offset += end + 1
                 for line in data[:end + 1].decode(errors="replace").splitlines():
-                    if line.startswith("{"):
-                        self._add(line)
+                    # A record may follow text another process left without its newline (the ranks share
+                    # the agent's stderr: a progress bar, a partial print): it begins with its "time" key.
+                    start = 0 if line.startswith("{") else line.find(RECORD_START)
+                    if start >= 0:
+                        self._add(line[start:])
         return self._records
 
     def _add(self, line: str) -> None:
