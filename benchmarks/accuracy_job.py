@@ -16,7 +16,6 @@ in a session of its own, dying with this one, and stopped at the end.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from fthsdp.demo.children import Children
+from fthsdp.demo.record import json_objects
 
 TRAIN_MODULE = "fthsdp.examples.gpt.train"
 COORDINATOR_FLAGS = ("--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s")
@@ -132,16 +132,14 @@ class _Lines:
         self.cond = threading.Condition()
 
     def rank_line(self, replica: str, text: str) -> None:
-        if not text.startswith("{"):
-            return
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
+        objects = json_objects(text)  # several after a rank SIGKILLed before its newline (fthsdp/demo/record.py)
+        if not objects:
             return
         with self.cond:
-            self.by_replica[replica].append(obj)
-            if "loss" in obj:
-                self.top_step = max(self.top_step, obj["step"])
+            for obj in objects:
+                self.by_replica[replica].append(obj)
+                if "loss" in obj:
+                    self.top_step = max(self.top_step, obj["step"])
             self.cond.notify_all()
 
     def coordinator_line(self, text: str) -> None:

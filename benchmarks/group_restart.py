@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import random
 import signal
@@ -45,6 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from failover import start_coordinator  # noqa: E402
 from jsonproc import Proc  # noqa: E402
+
+from fthsdp.demo.record import json_objects  # noqa: E402
 
 CASES = {"one host of 2 ranks": 1, "two hosts of 1 rank": 2}
 STEPS = 100_000
@@ -66,8 +67,7 @@ def unix(iso: str) -> float:
 def stopped_at(log: Path, after: float) -> float | None:
     """When the agent logging to ``log`` had stopped its ranks after ``after`` (its RESTARTING transition)."""
     for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
+        for record in json_objects(line):  # a record may follow a rank's unended line
             if record.get("event") == "agent_state" and record.get("state") == "RESTARTING":
                 t = unix(record["time"])
                 if t >= after:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -10,6 +9,8 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+
+from fthsdp.demo.record import json_objects
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,13 +31,10 @@ class Proc:
 
     def _pump(self) -> None:
         for line in self.p.stdout:
-            if line.startswith("{"):
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(item, dict):
-                    item.setdefault("received", time.time())  # unix seconds it was read: for lines with no time
+            # Several objects on a line: a rank SIGKILLed between a line and its newline (unbuffered Python
+            # writes them apart), and its restart's first line goes on on the same line (json_objects).
+            for item in json_objects(line):
+                item.setdefault("received", time.time())  # unix seconds it was read: for lines with no time
                 self.lines.put(item)
 
     def until(self, predicate, timeout: float = 120.0) -> dict:

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fthsdp.demo.record import json_objects
 from tests.harness.waiting import wait_until
-
-RECORD_START = '{"time": "'
-"""How fthsdp's JSON log records begin (fthsdp/core/log_format.py puts ``time`` first)."""
 
 TAKEN_OUT = ("hang", "straggler", "unreachable", "checksum_mismatch")
 """The coordinator's events that take a replica out: each is logged as "replica X taken out: ...", a checksum
@@ -65,20 +62,14 @@ class JsonLog:
             if end >= 0:
                 self._offset += end + 1
                 for line in data[:end + 1].decode(errors="replace").splitlines():
-                    # A record may follow text another process left without its newline (the ranks share
-                    # the agent's stderr: a progress bar, a partial print): it begins with its "time" key.
-                    start = 0 if line.startswith("{") else line.find(RECORD_START)
-                    if start >= 0:
-                        self._add(line[start:])
+                    # A record may follow text a rank left without its newline (the ranks share the
+                    # agent's stderr: one SIGKILLed mid-line, a progress bar): json_objects finds it there.
+                    for record in json_objects(line):
+                        self._add(record)
         return self._records
 
-    def _add(self, line: str) -> None:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(record, dict) and isinstance(record.get("time"), str) and "message" in record \
-                and "logger" in record:
+    def _add(self, record: dict) -> None:
+        if isinstance(record.get("time"), str) and "message" in record and "logger" in record:
             record["t"] = datetime.datetime.fromisoformat(record["time"]).timestamp()
             self._records.append(record)
 
