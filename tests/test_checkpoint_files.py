@@ -202,3 +202,29 @@ def test_a_metadata_that_would_run_code_is_never_unpickled(tmp_path):
     layout.write_record(share / layout.SHARE_RECORD, record)  # even with a matching checksum
     with pytest.raises(CheckpointError, match="builtins.print"):
         seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=1, ranks=1)
+
+
+def test_a_share_written_over_by_a_quorum_that_trained_on_is_refused_at_restore(tmp_path):
+    """Two lineages never write into one folder (layout.step_folder), and a
+    restore checks every share's record against the checkpoint's anyway."""
+    folder = write_checkpoint(tmp_path, trained(), 2)
+    seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1, quorum_id=7)
+    record = read_checkpoint(folder, job=JOB, structure=STRUCTURE)
+    # A quorum cut from the coordinator trained on and wrote its share of the same step.
+    write(stage(trained(steps=4).capture(), ShareSpec(JOB, STEP, STRUCTURE, 9, 1, 2, 0, 1)), folder)
+    with pytest.raises(CheckpointError, match="share share-1-rank-0 is not this checkpoint's"):
+        load(folder, record, rank=0, current=fresh().capture())
+
+
+def test_each_lineage_writes_folders_of_its_own_and_seals_only_its_own_shares(tmp_path):
+    state = trained()
+    old, new = layout.step_folder(tmp_path, JOB, STEP), layout.step_folder(tmp_path, JOB, STEP, 2)
+    assert old != new and new.name == f"step-{STEP:010d}-g2"
+    write(stage(state.capture(), ShareSpec(JOB, STEP, STRUCTURE, 12, 0, 1, 0, 1, generation=2)), new)
+    sealed = seal(new, job=JOB, step=STEP, structure=STRUCTURE, shares=1, ranks=1, quorum_id=12, generation=2)
+    assert sealed.generation == 2 and read_checkpoint(new, job=JOB, structure=STRUCTURE)["generation"] == 2
+    write(stage(state.capture(), ShareSpec(JOB, STEP, STRUCTURE, 12, 0, 1, 0, 1, generation=1)), old)
+    with pytest.raises(CheckpointError, match="is of another checkpoint"):
+        seal(old, job=JOB, step=STEP, structure=STRUCTURE, shares=1, ranks=1, quorum_id=12, generation=2)
+    layout.step_folder(tmp_path, JOB, 90).mkdir(parents=True)
+    assert layout.slots_in(tmp_path, JOB) == [(0, STEP), (0, 90), (2, STEP)], "a newer lineage's are the newest"

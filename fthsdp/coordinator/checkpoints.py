@@ -62,6 +62,8 @@ class CheckpointBook:
     refused: set[str] = dataclasses.field(default_factory=set)
     """Digests a replica could not restore: dropped at the next write."""
     logged_refusals: set[str] = dataclasses.field(default_factory=set)
+    fenced: set[str] = dataclasses.field(default_factory=set)
+    """Digests reported from outside the job's lineage, logged once (``lineage_refusal``)."""
     retry_at: float = float("-inf")
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
 
@@ -89,11 +91,12 @@ class CheckpointBook:
             self.records, self.revision = list(msg.checkpoints), item.revision
 
     def report(self, record: pb.CheckpointRecord) -> bool:
-        """A sealer's report: kept if it is newer than every record; True if it was."""
+        """A sealer's report, of the job's lineage (``lineage_refusal``): kept
+        if it is newer than every record; True if it was."""
         newest = self.newest
         if not record.step or not record.path or not record.digest:
             return False
-        if newest is not None and record.step <= newest.step:
+        if newest is not None and (record.generation, record.step) <= (newest.generation, newest.step):
             return False
         self.pending.append(record)
         return True
@@ -130,6 +133,22 @@ class CheckpointBook:
             theirs = decode(pb.CheckpointList, result.current.value, f"checkpoints of job {self.keys.job}")
             self.records, self.revision = list(theirs.checkpoints), result.current.revision
         return False
+
+
+def lineage_refusal(record: pb.CheckpointRecord, sender: str, state: JobState) -> str:
+    """Why a sealed checkpoint that ``sender`` reports is not the job's, or
+    "": it must be of the job's lineage (its generation, and a quorum formed
+    since that lineage began: a quorum cut from the coordinator that trained
+    on wrote it otherwise) and come from a member of the quorum that
+    committed its step."""
+    if record.generation != state.generation:
+        return f"it is of lineage {record.generation}, the job's is {state.generation} (restored since)"
+    if record.quorum_id <= state.lineage_from:
+        return (f"quorum {record.quorum_id} wrote it, before lineage {state.generation} began in quorum "
+                f"{state.lineage_from + 1}")
+    if not state.was_member(sender, record.quorum_id):
+        return f"{sender} was not a member of quorum {record.quorum_id}, which committed step {record.step}"
+    return ""
 
 
 async def sync(book: CheckpointBook, store: Store, job: str, now: float) -> None:
@@ -218,17 +237,18 @@ async def restore(book: CheckpointBook, committed: CommittedRecord, store: Store
     quorum_id = state.quorum.id if state.quorum else 0
     async with committed.lock:
         theirs = await asyncio.to_thread(committed.write, store, record.step, quorum_id, unix_ms, None,
-                                         restore=msg)
+                                         restore=msg, new_lineage=True)
         if theirs is not None:
             raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
                                 "look at the status and try again")
         committed.written_at = now
+    state.adopt_lineage(committed.generation, committed.lineage_from)
     state.give_up_state(record.step)
     state.restore = record
     log.warning(
         "job %s: state lost at step %d: restoring the checkpoint of step %d (%d committed steps lost; %s): %s",
         state.name, lost, record.step, lost - record.step, requested_by, record.path,
         extra={"event": "restore", "job": state.name, "lost_step": lost, "step": record.step, "path": record.path,
-               "requested_by": requested_by},
+               "requested_by": requested_by, "generation": state.generation},
     )
     return msg

@@ -40,6 +40,7 @@ def quorum_to_pb(q: Quorum | None) -> pb.Quorum | None:
         member_count=len(q.members),
         first_member_address=q.members[0].address if q.members else "",
         last_drop_id=q.last_drop_id,
+        generation=q.generation,
     )
 
 
@@ -54,6 +55,7 @@ def quorum_from_pb(msg: pb.Quorum) -> Quorum:
         reason=msg.reason,
         epoch=msg.epoch,
         last_drop_id=msg.last_drop_id,
+        generation=msg.generation,
     )
 
 

@@ -96,6 +96,10 @@ class CommittedRecord:
     """The latest restore from a checkpoint (fthsdp/coordinator/checkpoints.py)."""
     finished: pb.JobFinished | None = None
     """The stored finished mark (None: the job is not finished)."""
+    generation: int = 0
+    """The job's lineage (CommittedStep.generation): one more with every restore or give-up."""
+    lineage_from: int = 0
+    """The quorum id current when that lineage began."""
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
     """Serialises the writes: the periodic one runs outside the job's lock,
     so that a slow store holds up no registration."""
@@ -112,6 +116,7 @@ class CommittedRecord:
             self.last_give_up = msg.last_give_up if msg.HasField("last_give_up") else None
             self.last_restore = msg.last_restore if msg.HasField("last_restore") else None
             self.finished = msg.finished if msg.HasField("finished") else None
+            self.generation, self.lineage_from = msg.generation, msg.lineage_from
         step = self.stored
         # A quorum stored after the record was (or by a version without the
         # record at all) holds members at its step; one the record names
@@ -133,15 +138,20 @@ class CommittedRecord:
 
     def write(self, store: Store, step: int, quorum_id: int, unix_ms: int, give_up: pb.GiveUp | None = None,
               finished: pb.JobFinished | None | _Keep = KEEP,
-              restore: pb.Restore | None = None) -> pb.CommittedStep | None:
+              restore: pb.Restore | None = None, new_lineage: bool = False) -> pb.CommittedStep | None:
         """Store ``step`` (blocking: call in a thread), with the finished mark
-        as it is unless ``finished`` is given (None clears it). Returns None
-        on success, or what another coordinator wrote meanwhile (its
-        revision is adopted, so the next write can succeed)."""
+        as it is unless ``finished`` is given (None clears it); with
+        ``new_lineage`` (a restore, a give-up), the next generation, begun
+        at ``quorum_id``. Returns None on success, or what another
+        coordinator wrote meanwhile (its revision is adopted, so the next
+        write can succeed)."""
         last = give_up if give_up is not None else self.last_give_up
         restored = restore if restore is not None else self.last_restore
         mark = self.finished if finished is KEEP else finished
-        msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms)
+        generation, lineage_from = ((self.generation + 1, quorum_id) if new_lineage
+                                    else (self.generation, self.lineage_from))
+        msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms, generation=generation,
+                               lineage_from=lineage_from)
         if last is not None:
             msg.last_give_up.CopyFrom(last)
         if restored is not None:
@@ -153,12 +163,14 @@ class CommittedRecord:
             assert result.current is not None  # what was just written
             self.stored, self.quorum_id, self.revision = step, quorum_id, result.current.revision
             self.last_give_up, self.finished, self.last_restore = last, mark, restored
+            self.generation, self.lineage_from = generation, lineage_from
             return None
         if result.current is None:
             self.revision, self.stored, self.quorum_id = 0, 0, 0
             return pb.CommittedStep()
         theirs = decode(pb.CommittedStep, result.current.value, f"committed step of job {self.keys.job}")
         self.revision, self.stored, self.quorum_id = result.current.revision, theirs.step, theirs.quorum_id
+        self.generation, self.lineage_from = theirs.generation, theirs.lineage_from
         return theirs
 
 
@@ -187,6 +199,7 @@ def _adopt(record: CommittedRecord, state: JobState, theirs: pb.CommittedStep) -
     operator's newer intent; otherwise the higher step stands."""
     newer = theirs.HasField("last_give_up") and theirs.last_give_up != record.last_give_up
     restored = theirs.HasField("last_restore") and theirs.last_restore != record.last_restore
+    state.adopt_lineage(theirs.generation, theirs.lineage_from)
     if restored:
         record.last_restore = theirs.last_restore
     if newer:
@@ -220,12 +233,13 @@ async def give_up(record: CommittedRecord, store: Store, state: JobState, reques
     record_msg = pb.GiveUp(step=request.step, unix_ms=unix_ms, requested_by=request.requested_by, peer=peer,
                            coordinator=coordinator, epoch=epoch, quorum_id=quorum_id)
     async with record.lock:
-        theirs = await asyncio.to_thread(record.write, store, 0, quorum_id, unix_ms, record_msg)
+        theirs = await asyncio.to_thread(record.write, store, 0, quorum_id, unix_ms, record_msg, new_lineage=True)
         if theirs is not None:
             _adopt(record, state, theirs)
             raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
                                 "look at the status and try again")
         record.written_at = now
+        state.adopt_lineage(record.generation, record.lineage_from)
         state.give_up_state(0)
     # This line is both the record of the give-up and the end of the loss.
     log.warning(

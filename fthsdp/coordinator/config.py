@@ -49,6 +49,14 @@ class CoordinatorConfig:
     heartbeat_timeout: float = dataclasses.field(default=5.0, metadata=DURATION)
     """A replica silent this long is dropped from the next quorum."""
 
+    member_lease: float = dataclasses.field(default=5.0, metadata=DURATION)
+    """A member that has not had an answer from the coordinator for this long (counted from the heartbeat answered)
+    commits no more steps until it has one; the coordinator waits out the leases of members it cannot confirm dead
+    before it declares the state lost, restores a checkpoint or forms a quorum without any previous member, so that a
+    quorum cut from it never trains on beside a new one. It must outlast a coordinator restart or failover plus a
+    heartbeat interval (else training pauses through one), and is at least 3 heartbeat intervals (stretched with
+    them); longer than --heartbeat-timeout + --join-timeout delays those decisions past the split-brain guard."""
+
     heartbeat_budget: float = 5000.0
     """Most heartbeats per second to ask for, every replica and rank together: with more senders than this times
     --heartbeat-interval, the interval (and --heartbeat-timeout in proportion) stretches to fit. A crash is noticed as
@@ -161,7 +169,8 @@ class CoordinatorConfig:
             raise ConfigError(f"--store-prefix must start with '/' and not end with '/', got {self.store_prefix!r}")
         if self.min_replicas < 1:
             raise ConfigError(f"--min-replicas must be at least 1, got {self.min_replicas}")
-        for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval", "leader_ttl"):
+        for name in ("store_timeout", "heartbeat_interval", "heartbeat_timeout", "tick_interval", "leader_ttl",
+                     "member_lease"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         for name in ("hang_multiple", "hang_floor", "hang_ceiling", "section_timeout"):
@@ -217,4 +226,5 @@ class CoordinatorConfig:
             join_timeout=self.join_timeout,
             join_settle=self.join_settle,
             disconnect_is_failure=self.disconnect_is_failure,
+            member_lease=self.member_lease,
         )

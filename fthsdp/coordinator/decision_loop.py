@@ -175,6 +175,10 @@ class DecisionLoop:
                            "reason": quorum.reason, "event": "quorum_change"},
                 )
                 job.logged_reason = decision.reason
+            if decision.leased and decision.reason != job.logged_reason:
+                log.warning("job %s: %s", job.state.name, decision.reason,
+                            extra={"event": "lease_wait", "job": job.state.name, "replicas": list(decision.leased)})
+                job.logged_reason = decision.reason
             self._log_reason(job, decision.reason)
             # A new reason alone wakes nobody: at 10,000 watchers every push
             # counts; each event carries the latest reason anyway. A state
@@ -242,7 +246,7 @@ class DecisionLoop:
             job.backlog, job.backlog_at = backlog(job.state.heartbeat_ages(now), pace.interval), now
         timeout = pace.timeout + lag_allowance(max(self.lag.worst(now), job.backlog))
         members = len(job.state.quorum.members) if job.state.quorum else 0
-        job.state.set_pace(timeout, settle_for(members, self.config.join_settle))
+        job.state.set_pace(timeout, settle_for(members, self.config.join_settle), pace.interval)
         if pace.interval != before.interval:
             log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
                      job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fthsdp.coordinator import silence
+from fthsdp.coordinator import lease, silence
 from fthsdp.coordinator.member_checks import MemberChecks
 from fthsdp.coordinator.quorum import decide
 from fthsdp.coordinator.quorum_types import Decision, Quorum, Restoring
@@ -70,12 +70,14 @@ class JobState(ReplicaCalls, MemberChecks):
                             and self.replicas[rid].session_id is not None and not self.replicas[rid].notice)
         return [rid for x, rid in expiries if since < x <= now]
 
-    def set_pace(self, heartbeat_timeout: float, join_settle: float) -> None:
+    def set_pace(self, heartbeat_timeout: float, join_settle: float, heartbeat_interval: float = 0.0) -> None:
         """Adopt a stretched heartbeat timeout and join settle (the runtime's
-        pace). Under load they move often: neither is urgent by itself, but
-        a shorter timeout may have run out for members before the last
-        decision, so every deadline is looked at again."""
+        pace), and the member lease that goes with the interval. Under load
+        they move often: neither is urgent by itself, but a shorter timeout
+        may have run out for members before the last decision, so every
+        deadline is looked at again."""
         rules = self.rules
+        self.lease_s = lease.granted(rules.member_lease, heartbeat_interval)
         if heartbeat_timeout != rules.heartbeat_timeout or join_settle != rules.join_settle:
             self.rules = dataclasses.replace(rules, heartbeat_timeout=heartbeat_timeout, join_settle=join_settle)
             self.joiners_moved = True

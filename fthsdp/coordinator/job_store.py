@@ -106,6 +106,7 @@ async def publish(store: Store, job: ServedJob, decision: Decision, created_unix
         created_unix_ms=created_unix_ms,
         reason=decision.reason,
         epoch=job.epoch,
+        generation=job.state.generation,
         # A regroup drops nobody, but its members must leave the old group at once.
         last_drop_id=new_id if decision.regroup else next_last_drop_id(prev, new_id, members),
     )

@@ -14,7 +14,7 @@ apart so that each part reads the one definition of the state it works on.
 
 from __future__ import annotations
 
-from fthsdp.coordinator import replica_status, watch_events
+from fthsdp.coordinator import lease, replica_status, watch_events
 from fthsdp.coordinator.hang import HangRules
 from fthsdp.coordinator.progress import ProgressBook
 from fthsdp.coordinator.quorum_types import CatchUpSource, Member, Quorum, Rules
@@ -22,6 +22,11 @@ from fthsdp.coordinator.reach_book import ReachBook
 from fthsdp.coordinator.replica_entry import ReplicaEntry, seed_entries
 from fthsdp.core.errors import NotFound, StaleSession
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+KEEP_QUORUMS = 64
+"""Recent quorums whose members are kept (``was_member``): a checkpoint is
+sealed seconds after its step, many quorums later at most in a job that is
+changing fast."""
 
 DEFAULT_HANG_RULES = HangRules()
 """The hang and straggler rules of a job made without any (frozen: one shared instance)."""
@@ -88,6 +93,14 @@ class JobTable:
         """From the latest decision: the committed step no live replica holds (0: not lost)."""
         self.state_lost = ""
         """From the latest decision, while lost: what remains."""
+        self.generation = 0
+        """The job's lineage: one more after every restore from a checkpoint
+        or give-up (stored with the committed step, fthsdp/coordinator/committed.py)."""
+        self.lineage_from = 0
+        """The quorum id current when this generation began: a checkpoint
+        written in a quorum up to it is of an older lineage (fthsdp/coordinator/checkpoints.py)."""
+        self._quorum_members: dict[int, frozenset[str]] = {}
+        """The members of the last few quorums, by id (``was_member``)."""
         self.restore: pb.CheckpointRecord | None = None
         """While the state is restored from this checkpoint (fthsdp/coordinator/checkpoints.py):
         sent to every watcher until a quorum forms at its step."""
@@ -95,6 +108,8 @@ class JobTable:
         """Set once every member of the last quorum left finished (stored,
         fthsdp/coordinator/committed.py): no quorum forms, and every watcher is
         told, until an operator reopens the job (``reopen``)."""
+        self.lease_s = rules.member_lease
+        """The member lease an answer grants now (fthsdp/coordinator/lease.py ``granted``: stretched with the pace)."""
         self._left: dict[str, str] = {}
         """Why each member of the current quorum that left on purpose left ("finished", "drained")."""
 
@@ -114,6 +129,9 @@ class JobTable:
         self.set_quorum(quorum, quorum_revision)
         self.committed_step = committed_step
         self.replicas.update(seed_entries(self._members, records, now))
+        # What a predecessor granted is unknown: the most it could have, from now (fthsdp/coordinator/lease.py).
+        for rid in self._members:
+            self.replicas[rid].lease_until = lease.presumed(now, self.lease_s)
         self._unreachable |= {rid for rid, e in self.replicas.items() if e.unreachable}
 
     # ----- views ---------------------------------------------------------------------
@@ -151,10 +169,26 @@ class JobTable:
     def is_member(self, replica_id: str) -> bool:
         return replica_id in self._members
 
+    def was_member(self, replica_id: str, quorum_id: int) -> bool:
+        """Whether ``replica_id`` was a member of quorum ``quorum_id``, as far
+        as this coordinator knows (the last ``KEEP_QUORUMS`` quorums it
+        formed or loaded; an older one is not known, and counts as no)."""
+        return replica_id in self._quorum_members.get(quorum_id, ())
+
+    def adopt_lineage(self, generation: int, lineage_from: int) -> None:
+        """The job's lineage as stored (fthsdp/coordinator/committed.py): after
+        a restore or a give-up, the steps are trained again by a new lineage,
+        whose checkpoints are the only ones recorded from then on."""
+        self.generation, self.lineage_from = generation, lineage_from
+
     def set_quorum(self, quorum: Quorum | None, revision: int) -> None:
         """Adopt ``quorum`` (stored at ``revision``) as the current one."""
         self.quorum, self.quorum_revision = quorum, revision
         self._members = {m.replica_id: m for m in quorum.members} if quorum else {}
+        if quorum is not None:
+            self._quorum_members[quorum.id] = frozenset(self._members)
+            for old in sorted(self._quorum_members)[:-KEEP_QUORUMS]:
+                del self._quorum_members[old]
         self._ranks = {rid: rank for rank, rid in enumerate(self._members)}  # the list's order
         self._left = {rid: why for rid, why in self._left.items() if rid in self._members}
         self.dirty = self.checksums_dirty = True

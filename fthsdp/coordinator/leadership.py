@@ -8,16 +8,19 @@ serve Status (pointing to the leader) and answer every other call with
 UNAVAILABLE, so that clients, which hold a list of coordinators, move on.
 
 Beside it, under the same lease, the leader writes ``PREFIX/leader-holder``:
-who it is (:class:`Holder`: boot id, pid namespace, pid and start time of its
-process, the leader key's revision and the lease). A campaign that finds the
-key held reads that record, and if it proves that the holder's process is
-gone (same boot and pid namespace as this one, and that pid is free, a
-zombie, or a newer process's), it revokes the dead holder's lease and takes
-the key at once, instead of following a dead leader until its lease runs
-out: a coordinator that its supervisor restarted after a SIGKILL leads
-within a second. Anything short of proof (no record, another host, a live
-pid, a /proc it cannot read) and it follows as before; see
-:func:`predecessor_gone`.
+who it is (:class:`Holder`: its address, boot id, pid namespace, pid and start
+time of its process, the leader key's revision and the lease). A campaign that
+finds the key held reads that record, and if it proves that the holder is
+gone, it revokes the dead holder's lease and takes the key at once, instead
+of following a dead leader until its lease runs out: a coordinator that its
+supervisor restarted after a SIGKILL leads within a second. The proof takes
+two independent observations: the holder's process is gone (same boot and pid
+namespace as this one, and that pid is free, a zombie, or a newer process's),
+and its advertised address refuses a connection (hosts cloned from one memory
+image share the boot id, and a live leader there answers). Anything short of
+proof (no record, another host, a live pid or one of another user's, a /proc
+it cannot read, an address that answers or does not refuse) and it follows as
+before; see fthsdp/coordinator/leader_proof.py.
 
 Lifecycle::
 
@@ -29,141 +32,34 @@ Lifecycle::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from fthsdp.coordinator.leader_proof import (
+    Holder,
+    HolderRecordError,
+    Host,
+    PidState,
+    Reach,
+    Seen,
+    pid_state,
+    predecessor_gone,
+    probe_address,
+    probe_pid,
+    this_host,
+)
 from fthsdp.coordinator.store import Store, Versioned
 from fthsdp.core.errors import StoreError
 
 log = logging.getLogger("fthsdp.coordinator")
 
 
-class HolderRecordError(ValueError):
-    """A ``leader-holder`` value that is not a record this version can read."""
-
-
-@dataclass(frozen=True)
-class Host:
-    """Where pids mean the same thing: one boot of one kernel, one pid namespace."""
-
-    boot_id: str
-    """/proc/sys/kernel/random/boot_id: differs between hosts and across a reboot."""
-    pid_ns: str
-    """DEV:INODE of /proc/self/ns/pid: containers on one host may each have their own."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds the leader key, as the holder itself recorded it."""
-
-    address: str
-    revision: int
-    """The leader key's revision when this holder wrote it: binds the record to that holding."""
-    lease: int
-    host: Host
-    pid: int
-    start: int
-    """The process's start time (clock ticks since boot): tells a reused pid apart."""
-
-    def encode(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Holder:
-        try:
-            d = json.loads(raw)
-            holder = cls(str(d["address"]), int(d["revision"]), int(d["lease"]),
-                         Host(str(d["host"]["boot_id"]), str(d["host"]["pid_ns"])), int(d["pid"]), int(d["start"]))
-        except (ValueError, TypeError, KeyError) as e:
-            raise HolderRecordError(f"unreadable leader-holder record {raw[:200]!r}: {e}") from e
-        return holder
-
-
-@dataclass(frozen=True)
-class Seen:
-    """What this host shows at a pid."""
-
-    exists: bool
-    zombie: bool = False
-    start: int | None = None
-    """Its start time; None if /proc would not say."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    gone: bool
-    why: str
-
-
-def predecessor_gone(holder: Holder | None, leader: Versioned, here: Host | None,
-                     probe: Callable[[int], Seen]) -> Verdict:
-    """Whether the holder of ``leader`` (the key as just read) is provably dead.
-
-    Only a proof counts: a wrong "gone" would make two coordinators lead at
-    once, a wrong "alive" only costs the wait for the lease to run out.
-    """
-    if holder is None:
-        return Verdict(False, "it left no holder record")
-    if holder.revision != leader.revision or holder.address.encode() != leader.value:
-        return Verdict(False, "its holder record belongs to another holding of the key")
-    if here is None:
-        return Verdict(False, "this host's boot id or pid namespace is unreadable")
-    if holder.host.boot_id != here.boot_id:
-        return Verdict(False, "it ran on another host (or before a reboot)")
-    if holder.host.pid_ns != here.pid_ns:
-        return Verdict(False, "it ran in another pid namespace")
-    seen = probe(holder.pid)
-    if not seen.exists:
-        return Verdict(True, "no such process")
-    if seen.zombie:
-        return Verdict(True, "it exited")
-    if seen.start is None:
-        return Verdict(False, f"the start time of pid {holder.pid} is unreadable")
-    if seen.start != holder.start:
-        return Verdict(True, "its pid now belongs to a newer process")
-    return Verdict(False, "its process is alive")
-
-
-def this_host() -> Host | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot_id = f.read().strip()
-        ns = os.stat("/proc/self/ns/pid")
-    except OSError:
-        return None
-    return Host(boot_id, f"{ns.st_dev}:{ns.st_ino}") if boot_id else None
-
-
-def probe_pid(pid: int) -> Seen:
-    """What this host shows at ``pid`` (in this process's pid namespace)."""
-    try:
-        # Not /proc alone: with hidepid a live process of another user has no
-        # /proc entry, while kill(0) still tells "no such process" apart.
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return Seen(False)
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-        fields = stat[stat.rindex(b")") + 2:].split()
-        return Seen(True, zombie=fields[0] in (b"Z", b"X"), start=int(fields[19]))
-    except FileNotFoundError:
-        return Seen(False)  # it ended between the two looks
-    except (OSError, ValueError, IndexError):
-        return Seen(True)
-
-
 class Leadership:
     def __init__(self, store: Store, key: str, me: str, ttl: float, *, sole: bool = False,
-                 here: Callable[[], Host | None] = this_host, probe: Callable[[int], Seen] = probe_pid) -> None:
+                 here: Callable[[], Host | None] = this_host, probe: Callable[[int], Seen] = probe_pid,
+                 reach: Callable[[str], Reach] = probe_address) -> None:
         """``sole``: no other coordinator can use ``store`` (``--store memory``,
         which lives in this process): a lease that lapsed while this process
         stalled past the time to live passed to nobody, and is taken again
@@ -175,7 +71,7 @@ class Leadership:
         """The leader's address as last seen ('' unknown); ``me`` once leading."""
         self.leading = False
         self._lease = 0
-        self._here, self._probe = here, probe
+        self._here, self._probe, self._reach = here, probe, reach
 
     async def try_once(self) -> bool:
         """One campaign: take the key if nobody holds it, or if its holder is
@@ -209,7 +105,14 @@ class Leadership:
             # Debug only: a follower campaigns every third of the TTL.
             log.debug("leader election: not taking over: %s", e)
             return False
-        verdict = predecessor_gone(holder, leader, self._here(), self._probe)
+        here = self._here()
+        seen, reach = None, Reach.NOT_TRIED
+        if holder is not None and holder.host == here:  # elsewhere nothing here can prove it gone
+            seen = self._probe(holder.pid)
+            if pid_state(seen, holder.pid, holder.start)[0] is PidState.GONE:
+                # Only then does its address matter (the connect may take its whole timeout).
+                reach = self._reach(holder.address)
+        verdict = predecessor_gone(holder, leader, here, self.me, seen, reach)
         if not verdict.gone or holder is None:
             log.debug("leader election: not taking over from %s: %s", leader.value.decode(errors="replace"),
                       verdict.why)

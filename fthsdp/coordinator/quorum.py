@@ -110,6 +110,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from fthsdp.coordinator.lease import unlapsed
 from fthsdp.coordinator.liveness import Awaited, lost_at
 from fthsdp.coordinator.quorum_types import CatchUpSource, Decision, Member, Quorum, ReplicaView, Restoring, Rules
 from fthsdp.coordinator.restore_wait import restore_wait
@@ -219,7 +220,7 @@ def decide(
         return tuple(out)
 
     def result(ids: Sequence[str] | None, reason: str, settled: bool = False, lost: str = "",
-               regrouped: bool = False) -> Decision:
+               regrouped: bool = False, leased: tuple[str, ...] = ()) -> Decision:
         next_id = (prev.id if prev else 0) + 1
         members = new_members(ids, next_id) if ids is not None else None
         # The sources are the members (of the new quorum, or those that stay):
@@ -244,7 +245,7 @@ def decide(
         detail = _summary(prev, alive, replicas, pending, catch_up)
         lost_step = committed_step if lost else 0
         return Decision(members, f"{reason} {detail}".strip(), head, catch_up, settled, lost_step, lost, ended,
-                        regrouped)
+                        regrouped, leased)
 
     def state_lost() -> Decision:
         what = _remains(alive, committed_step)
@@ -280,6 +281,17 @@ def decide(
                     f"split-brain guard: {len(silent)} of {len(prev_ids)} members went silent at once; "
                     f"waiting up to join_timeout {rules.join_timeout:g}s before shrinking to the rest.",
                 )
+            if not continuing:
+                # No member carries on: they may train on, cut from this
+                # coordinator, until their leases run out (fthsdp/coordinator/lease.py).
+                cut = unlapsed(prev_ids, replicas, now)
+                if cut:
+                    return result(
+                        None,
+                        f"member lease: waiting for {names(sorted(cut))} of quorum {prev.id} to stop committing "
+                        f"(cut from the coordinator, they may train on until their leases run out) before "
+                        f"{'declaring the state lost' if guarded and not holders else 'a quorum without them'}.",
+                        leased=tuple(sorted(cut)))
             if guarded and not holders:
                 return state_lost()
             restored = None

@@ -24,6 +24,8 @@ class Rules:
     join_timeout: float = 10.0
     disconnect_is_failure: bool = True
     join_settle: float = 0.0
+    member_lease: float = 5.0
+    """The shortest member lease an answer grants (fthsdp/coordinator/lease.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Quorum:
     quorum before it: every member of a quorum with an id at or above it is
     a member of this one (0: unknown, as in a quorum stored by an older
     version; see ``next_last_drop_id``)."""
+    generation: int = 0
+    """The job's lineage it trains: one more after every restore or give-up
+    (fthsdp/coordinator/committed.py)."""
 
     @property
     def member_ids(self) -> tuple[str, ...]:
@@ -120,6 +125,10 @@ class ReplicaView:
     """Set while the replica has not reconnected since this coordinator
     started (it was loaded from the store): the end of its grace to
     reconnect (``lost_at``). ``last_heartbeat`` is then the coordinator's start."""
+    lease_until: float = 0.0
+    """Until when it may still commit steps under the last member lease
+    granted to it, cut from the coordinator or not (fthsdp/coordinator/lease.py);
+    0: none, or it is confirmed dead."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +175,10 @@ class Decision:
     regroup: bool = False
     """The new quorum regroups the members of the last one (a collective
     among them was stuck): every member leaves the old group at once."""
+    leased: tuple[str, ...] = ()
+    """Members of the last quorum whose leases the decision waits out
+    (fthsdp/coordinator/lease.py): no member carries on, and these may still
+    commit steps, cut from the coordinator."""
 
     @property
     def changes_quorum(self) -> bool:

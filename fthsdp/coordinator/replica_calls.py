@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import sys
 
+from fthsdp.coordinator import lease
 from fthsdp.coordinator.job_table import JobTable
 from fthsdp.coordinator.replica_entry import ReplicaEntry
 from fthsdp.core.errors import InvalidRequest, NotFound
@@ -118,7 +119,11 @@ class ReplicaCalls(JobTable):
         recent_inputs: dict[int, str] | None = None,
         wait_for_replicas: int = 0,
         left: bool = False,
+        lease_seq: int = 0,
     ) -> pb.HeartbeatResponse:
+        """Record a heartbeat; its answer renews the member lease when it asks
+        (``lease_seq``) and the replica is a member held to be training
+        (fthsdp/coordinator/lease.py)."""
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now, progress, left)
         entry = self._session(replica_id, session_id)
@@ -157,9 +162,14 @@ class ReplicaCalls(JobTable):
                 del entry.checksums[min(entry.checksums)]
         while len(entry.inputs) > CHECKSUM_HISTORY:
             del entry.inputs[min(entry.inputs)]
-        return pb.HeartbeatResponse(
+        response = pb.HeartbeatResponse(
             quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
         )
+        response.lease_seq = lease_seq
+        if lease_seq and replica_id in self._members and lease.may_be_granted(entry.view()):
+            response.lease_s = self.lease_s
+            entry.lease_until = max(entry.lease_until, lease.lapses_at(now, self.lease_s))
+        return response
 
     def _rank_ping(
         self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False
@@ -209,7 +219,7 @@ class ReplicaCalls(JobTable):
         entry.session_id = None
         self.dirty, self._senders = True, None
         if failed or reason.startswith("failed"):
-            entry.failed_at = now
+            entry.failed_at, entry.lease_until = now, 0.0  # it commits nothing more
             return False
         if replica_id in self._members:
             self._left[replica_id] = reason
@@ -231,6 +241,7 @@ class ReplicaCalls(JobTable):
         if (state in _AGENT_FAILURES and entry is not None and entry.session_id is not None
                 and restart_count >= entry.restart_count):
             entry.failed_at, entry.session_id = now, None
+            entry.lease_until = 0.0  # its processes are gone: confirmed dead (fthsdp/coordinator/lease.py)
             self.dirty, self._senders = True, None
             return True
         return False

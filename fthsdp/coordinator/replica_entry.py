@@ -75,6 +75,11 @@ class ReplicaEntry:
     """Loaded from the store by a coordinator that just started: the end of
     its grace to reconnect (``grant_reconnect_grace``); it counts only until
     the replica registers again (``heard_from``)."""
+    lease_until: float = 0.0
+    """Until when any incarnation of it may still commit steps under a member
+    lease (fthsdp/coordinator/lease.py): kept across registrations (a new
+    incarnation proves nothing of the old one), released (0) only when its
+    agent reports its processes gone or it leaves."""
 
     def view_heartbeat(self) -> float:
         """The replica is as alive as its most silent rank."""
@@ -106,6 +111,7 @@ class ReplicaEntry:
             hung=self.hung_reason,
             unreachable=self.unreachable,
             reconnect_by=None if self.heard_from else self.reconnect_by,
+            lease_until=self.lease_until,
         )
 
     def record(self, registered_unix_ms: int = 0) -> pb.ReplicaRecord:
@@ -181,4 +187,5 @@ def fail_awaited(entry: ReplicaEntry | None, agent_state: int, now: float) -> bo
         return False
     if entry.failed_at is None:
         entry.failed_at = now
+    entry.lease_until = 0.0  # its processes are gone: they commit nothing (fthsdp/coordinator/lease.py)
     return True

@@ -73,9 +73,9 @@ def restore_wait(restoring: Restoring, ready: Sequence[str], replicas: Mapping[s
     if waited >= rules.join_timeout:
         return RestoreWait(False, f"join_timeout {rules.join_timeout:g}s passed since the first replica loaded "
                                   f"{what}; {_members(missing, qid)} not back")
+    # No countdown in the reason: it is logged each time it changes.
     return RestoreWait(True, f"restored {what}: waiting up to join_timeout {rules.join_timeout:g}s "
-                             f"({rules.join_timeout - waited:.1f}s left) for {_members(missing, qid)} "
-                             f"before admitting {_names(ready)}.")
+                             f"for {_members(missing, qid)} before admitting {_names(ready)}.")
 
 
 def held_since(r: ReplicaView) -> float:

@@ -99,6 +99,7 @@ class CoordinatorRuntime:
         job.epoch = await asyncio.to_thread(job_store.bump_epoch, self.store, job.keys, self.leader, self.wall)
         quorum, revision, records = await job_store.read(self.store, job)
         committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
+        job.state.adopt_lineage(job.committed.generation, job.committed.lineage_from)
         await asyncio.to_thread(job.checkpoints.load, self.store)
         now = self.clock()
         job.state.load(quorum, revision, records, now, committed_step)
@@ -196,9 +197,19 @@ class CoordinatorRuntime:
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
             req.progress if req.HasField("progress") else None, inputs, req.wait_for_replicas, req.left,
+            req.lease_seq if req.ack else 0,
         )
         if req.shard_rank == 0 and req.HasField("checkpoint"):
-            job.checkpoints.report(req.checkpoint)  # the sealer's, once its session is known good (above)
+            # The sealer's, once its session is known good (above), if it is of the job's lineage.
+            why = checkpoints.lineage_refusal(req.checkpoint, req.replica_id, job.state)
+            if not why:
+                job.checkpoints.report(req.checkpoint)
+            elif req.checkpoint.digest not in job.checkpoints.fenced:
+                job.checkpoints.fenced.add(req.checkpoint.digest)
+                log.warning("job %s: the checkpoint of step %d that %s reports is not recorded: %s (%s)",
+                            job.state.name, req.checkpoint.step, req.replica_id, why, req.checkpoint.path,
+                            extra={"event": "checkpoint_refused", "job": job.state.name, "replica": req.replica_id,
+                                   "step": req.checkpoint.step, "path": req.checkpoint.path, "reason": why})
         if req.shard_rank == 0 and req.refused_checkpoint:
             self._refused(job, req.replica_id, req.refused_checkpoint, req.refused_checkpoint_reason)
         if req.shard_rank == 0 and req.ready != was_ready:

@@ -38,6 +38,8 @@ class QuorumView:
         """The newest quorum pushed (the highest id)."""
         self._places: dict[int, tuple[int, int]] = {}
         """By quorum id: (this replica's rank, the member count), for the quorums it is a member of."""
+        self._generations: dict[int, int] = {}
+        """By quorum id: the job's lineage it trains, for the same quorums as ``_places``."""
         self.divergence = ""
         """Why the coordinator took this replica out for a checksum mismatch, if it did (named by ``Evicted``)."""
 
@@ -49,13 +51,21 @@ class QuorumView:
                 self.divergence = event.divergence.reason
             if event.HasField("place"):
                 self._places[event.quorum.id] = (event.place.rank, event.quorum.member_count)
+                self._generations[event.quorum.id] = event.quorum.generation
                 for old in sorted(self._places)[:-KEEP_PLACES]:
                     del self._places[old]
+                    self._generations.pop(old, None)
             if self.quorum is None or event.quorum.id > self.quorum.id:
                 self.quorum = event.quorum
             self.cond.notify_all()
 
     # ----- the newest quorum -----------------------------------------------------------
+
+    def generation_of(self, quorum_id: int) -> int:
+        """The job's lineage that quorum ``quorum_id`` trains (this replica a
+        member of it); its checkpoints go to that lineage's folders."""
+        with self.cond:
+            return self._generations.get(quorum_id, self.quorum.generation if self.quorum is not None else 0)
 
     def newest_id(self) -> int:
         return self.quorum.id if self.quorum is not None else 0

@@ -82,7 +82,7 @@ class QuorumMember(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., joined_quorum_id: _Optional[int] = ...) -> None: ...
 
 class Quorum(_message.Message):
-    __slots__ = ("id", "members", "step", "created_unix_ms", "reason", "epoch", "member_count", "first_member_address", "last_drop_id")
+    __slots__ = ("id", "members", "step", "created_unix_ms", "reason", "epoch", "member_count", "first_member_address", "last_drop_id", "generation")
     ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class Quorum(_message.Message):
     MEMBER_COUNT_FIELD_NUMBER: _ClassVar[int]
     FIRST_MEMBER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LAST_DROP_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     id: int
     members: _containers.RepeatedCompositeFieldContainer[QuorumMember]
     step: int
@@ -101,7 +102,8 @@ class Quorum(_message.Message):
     member_count: int
     first_member_address: str
     last_drop_id: int
-    def __init__(self, id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., step: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ..., member_count: _Optional[int] = ..., first_member_address: _Optional[str] = ..., last_drop_id: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., step: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ..., member_count: _Optional[int] = ..., first_member_address: _Optional[str] = ..., last_drop_id: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class QuorumPlace(_message.Message):
     __slots__ = ("rank",)
@@ -178,7 +180,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left", "lease_seq")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +200,7 @@ class HeartbeatRequest(_message.Message):
     REFUSED_CHECKPOINT_REASON_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEFT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -217,7 +220,8 @@ class HeartbeatRequest(_message.Message):
     refused_checkpoint_reason: str
     wait_for_replicas: int
     left: bool
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ..., left: _Optional[bool] = ...) -> None: ...
+    lease_seq: int
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ..., left: _Optional[bool] = ..., lease_seq: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "phase_age_s", "step", "step_time_s", "compute_time_s", "section", "section_timeout_s")
@@ -238,12 +242,16 @@ class Progress(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., phase_age_s: _Optional[float] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., section: _Optional[str] = ..., section_timeout_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("quorum_id", "drain_requested")
+    __slots__ = ("quorum_id", "drain_requested", "lease_s", "lease_seq")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     drain_requested: bool
-    def __init__(self, quorum_id: _Optional[int] = ..., drain_requested: _Optional[bool] = ...) -> None: ...
+    lease_s: float
+    lease_seq: int
+    def __init__(self, quorum_id: _Optional[int] = ..., drain_requested: _Optional[bool] = ..., lease_s: _Optional[float] = ..., lease_seq: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("register", "heartbeat")
@@ -852,23 +860,27 @@ class GiveUp(_message.Message):
     def __init__(self, step: _Optional[int] = ..., unix_ms: _Optional[int] = ..., requested_by: _Optional[str] = ..., peer: _Optional[str] = ..., coordinator: _Optional[str] = ..., epoch: _Optional[int] = ..., quorum_id: _Optional[int] = ...) -> None: ...
 
 class CommittedStep(_message.Message):
-    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up", "finished", "last_restore")
+    __slots__ = ("step", "quorum_id", "updated_unix_ms", "last_give_up", "finished", "last_restore", "generation", "lineage_from")
     STEP_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_GIVE_UP_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     LAST_RESTORE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FROM_FIELD_NUMBER: _ClassVar[int]
     step: int
     quorum_id: int
     updated_unix_ms: int
     last_give_up: GiveUp
     finished: JobFinished
     last_restore: Restore
-    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ...) -> None: ...
+    generation: int
+    lineage_from: int
+    def __init__(self, step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., last_give_up: _Optional[_Union[GiveUp, _Mapping]] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., last_restore: _Optional[_Union[Restore, _Mapping]] = ..., generation: _Optional[int] = ..., lineage_from: _Optional[int] = ...) -> None: ...
 
 class CheckpointRecord(_message.Message):
-    __slots__ = ("step", "path", "digest", "quorum_id", "shares", "bytes", "sealed_unix_ms", "sealed_by", "state_checksum", "kept")
+    __slots__ = ("step", "path", "digest", "quorum_id", "shares", "bytes", "sealed_unix_ms", "sealed_by", "state_checksum", "kept", "generation")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -879,6 +891,7 @@ class CheckpointRecord(_message.Message):
     SEALED_BY_FIELD_NUMBER: _ClassVar[int]
     STATE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     step: int
     path: str
     digest: str
@@ -889,7 +902,8 @@ class CheckpointRecord(_message.Message):
     sealed_by: str
     state_checksum: str
     kept: int
-    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., digest: _Optional[str] = ..., quorum_id: _Optional[int] = ..., shares: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed_unix_ms: _Optional[int] = ..., sealed_by: _Optional[str] = ..., state_checksum: _Optional[str] = ..., kept: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., digest: _Optional[str] = ..., quorum_id: _Optional[int] = ..., shares: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed_unix_ms: _Optional[int] = ..., sealed_by: _Optional[str] = ..., state_checksum: _Optional[str] = ..., kept: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class CheckpointList(_message.Message):
     __slots__ = ("checkpoints",)

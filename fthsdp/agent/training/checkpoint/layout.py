@@ -11,6 +11,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 FORMAT = 1
 """The version of fthsdp's records; a reader refuses any other."""
@@ -21,24 +22,45 @@ SKIPPED_RECORD = "skipped.json"
 checkpoint (its previous save was still being written), so the sealer stops
 waiting for the share at once."""
 DCP_METADATA = ".metadata"
-_STEP = re.compile(r"^step-(\d{10})$")
+_STEP = re.compile(r"^step-(\d{10})(?:-g(\d+))?$")
 _HASH_PIECE = 1 << 22
 
 
-def step_folder(root: Path, job: str, step: int) -> Path:
-    return root / job / f"step-{step:010d}"
+class Slot(NamedTuple):
+    """Where a checkpoint sits among the job's: its lineage, then its step."""
+
+    generation: int
+    step: int
+
+
+def step_folder(root: Path, job: str, step: int, generation: int = 0) -> Path:
+    """A checkpoint's folder. Each lineage of the job (a restore or a
+    give-up begins the next: ``Quorum.generation``) has folders of its own,
+    so that a quorum cut from the coordinator that trained on never writes
+    into a folder of the lineage that replaced it."""
+    return root / job / (f"step-{step:010d}-g{generation}" if generation else f"step-{step:010d}")
 
 
 def share_folder_name(share: int, rank: int) -> str:
     return f"share-{share}-rank-{rank}"
 
 
-def steps_in(root: Path, job: str) -> list[int]:
-    """The steps that have a checkpoint folder (complete or not), oldest first."""
+def slots_in(root: Path, job: str) -> list[Slot]:
+    """Every checkpoint folder of the job (complete or not), of every lineage, oldest first."""
     folder = root / job
     if not folder.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir())
+    return sorted(Slot(int(m.group(2) or 0), int(m.group(1))) for p in folder.iterdir()
+                  if (m := _STEP.match(p.name)) and p.is_dir())
+
+
+def slot_folder(root: Path, job: str, slot: Slot) -> Path:
+    return step_folder(root, job, slot.step, slot.generation)
+
+
+def steps_in(root: Path, job: str, generation: int = 0) -> list[int]:
+    """The steps of one lineage that have a checkpoint folder (complete or not), oldest first."""
+    return [s.step for s in slots_in(root, job) if s.generation == generation]
 
 
 def sha256_file(path: Path) -> str:

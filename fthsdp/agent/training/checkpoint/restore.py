@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fthsdp.agent.training.checkpoint import dcp_metadata, layout
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files, verify_shares
 from fthsdp.agent.training.checkpoint.share import per_rank
 from fthsdp.agent.training.state.codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
 
@@ -57,6 +57,7 @@ def load(folder: Path, record: dict, *, rank: int, current: dict, params: list[t
             dest[name] = torch.empty_like(mine, dtype=stored.properties.dtype)  # this rank's shard
         else:
             dest[name] = torch.empty(stored.size, dtype=stored.properties.dtype)
+    verify_shares(folder, record)
     verify_files(folder, record, sorted(_files_read(metadata, dest)))
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
     try:
@@ -121,8 +122,8 @@ def _overlap(a_off, a_size, b_off, b_size) -> bool:
 def newest_complete(root: Path, job: str, structure: int) -> list[tuple[int, Path]]:
     """This job's checkpoints under ``root`` that have a record, newest first (not yet checked further)."""
     out = []
-    for step in reversed(layout.steps_in(root, job)):
-        folder = layout.step_folder(root, job, step)
+    for slot in reversed(layout.slots_in(root, job)):
+        folder = layout.slot_folder(root, job, slot)
         if (folder / layout.CHECKPOINT_RECORD).exists():
-            out.append((step, folder))
+            out.append((slot.step, folder))
     return out

@@ -116,7 +116,8 @@ class Saver:
     # ----- the saver's threads ----------------------------------------------------------
 
     def _say_skipped(self, spec: ShareSpec) -> None:
-        share = layout.step_folder(self.root, self.job, spec.step) / layout.share_folder_name(spec.share, spec.rank)
+        share = (layout.step_folder(self.root, self.job, spec.step, spec.generation)
+                 / layout.share_folder_name(spec.share, spec.rank))
         try:
             share.mkdir(parents=True, exist_ok=True)
             layout.write_record(share / layout.SKIPPED_RECORD, {
@@ -127,7 +128,7 @@ class Saver:
 
     def _write(self, staged, state_checksum: str) -> None:
         spec = staged.spec
-        folder = layout.step_folder(self.root, self.job, spec.step)
+        folder = layout.step_folder(self.root, self.job, spec.step, spec.generation)
         began = time.monotonic()
         try:
             write(staged, folder, state_checksum)
@@ -155,7 +156,7 @@ class Saver:
             self._superseded.wait(SEAL_POLL)
         try:
             sealed = seal(folder, job=spec.job, step=spec.step, structure=spec.structure, shares=spec.shares,
-                          ranks=spec.ranks, quorum_id=spec.quorum_id)
+                          ranks=spec.ranks, quorum_id=spec.quorum_id, generation=spec.generation)
         except (OSError, CheckpointError) as e:
             log.error("checkpoint of step %d could not be sealed: %s; it is never used", spec.step, e)
             return
@@ -163,15 +164,16 @@ class Saver:
         log.info("checkpoint of step %d complete: %d shares, %.1f MB, %.2fs after the step", spec.step,
                  spec.shares * spec.ranks, sealed.nbytes / 1e6, time.monotonic() - began)
         self._on_sealed(sealed)
-        self._prune(spec.step)
+        self._prune(layout.Slot(spec.generation, spec.step))
 
-    def _prune(self, newest: int) -> None:
+    def _prune(self, newest: layout.Slot) -> None:
         """Delete every checkpoint older than the newest ``keep`` complete ones
-        (an incomplete one older than the newest complete one too)."""
-        steps = layout.steps_in(self.root, self.job)
-        complete = [s for s in steps if (layout.step_folder(self.root, self.job, s) / layout.CHECKPOINT_RECORD)
+        (an incomplete one older than the newest complete one too); an older
+        lineage's count as older than every one of a newer lineage."""
+        slots = layout.slots_in(self.root, self.job)
+        complete = [s for s in slots if (layout.slot_folder(self.root, self.job, s) / layout.CHECKPOINT_RECORD)
                     .exists()]
         kept = set(complete[-self.keep:])
-        for step in steps:
-            if step < newest and step not in kept:
-                shutil.rmtree(layout.step_folder(self.root, self.job, step), ignore_errors=True)
+        for slot in slots:
+            if slot < newest and slot not in kept:
+                shutil.rmtree(layout.slot_folder(self.root, self.job, slot), ignore_errors=True)

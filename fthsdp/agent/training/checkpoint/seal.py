@@ -33,6 +33,8 @@ class Sealed:
     digest: str
     """The sha256 of its ``checkpoint.json``: what the coordinator records."""
     nbytes: int
+    generation: int = 0
+    """The job's lineage that wrote it."""
 
 
 def missing_shares(folder: Path, shares: int, ranks: int, quorum_id: int | None = None) -> list[str]:
@@ -71,7 +73,7 @@ def skipped_shares(folder: Path, shares: int, ranks: int, quorum_id: int) -> lis
 
 
 def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, ranks: int,
-         quorum_id: int | None = None) -> Sealed:
+         quorum_id: int | None = None, generation: int = 0) -> Sealed:
     """Merge the ``shares`` x ``ranks`` shares under ``folder`` into one checkpoint.
 
     Every share must come from a member that committed the step by one
@@ -88,8 +90,8 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
             except ValueError as e:
                 raise CheckpointError(f"checkpoint of step {step}: share {name}: {e}") from e
             expected = {"job": job, "step": step, "structure": structure, "share": s, "shares": shares, "rank": r,
-                        "ranks": ranks}
-            wrong = {k: record.get(k) for k, v in expected.items() if record.get(k) != v}
+                        "ranks": ranks, "generation": generation}
+            wrong = {k: record.get(k, 0) for k, v in expected.items() if record.get(k, 0) != v}
             if wrong:
                 raise CheckpointError(f"checkpoint of step {step}: share {name} is of another checkpoint ({wrong})")
             if quorum_id is not None and record.get("quorum_id") != quorum_id:
@@ -128,13 +130,13 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
     checkpoint = {
         "format": layout.FORMAT, "job": job, "step": step, "structure": structure,
         "quorum_id": first["quorum_id"], "state_checksum": first.get("state_checksum", ""), "shares": shares,
-        "ranks": ranks, "skeletons": skeletons,
+        "ranks": ranks, "generation": generation, "skeletons": skeletons,
         "files": files, "sealed_unix": time.time(),
     }
     layout.write_record(folder / layout.CHECKPOINT_RECORD, checkpoint)
     digest = layout.sha256_file(folder / layout.CHECKPOINT_RECORD)
     nbytes = sum(int(f["bytes"]) for f in files.values())
-    return Sealed(step, folder, first["quorum_id"], shares, checkpoint["state_checksum"], digest, nbytes)
+    return Sealed(step, folder, first["quorum_id"], shares, checkpoint["state_checksum"], digest, nbytes, generation)
 
 
 def read_checkpoint(folder: Path, *, job: str, structure: int, digest: str = "") -> dict:
@@ -156,6 +158,25 @@ def read_checkpoint(folder: Path, *, job: str, structure: int, digest: str = "")
         raise CheckpointError(f"{folder} is a checkpoint of another model (structure {record.get('structure')}, "
                               f"this model's {structure})")
     return record
+
+
+def verify_shares(folder: Path, record: dict) -> None:
+    """Check that every share under ``folder`` belongs to its checkpoint
+    (``record``): written for its job, step, quorum and lineage, with its
+    state checksum. A share written over it later (by a quorum that trained
+    on, cut from the coordinator) is refused, never loaded."""
+    want = {k: record.get(k, 0) for k in ("job", "step", "quorum_id", "generation", "state_checksum")}
+    for s in range(int(record.get("shares", 0))):
+        for r in range(int(record.get("ranks", 0))):
+            name = layout.share_folder_name(s, r)
+            try:
+                share = layout.read_record(folder / name / layout.SHARE_RECORD)
+            except ValueError as e:
+                raise CheckpointError(f"{folder}: share {name}: {e}") from e
+            wrong = {k: share.get(k, 0) for k, v in want.items() if share.get(k, 0) != v}
+            if wrong:
+                raise CheckpointError(f"{folder}: share {name} is not this checkpoint's ({wrong}, the checkpoint's "
+                                      f"{ {k: want[k] for k in wrong} })")
 
 
 def verify_files(folder: Path, record: dict, names: list[str] | None = None) -> None:

@@ -54,6 +54,8 @@ class ShareSpec:
     rank: int
     """This process's rank in its replica group."""
     ranks: int
+    generation: int = 0
+    """The job's lineage (``Quorum.generation``): its folders are that lineage's (layout.step_folder)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def write(staged: StagedShare, checkpoint: Path, state_checksum: str = "") -> di
     record = {
         "format": layout.FORMAT, "job": spec.job, "step": spec.step, "structure": spec.structure,
         "quorum_id": spec.quorum_id, "share": spec.share, "shares": spec.shares, "rank": spec.rank,
-        "ranks": spec.ranks, "state_checksum": state_checksum, "skeleton": staged.skeleton, "paths": staged.paths,
+        "ranks": spec.ranks, "generation": spec.generation, "state_checksum": state_checksum,
+        "skeleton": staged.skeleton, "paths": staged.paths,
         "files": layout.describe_files(folder, files),
     }
     layout.write_record(folder / layout.SHARE_RECORD, record)

@@ -11,7 +11,7 @@ heartbeats and yields the coordinator's Watch events. When the stream ends,
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import grpc
@@ -46,12 +46,16 @@ class SessionCall:
         """Queue a heartbeat (sent at once by gRPC's thread)."""
         self._outbox.put(pb.SessionRequest(heartbeat=request))
 
-    def events(self) -> Iterator[pb.WatchEvent]:
-        """The coordinator's Watch events, until the stream ends (no error raised)."""
+    def events(self, on_ack: Callable[[pb.HeartbeatResponse], None] | None = None) -> Iterator[pb.WatchEvent]:
+        """The coordinator's Watch events, until the stream ends (no error
+        raised); its answers to heartbeats go to ``on_ack``."""
         try:
             for event in self.call:
-                if event.WhichOneof("message") == "watch":
+                kind = event.WhichOneof("message")
+                if kind == "watch":
                     yield event.watch
+                elif kind == "ack" and on_ack is not None:
+                    on_ack(event.ack)
         except grpc.RpcError:
             return  # ended(): why
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.client import SessionCall, open_session
+from fthsdp.agent.training.session.lease import MemberLease
 from fthsdp.agent.training.session.pushes import Listener, Pushes, WatchFollower, start_thread
 from fthsdp.agent.training.session.report import ReplicaReport, Reporting
 from fthsdp.client import CoordinatorClient
@@ -70,6 +71,11 @@ class Membership:
         self.pushes = Pushes(self.view)
         self.reporting = Reporting(step)
         """What the heartbeats say, published whole by the threads that own it."""
+        self.lease = MemberLease(replica_id)
+        """Whether this replica may commit: renewed by the answers to its heartbeats."""
+        self._lease_quorum = 0
+        """The newest quorum id a heartbeat was sent for at once (``_on_push``)."""
+        self.pushes.add_listener(self._on_push)
         self._catch_up_addresses = list(catch_up_addresses)
         self._restart_count = restart_count
         self._progress = progress
@@ -188,6 +194,8 @@ class Membership:
             r = self.report  # one published value: its fields belong together
             done, total = r.catch_up_progress
             call.heartbeat(pb.HeartbeatRequest(
+                ack=True,
+                lease_seq=self.lease.sending(),
                 step=r.step,
                 ready=r.ready,
                 state_checksum=r.state_checksum,
@@ -203,6 +211,16 @@ class Membership:
                 wait_for_replicas=r.wait_for_replicas,
             ))
 
+    def _on_ack(self, ack: pb.HeartbeatResponse) -> None:
+        self.lease.answered(ack.lease_seq, ack.lease_s)
+
+    def _on_push(self, event: pb.WatchEvent) -> None:
+        """A new quorum: heartbeat at once, so that a member just admitted has
+        its lease before its first commit (fthsdp/agent/training/session/lease.py)."""
+        if event.quorum.id > self._lease_quorum:
+            self._lease_quorum = event.quorum.id
+            self.reporting.beat_now.set()
+
     def _session_loop(self) -> None:
         """Deliver the session's events; when it ends, register again on a new
         one (the next coordinator if this one is gone), with the quorum id
@@ -210,7 +228,7 @@ class Membership:
         while not self._stop.is_set():
             call = self._call
             assert call is not None  # start() opened it; the loop below opens the next before going round
-            for event in call.events():
+            for event in call.events(self._on_ack):
                 if not self._member_list:  # else the list's Watch stream delivers (start())
                     self.pushes.deliver(event)
             if self._stop.is_set():

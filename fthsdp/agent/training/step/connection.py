@@ -97,6 +97,21 @@ class JobConnection:
         """Register with the coordinator (rank 0), or follow rank 0's place (the others)."""
         self.membership.start()
 
+    def hold_for_lease(self) -> None:
+        """Before the update of a step this replica trains: wait while its
+        member lease is out (rank 0, which holds the session; the other
+        ranks wait for it at the step boundary's group agreement), or raise
+        ``Evicted`` once a push takes it out (fthsdp/agent/training/session/lease.py)."""
+        if isinstance(self.membership, Membership):
+            self.membership.lease.hold(self._out_of_quorum)
+
+    def _out_of_quorum(self) -> str:
+        view = self.view
+        with view.cond:
+            if view.quorum is None or view.includes_me(view.quorum):
+                return ""
+            return f"the newest quorum ({view.newest_id()}) does not include this replica{view.out_because()}"
+
     def drain_requested(self) -> bool:
         """Asked here (SIGTERM, the coordinator's push) or in the newest push itself."""
         latest = self.view.latest

@@ -270,6 +270,8 @@ class ReplicaStep:
         """The update on the step's sum, then the step boundary: the log,
         the checksum, a snapshot for a joiner, a growth switch, a drain."""
         self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
+        if not replayed:
+            self._link.hold_for_lease()  # cut from the coordinator: commit nothing (session/lease.py)
         self._replayer.run_update(last.contributors, self._sentinel, replayed)
         step = self._replayer.step
         reporting, group = self._link.reporting, self._link.group
@@ -346,7 +348,7 @@ class ReplicaStep:
         assert self._saver is not None
         place = participation(self._link.view, quorum_id, False)
         spec = ShareSpec(self.config.job, step, self._structure, quorum_id, place.index, place.count,
-                         self.config.shard_rank, self.config.shard_count)
+                         self.config.shard_rank, self.config.shard_count, self._link.view.generation_of(quorum_id))
         with self._clock.section("checkpoint staging", None):
             self._saver.save(self._state.capture(), spec, checksum, now=time.monotonic())
 
@@ -355,7 +357,8 @@ class ReplicaStep:
         self._link.reporting.report_checkpoint(pb.CheckpointRecord(
             step=sealed.step, path=str(sealed.folder), digest=sealed.digest, quorum_id=sealed.quorum_id,
             shares=sealed.shares, bytes=sealed.nbytes, sealed_unix_ms=int(time.time() * 1000),
-            sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum, kept=self.config.checkpoint_keep))
+            sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum, kept=self.config.checkpoint_keep,
+            generation=sealed.generation))
 
     def raise_if_evicted(self) -> None:
         """Another rank of this group died and the coordinator took the group
