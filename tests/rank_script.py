@@ -18,6 +18,10 @@ signal it), then follows PLAN:
              thread taking the GIL in the interpreter's teardown makes a
              process do; later starts: exit 0. With "wait" as a third word,
              first wait for SIGTERM (the agent's drain)
+
+With "register" as the last word, each start first registers its replica
+with the coordinator (FTHSDP_COORDINATOR) as a training process does, with
+its agent's id (FTHSDP_AGENT_ID): the agent's reports about it then count.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def main() -> int:
     tmp.write_text(json.dumps(env))
     tmp.rename(out / f"env-rank{rank}-restart{restart}.json")  # atomic: readers never see half a file
 
+    if sys.argv[-1] == "register":
+        register()
     if plan == "exit0" or (plan in ("fail-once", "kill1", "left-abort") and restart > 0):
         return 0
     if plan in ("fail", "fail-once"):
@@ -84,6 +90,17 @@ def main() -> int:
         os.abort()
     print(f"rank_script: unknown plan {plan!r}", file=sys.stderr)
     return 2
+
+
+def register() -> None:
+    from fthsdp.client import CoordinatorClient
+    from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+    with CoordinatorClient(os.environ["FTHSDP_COORDINATOR"].split(",")) as client:
+        client.call("Register", pb.RegisterRequest(
+            job=os.environ["FTHSDP_JOB"], replica_id=os.environ["FTHSDP_REPLICA_ID"], address="127.0.0.1:1",
+            world_size=1, restart_count=int(os.environ["FTHSDP_RESTART_COUNT"]),
+            agent_ids=[os.environ.get("FTHSDP_AGENT_ID", "")]))
 
 
 def wait_for(predicate) -> None:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from fthsdp.agent.node.agent_state import TRANSITIONS, AgentState
@@ -22,7 +23,7 @@ from fthsdp.agent.node.launch import describe_exit, rank_environments
 from fthsdp.agent.node.reporter import Reporter
 from fthsdp.agent.node.supervisor import Supervisor, backoff_delay
 from fthsdp.client import CoordinatorClient
-from fthsdp.core.errors import ConfigError, CoordinatorUnavailable
+from fthsdp.core.errors import ConfigError, CoordinatorUnavailable, RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import free_port
 from tests.harness.cli import fthsdp, one_line_error
@@ -184,10 +185,10 @@ def test_transitions_are_reported_to_a_real_coordinator(tmp_path, agents):
     coordinator = CoordinatorProcess(tmp_path, "--log-format", "json").start()
     try:
         with CoordinatorClient([coordinator.address]) as client:
-            # The coordinator shows agent state only for replicas it knows.
-            client.call("Register",
-                        pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
-            agent = agents(tmp_path, "fail-once", "--replica-id", "r0", coordinator=coordinator.address)
+            # The coordinator shows agent state only for replicas it knows: each start registers r0
+            # as a training process does, with its agent's id, so that the agent's reports count.
+            agent = agents(tmp_path, "fail-once", "--replica-id", "r0", coordinator=coordinator.address,
+                           plan_args=("register",))
             assert agent.wait() == 0, agent.log()
             replica = {r.replica_id: r for r in client.status().replicas}["r0"]
             assert (replica.agent_state, replica.restart_count) == (pb.AGENT_STATE_SUCCEEDED, 1)
@@ -196,6 +197,11 @@ def test_transitions_are_reported_to_a_real_coordinator(tmp_path, agents):
         reported = log.events_named("agent_reported", replica="r0", node_rank=0)
         assert [e["state"] for e in reported] == [
             "starting", "running", "failed", "restarting", "starting", "running", "succeeded"]
+        # A report from another agent (the job token alone) about r0 is refused and changes nothing.
+        with CoordinatorClient([coordinator.address]) as client, pytest.raises(RequestRejected) as refused:
+            client.call("ReportAgentEvent", pb.AgentEventRequest(job="default", replica_id="r0",
+                                                                 state=pb.AGENT_STATE_FAILED, agent_id="forged"))
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert log.find_event("agent_reported", job="default", replica="r0", node_rank=0, state="failed",
                               detail="local rank 0 exited with code 3")
     finally:
@@ -213,7 +219,8 @@ def test_supervision_goes_on_without_a_coordinator(tmp_path, agents):
 
 def registered(client: CoordinatorClient) -> bool:
     try:
-        client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
+        client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1,
+                                                   agent_ids=["agent-0"]))
     except CoordinatorUnavailable:
         return False
     return True
@@ -227,7 +234,8 @@ def test_events_the_coordinator_missed_reach_it_in_order_once_it_is_back(tmp_pat
     address = f"127.0.0.1:{free_port()}"
     reporter = Reporter([address], timeout=0.5)
     for state in (pb.AGENT_STATE_RUNNING, pb.AGENT_STATE_FAILED):
-        reporter(pb.AgentEventRequest(job="default", replica_id="r0", state=state, detail="rank 0 exited with -9"))
+        reporter(pb.AgentEventRequest(job="default", replica_id="r0", state=state, detail="rank 0 exited with -9",
+                                      agent_id="agent-0"))
     coordinator = InProcessCoordinator(CoordinatorConfig(bind=address))
     try:
         with CoordinatorClient([address]) as client:

@@ -22,7 +22,7 @@ from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.coordinator.status_view import status_table
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.harness.jobs import formed, registered
+from tests.harness.jobs import agent_of, formed, registered
 from tests.harness.processes import ROOT, _env
 
 S = AgentState
@@ -144,7 +144,7 @@ def test_twice_in_a_row_after_catching_up_the_verdict_says_give_up():
     assert "2 times in a row after catching up" in verdict.reason
     status = {r.replica_id: r for r in job.replica_statuses(3.0)}["c"]
     assert status.mismatch_strikes == 2 and "the members' 0.0009" in status.mismatch_reason
-    job.agent_event("c", pb.AGENT_STATE_GAVE_UP, 2, f"gave up: {verdict.reason}", 3.0)
+    job.agent_event("c", pb.AGENT_STATE_GAVE_UP, 2, f"gave up: {verdict.reason}", 3.0, agent_id=agent_of("c"))
     table = status_table(pb.StatusResponse(job="j", replicas=job.replica_statuses(3.0)))
     assert "c checksum mismatch (2 in a row after catching up): c's lr at step 103 was 0.00091" in table
     assert "c GAVE UP (its agent does not restart it): gave up: c's lr" in table

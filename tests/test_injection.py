@@ -23,7 +23,7 @@ from fthsdp.coordinator.web import recent_events
 from fthsdp.core.auth import PermissionDenied, Unauthenticated, check_admin
 from fthsdp.core.errors import ConfigError, InvalidRequest, NotFound
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.harness.runtimes import joined_runtime
+from tests.harness.runtimes import agent_of, joined_runtime
 
 KILL, HANG, SLOW = pb.FAULT_KIND_KILL, pb.FAULT_KIND_HANG, pb.FAULT_KIND_SLOW
 
@@ -139,7 +139,7 @@ def test_a_restarted_replica_is_no_longer_told_but_status_keeps_the_record():
         runtime.inject(pb.InjectRequest(replica_id="r2", kind=KILL), "")
         before = await _first_event(runtime, "r2")
         await runtime.register(pb.RegisterRequest(job="default", replica_id="r2", address="h2:1", world_size=1,
-                                                  restart_count=1))
+                                                  restart_count=1, agent_ids=[agent_of("r2")]))
         return runtime, before, await _first_event(runtime, "r2")
 
     runtime, before, after = asyncio.run(scenario())
@@ -152,7 +152,8 @@ def test_injections_are_refused_without_a_running_incarnation_or_past_the_limit(
         runtime, clock, _ = await joined_runtime()
         with pytest.raises(NotFound, match="no replica 'r9'"):
             runtime.inject(pb.InjectRequest(replica_id="r9", kind=KILL), "")
-        runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r2", state=pb.AGENT_STATE_FAILED))
+        runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r2", state=pb.AGENT_STATE_FAILED,
+                                                 agent_id=agent_of("r2")))
         with pytest.raises(NotInjectable, match="no running incarnation"):
             runtime.inject(pb.InjectRequest(replica_id="r2", kind=KILL), "")
         for _ in range(MAX_PER_INCARNATION):

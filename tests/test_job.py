@@ -8,13 +8,17 @@ from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules
 from fthsdp.core.errors import NotFound, StaleSession
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.harness.jobs import formed, registered
+from tests.harness.jobs import agent_of, formed, registered
 
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
 
 
 
 
+
+
+B = agent_of("b")
+"""b's node agent (its failure reports count for b)."""
 
 
 def test_sessions_replace_each_other():
@@ -89,14 +93,14 @@ def test_agent_failure_report_fails_the_replica_at_once():
     for rid in ("a", "b"):
         registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0)
     formed(job, 0.1)
-    assert job.agent_event("b", pb.AGENT_STATE_RUNNING, 0, "", now=0.2) is False
-    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 1 exited with -9", now=0.3) is True
+    assert job.agent_event("b", pb.AGENT_STATE_RUNNING, 0, "", now=0.2, agent_id=B) is False
+    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 1 exited with -9", now=0.3, agent_id=B) is True
     decision = job.evaluate(0.31)
     assert [m.replica_id for m in decision.members] == ["a"] and "b (reported failed)" in decision.reason
     status = {r.replica_id: r for r in job.replica_statuses(0.4)}
     assert status["b"].agent_state == pb.AGENT_STATE_FAILED and status["b"].agent_detail == "rank 1 exited with -9"
     # a second report for the same dead session changes nothing
-    assert job.agent_event("b", pb.AGENT_STATE_RESTARTING, 1, "", now=0.5) is False
+    assert job.agent_event("b", pb.AGENT_STATE_RESTARTING, 1, "", now=0.5, agent_id=B) is False
 
 
 def test_a_failure_report_of_an_incarnation_already_replaced_fails_nothing():
@@ -107,8 +111,8 @@ def test_a_failure_report_of_an_incarnation_already_replaced_fails_nothing():
         registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0)
     formed(job, 0.1)
     registered(job, "b", "b:1", 1, 0, 0, now=0.2, restart_count=1)
-    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 0 exited with -9", now=0.3) is False
-    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 1, "rank 0 exited with -9", now=0.4) is True
+    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "rank 0 exited with -9", now=0.3, agent_id=B) is False
+    assert job.agent_event("b", pb.AGENT_STATE_FAILED, 1, "rank 0 exited with -9", now=0.4, agent_id=B) is True
 
 
 def test_a_failed_replica_shows_no_phase_it_was_in():
@@ -123,7 +127,7 @@ def test_a_failed_replica_shows_no_phase_it_was_in():
                       progress=pb.Progress(phase=pb.PHASE_ALLREDUCE, phase_age_s=0.1, step=3))
     assert {r.replica_id: r.phase for r in job.replica_statuses(0.3)} == {"a": pb.PHASE_ALLREDUCE,
                                                                           "b": pb.PHASE_ALLREDUCE}
-    job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "local rank 0 exited with signal SIGKILL", now=0.4)
+    job.agent_event("b", pb.AGENT_STATE_FAILED, 0, "local rank 0 exited with signal SIGKILL", now=0.4, agent_id=B)
     status = {r.replica_id: r for r in job.replica_statuses(0.5)}
     assert status["b"].state == pb.REPLICA_STATE_FAILED and status["b"].phase == pb.PHASE_UNSPECIFIED
     assert status["a"].phase == pb.PHASE_ALLREDUCE

@@ -84,7 +84,7 @@ def test_the_decision_names_the_leased_members_and_its_reason_does_not_count_dow
 
 def member_job(*ids: str, lease_s: float = LEASE) -> JobState:
     state = JobState("job", Rules(member_lease=lease_s, heartbeat_timeout=5.0))
-    sessions = {i: state.register(i, f"{i}:1", 1, 0, 0, 10.0, 1) for i in ids}
+    sessions = {i: state.register(i, f"{i}:1", 1, 0, 0, 10.0, 1, agent_ids=(f"agent-of-{i}",)) for i in ids}
     state.set_quorum(Quorum(1, tuple(Member(i, f"{i}:1", 1, 0, 1) for i in ids)), 2)
     state.sessions = sessions  # type: ignore[attr-defined]  # the tests' handle on each session
     return state
@@ -123,7 +123,7 @@ def test_a_failure_report_releases_the_lease_and_a_new_incarnation_keeps_the_old
     state = member_job("a", "b")
     beat(state, "a", 20.0)
     beat(state, "b", 20.0)
-    assert state.agent_event("a", pb.AGENT_STATE_FAILED, 0, "rank 0 exited -9", 20.5)
+    assert state.agent_event("a", pb.AGENT_STATE_FAILED, 0, "rank 0 exited -9", 20.5, agent_id="agent-of-a")
     assert state.replicas["a"].lease_until == 0
     until = state.replicas["b"].lease_until
     state.register("b", "b:1", 1, 0, 0, 21.0, 1)  # a new process: the old one may still be out there, cut off

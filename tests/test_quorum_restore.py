@@ -19,6 +19,7 @@ from fthsdp.coordinator.quorum_types import Member, Quorum, Restoring
 from fthsdp.coordinator.replica_entry import grant_reconnect_grace
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.jobs import agent_of
 from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, table
 
 STEP = 40
@@ -150,7 +151,7 @@ def lost_job(store: MemoryStore, cascade: bool = False) -> tuple[JobState, Check
     q = Quorum(7, members, step=0, last_drop_id=1)
     state.set_quorum(q, 7)
     for rid in MEMBERS:
-        session = state.register(rid, f"{rid}:1", 1, 0, 1, now=0.0)
+        session = state.register(rid, f"{rid}:1", 1, 0, 1, now=0.0, agent_ids=(agent_of(rid),))
         state.heartbeat(rid, session, STEP + 5, False, "", 0, now=0.5)
     assert state.committed_step == STEP + 5 and state.trained is q
     if cascade:
@@ -158,7 +159,7 @@ def lost_job(store: MemoryStore, cascade: bool = False) -> tuple[JobState, Check
             state.set_quorum(Quorum(qid, members[:9 - qid + 1], step=STEP + 5, last_drop_id=qid), qid)
         assert state.quorum.member_ids == ("r0",)
     for rid in MEMBERS:
-        state.agent_event(rid, pb.AGENT_STATE_FAILED, 0, "killed", now=1.0)
+        state.agent_event(rid, pb.AGENT_STATE_FAILED, 0, "killed", now=1.0, agent_id=agent_of(rid))
     book, committed = CheckpointBook(KEYS), CommittedRecord(KEYS)
     book.report(checkpoint(STEP))
     asyncio.run(checkpoints.sync(book, store, "job", 0.0))

@@ -31,7 +31,7 @@ class Clock:
 
 async def register(runtime: CoordinatorRuntime, rid: str, quorum_id: int = 0, step: int = 0) -> str:
     req = pb.RegisterRequest(job="default", replica_id=rid, address=f"{rid}:1", world_size=1, quorum_id=quorum_id,
-                             step=step)
+                             step=step, agent_ids=[f"agent-of-{rid}"])
     session = (await runtime.register(req)).session_id
     runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, step=step))
     return session
@@ -138,11 +138,13 @@ def test_an_agent_reporting_a_failure_of_a_member_not_back_yet_ends_its_grace():
         job = runtime.jobs["default"]
         clock.t = 101.0
         await register(runtime, "r0", qid, 40)
-        runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r2", state=pb.AGENT_STATE_RUNNING))
+        runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r2", state=pb.AGENT_STATE_RUNNING,
+                                                 agent_id="agent-of-r2"))
         await runtime.evaluate(job)
         assert job.state.quorum.id == qid, job.state.reason  # a report of life changes nothing
         runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r2", state=pb.AGENT_STATE_FAILED,
-                                                 detail="local rank 0 exited with signal SIGKILL"))
+                                                 detail="local rank 0 exited with signal SIGKILL",
+                                                 agent_id="agent-of-r2"))
         await runtime.evaluate(job)  # r1 is still missing, and keeps its place
         assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
         assert "r2 (reported failed)" in job.state.quorum.reason

@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 import sys
 
-from fthsdp.coordinator import lease
+from fthsdp.coordinator import identity, lease
 from fthsdp.coordinator.job_table import JobTable
 from fthsdp.coordinator.replica_entry import ReplicaEntry
 from fthsdp.core.errors import InvalidRequest, NotFound
@@ -32,10 +32,18 @@ _AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_ST
 class ReplicaCalls(JobTable):
     """The replica and admin calls of ``JobState`` (fthsdp/coordinator/job.py)."""
 
-    def record_needed(self, replica_id: str, address: str, world_size: int) -> tuple[pb.ReplicaRecord, int] | None:
+    def check_registration(self, replica_id: str, agent_ids: tuple[str, ...], step: int, quorum_id: int,
+                           now: float) -> None:
+        """Refuse a registration that speaks for someone else, or claims more
+        than the job has; nothing changes (fthsdp/coordinator/identity.py)."""
+        identity.check_registration(self, replica_id, agent_ids, step, quorum_id, now)
+
+    def record_needed(self, replica_id: str, address: str, world_size: int,
+                      agent_ids: tuple[str, ...] = ()) -> tuple[pb.ReplicaRecord, int] | None:
         """The record to store before a registration, or None if the stored one is current."""
         entry = self.replicas.get(replica_id)
-        if entry is not None and entry.record_revision and entry.address == address and entry.world_size == world_size:
+        if (entry is not None and entry.record_revision and entry.address == address and entry.world_size == world_size
+                and entry.agent_ids == agent_ids):
             return None
         base = entry or ReplicaEntry(replica_id)
         rec = pb.ReplicaRecord(
@@ -45,6 +53,7 @@ class ReplicaCalls(JobTable):
             cordoned=base.cordoned,
             drain_requested=base.drain_requested,
             unreachable=base.unreachable,
+            agent_ids=agent_ids,
         )
         return rec, base.record_revision
 
@@ -60,6 +69,7 @@ class ReplicaCalls(JobTable):
         catch_up_addresses: tuple[str, ...] = (),
         restart_count: int = 0,
         wait_for_replicas: int = 0,
+        agent_ids: tuple[str, ...] = (),
     ) -> str:
         """Register a new incarnation of a replica and return its session id.
 
@@ -82,6 +92,7 @@ class ReplicaCalls(JobTable):
         entry.heard_from, entry.beating = True, False
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
         entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
+        entry.agent_ids = agent_ids
         entry.divergence, entry.caught_up = None, False  # its mismatch and strikes stay: see check_checksums
         self.progress.forget(replica_id)
         entry.checksums.clear()
@@ -135,6 +146,7 @@ class ReplicaCalls(JobTable):
             self.joiners_moved = True  # a joiner's progress feeds the decision; members' steps do not
         if not entry.beating:
             entry.beating, entry.first_heartbeat = True, now
+        step = identity.bounded_step(self, replica_id, step)
         if step != entry.step:
             entry.step_since = now  # a loaded checkpoint is held from here (fthsdp/coordinator/restore_wait.py)
         entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
@@ -230,12 +242,16 @@ class ReplicaCalls(JobTable):
         self.progress.forget(replica_id)
         return True
 
-    def agent_event(self, replica_id: str, state: pb.AgentState, restart_count: int, detail: str, now: float) -> bool:
+    def agent_event(self, replica_id: str, state: pb.AgentState, restart_count: int, detail: str, now: float,
+                    agent_id: str = "") -> bool:
         """Record a node agent's transition. Returns True if it failed the
         replica (a rank died): its session ends at once, so the next decision
-        drops it without waiting for heartbeats to lapse."""
-        self.agents[replica_id] = (state, restart_count, detail)
+        drops it without waiting for heartbeats to lapse. Refused
+        (PermissionDenied) from any agent but the one that started the
+        registered processes (fthsdp/coordinator/identity.py)."""
         entry = self.replicas.get(replica_id)
+        identity.check_agent_report(entry, replica_id, agent_id, state in _AGENT_FAILURES)
+        self.agents[replica_id] = (state, restart_count, detail)
         # A report the agent sent again after an outage may come after the
         # incarnation it is about was replaced: it fails that one, not its successor.
         if (state in _AGENT_FAILURES and entry is not None and entry.session_id is not None

@@ -75,6 +75,9 @@ class ReplicaEntry:
     """Loaded from the store by a coordinator that just started: the end of
     its grace to reconnect (``grant_reconnect_grace``); it counts only until
     the replica registers again (``heard_from``)."""
+    agent_ids: tuple[str, ...] = ()
+    """The node agents that started the registered processes (RegisterRequest.agent_ids;
+    stored in the record): only their reports count for them."""
     lease_until: float = 0.0
     """Until when any incarnation of it may still commit steps under a member
     lease (fthsdp/coordinator/lease.py): kept across registrations (a new
@@ -123,6 +126,7 @@ class ReplicaEntry:
             drain_requested=self.drain_requested,
             registered_unix_ms=registered_unix_ms,
             unreachable=self.unreachable,
+            agent_ids=self.agent_ids,
         )
 
 
@@ -145,6 +149,7 @@ def seed_entries(
             cordoned=rec.cordoned,
             drain_requested=rec.drain_requested,
             unreachable=rec.unreachable,
+            agent_ids=tuple(rec.agent_ids),
             record_revision=rev,
         )
     for rid, member in members.items():

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fthsdp.coordinator import checkpoints, committed, job_store
+from fthsdp.coordinator import checkpoints, committed, identity, job_store
 from fthsdp.coordinator.codec import quorum_to_pb
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decision_loop import DecisionLoop
@@ -160,15 +160,17 @@ class CoordinatorRuntime:
         if stale:
             raise StaleSession(stale)
         async with job.lock:
+            agents = tuple(sorted(set(req.agent_ids)))
+            job.state.check_registration(req.replica_id, agents, req.step, req.quorum_id, self.clock())
             revision = None
-            needed = job.state.record_needed(req.replica_id, req.address, req.world_size)
+            needed = job.state.record_needed(req.replica_id, req.address, req.world_size, agents)
             if needed is not None:
                 rec, expected = needed
                 rec.registered_unix_ms = int(self.wall() * 1000)
                 revision = await job_store.write_record(self.store, job, rec, expected)
             session = job.state.register(
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
-                tuple(req.catch_up_addresses), req.restart_count, req.wait_for_replicas,
+                tuple(req.catch_up_addresses), req.restart_count, req.wait_for_replicas, agents,
             )
         log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step,
                  req.quorum_id)
@@ -201,16 +203,21 @@ class CoordinatorRuntime:
         )
         if req.shard_rank == 0 and req.HasField("checkpoint"):
             # The sealer's, once its session is known good (above), if it is of the job's lineage.
-            why = checkpoints.lineage_refusal(req.checkpoint, req.replica_id, job.state)
+            why = (checkpoints.lineage_refusal(req.checkpoint, req.replica_id, job.state)
+                   or identity.checkpoint_refusal(req.checkpoint, job.checkpoints.records))
             if not why:
                 job.checkpoints.report(req.checkpoint)
             elif req.checkpoint.digest not in job.checkpoints.fenced:
                 job.checkpoints.fenced.add(req.checkpoint.digest)
                 log.warning("job %s: the checkpoint of step %d that %s reports is not recorded: %s (%s)",
                             job.state.name, req.checkpoint.step, req.replica_id, why, req.checkpoint.path,
-                            extra={"event": "checkpoint_refused", "job": job.state.name, "replica": req.replica_id,
+                            extra={"event": "checkpoint_fenced", "job": job.state.name, "replica": req.replica_id,
                                    "step": req.checkpoint.step, "path": req.checkpoint.path, "reason": why})
-        if req.shard_rank == 0 and req.refused_checkpoint:
+        restoring = job.state.restore
+        if req.shard_rank == 0 and req.refused_checkpoint and restoring is not None \
+                and restoring.digest == req.refused_checkpoint:
+            # Only the checkpoint being restored is refused so (catchup/joiner.py): a report about
+            # any other speaks for no restore and drops nothing.
             self._refused(job, req.replica_id, req.refused_checkpoint, req.refused_checkpoint_reason)
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
@@ -280,7 +287,7 @@ class CoordinatorRuntime:
     def agent_event(self, req: pb.AgentEventRequest) -> None:
         job = self.job(req.job)
         now = self.clock()
-        failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, now)
+        failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, now, req.agent_id)
         if not failed and fail_awaited(job.state.replicas.get(req.replica_id), req.state, now):
             job.state.dirty = failed = True
         state = pb.AgentState.Name(req.state).removeprefix("AGENT_STATE_").lower()

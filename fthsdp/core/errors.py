@@ -90,6 +90,11 @@ class StaleSession(FthsdpError):
     (gRPC FAILED_PRECONDITION): the sender is a zombie incarnation."""
 
 
+class OutOfRange(FthsdpError):
+    """A value past what the job has: a quorum never formed, a step nobody
+    committed (gRPC FAILED_PRECONDITION): nothing changes."""
+
+
 class StateNotLost(FthsdpError):
     """A give-up of a job's state that is not lost, or not at the step named
     (gRPC FAILED_PRECONDITION): nothing is given up."""

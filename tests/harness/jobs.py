@@ -8,8 +8,15 @@ from fthsdp.coordinator.job import JobState
 from fthsdp.coordinator.quorum_types import Rules
 
 
+def agent_of(replica_id: str) -> str:
+    """The id of the node agent that runs ``replica_id`` in these tests (RegisterRequest.agent_ids)."""
+    return f"agent-of-{replica_id}"
+
+
 def registered(job: JobState, replica_id: str, *args, now: float, **kwargs) -> str:
-    """Register, and heartbeat at once as an agent does (no replica is admitted before)."""
+    """Register (started by its agent, ``agent_of``), and heartbeat at once
+    as an agent does (no replica is admitted before)."""
+    kwargs.setdefault("agent_ids", (agent_of(replica_id),))
     session = job.register(replica_id, *args, now=now, **kwargs)
     job.heartbeat(replica_id, session, args[2] if len(args) > 2 else 0, False, "", 0, now=now)
     return session

@@ -9,6 +9,7 @@ from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.runtime import CoordinatorRuntime
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.jobs import agent_of
 
 
 class FakeClock:
@@ -31,7 +32,8 @@ async def joined_runtime(n: int = 3, jobs: tuple[str, ...] = ("default",),
     job = runtime.jobs[config.job[0]]
     sessions = {}
     for i in range(n):
-        req = pb.RegisterRequest(job=job.state.name, replica_id=f"r{i}", address=f"h{i}:1", world_size=1)
+        req = pb.RegisterRequest(job=job.state.name, replica_id=f"r{i}", address=f"h{i}:1", world_size=1,
+                                 agent_ids=[agent_of(f"r{i}")])
         sessions[f"r{i}"] = (await runtime.register(req)).session_id
     clock.t = 0.1
     for rid in sessions:

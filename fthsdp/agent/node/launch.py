@@ -30,14 +30,16 @@ def free_port() -> int:
 
 
 def rank_environments(
-    config: AgentConfig, restart_count: int, master_port: int, base: Mapping[str, str]
+    config: AgentConfig, restart_count: int, master_port: int, base: Mapping[str, str], agent_id: str = ""
 ) -> list[dict[str, str]]:
     """The environment of each local rank, in local-rank order.
 
     torchrun's contract for the replica group's own (intra-replica) world, so
     that ``torch.distributed.init_process_group("env://")`` works unchanged,
     plus FTHSDP_* for the fault-tolerant layer above it. ``base`` (the agent's
-    own environment) is passed through underneath.
+    own environment) is passed through underneath. ``agent_id``: the id the
+    agent drew at start, which binds its reports to the processes it started
+    (``RegisterRequest.agent_id``).
     """
     shared = {
         "WORLD_SIZE": str(config.nnodes * config.nproc),
@@ -57,6 +59,7 @@ def rank_environments(
         "FTHSDP_CROSS_REPLICA_BACKEND": config.cross_replica_backend,
         "FTHSDP_CATCH_UP_TRANSPORT": config.catch_up_transport,
         "FTHSDP_RESTART_COUNT": str(restart_count),
+        **({"FTHSDP_AGENT_ID": agent_id} if agent_id else {}),
         **({"FTHSDP_TOKEN_FILE": config.token_file} if config.token_file else {}),
         **({"FTHSDP_CHECKPOINT_DIR": config.checkpoint_dir,
             "FTHSDP_CHECKPOINT_EVERY": str(config.checkpoint_every),

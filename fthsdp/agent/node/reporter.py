@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 
 from fthsdp.agent.node.agent_state import AgentState
+from fthsdp.core.errors import RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent")
@@ -61,6 +62,10 @@ class Reporter:
         while True:
             try:
                 client.call("ReportAgentEvent", request)
+            except RequestRejected as e:
+                # Refused (not about this agent's processes, malformed): sending it again changes nothing.
+                log.warning("the coordinator refused the report of %s: %s", state, e)
+                return True
             except Exception as e:  # noqa: BLE001 - reporting must never end supervision
                 # One warning per outage, not one per attempt.
                 (log.debug if failing else log.warning)("could not report %s to the coordinator (%s); "

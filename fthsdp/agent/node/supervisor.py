@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -99,6 +100,9 @@ class Supervisor:
         self._report = report
         self.state: AgentState | None = None
         self.restart_count = 0
+        self.agent_id = secrets.token_hex(16)
+        """Drawn at start, shown to nobody but its ranks: the coordinator takes
+        this agent's reports only about the processes it started (``RegisterRequest.agent_id``)."""
         self.history: list[tuple[AgentState, str]] = []
         self._ranks: list[Rank] = []
         self._stop = StopRequest()
@@ -260,7 +264,7 @@ class Supervisor:
         # With a rendezvous the ranks reach the round's store as clients, under the round's prefix (torchrun's
         # agent store: torch.distributed's env:// rendezvous reads these two).
         base = self.env if self._rendezvous is None else {**self.env, "TORCHELASTIC_USE_AGENT_STORE": "True"}
-        envs = rank_environments(self.config, self.restart_count, port, base)
+        envs = rank_environments(self.config, self.restart_count, port, base, self.agent_id)
         self._ranks = []
         for local_rank, env in enumerate(envs):
             env = {**env, outcome.ENV: self._outcome_path(self.restart_count, local_rank)}
@@ -272,7 +276,7 @@ class Supervisor:
     def _spawn_standby(self) -> None:
         """Start the next restart's group ahead of need; it waits inside Manager.from_env."""
         self._retire_standby()
-        envs = rank_environments(self.config, self.restart_count + 1, free_port(), self.env)
+        envs = rank_environments(self.config, self.restart_count + 1, free_port(), self.env, self.agent_id)
         try:
             for local_rank, env in enumerate(envs):
                 read_end, write_end = os.pipe()
@@ -421,6 +425,7 @@ class Supervisor:
                     node_rank=max(cfg.node_rank, 0),
                     restart_count=self.restart_count,
                     detail=detail[:1000],  # the coordinator refuses over 1024
+                    agent_id=self.agent_id,
                 )
             )
         except Exception as e:  # noqa: BLE001 - a custom reporter must not end supervision either

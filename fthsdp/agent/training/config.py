@@ -124,6 +124,11 @@ class ManagerConfig:
     """How often the node agent restarted this replica group before this
     process (FTHSDP_RESTART_COUNT): names the incarnation that a hang notice is for."""
 
+    agent_id: str = ""
+    """The id of the node agent that started this process (FTHSDP_AGENT_ID,
+    set by `fthsdp agent`), sent when registering: the coordinator takes only
+    that agent's reports about this incarnation. "": not started by an agent."""
+
     outcome_file: str = ""
     """Where this process writes how it ended (drained, finished, ...) for its
     node agent (FTHSDP_OUTCOME_FILE, set by `fthsdp agent`; fthsdp/agent/outcome.py);
@@ -212,6 +217,7 @@ class ManagerConfig:
                 checkpoint_keep=int(get("CHECKPOINT_KEEP", "3")),
                 resume=_flag(get("RESUME", "0"), "FTHSDP_RESUME"),
                 restart_count=int(get("RESTART_COUNT", "0")),
+                agent_id=get("AGENT_ID", ""),
                 outcome_file=get("OUTCOME_FILE", ""),
             )
         except ValueError as e:

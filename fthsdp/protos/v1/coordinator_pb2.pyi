@@ -134,7 +134,7 @@ class CatchUp(_message.Message):
     def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas")
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas", "agent_ids")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,7 @@ class RegisterRequest(_message.Message):
     CATCH_UP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     address: str
@@ -153,7 +154,8 @@ class RegisterRequest(_message.Message):
     catch_up_addresses: _containers.RepeatedScalarFieldContainer[str]
     restart_count: int
     wait_for_replicas: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ...) -> None: ...
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
@@ -460,20 +462,22 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentEventRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "state", "node_rank", "restart_count", "detail")
+    __slots__ = ("job", "replica_id", "state", "node_rank", "restart_count", "detail", "agent_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     state: AgentState
     node_rank: int
     restart_count: int
     detail: str
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[AgentState, str]] = ..., node_rank: _Optional[int] = ..., restart_count: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[AgentState, str]] = ..., node_rank: _Optional[int] = ..., restart_count: _Optional[int] = ..., detail: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class AgentEventResponse(_message.Message):
     __slots__ = ()
@@ -688,7 +692,7 @@ class GiveUpStateResponse(_message.Message):
     def __init__(self, give_up: _Optional[_Union[GiveUp, _Mapping]] = ...) -> None: ...
 
 class HostHello(_message.Message):
-    __slots__ = ("job", "host_id", "replica_id", "replica_rank", "nnodes", "nproc", "rendezvous_timeout", "round", "node_rank", "store", "num_replicas")
+    __slots__ = ("job", "host_id", "replica_id", "replica_rank", "nnodes", "nproc", "rendezvous_timeout", "round", "node_rank", "store", "num_replicas", "incarnation", "address", "hosts", "hosts_round")
     JOB_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -700,6 +704,10 @@ class HostHello(_message.Message):
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_ROUND_FIELD_NUMBER: _ClassVar[int]
     job: str
     host_id: str
     replica_id: str
@@ -711,7 +719,11 @@ class HostHello(_message.Message):
     node_rank: int
     store: str
     num_replicas: int
-    def __init__(self, job: _Optional[str] = ..., host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., nnodes: _Optional[int] = ..., nproc: _Optional[int] = ..., rendezvous_timeout: _Optional[float] = ..., round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    address: str
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    hosts_round: int
+    def __init__(self, job: _Optional[str] = ..., host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., nnodes: _Optional[int] = ..., nproc: _Optional[int] = ..., rendezvous_timeout: _Optional[float] = ..., round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., num_replicas: _Optional[int] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., hosts_round: _Optional[int] = ...) -> None: ...
 
 class HostJoin(_message.Message):
     __slots__ = ("round", "store")
@@ -782,19 +794,29 @@ class RoundEnded(_message.Message):
     def __init__(self, round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SpareAdopted(_message.Message):
-    __slots__ = ("replica_id", "replica_rank", "round", "num_replicas")
+    __slots__ = ("replica_id", "replica_rank", "round", "num_replicas", "hosts")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     replica_rank: int
     round: int
     num_replicas: int
-    def __init__(self, replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., round: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., round: _Optional[int] = ..., num_replicas: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GroupRoster(_message.Message):
+    __slots__ = ("round", "hosts")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HostPush(_message.Message):
-    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused", "released")
+    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused", "released", "roster")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -803,6 +825,7 @@ class HostPush(_message.Message):
     GAVE_UP_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    ROSTER_FIELD_NUMBER: _ClassVar[int]
     welcome: HostWelcome
     joined: int
     complete: RoundComplete
@@ -811,10 +834,11 @@ class HostPush(_message.Message):
     gave_up: str
     refused: str
     released: str
-    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ..., released: _Optional[str] = ...) -> None: ...
+    roster: GroupRoster
+    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ..., released: _Optional[str] = ..., roster: _Optional[_Union[GroupRoster, _Mapping]] = ...) -> None: ...
 
 class ReplicaRecord(_message.Message):
-    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable")
+    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable", "agent_ids")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -822,6 +846,7 @@ class ReplicaRecord(_message.Message):
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     world_size: int
@@ -829,7 +854,8 @@ class ReplicaRecord(_message.Message):
     drain_requested: bool
     registered_unix_ms: int
     unreachable: str
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ..., unreachable: _Optional[str] = ...) -> None: ...
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ..., unreachable: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Epoch(_message.Message):
     __slots__ = ("epoch", "coordinator", "started_unix_ms")

@@ -53,6 +53,7 @@ class Membership:
         catch_up_addresses: Sequence[str] = (),
         restart_count: int = 0,
         progress: Callable[[], pb.Progress] | None = None,
+        agent_ids: Sequence[str] = (),
     ) -> None:
         """``member_list``: also be sent the quorum's member list (tools and
         tests that show it; a replica trains with its place alone). ``view``:
@@ -60,7 +61,8 @@ class Membership:
         default). ``catch_up_addresses``: this replica's catch-up servers, one
         per shard rank, sent when registering. ``restart_count``: this process's
         incarnation (FTHSDP_RESTART_COUNT). ``progress``: where the training
-        thread is in its step (fthsdp/agent/training/step/clock.py), sent with every heartbeat."""
+        thread is in its step (fthsdp/agent/training/step/clock.py), sent with every heartbeat.
+        ``agent_ids``: the node agents that started the group's processes (FTHSDP_AGENT_ID), sent when registering."""
         self.client = CoordinatorClient(coordinators, timeout=timeout, token=token, tls=tls)
         self.job = job
         self.replica_id = replica_id
@@ -78,6 +80,7 @@ class Membership:
         self.pushes.add_listener(self._on_push)
         self._catch_up_addresses = list(catch_up_addresses)
         self._restart_count = restart_count
+        self._agent_ids = sorted(set(agent_ids) - {""})
         self._progress = progress
         self._session = ""
         self._interval = 1.0
@@ -170,6 +173,7 @@ class Membership:
             catch_up_addresses=self._catch_up_addresses,
             restart_count=self._restart_count,
             wait_for_replicas=report.wait_for_replicas,
+            agent_ids=self._agent_ids,
         )
         call = open_session(self.client, register)
         self._call, self._session = call, call.session_id

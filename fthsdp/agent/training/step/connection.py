@@ -75,11 +75,12 @@ class JobConnection:
         self._server = CatchUpServer(source, config.host, token=config.token, max_rate=config.catch_up_max_rate,
                                      tls=catchup_tls.server_context(self._catch_up_tls), channel=push_channel).start()
         catch_up_addresses = self.group.all_gather_strings(self._server.address)
+        agent_ids = self.group.all_gather_strings(config.agent_id)  # one per host: each binds its reports
         m: Membership | Observer
         if self.leader:
             m = Membership(config.coordinator, config.job, config.replica_id, address, config.shard_count, 0,
                            token=config.token, tls=config.tls, view=self.view, catch_up_addresses=catch_up_addresses,
-                           restart_count=config.restart_count, progress=clock.progress)
+                           restart_count=config.restart_count, progress=clock.progress, agent_ids=agent_ids)
         else:
             client = CoordinatorClient(config.coordinator, timeout=SESSION_TIMEOUT, token=config.token, tls=config.tls)
             m = Observer(client, config.job, config.replica_id, config.shard_rank, self.view, progress=clock.progress)

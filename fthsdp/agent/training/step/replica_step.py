@@ -355,7 +355,7 @@ class ReplicaStep:
     def _sealed(self, sealed: Sealed) -> None:
         """The saver's thread: a checkpoint this replica sealed is complete; the coordinator hears of it."""
         self._link.reporting.report_checkpoint(pb.CheckpointRecord(
-            step=sealed.step, path=str(sealed.folder), digest=sealed.digest, quorum_id=sealed.quorum_id,
+            step=sealed.step, path=str(sealed.folder.absolute()), digest=sealed.digest, quorum_id=sealed.quorum_id,
             shares=sealed.shares, bytes=sealed.nbytes, sealed_unix_ms=int(time.time() * 1000),
             sealed_by=self.config.replica_id, state_checksum=sealed.state_checksum, kept=self.config.checkpoint_keep,
             generation=sealed.generation))
