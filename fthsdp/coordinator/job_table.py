@@ -193,6 +193,16 @@ class JobTable:
         self._left = {rid: why for rid, why in self._left.items() if rid in self._members}
         self.dirty = self.checksums_dirty = True
 
+    def of_incarnation(self, replica_id: str, incarnation: str) -> ReplicaEntry:
+        """The entry a rank other than 0 speaks for: registered, with the key
+        it carries (``RegisterRequest.incarnation``) when rank 0 gave one."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id is None:
+            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
+        if entry.incarnation and incarnation != entry.incarnation:
+            raise StaleSession(f"a rank of replica {replica_id!r} that is not of its registered incarnation")
+        return entry
+
     def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:
         entry = self.replicas.get(replica_id)
         if entry is None or entry.session_id is None:

@@ -20,7 +20,7 @@ import logging
 from fthsdp.coordinator import checksum_vote
 from fthsdp.coordinator.job_table import JobTable
 from fthsdp.coordinator.stuck import Act
-from fthsdp.core.errors import InvalidRequest, NotFound
+from fthsdp.core.errors import InvalidRequest
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -95,12 +95,12 @@ class MemberChecks(JobTable):
         log.warning("job %s: quorum %d: %s", self.name, self.quorum.id, action.reason, extra=extra)
 
     def reach_report(self, replica_id: str, shard_rank: int, probe_id: int,
-                     reached: list[str], unreached: list[str]) -> bool:
-        """One rank's answer to a probe; returns whether a replica kept out
-        as unreachable was let back (it reaches every member again)."""
-        entry = self.replicas.get(replica_id)
-        if entry is None or entry.session_id is None:
-            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}")
+                     reached: list[str], unreached: list[str], session_id: str = "", incarnation: str = "") -> bool:
+        """One rank's answer to a probe (rank 0 with its session, the others
+        with their incarnation's key); returns whether a replica kept out as
+        unreachable was let back (it reaches every member again)."""
+        entry = (self._session(replica_id, session_id) if shard_rank == 0
+                 else self.of_incarnation(replica_id, incarnation))
         if shard_rank >= entry.world_size:
             raise InvalidRequest(
                 f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")

@@ -70,6 +70,7 @@ class ReplicaCalls(JobTable):
         restart_count: int = 0,
         wait_for_replicas: int = 0,
         agent_ids: tuple[str, ...] = (),
+        incarnation: str = "",
     ) -> str:
         """Register a new incarnation of a replica and return its session id.
 
@@ -92,7 +93,7 @@ class ReplicaCalls(JobTable):
         entry.heard_from, entry.beating = True, False
         entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
         entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
-        entry.agent_ids = agent_ids
+        entry.agent_ids, entry.incarnation = agent_ids, incarnation
         entry.divergence, entry.caught_up = None, False  # its mismatch and strikes stay: see check_checksums
         self.progress.forget(replica_id)
         entry.checksums.clear()
@@ -131,12 +132,13 @@ class ReplicaCalls(JobTable):
         wait_for_replicas: int = 0,
         left: bool = False,
         lease_seq: int = 0,
+        incarnation: str = "",
     ) -> pb.HeartbeatResponse:
         """Record a heartbeat; its answer renews the member lease when it asks
         (``lease_seq``) and the replica is a member held to be training
         (fthsdp/coordinator/lease.py)."""
         if shard_rank > 0:
-            return self._rank_ping(replica_id, shard_rank, now, progress, left)
+            return self._rank_ping(replica_id, shard_rank, now, progress, left, incarnation)
         entry = self._session(replica_id, session_id)
         if progress is not None:
             self.progress.report(replica_id, 0, progress, now)
@@ -184,11 +186,10 @@ class ReplicaCalls(JobTable):
         return response
 
     def _rank_ping(
-        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False
+        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False,
+        incarnation: str = "",
     ) -> pb.HeartbeatResponse:
-        entry = self.replicas.get(replica_id)
-        if entry is None or entry.session_id is None:
-            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
+        entry = self.of_incarnation(replica_id, incarnation)
         if shard_rank >= entry.world_size:
             raise InvalidRequest(
                 f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")

@@ -78,6 +78,9 @@ class ReplicaEntry:
     agent_ids: tuple[str, ...] = ()
     """The node agents that started the registered processes (RegisterRequest.agent_ids;
     stored in the record): only their reports count for them."""
+    incarnation: str = ""
+    """The key of the registered incarnation (RegisterRequest.incarnation): the
+    other ranks' pings and probe answers must carry it."""
     lease_until: float = 0.0
     """Until when any incarnation of it may still commit steps under a member
     lease (fthsdp/coordinator/lease.py): kept across registrations (a new

@@ -170,7 +170,7 @@ class CoordinatorRuntime:
                 revision = await job_store.write_record(self.store, job, rec, expected)
             session = job.state.register(
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
-                tuple(req.catch_up_addresses), req.restart_count, req.wait_for_replicas, agents,
+                tuple(req.catch_up_addresses), req.restart_count, req.wait_for_replicas, agents, req.incarnation,
             )
         log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step,
                  req.quorum_id)
@@ -199,7 +199,7 @@ class CoordinatorRuntime:
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
             req.progress if req.HasField("progress") else None, inputs, req.wait_for_replicas, req.left,
-            req.lease_seq if req.ack else 0,
+            req.lease_seq if req.ack else 0, req.incarnation,
         )
         if req.shard_rank == 0 and req.HasField("checkpoint"):
             # The sealer's, once its session is known good (above), if it is of the job's lineage.

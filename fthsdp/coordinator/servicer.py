@@ -252,7 +252,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         validation.check_reach_report(request)
         job = self.runtime.job(request.job)
         if job.state.reach_report(request.replica_id, request.shard_rank, request.probe_id,
-                                  list(request.reached), list(request.unreached)):
+                                  list(request.reached), list(request.unreached), request.session_id,
+                                  request.incarnation):
             self.runtime.wake()  # a replica kept out may catch up now
         return pb.ReachReportResponse()
 

@@ -54,6 +54,7 @@ class Membership:
         restart_count: int = 0,
         progress: Callable[[], pb.Progress] | None = None,
         agent_ids: Sequence[str] = (),
+        incarnation: str = "",
     ) -> None:
         """``member_list``: also be sent the quorum's member list (tools and
         tests that show it; a replica trains with its place alone). ``view``:
@@ -62,7 +63,8 @@ class Membership:
         per shard rank, sent when registering. ``restart_count``: this process's
         incarnation (FTHSDP_RESTART_COUNT). ``progress``: where the training
         thread is in its step (fthsdp/agent/training/step/clock.py), sent with every heartbeat.
-        ``agent_ids``: the node agents that started the group's processes (FTHSDP_AGENT_ID), sent when registering."""
+        ``agent_ids``: the node agents that started the group's processes (FTHSDP_AGENT_ID), sent when registering.
+        ``incarnation``: the key this incarnation's other ranks ping with (RegisterRequest.incarnation)."""
         self.client = CoordinatorClient(coordinators, timeout=timeout, token=token, tls=tls)
         self.job = job
         self.replica_id = replica_id
@@ -81,6 +83,7 @@ class Membership:
         self._catch_up_addresses = list(catch_up_addresses)
         self._restart_count = restart_count
         self._agent_ids = sorted(set(agent_ids) - {""})
+        self._incarnation = incarnation
         self._progress = progress
         self._session = ""
         self._interval = 1.0
@@ -174,6 +177,7 @@ class Membership:
             restart_count=self._restart_count,
             wait_for_replicas=report.wait_for_replicas,
             agent_ids=self._agent_ids,
+            incarnation=self._incarnation,
         )
         call = open_session(self.client, register)
         self._call, self._session = call, call.session_id

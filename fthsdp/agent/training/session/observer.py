@@ -30,9 +30,11 @@ LEFT_PING_TIMEOUT = 2.0
 
 class Observer:
     def __init__(self, client: CoordinatorClient, job: str, replica_id: str, shard_rank: int, view: QuorumView,
-                 progress: Callable[[], pb.Progress] | None = None) -> None:
-        """``progress``: where the training thread is in its step (fthsdp/agent/training/step/clock.py)."""
+                 progress: Callable[[], pb.Progress] | None = None, incarnation: str = "") -> None:
+        """``progress``: where the training thread is in its step (fthsdp/agent/training/step/clock.py).
+        ``incarnation``: the key rank 0 registered this incarnation with, which its pings carry."""
         self.client = client
+        self._incarnation = incarnation
         self.job, self.replica_id, self.shard_rank = job, replica_id, shard_rank
         self.view = view
         self.pushes = Pushes(view)
@@ -60,7 +62,8 @@ class Observer:
     def _ping_loop(self) -> None:
         while True:
             request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank,
-                                          step=self.report.step, progress=self._progress() if self._progress else None)
+                                          step=self.report.step, progress=self._progress() if self._progress else None,
+                                          incarnation=self._incarnation)
             try:
                 self._beats.send(request)
             except (RequestRejected, CoordinatorUnavailable) as e:
@@ -85,7 +88,7 @@ class Observer:
         share, a seal) before its own Leave."""
         self._stop.set()  # no ping after this one
         request = pb.HeartbeatRequest(job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank,
-                                      step=self.report.step, left=True)
+                                      step=self.report.step, left=True, incarnation=self._incarnation)
         try:
             self.client.call("Heartbeat", request, timeout=LEFT_PING_TIMEOUT)
         except FthsdpError as e:
@@ -97,7 +100,7 @@ class Observer:
         """Answer the coordinator's probe ``probe_id`` for this rank (fthsdp/agent/training/session/reach_probe.py)."""
         self.client.call("ReportReach", pb.ReachReportRequest(
             job=self.job, replica_id=self.replica_id, shard_rank=self.shard_rank, probe_id=probe_id,
-            reached=reached, unreached=unreached))
+            reached=reached, unreached=unreached, incarnation=self._incarnation))
 
     def close(self) -> None:
         self._stop.set()

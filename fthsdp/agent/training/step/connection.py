@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 import ssl
 
 import torch.distributed as dist
@@ -76,14 +77,18 @@ class JobConnection:
                                      tls=catchup_tls.server_context(self._catch_up_tls), channel=push_channel).start()
         catch_up_addresses = self.group.all_gather_strings(self._server.address)
         agent_ids = self.group.all_gather_strings(config.agent_id)  # one per host: each binds its reports
+        # Binds the other ranks' pings to this incarnation (RegisterRequest.incarnation).
+        incarnation = str(self.group.broadcast_json(secrets.token_hex(16) if self.leader else None))
         m: Membership | Observer
         if self.leader:
             m = Membership(config.coordinator, config.job, config.replica_id, address, config.shard_count, 0,
                            token=config.token, tls=config.tls, view=self.view, catch_up_addresses=catch_up_addresses,
-                           restart_count=config.restart_count, progress=clock.progress, agent_ids=agent_ids)
+                           restart_count=config.restart_count, progress=clock.progress, agent_ids=agent_ids,
+                           incarnation=incarnation)
         else:
             client = CoordinatorClient(config.coordinator, timeout=SESSION_TIMEOUT, token=config.token, tls=config.tls)
-            m = Observer(client, config.job, config.replica_id, config.shard_rank, self.view, progress=clock.progress)
+            m = Observer(client, config.job, config.replica_id, config.shard_rank, self.view, progress=clock.progress,
+                         incarnation=incarnation)
         self.membership = m
         """Rank 0's session with the coordinator, or another rank's observation of it."""
         self.reporting = m.reporting
