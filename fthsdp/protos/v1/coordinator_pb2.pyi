@@ -134,7 +134,7 @@ class CatchUp(_message.Message):
     def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas", "agent_ids")
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas", "agent_ids", "incarnation")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class RegisterRequest(_message.Message):
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     address: str
@@ -155,7 +156,8 @@ class RegisterRequest(_message.Message):
     restart_count: int
     wait_for_replicas: int
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ..., agent_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
@@ -182,7 +184,7 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left", "lease_seq")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left", "lease_seq", "incarnation")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +205,7 @@ class HeartbeatRequest(_message.Message):
     WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEFT_FIELD_NUMBER: _ClassVar[int]
     LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -223,7 +226,8 @@ class HeartbeatRequest(_message.Message):
     wait_for_replicas: int
     left: bool
     lease_seq: int
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ..., left: _Optional[bool] = ..., lease_seq: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ..., left: _Optional[bool] = ..., lease_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "phase_age_s", "step", "step_time_s", "compute_time_s", "section", "section_timeout_s")
@@ -386,7 +390,7 @@ class ReachTarget(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReachReportRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "shard_rank", "probe_id", "reached", "unreached")
+    __slots__ = ("job", "replica_id", "session_id", "shard_rank", "probe_id", "reached", "unreached", "incarnation")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +398,7 @@ class ReachReportRequest(_message.Message):
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     REACHED_FIELD_NUMBER: _ClassVar[int]
     UNREACHED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -401,7 +406,8 @@ class ReachReportRequest(_message.Message):
     probe_id: int
     reached: _containers.RepeatedScalarFieldContainer[str]
     unreached: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., probe_id: _Optional[int] = ..., reached: _Optional[_Iterable[str]] = ..., unreached: _Optional[_Iterable[str]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., probe_id: _Optional[int] = ..., reached: _Optional[_Iterable[str]] = ..., unreached: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class ReachReportResponse(_message.Message):
     __slots__ = ()
