@@ -13,62 +13,14 @@ They need root and iproute2 (CI has both); elsewhere they skip, saying why.
 from __future__ import annotations
 
 import re
-import signal
 import time
-from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
-from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
-from tests.harness.events import JsonLog, has, like
-from tests.harness.netns import NetLab
-from tests.harness.netns_state import netns_names
+from tests.harness.events import has, like
+from tests.harness.netjob import Job, assert_no_step_lost, assert_one_state_per_step, jobs_in_lab
 from tests.harness.waiting import wait_until
-
-FOREVER = "1000000"
-HANG_FLOOR = "3s"
-"""The hang limit (coordinator --hang-floor): short, so that a stuck collective is acted on within seconds."""
-
-
-class Job:
-    """A coordinator on the control bridge and three replicas in namespaces."""
-
-    def __init__(self, lab: NetLab, tmp: Path, etcd_url: str, key_prefix: str, *worker_args: str) -> None:
-        self.lab, self.tmp = lab, tmp
-        self.coordinator = lab.coordinator(
-            tmp, "--store", etcd_url, "--store-prefix", key_prefix.rstrip("/"), "--min-replicas", "2",
-            "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s", "--join-timeout", "2s",
-            "--hang-floor", HANG_FLOOR, "--log-format", "json").start()
-        self.log = JsonLog(self.coordinator.log_path)
-        self.agents = {}
-        for i, name in enumerate(lab.names):
-            self.agents[name] = lab.agent(name, tmp, self.coordinator.address, i, len(lab.names), "--steps", FOREVER,
-                                          "--wait-for", "3", "--hidden", "64", "--slow", "0.01", *worker_args).start()
-
-    def stop(self) -> None:
-        for a in self.agents.values():
-            a.signal(signal.SIGTERM)  # all at once: they drain together, not one quorum change each
-        for a in self.agents.values():
-            a.stop()
-        self.coordinator.stop()
-
-    def status(self) -> dict:
-        with CoordinatorClient([self.coordinator.address]) as client:
-            return {r.replica_id: r for r in client.status().replicas}
-
-    def training(self, names, contributors: int, past: int = 0, steps: int = 5, timeout: float = 60.0) -> int:
-        """Wait until every one of ``names`` committed ``steps`` steps with
-        ``contributors`` contributors past step ``past``; returns the latest step seen."""
-        last = 0
-        for name in names:
-            first = self.agents[name].read_until(
-                lambda line: line.get("step", 0) > past and line.get("contributors") == contributors, timeout=timeout)
-            line = self.agents[name].read_until(
-                lambda line, first=first: line.get("step", 0) >= first["step"] + steps, timeout=timeout)
-            last = max(last, line["step"])
-        return last
 
 
 def reprobes(job: Job, name: str) -> list[str]:
@@ -77,44 +29,10 @@ def reprobes(job: Job, name: str) -> list[str]:
                       job.agents[name].log_path.read_text(errors="replace"))
 
 
-def assert_one_state_per_step(job: Job) -> None:
-    """Every step any process printed (every incarnation, killed, cut off or
-    not) has one state and one count of contributors (fthsdp/agent/training/ftar/vote.py)."""
-    steps: dict[int, set[tuple[str, int]]] = {}
-    for a in job.agents.values():
-        for line in a.step_lines:
-            steps.setdefault(line["step"], set()).add((line["checksum"], line["contributors"]))
-    split = {s: c for s, c in steps.items() if len(c) > 1}
-    assert not split, f"states differ at steps {sorted(split)[:5]}: {[sorted(split[s]) for s in sorted(split)[:3]]}"
-
-
-def assert_no_step_lost(job: Job, names) -> None:
-    """The members that trained on committed every step in order: none was lost or repeated."""
-    for name in names:
-        got = sorted(job.agents[name].steps)
-        gaps = [(a, b) for a, b in pairwise(got) if b != a + 1]
-        assert not gaps, f"{name} skipped steps {gaps[:3]}"
-
-
 @pytest.fixture
 def job_in_lab(tmp_path, etcd_url, key_prefix):
-    NetLab.skip_unless_possible()
-    made: list[tuple[NetLab, Job]] = []
-
-    def make(*worker_args: str, replicas: int = 3) -> Job:
-        lab = NetLab(replicas)
-        lab.open()
-        made.append((lab, None))
-        job = Job(lab, tmp_path, etcd_url, key_prefix, *worker_args)
-        made[-1] = (lab, job)
-        return job
-
-    yield make
-    for lab, job in made:
-        if job is not None:
-            job.stop()
-        lab.close()
-        assert not [ns for ns in netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
+    with jobs_in_lab(tmp_path, etcd_url, key_prefix) as make:
+        yield make
 
 
 @pytest.mark.timeout(300)

@@ -53,6 +53,9 @@ Whole set-ups:
 
 - ``netns``, ``netns_state``: network namespaces for network-fault tests
   (``python -m tests.harness.netns leftovers`` removes a dead run's).
+- ``netjob``: ``Job``, a coordinator and replicas under ``fthsdp agent`` in
+  those namespaces; ``jobs_in_lab``, the ``job_in_lab`` fixtures' body; the
+  checks ``assert_one_state_per_step`` and ``assert_no_step_lost``.
 - ``soak``, ``soak_control``: the randomized fault soak and its control-plane faults.
 - ``tls_certs``: throwaway certificates.
 - ``deploy_files``: reading deploy/ (units, scripts, manifests) for the deployment and docs tests.
