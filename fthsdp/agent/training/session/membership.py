@@ -55,6 +55,7 @@ class Membership:
         progress: Callable[[], pb.Progress] | None = None,
         agent_ids: Sequence[str] = (),
         incarnation: str = "",
+        catch_up_fingerprints: Sequence[str] = (),
     ) -> None:
         """``member_list``: also be sent the quorum's member list (tools and
         tests that show it; a replica trains with its place alone). ``view``:
@@ -64,7 +65,8 @@ class Membership:
         incarnation (FTHSDP_RESTART_COUNT). ``progress``: where the training
         thread is in its step (fthsdp/agent/training/step/clock.py), sent with every heartbeat.
         ``agent_ids``: the node agents that started the group's processes (FTHSDP_AGENT_ID), sent when registering.
-        ``incarnation``: the key this incarnation's other ranks ping with (RegisterRequest.incarnation)."""
+        ``incarnation``: the key this incarnation's other ranks ping with (RegisterRequest.incarnation).
+        ``catch_up_fingerprints``: their certificates' fingerprints beside ``catch_up_addresses`` (pinned TLS)."""
         self.client = CoordinatorClient(coordinators, timeout=timeout, token=token, tls=tls)
         self.job = job
         self.replica_id = replica_id
@@ -81,6 +83,7 @@ class Membership:
         """The newest quorum id a heartbeat was sent for at once (``_on_push``)."""
         self.pushes.add_listener(self._on_push)
         self._catch_up_addresses = list(catch_up_addresses)
+        self._catch_up_fingerprints = list(catch_up_fingerprints)
         self._restart_count = restart_count
         self._agent_ids = sorted(set(agent_ids) - {""})
         self._incarnation = incarnation
@@ -174,6 +177,7 @@ class Membership:
             step=report.step,
             quorum_id=report.training_quorum_id,
             catch_up_addresses=self._catch_up_addresses,
+            catch_up_fingerprints=self._catch_up_fingerprints,
             restart_count=self._restart_count,
             wait_for_replicas=report.wait_for_replicas,
             agent_ids=self._agent_ids,
@@ -223,11 +227,14 @@ class Membership:
         self.lease.answered(ack.lease_seq, ack.lease_s)
 
     def _on_push(self, event: pb.WatchEvent) -> None:
-        """A new quorum: heartbeat at once, so that a member just admitted has
-        its lease before its first commit (fthsdp/agent/training/session/lease.py)."""
-        if event.quorum.id > self._lease_quorum:
+        """Admitted to a new quorum without a lease: heartbeat at once, so that
+        its lease comes before its first commit (fthsdp/agent/training/session/lease.py).
+        Members that hold one wait for their next beat: a quorum change at
+        10,000 replicas is no burst of heartbeats."""
+        if event.quorum.id > self._lease_quorum and event.HasField("place"):
             self._lease_quorum = event.quorum.id
-            self.reporting.beat_now.set()
+            if not self.lease.valid():
+                self.reporting.beat_now.set()
 
     def _session_loop(self) -> None:
         """Deliver the session's events; when it ends, register again on a new
