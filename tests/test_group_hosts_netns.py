@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import time
@@ -72,20 +71,6 @@ STOP_BOUND = 3.0
 """Seconds from the failure being known until a host's ranks are all stopped: the coordinator's push, the agent's
 monitor tick, --hang-grace (1 s here) before SIGKILL for a hang (none for a round another host ended), and a
 loaded machine."""
-
-
-def drain(agent: AgentProcess) -> None:
-    """Record the step lines an agent printed that nobody read yet."""
-    while True:
-        try:
-            line = agent.lines.get_nowait()
-        except queue.Empty:
-            return
-        agent.history.append(line)
-        for obj in json_objects(line):
-            if "step" in obj:
-                agent.steps[obj["step"]] = obj
-                agent.step_lines.append(obj)
 
 
 def alive(pid: int) -> bool:
@@ -242,7 +227,7 @@ class Job:
 
     def r0_pause(self, start: float, end: float) -> float:
         """r0's longest time between two consecutive committed steps, of those committed in [start, end]."""
-        drain(self.r0)
+        self.r0.drain()
         times = sorted(line["time"] for line in self.r0.steps.values())
         gaps = [b - a for a, b in pairwise(times) if b >= start and a <= end]
         return max(gaps, default=0.0)
@@ -252,7 +237,7 @@ class Job:
     def check(self, rounds: int) -> None:
         """After ``rounds`` rounds of r1 (``rounds`` - 1 faults, each measured)."""
         for a in self.agents():
-            drain(a)
+            a.drain()
         assert len(self.faults) == rounds - 1
         for f in self.faults:
             for host, latency in f["stop_latency"].items():
@@ -376,7 +361,7 @@ def test_a_killed_rank_a_stopped_rank_and_a_host_cut_off_in_catch_up_each_restar
     admitted = job.log.find_event("quorum_change", started, reason=like(r"^admitting .*r1"))
     landed = (f"{cut - registered['t']:.2f}s after r1 registered, "
               + ("before its admission" if admitted is None or admitted["t"] > cut else "after its admission"))
-    drain(job.hosts["a"])
+    job.hosts["a"].drain()
     assert not [line for line in job.hosts["a"].step_lines if line["time"] > started], \
         "r1 committed a step in round 4 before the cut: the cut missed the catch-up"
     job.log.wait_event("host_lost", 30, since=cut, host="a", group="r1")

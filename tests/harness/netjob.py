@@ -13,7 +13,6 @@ every line, or the lines given: one lineage's, say) and ``assert_no_step_lost``.
 from __future__ import annotations
 
 import contextlib
-import queue
 import signal
 from collections.abc import Iterable, Iterator
 from itertools import pairwise
@@ -94,19 +93,7 @@ class Job:
         has come through so far, without waiting for more; steps are recorded
         as ``read_until`` records them."""
         for name in names or list(self.agents):
-            a = self.agents[name]
-            while True:
-                try:
-                    raw = a.lines.get_nowait()
-                except queue.Empty:
-                    break
-                a.history.append(raw)
-                for line in json_objects(raw):
-                    if "step" in line:
-                        a.steps[line["step"]] = line
-                        a.step_lines.append(line)
-                    if "done" in line:
-                        a.done = line
+            self.agents[name].drain()
 
     def rank_pid(self, name: str) -> int:
         """The pid of replica ``name``'s training process: its latest admission line's (read so far)."""

@@ -205,24 +205,36 @@ class WorkerProcess(_Process):
             if left <= 0:
                 raise AssertionError(
                     f"worker {self.replica_id}: nothing matching in {timeout}s; log:\n{self.log_tail()}")
-            for line in json_objects(self.next_line(left)):
-                if "step" in line:
-                    self.steps[line["step"]] = line
-                    self.step_lines.append(line)
-                if "done" in line:
-                    self.done = line
+            for line in self._record(self.next_line(left)):
                 if predicate(line):
                     return line
+
+    def drain(self) -> None:
+        """Record every line printed so far that nobody read yet, without waiting for more."""
+        while True:
+            try:
+                raw = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            self.history.append(raw)
+            self._record(raw)
+
+    def _record(self, raw: str) -> list[dict]:
+        """The JSON objects of one printed line; steps and the end are recorded."""
+        objects = json_objects(raw)
+        for line in objects:
+            if "step" in line:
+                self.steps[line["step"]] = line
+                self.step_lines.append(line)
+            if "done" in line:
+                self.done = line
+        return objects
 
     def collect_after_exit(self, timeout: float = 30.0) -> int:
         """Wait for the process to end and record every step it printed."""
         code = self.proc.wait(timeout=timeout)
         self._pumper.join(timeout)
-        while not self.lines.empty():
-            for line in json_objects(self.lines.get_nowait()):
-                if "step" in line:
-                    self.steps[line["step"]] = line
-                    self.step_lines.append(line)
+        self.drain()
         return code
 
     def finish(self, timeout: float = 60.0) -> dict:
