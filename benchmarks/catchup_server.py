@@ -11,11 +11,11 @@ as in benchmarks/catchup.py part 1; between boundaries it sleeps, or with
 interval (the worst case of a training loop's Python overhead). It serves
 that one snapshot from:
 
-- fthsdp's ``CatchUpServer`` (threads; bearer token; Range);
+- fthsdp's ``CatchUpServer`` (threads; transfer tokens; Range);
 - a minimal aiohttp port written here, on an event loop of its own in a thread
   of its own (the training process's main thread is the training loop):
   ``GET /v1/health``, ``GET /v1/snapshots/<step>/manifest`` and
-  ``GET /v1/snapshots/<step>/data`` with the same bearer-token check and the
+  ``GET /v1/snapshots/<step>/data`` with the same transfer-token check and the
   same ``Range`` handling. Two variants: the body written in 1 MiB pieces
   (--piece-kib), each awaited (``StreamResponse``; what a port needs to keep
   the real server's rate limit), and the whole body handed to
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import http.client
 import json
 import os
@@ -80,15 +79,25 @@ def aiohttp_server(source, token: str, piece: int) -> str:
     ``web.Response``."""
     from aiohttp import web
 
+    from fthsdp.agent.training.catchup import transfer_token
     from fthsdp.agent.training.catchup.server import PROTOBUF
     from fthsdp.agent.training.catchup.source import SnapshotUnavailable
 
     def error(code: int, message: str, headers=None) -> web.Response:
         return web.Response(status=code, text=message + "\n", headers=headers)
 
+    started: list = []
+
     def authorized(request) -> bool:
-        given = request.headers.get("Authorization", "")
-        return not token or hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+        """The real server's check: a transfer token minted for this address."""
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if not token:
+            return True
+        try:
+            transfer_token.verify(given if scheme == "Bearer" else "", token, f"127.0.0.1:{started[0]}", time.time())
+        except transfer_token.TokenRefused:
+            return False
+        return True
 
     async def snapshot(request):
         """``source.snapshot`` may wait for a step boundary: the loop must not.
@@ -153,7 +162,6 @@ def aiohttp_server(source, token: str, piece: int) -> str:
     app.router.add_get(r"/v1/snapshots/{step:\d+}/manifest", manifest)
     app.router.add_get(r"/v1/snapshots/{step:\d+}/data", data)
     loop = asyncio.new_event_loop()
-    started: list = []
     ready = threading.Event()
 
     async def start() -> None:

@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--fault", choices=("none", "corrupt", "stop", "corrupt-log", "http-only"), default="none")
+    parser.add_argument("--token", default="", help="the job token: requests need transfer tokens keyed by it")
     args = parser.parse_args()
     model, opt = model_and_optimizer(0, args.width)
     model(torch.randn(8, args.width)).sum().backward()
@@ -87,7 +88,7 @@ def main() -> None:
         log.append(cpb.LogEntry(step=step, hyperparams_json="[]"), total, 1, 1)
     source = ServedState("r0", 0, 42, log, chunk_bytes=args.chunk)
     channel = None if args.fault == "http-only" else FaultyChannel(args.fault, GlooTransport(), "127.0.0.1", 10.0)
-    server = CatchUpServer(source, channel=channel).start()
+    server = CatchUpServer(source, token=args.token, channel=channel).start()
     stop = threading.Event()
 
     def train() -> None:  # the training thread: a snapshot at the next "step boundary" when asked

@@ -30,10 +30,10 @@ CHUNK = 4096
 def source():
     started = []
 
-    def start(fault: str = "none") -> dict:
+    def start(fault: str = "none", token: str = "") -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "tests.catchup_source_worker", "--fault", fault,
-                                 "--chunk", str(CHUNK)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+                                 "--chunk", str(CHUNK), "--token", token], cwd=ROOT, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
         started.append(proc)
         line = proc.stdout.readline()
         assert line, f"the source worker exited with {proc.wait()}"
@@ -61,10 +61,10 @@ class Recorded(SourceClient):
         return super()._request(method, path, headers, timeout)
 
 
-def fetch(address: str, channel: GroupChannel | None) -> tuple[str, Recorded, list[int], object]:
+def fetch(address: str, channel: GroupChannel | None, token: str = "") -> tuple[str, Recorded, list[int], object]:
     """Fetch the snapshot and the log as a joiner does; the state's checksum,
     the client, the progress seen, the manifest."""
-    client = Recorded(address, timeout=10, channel=channel)
+    client = Recorded(address, timeout=10, channel=channel, token=token, joiner="r2", bind="127.0.0.1")
     manifest = client.request_snapshot()
     seen: list[int] = []
     data = client.fetch(manifest, progress=seen.append)
@@ -93,9 +93,11 @@ def log_requests(client: Recorded) -> list[bool]:
     return ["session=" in path for method, path, _ in client.requests if path.startswith("/v1/log")]
 
 
-def test_the_snapshot_and_the_log_travel_over_the_group_and_nothing_over_http(source):
-    src = source()
-    checksum, client, seen, manifest = fetch(src["address"], channel())
+@pytest.mark.parametrize("token", ["", "s3cret"], ids=["no-token", "transfer-tokens"])
+def test_the_snapshot_and_the_log_travel_over_the_group_and_nothing_over_http(source, token):
+    """With a job token, the session too is asked for with a transfer token (bound to its store)."""
+    src = source(token=token)
+    checksum, client, seen, manifest = fetch(src["address"], channel(), token)
     assert checksum == src["checksum"]
     assert len(manifest.chunk_crc32) >= 4 and len(seen) == len(manifest.chunk_crc32)
     assert data_requests(client) == [] and log_requests(client) == [True]

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from fthsdp.agent.training.catchup import tls as catchup_tls
-from fthsdp.agent.training.catchup.client import LogGone, SourceClient, SourceUnavailable, Unauthorized
+from fthsdp.agent.training.catchup.client import (
+    LogGone,
+    SourceClient,
+    SourceUnavailable,
+    Unauthorized,
+    WrongCertificate,
+)
 from fthsdp.agent.training.catchup.grad_log import GradientLog
 from fthsdp.agent.training.catchup.server import CatchUpServer
 from fthsdp.agent.training.catchup.source import ServedState, SnapshotUnavailable
@@ -320,6 +326,43 @@ def test_tls_source_refuses_joiners_without_valid_credentials(source, certs, joi
     assert not src.source.wanted and src.source.held == []
 
 
-def test_no_certificate_of_its_own_means_plain_http_with_the_token(certs):
-    assert catchup_tls.server_context(_files(certs, None)) is None
-    assert catchup_tls.client_context(_files(certs, None)) is None
+def test_catch_up_uses_tls_whenever_the_coordinator_does(certs):
+    Mode = catchup_tls.Mode
+    assert catchup_tls.mode(TlsFiles()) is Mode.PLAIN
+    assert catchup_tls.serving(TlsFiles()) == (None, "") and catchup_tls.client_context(TlsFiles()) is None
+    assert catchup_tls.mode(_files(certs, "node")) is Mode.MUTUAL
+    context, fingerprint = catchup_tls.serving(_files(certs, "node"))
+    assert context is not None and fingerprint == ""  # verified against the CA: nothing to pin
+    # Server-only TLS (a CA file, no certificate of its own): an ephemeral certificate, pinned.
+    assert catchup_tls.mode(_files(certs, None)) is Mode.PINNED
+    context, fingerprint = catchup_tls.serving(_files(certs, None))
+    assert context is not None and len(fingerprint) == 64 and fingerprint != catchup_tls.serving(_files(certs, None))[1]
+    assert catchup_tls.client_context(_files(certs, None)).verify_mode == ssl.CERT_NONE  # the pin is the check
+
+
+def test_snapshot_over_pinned_tls_with_an_ephemeral_certificate(source, certs):
+    context, fingerprint = catchup_tls.ephemeral_server()
+    src = source(token="t", tls=context)
+    client = SourceClient(src.server.address, token="t", tls=catchup_tls.client_context(_files(certs, None)),
+                          fingerprint=fingerprint)
+    assert client.transport == "https"
+    manifest = client.request_snapshot()
+    assert len(client.fetch(manifest)) == manifest.total_bytes
+
+
+@pytest.mark.parametrize("joiner", ["another-certificate", "no-fingerprint", "plain"])
+def test_a_pinned_source_with_another_certificate_is_refused(source, certs, joiner):
+    context, fingerprint = catchup_tls.ephemeral_server()
+    _, other = catchup_tls.ephemeral_server()
+    src = source(token="t", tls=context)
+    pinned = catchup_tls.client_context(_files(certs, None))
+    if joiner == "plain":
+        with pytest.raises(SourceUnavailable):
+            SourceClient(src.server.address, token="t", attempts=1).request_snapshot(wait=1)
+    elif joiner == "no-fingerprint":
+        with pytest.raises(WrongCertificate, match="named no certificate fingerprint"):
+            SourceClient(src.server.address, token="t", tls=pinned).request_snapshot(wait=1)
+    else:
+        with pytest.raises(WrongCertificate, match=f"fingerprint {fingerprint}, not {other}"):
+            SourceClient(src.server.address, token="t", tls=pinned, fingerprint=other).request_snapshot(wait=1)
+    assert not src.source.wanted and src.source.held == []

@@ -178,3 +178,33 @@ def test_a_rank_of_another_incarnation_is_not_taken_for_one_of_this_ones(job):
         job="default", replica_id="g", shard_rank=0, session_id="forged", probe_id=1)), PRECONDITION)
     c.call("ReportReach", pb.ReachReportRequest(job="default", replica_id="g", shard_rank=0, session_id=session,
                                                 probe_id=1))
+
+
+def test_a_process_of_an_ended_incarnation_may_not_knock_out_the_live_one(job):
+    """A rank of a round that ended, on a host that has not stopped it yet, registers late."""
+    c = job.client
+    for count in (3, 4):  # the agent restarted the group: incarnation 4 registered last
+        job.sessions["g"] = c.call("Register", pb.RegisterRequest(
+            job="default", replica_id="g", address=f"g:{count}", world_size=1, agent_ids=["agent-of-g"],
+            restart_count=count)).session_id
+    job.beat("g", 0)
+    assert "outlived its incarnation" in refused(lambda: c.call("Register", pb.RegisterRequest(
+        job="default", replica_id="g", address="g:3", world_size=1, agent_ids=["agent-of-g"], restart_count=3)),
+        PRECONDITION)
+    job.beat("g", 0)  # incarnation 4's session is still the one registered
+
+
+def test_right_after_a_coordinator_started_a_stale_incarnation_waits_for_the_stored_one_to_be_judged():
+    from fthsdp.coordinator.job import JobState
+    from fthsdp.coordinator.quorum_types import Rules
+    from fthsdp.coordinator.replica_entry import grant_reconnect_grace
+    from fthsdp.core.errors import OutOfRange
+
+    state = JobState("job", Rules())
+    record = pb.ReplicaRecord(replica_id="g", address="g:4", world_size=1, agent_ids=["agent-of-g"], restart_count=4)
+    state.load(None, 0, {"g": (record, 7)}, now=100.0)
+    grant_reconnect_grace(state.replicas, 115.0)
+    with pytest.raises(OutOfRange, match="outlived its incarnation"):
+        state.check_registration("g", ("agent-of-g",), 0, 0, 101.0, restart_count=3)
+    state.check_registration("g", ("agent-of-g",), 0, 0, 101.0, restart_count=4)  # the stored one, back
+    state.check_registration("g", ("agent-of-g",), 0, 0, 116.0, restart_count=3)  # its grace ran out: judged

@@ -145,6 +145,76 @@ def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_th
         "r1 trained on with r0 after the restart"
 
 
+def test_a_host_lost_while_the_coordinator_was_down_is_replaced_by_a_spare_after_the_restart(tmp_path, etcd_url):
+    """The host table is not stored (issue 48): the restarted coordinator
+    learns the group's hosts by node rank from the survivor's hello, counts
+    the host that never comes back lost after the heartbeat timeout, and
+    gives its node rank to the waiting spare after --spare-wait; the group
+    trains again."""
+    prefix = f"/fthsdp-test/{uuid.uuid4().hex[:12]}"
+    # Down for 1s after a kill (the supervisor's RestartSec), well within r0's member lease: the host is killed
+    # meanwhile, milliseconds after the coordinator.
+    c = SupervisedCoordinator(tmp_path / "coordinator.log", "--store", etcd_url, "--store-prefix", prefix,
+                              "--min-replicas", "1", "--leader-ttl", "2s", "--heartbeat-interval", "200ms",
+                              "--heartbeat-timeout", "3s", "--spare-wait", "1s", "--log-format", "json",
+                              restart_sec=1.0).start()
+    events = JsonLog(c.log.path)
+    r0 = AgentProcess(tmp_path, c.address, "r0", 0, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", "100000",
+                      agent_args=("--nproc", "2"), worker="tests.hsdp_worker")
+    hosts = {h: host(tmp_path, c.address, h) for h in ("h-a", "h-b")}
+    spare = host(tmp_path, c.address, "h-spare", spare=True)
+    procs = [r0.start(), *(a.start() for a in hosts.values()), spare.start()]
+    try:
+        first = events.wait_event("rendezvous", 90, group="r1", action="complete", round=1)["hosts"]
+        events.wait_event("host_connected", 60, host="h-spare", group="")
+        r0.read_until(lambda line: line.get("step", 0) >= 10 and line["contributors"] == 2, 120)
+        lost, survivor = first[1], first[0]
+        mark, killed = c.log.count(), time.time()
+        c.kill()
+        os.kill(hosts[lost].proc.pid, signal.SIGKILL)  # its agent, and its rank with it, while nobody coordinates
+        hosts[lost].proc.wait(timeout=10)
+        c.log.wait_for(LOADED, after=mark, timeout=30)
+        gone = events.wait_event("host_lost", 60, since=killed, host=lost, group="r1")
+        adopted = events.wait_event("rendezvous", 60, since=killed, group="r1", action="adopt-spares",
+                                    adopted=["h-spare"], reason=has(f"takes the place of lost {lost}"))
+        complete = events.wait_event("rendezvous", 90, since=adopted["t"], group="r1", action="complete")
+        after = r0.read_until(lambda line: line.get("time", 0) > complete["t"] and line["contributors"] == 2, 180)
+        never_back = not events.events_named("host_connected", since=killed, host=lost)
+        reasons = [e.get("reason") or "" for e in events.events_named("rendezvous", since=killed)]
+        statuses = [e["message"] for e in events.events() if e["t"] >= killed]
+    finally:
+        for p in procs:
+            p.stop()
+        c.stop()
+    assert never_back, "the lost host died while the coordinator was down: the new one never heard from it"
+    assert adopted["t"] - gone["t"] >= 1.0, "the spare took the place only after --spare-wait"
+    assert complete["hosts"] == [survivor, "h-spare"], "the spare has the lost host's node rank"
+    assert after["contributors"] == 2, "r1 trains again, with r0"
+    assert not [m for m in statuses + reasons if "none known" in m], "the lost host was known to the new coordinator"
+    assert "round" in spare.log_path.read_text() and "adopted by replica group r1" in spare.log_path.read_text()
+
+
+def test_a_second_agent_with_the_same_host_id_is_refused_with_one_line_that_says_to_give_host_id(tmp_path):
+    """Two hosts with one host name (containers, network namespaces) would be one host to the coordinator."""
+    c = CoordinatorProcess(tmp_path, "--heartbeat-interval", "200ms", "--heartbeat-timeout", "2s",
+                           "--log-format", "json").start()
+    first, second = host(tmp_path, c.address, "node-1"), host(tmp_path, c.address, "node-1")
+    second.log_path = tmp_path / "agent-node-1-second.log"
+    try:
+        first.start()
+        JsonLog(c.log_path).wait_event("host_connected", 60, host="node-1", group="r1")
+        second.start()
+        assert second.proc.wait(timeout=60) == 2, second.log_tail()
+        assert first.proc.poll() is None, "the first agent goes on"
+    finally:
+        for a in (first, second):
+            a.stop()
+        c.stop()
+    said = [line for line in second.log_path.read_text().splitlines() if "is taken" in line]
+    assert len(said) == 1 and "host id 'node-1' is taken: another agent with this host id is connected (from " \
+        "127.0.0.1" in said[0] and "give each agent its own --host-id" in said[0], said
+
+
 def first_after(worker: AgentProcess, t: float) -> int:
     """The first step ``worker`` committed after unix time ``t`` (one it has read)."""
     return min((line["step"] for line in worker.step_lines if line.get("time", 0) > t), default=10**9)

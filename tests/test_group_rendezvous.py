@@ -96,3 +96,42 @@ def test_released_refused_and_stopped_each_end_the_agent_with_their_code():
     assert isinstance(got, End) and got.exit_code == 2 and "already has its 2 hosts" in got.reason
     r, _ = make()
     assert r.next_round(lambda timeout: True) == End(0, "stopped while joining a round")
+
+
+def test_the_hello_says_the_agents_incarnation_and_the_groups_hosts_as_last_pushed():
+    """What a coordinator that restarts learns the group from (issue 48)."""
+    r, link = make()
+    first = link.hello()
+    assert len(first.incarnation) == 32 and first.address == "10.0.0.2"
+    assert (list(first.hosts), first.hosts_round) == ([], 0), "no round heard of yet"
+    r.inbox.put(pb.HostPush(welcome=pb.HostWelcome(host_id="h-b", round=3)))
+    r.inbox.put(pb.HostPush(complete=pb.RoundComplete(round=3, node_rank=1, store="10.0.0.1:7001",
+                                                       hosts=["h-a", "h-b"])))
+    assert isinstance(r.next_round(never), Assignment)
+    hello = link.hello()
+    assert (list(hello.hosts), hello.hosts_round, hello.round, hello.node_rank) == (["h-a", "h-b"], 3, 3, 1)
+    assert hello.incarnation == first.incarnation, "the same agent says the same incarnation at every reconnect"
+    r.inbox.put(pb.HostPush(ended=pb.RoundEnded(round=3, reason="host h-c lost")))
+    assert r.round_ended() == "host h-c lost"
+    r.inbox.put(pb.HostPush(roster=pb.GroupRoster(round=4, hosts=["h-s", "h-b"])))  # a spare took h-a's place
+    r.inbox.put(pb.HostPush(roster=pb.GroupRoster(round=2, hosts=["h-a", "h-x"])))  # an older one changes nothing
+    r.inbox.put(pb.HostPush(joined=4))
+    r.inbox.put(pb.HostPush(complete=pb.RoundComplete(round=4, node_rank=1, store="10.0.0.9:7001")))
+    assert isinstance(r.next_round(never), Assignment)
+    assert (list(link.hello().hosts), link.hello().hosts_round) == (["h-s", "h-b"], 4)
+    assert make()[1].hello().incarnation != first.incarnation, "each agent draws its own"
+
+
+def test_an_adoption_said_again_after_a_reconnect_is_taken_once():
+    r, link = make(replica_id="", replica_rank=-1, spare=True)
+    adopted = pb.HostPush(adopted=pb.SpareAdopted(replica_id="r3", replica_rank=3, round=5, num_replicas=4,
+                                                  hosts=["h-a", "h-b"]))
+    r.inbox.put(pb.HostPush(welcome=pb.HostWelcome(host_id="h-b")))
+    r.inbox.put(adopted)
+    r.inbox.put(pb.HostPush(welcome=pb.HostWelcome(host_id="h-b", round=5)))  # its stream opened again
+    r.inbox.put(adopted)  # the coordinator says it again: it is already r3's, joining round 5
+    r.inbox.put(pb.HostPush(complete=pb.RoundComplete(round=5, node_rank=1, store="10.0.0.1:7001")))
+    got = r.next_round(never)
+    assert got == Assignment(5, 1, "10.0.0.1", 7001, "r3", 3, 4)
+    assert [m.join.round for m in link.sent if m.HasField("join")] == [5, 5], "a join, and the same join again"
+    assert (list(link.hello().hosts), link.hello().hosts_round) == (["h-a", "h-b"], 5)

@@ -191,7 +191,7 @@ def joiner_for(event: pb.WatchEvent | None) -> Joiner:
     return Joiner(types.SimpleNamespace(step=0), job="default", replica_id="r2", structure=0, group=OneRank(),
                   view=FakeView(event), reporting=Reporting(),
                   lifecycle=types.SimpleNamespace(drain_requested=False),
-                  connect=lambda address: None)
+                  connect=lambda address, fingerprint: None)
 
 
 @pytest.mark.parametrize("event, outcome", [

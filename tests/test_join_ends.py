@@ -156,7 +156,8 @@ class Joining:
         self.sources = {s.address: s for s in sources}
         self.joiner = Joiner(self.replica, job="default", replica_id=ME, structure=STRUCTURE,
                              group=ReplicaGroup(0, 1, timeout=5.0), view=self.view, reporting=self.reporting,
-                             lifecycle=self.lifecycle, connect=self.sources.__getitem__)  # type: ignore[arg-type]
+                             lifecycle=self.lifecycle,
+                             connect=lambda address, fingerprint: self.sources[address])  # type: ignore
 
     def reach(self, source: Source) -> None:
         """A source this replica can connect to (named later, by a push)."""

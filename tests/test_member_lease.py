@@ -205,3 +205,27 @@ def test_a_held_commit_is_evicted_when_a_push_takes_the_replica_out():
     threading.Timer(0.2, out.set).start()
     with pytest.raises(Evicted, match="while its member lease was out, quorum 9 leaves it out"):
         ml.hold(lambda: "quorum 9 leaves it out" if out.is_set() else "")
+
+
+def test_a_coordinator_that_starts_presumes_the_lease_of_the_pace_its_predecessor_ran_at():
+    """At scale the heartbeats were stretched, and the leases with them: the
+    new leader presumes what the recorded replicas' ranks called for."""
+    import asyncio
+
+    from fthsdp.coordinator.config import CoordinatorConfig
+    from fthsdp.coordinator.runtime import CoordinatorRuntime
+    from fthsdp.coordinator.store.memory import MemoryStore
+
+    async def scenario() -> float:
+        store = MemoryStore()
+        config = CoordinatorConfig(min_replicas=1, join_settle=0.0, heartbeat_budget=100.0)
+        first = CoordinatorRuntime(config, store, "c:1", clock=lambda: 10.0, wall=lambda: 1000.0)
+        first.leading = True
+        for i in range(4):  # 4 groups of 100 ranks: 400 senders against a budget of 100/s
+            await first.register(pb.RegisterRequest(job="default", replica_id=f"r{i}", address=f"r{i}:1",
+                                                     world_size=100))
+        second = CoordinatorRuntime(config, store, "c:1", clock=lambda: 50.0, wall=lambda: 1100.0)
+        await second._load(second.jobs["default"])
+        return second.jobs["default"].state.lease_s
+
+    assert asyncio.run(scenario()) == lease.granted(LEASE, 4.0), "4 s between heartbeats: a 12 s lease"

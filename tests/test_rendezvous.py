@@ -4,6 +4,7 @@ table-driven: the clock is passed in, every decision says why."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -16,6 +17,7 @@ from fthsdp.coordinator.rendezvous import (
     assign_ranks,
     check_join,
     decide,
+    leading_shape,
 )
 
 RULES = RendezvousRules(spare_wait=10.0, rendezvous_timeout=60.0)
@@ -132,15 +134,48 @@ def test_ranks_are_kept_and_the_free_ones_filled_in_host_order(joined, previous,
 
 
 @pytest.mark.parametrize("joining, members, says", [
-    (host("b", nnodes=3), [host("a")], "host b: --nnodes 3, but group r1's other hosts said --nnodes 2"),
-    (host("b", nproc=4), [host("a")], "host b: --nproc 4, but group r1's other hosts said --nproc 1"),
+    (host("b", nnodes=3), [host("a")],
+     "host b: --nnodes 3, but group r1 runs with --nnodes 2 (since its round 1 completed): give every host of a "
+     "group the same --nnodes and --nproc"),
+    (host("b", nproc=4), [host("a")], "host b: --nproc 4, but group r1 runs with --nproc 1 (since its round 1"),
+    (host("b", nnodes=3, nproc=4), [host("a")], "--nnodes 3, but group r1 runs with --nnodes 2; --nproc 4, but "
+                                                "group r1 runs with --nproc 1"),
     (host("c"), [host("a"), host("b")], "host c: group r1 already has its 2 hosts (a, b)"),
 ])
 def test_a_join_that_would_form_the_group_wrong_is_refused_in_one_line(joining, members, says):
-    with pytest.raises(JoinRefused, match=says.replace("(", r"\(").replace(")", r"\)")):
-        check_join(joining, 2, 1, members, Round(1, 0.0))
+    """Once a round completed (fixed_in 1), the group's shape is its: another is refused naming both values."""
+    with pytest.raises(JoinRefused, match=re.escape(says)):
+        check_join(joining, (2, 1), members, Round(1, 0.0), fixed_in=1)
 
 
 def test_a_join_that_fits_is_taken():
-    check_join(host("b"), 2, 1, [host("a")], Round(1, 0.0))
-    check_join(host("c"), 2, 1, [host("a"), host("b", lost_since=3.0)], Round(1, 0.0))  # in a lost host's place
+    check_join(host("b"), (2, 1), [host("a")], Round(1, 0.0), fixed_in=1)
+    check_join(host("c"), (2, 1), [host("a"), host("b", lost_since=3.0)], Round(1, 0.0), fixed_in=1)  # a lost place
+
+
+def test_before_a_round_completed_hosts_of_another_shape_gather_beside_the_first():
+    """The first host's flags are not the group's for good: a host that disagrees is not refused (yet)."""
+    check_join(host("b", nnodes=3), (2, 1), [host("a")], Round(1, 0.0), fixed_in=0)
+    # Two of shape 2 and one of shape 3: the one of shape 3 does not count towards the others' two.
+    check_join(host("c"), (2, 1), [host("a"), host("x", nnodes=3)], Round(1, 0.0), fixed_in=0)
+
+
+@pytest.mark.parametrize("members, shape", [
+    ([host("a")], (2, 1)),
+    ([host("a", nnodes=3), host("b"), host("c")], (2, 1)),  # most hosts said it
+    ([host("a", nnodes=3), host("b")], (3, 1)),  # a tie: the lowest host id's
+    ([host("a", nnodes=3), host("b"), host("c", lost_since=1.0)], (3, 1)),  # a lost host says nothing
+    ([host("a", nnodes=3), host("b", joined=1), host("c", joined=1), host("d", nnodes=3), host("e", nnodes=3)],
+     (2, 1)),  # two of shape 2 joined round 1: they fill it, it completes with their shape
+    ([host("a", nnodes=3, joined=1), host("b", nnodes=3, joined=1)], (3, 1)),  # 2 of 3 joined: the most said it
+    ([host("a", lost_since=0.0)], None),
+])
+def test_the_shape_a_group_is_decided_with_before_its_first_round_completed(members, shape):
+    assert leading_shape(members, 1) == shape
+
+
+def test_a_host_of_the_last_round_keeps_its_rank_when_more_joined_than_the_round_takes():
+    """A host came back beside the one that took its place: the round's hosts keep theirs (never pushed out)."""
+    decision = decide("r1", 2, Round(2, 0.0), ("a", "s"), hosts(host("a", joined=2), host("b", joined=2),
+                                                                 host("s", joined=2)), 1.0, RULES)
+    assert decision.action is Action.COMPLETE and decision.round.ranks == ("a", "s"), decision.reason

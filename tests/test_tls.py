@@ -5,8 +5,12 @@ are all refused, and change nothing."""
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import os
+import re
 import signal
+import ssl
 
 import pytest
 
@@ -111,6 +115,67 @@ def test_agent_and_ranks_train_and_catch_up_over_mutual_tls_with_the_token(tmp_p
         assert again["catch_up"] and again["catch_up"]["source"] == "r0"
         assert again["catch_up"]["transport"] == "https"  # the catch-up took the same credentials
         agents[1].read_until(lambda line: "step" in line and line["t"] > again["t"], timeout=60)
+    finally:
+        for a in agents:
+            a.stop()
+        c.stop()
+
+
+def _catch_up_server_of(agent: AgentProcess) -> tuple[str, str]:
+    """The address and certificate fingerprint its rank logs at start."""
+    lines = [line for line in agent.log_path.read_text(errors="replace").splitlines()
+             if "serving catch-up on" in line]
+    match = re.search(r"serving catch-up on (\S+) \(https, ephemeral certificate sha256 ([0-9a-f]{64})\)", lines[-1])
+    assert match, lines[-1]
+    return match.group(1), match.group(2)
+
+
+def test_catch_up_over_tls_with_pinned_ephemeral_certificates_under_server_only_tls(tmp_path, certs):
+    """Server-only TLS (the replicas hold a CA file, no certificate): each
+    catch-up server serves an ephemeral certificate whose fingerprint goes
+    through the coordinator; the restarted replica catches up over HTTPS, and
+    the source refuses the job token itself, as it refuses no token."""
+    token = tmp_path / "token"
+    token.write_text("server-only-tls\n")
+    c = CoordinatorProcess(tmp_path, "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+                           "--token-file", str(token), "--heartbeat-interval", "200ms",
+                           "--heartbeat-timeout", "2s").start()
+    credentials = ("--token-file", str(token), "--tls-ca", str(certs / "ca.pem"))
+    agents = [
+        AgentProcess(tmp_path, c.address, f"r{i}", i, 2, "--steps", "1000000", "--wait-for", "2", "--hidden", "64",
+                     agent_args=credentials).start()
+        for i in range(2)
+    ]
+    try:
+        first = agents[1].read_until(lambda line: "admitted" in line)
+        agents[0].read_until(lambda line: line.get("step", 0) >= 5)
+        os.kill(first["pid"], signal.SIGKILL)
+        again = agents[1].read_until(lambda line: "admitted" in line and line["pid"] != first["pid"], timeout=60)
+        assert again["catch_up"] and again["catch_up"]["source"] == "r0"
+        assert again["catch_up"]["transport"] == "https"
+        agents[1].read_until(lambda line: "step" in line and line["t"] > again["t"], timeout=60)
+
+        address, fingerprint = _catch_up_server_of(agents[0])
+        host, port = address.rsplit(":", 1)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        for authorization in (None, "Bearer server-only-tls"):  # no token; the raw job token
+            conn = http.client.HTTPSConnection(host, int(port), timeout=10, context=context)
+            conn.request("POST", "/v1/snapshots?wait=1", headers={"Authorization": authorization} if authorization
+                         else {})
+            response = conn.getresponse()
+            assert response.status == 401, (authorization, response.status, response.read())
+            assert response.read().count(b"\n") == 1
+            assert conn.sock is not None
+            served = hashlib.sha256(conn.sock.getpeercert(binary_form=True)).hexdigest()
+            assert served == fingerprint  # the certificate it registered is the one it serves
+            conn.close()
+        plain = http.client.HTTPConnection(host, int(port), timeout=10)
+        with pytest.raises((OSError, http.client.HTTPException)):
+            plain.request("GET", "/v1/health")
+            plain.getresponse().read()  # no plain HTTP on a TLS port
+        plain.close()
+        agents[0].read_until(lambda line: "step" in line and line["t"] > again["t"] + 0.5, timeout=60)  # unharmed
     finally:
         for a in agents:
             a.stop()

@@ -51,7 +51,8 @@ def answer(runtime: CoordinatorRuntime, rid: str, reached: list[str], unreached:
     job = runtime.jobs["default"]
     probe = job.state.reach.probe_for(rid, job.state.is_member(rid))
     assert probe is not None, f"{rid} was not asked to probe"
-    return job.state.reach_report(rid, 0, probe.id, reached, unreached)
+    # Rank 0 answers with its session (fthsdp/coordinator/identity.py).
+    return job.state.reach_report(rid, 0, probe.id, reached, unreached, job.state.replicas[rid].session_id or "")
 
 
 def stored(store: MemoryStore, rid: str) -> pb.ReplicaRecord:

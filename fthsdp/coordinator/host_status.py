@@ -9,11 +9,13 @@ from fthsdp.coordinator.rendezvous import Host
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 
-def _state(host: Host, round_number: int, complete: bool) -> str:
+def _state(host: Host, round_number: int, complete: bool, reconnecting: bool) -> str:
     if host.left_round:
         return "left"
     if host.lost_since is not None:
         return "lost"
+    if reconnecting:
+        return "reconnecting"  # named by the others' hellos after a coordinator restart, not back itself yet
     if host.joined_round == round_number:
         return "running" if complete else "joined"
     return "gathering"
@@ -27,8 +29,9 @@ def group_statuses(table: HostTable, now: float) -> list[pb.GroupStatus]:
         if not hosts:
             continue  # every host left (finished) or gave up: nothing to show
         ranks = group.current.ranks or group.previous
+        number, complete = group.current.number, group.current.complete
         rows = [pb.HostStatus(host_id=h.host_id, node_rank=ranks.index(h.host_id) if h.host_id in ranks else -1,
-                              state=_state(h, group.current.number, group.current.complete),
+                              state=_state(h, number, complete, table.reconnecting(h.host_id)),
                               lost_for_s=now - h.lost_since if h.lost_since is not None else 0.0)
                 for h in hosts]
         rows.sort(key=lambda r: (r.node_rank < 0, r.node_rank, r.host_id))

@@ -8,141 +8,123 @@ gives lost hosts' places to spares, and gives up on rounds that cannot
 complete, pushing each outcome to the hosts concerned.
 
 It is not stored: after a coordinator restart the agents reconnect and say
-which round they run, with which node rank and store, and the table is
-rebuilt from that (``hello``), as torchft's lighthouse rebuilds its quorum
-from its replicas. One owner: the coordinator's event loop calls every
+which round they run, with which node rank and store, and the group's hosts
+by node rank as they last heard them; the table is rebuilt from that
+(``hello``), as torchft's lighthouse rebuilds its quorum from its replicas.
+A host named by the others but not back within a heartbeat timeout is lost
+like any host whose heartbeats stopped, and a spare takes its place after
+the spare wait. What a hello may claim (its host id, its round, its node
+rank) is checked first (fthsdp/coordinator/host_claims.py): a refused hello
+changes nothing. One owner: the coordinator's event loop calls every
 method; the clock is passed in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Callable
+from collections.abc import Sequence
 
-from fthsdp.coordinator.rendezvous import (
-    Action,
-    Decision,
-    Host,
-    RendezvousRules,
-    Round,
-    check_join,
-    decide,
+from fthsdp.coordinator.host_claims import (
+    Claim,
+    Roster,
+    claims,
+    displaced,
+    identity_refusal,
+    merge,
+    round_refusal,
 )
+from fthsdp.coordinator.host_rounds import Group, GroupRounds, Link, Push, log, no_stream
+from fthsdp.coordinator.rendezvous import Host, Round, check_join
+from fthsdp.core.auth import PermissionDenied
+from fthsdp.core.errors import OutOfRange
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
-log = logging.getLogger("fthsdp.coordinator")
-
-Push = Callable[[pb.HostPush | None], None]
-"""Sends one message down a host's stream; None ends the stream (the agent opens it again, saying hello)."""
+__all__ = ["Group", "HostTable"]
 
 
-@dataclasses.dataclass
-class Group:
-    """One replica group's rounds."""
-
-    replica_id: str
-    replica_rank: int
-    num_replicas: int
-    nnodes: int
-    nproc: int
-    rendezvous_timeout: float
-    current: Round
-    previous: tuple[str, ...] = ()
-    """The hosts by node rank of the last complete round."""
-    reason: str = ""
-    """The last decision's reason, for status."""
-    gave_up: str = ""
-
-
-@dataclasses.dataclass
-class _Link:
-    push: Push
-    connection: int
-    last_seen: float
-
-
-class HostTable:
-    def __init__(self, job: str, rules: RendezvousRules) -> None:
-        self.job = job
-        self.rules = rules
-        self.hosts: dict[str, Host] = {}
-        self.groups: dict[str, Group] = {}
-        self._links: dict[str, _Link] = {}
-        self._connections = 0
-        self.replaced: dict[str, str] = {}
-        """Hosts whose place a spare took while they were gone: host id -> why they are not needed."""
-        self.finished = ""
-        """Set (why) once the job finished: spares are released, and spares that come are too."""
+class HostTable(GroupRounds):
+    """The job's hosts and rounds, as their streams change them (the state and the decisions: GroupRounds)."""
 
     # ----- what a host's stream brings ----------------------------------------------
 
     def hello(self, hello: pb.HostHello, push: Push, now: float) -> int:
         """A host's stream opened; returns the connection's number (for
         ``closed``). Raises JoinRefused (one line) for a host that would form
-        its group wrong; nothing is recorded then."""
+        its group wrong, PermissionDenied for a host id an open stream of
+        another agent holds, OutOfRange for a round the group cannot be in;
+        nothing is recorded then."""
         host_id = hello.host_id
-        released = self.finished if not hello.replica_id else self.replaced.get(host_id, "")
-        if released and (not hello.replica_id or len(self._alive(hello.replica_id, host_id)) >= hello.nnodes):
+        link = self._links.get(host_id)
+        if link is not None and link.connection:
+            why = identity_refusal(host_id, link.incarnation, hello.incarnation, link.address, now - link.since)
+            if why:
+                raise PermissionDenied(why)
+        old = self.hosts.get(host_id)
+        # A spare whose adoption was lost with its stream says hello as a spare: it is its group's all the same.
+        readopt = not hello.replica_id and old is not None and old.group in self.groups
+        name = old.group if readopt and old is not None else hello.replica_id
+        group = self.groups.get(name) if name else None
+        mine = [] if readopt else claims(host_id, hello.hosts, hello.hosts_round, hello.round, hello.node_rank)
+        released = self._released(host_id, name, group, mine)
+        if released:
             push(pb.HostPush(released=released))
             push(None)
             return 0
+        host = Host(host_id, name, hello.nnodes, hello.nproc)
+        if group is not None:
+            ran = group.current.complete and host_id in group.current.ranks
+            learning = group.learning_since is not None
+            if not readopt and (why := round_refusal(host_id, name, hello.round, group.current.number, ran,
+                                                     learning)):
+                raise OutOfRange(why)
+            members = [h for h in self.hosts.values() if h.group == name and h.host_id != host_id]
+            if learning and mine:
+                # Hosts whose node ranks its newer claims take are not the group's any more.
+                _, out = merge(group.roster.sized(group.nnodes), mine)
+                members = [h for h in members if h.host_id not in {holder for holder, _, _ in out}]
+            check_join(host, (group.nnodes, group.nproc), members, group.current, group.fixed_in)
         self.replaced.pop(host_id, None)
-        old = self.hosts.get(host_id)
-        group = self.groups.get(hello.replica_id) if hello.replica_id else None
-        host = Host(host_id, hello.replica_id, hello.nnodes, hello.nproc)
-        if hello.replica_id:
-            members = [h for h in self.hosts.values() if h.group == hello.replica_id and h.host_id != host_id]
-            current = group.current if group is not None else Round(max(hello.round, 1), now)
-            check_join(host, group.nnodes if group else 0, group.nproc if group else 0, members, current)
         self._connections += 1
-        self._links[host_id] = _Link(push, self._connections, now)
-        if hello.replica_id and group is None:
-            group = self.groups[hello.replica_id] = Group(
-                hello.replica_id, hello.replica_rank, hello.num_replicas, hello.nnodes, hello.nproc,
-                hello.rendezvous_timeout or self.rules.rendezvous_timeout, Round(max(hello.round, 1), now))
+        self._links[host_id] = Link(push, self._connections, now, hello.incarnation, hello.address, now)
+        if name and group is None:
+            group = self.groups[name] = self._new_group(hello, now)
         if group is not None and hello.round > group.current.number:
             self._advance(group, hello.round, now, f"host {host_id} is in round {hello.round} already")
-        if group is not None and hello.round and hello.round == group.current.number and hello.node_rank >= 0:
-            # Back after a coordinator restart while running: the round completes again as it was.
-            host = dataclasses.replace(host, joined_round=hello.round, store=hello.store)
-            ranks = list(group.previous) + [""] * (group.nnodes - len(group.previous))
-            if hello.node_rank < group.nnodes:
-                ranks[hello.node_rank] = host_id
-                group.previous = tuple(ranks)
-        elif (group is not None and old is not None and old.group == group.replica_id and group.current.complete
-              and host_id in group.current.ranks and old.left_round != group.current.number):
-            if hello.round == group.current.number:
-                # The same agent, which had joined the round but not heard it complete: it joins again, as it was.
-                host = dataclasses.replace(host, joined_round=old.joined_round, store=old.store)
-            else:
-                # A host of the running round back with nothing running: its last incarnation died.
-                self.hosts[host_id] = dataclasses.replace(old, failed_round=group.current.number,
-                                                          failure="its agent came back with no ranks running")
-                self._evaluate(group.replica_id, now)
-        self.hosts[host_id] = host
-        round_now = self.groups[host.group].current.number if host.group else 0
+        if group is not None and group.learning_since is not None and mine:
+            self._learn(group, host_id, hello, mine, now)
+        self.hosts[host_id] = self._returning(group, host, old, hello, now)
+        round_now = group.current.number if group is not None else 0
         push(pb.HostPush(welcome=pb.HostWelcome(host_id=host_id, round=round_now)))
-        log.info("job %s: host %s connected (%s)", self.job, host_id,
-                 f"group {host.group}" if host.group else "spare", extra={
-                     "event": "host_connected", "job": self.job, "host": host_id, "group": host.group})
-        if host.group:
-            self._evaluate(host.group, now)
+        if readopt and group is not None:
+            push(self._adoption(group))
+        log.info("job %s: host %s connected (%s)", self.job, host_id, f"group {name}" if name else "spare",
+                 extra={"event": "host_connected", "job": self.job, "host": host_id, "group": name})
+        if name:
+            self._evaluate(name, now)
         else:
             self.tick(now, float("inf"))  # a spare may be what a group waits for
         return self._connections
 
     def join(self, host_id: str, round_number: int, store: str, now: float) -> None:
+        """Raises OutOfRange for a round past the group's (or its next, for a
+        host of the running round): nothing changes then."""
         host = self._known(host_id, now)
         if host is None or not host.group:
             return
         group = self.groups[host.group]
         if round_number > group.current.number:
+            ran = group.current.complete and host_id in group.current.ranks
+            why = round_refusal(host_id, group.replica_id, round_number, group.current.number, ran,
+                                group.learning_since is not None)
+            if why:
+                raise OutOfRange(why)
             self._advance(group, round_number, now, f"host {host_id} joins round {round_number}")
         if (group.current.complete and round_number == group.current.number and host_id in group.current.ranks
-                and host.joined_round == round_number and store == host.store):
-            # The same join again (its agent's stream was opened again): the round stands; say it again.
+                and host.joined_round == round_number and host.store in ("", store)):
+            # The same join again (its agent's stream was opened again): the round stands; say it again. (No
+            # store known: a host this coordinator learned of running the round, from the others' hellos.)
             rank = group.current.ranks.index(host_id)
+            self.hosts[host_id] = dataclasses.replace(host, store=store)
             self._push(host_id, pb.HostPush(complete=pb.RoundComplete(
                 round=group.current.number, node_rank=rank, store=group.current.store, hosts=group.current.ranks)))
             return
@@ -190,8 +172,8 @@ class HostTable:
         """The stream of connection ``connection`` ended; a host that did not
         leave is lost from now (a newer connection of the host replaced it: nothing)."""
         link = self._links.get(host_id)
-        if link is None or link.connection != connection:
-            return
+        if link is None or not connection or link.connection != connection:
+            return  # 0: a hello answered with a release, which opened no connection
         del self._links[host_id]
         host = self.hosts.get(host_id)
         if host is None:
@@ -203,20 +185,31 @@ class HostTable:
             self._lose(host, now, "its stream closed")
 
     def tick(self, now: float, heartbeat_timeout: float) -> None:
-        """Hosts silent past ``heartbeat_timeout`` are lost; then every group is decided again."""
+        """Hosts silent past ``heartbeat_timeout`` are lost; then every group
+        is decided again. One pass over the hosts (into groups), then each
+        group's decision over its own hosts and the spares."""
         for host_id, link in list(self._links.items()):
             host = self.hosts.get(host_id)
-            if host is not None and host.lost_since is None and now - link.last_seen > heartbeat_timeout:
+            if host is None:
+                if not link.connection:
+                    del self._links[host_id]  # known from the others' hellos, then dropped
+                continue
+            if host.lost_since is None and now - link.last_seen > heartbeat_timeout:
                 # Its stream is ended too: if the agent is alive after all, it comes back with a hello and
                 # learns where its group is, rather than talking on a stream the table no longer follows.
                 del self._links[host_id]
                 link.push(None)
                 if host.group and host.left_round == 0:
-                    self._lose(host, now, f"no heartbeat for {now - link.last_seen:.1f}s")
+                    self._lose(host, now, f"no heartbeat for {now - link.last_seen:.1f}s" if link.connection else
+                               f"not back {now - link.last_seen:.1f}s after the others' hellos named it")
                 elif not host.group:
                     del self.hosts[host_id]
-        for name in list(self.groups):
-            self._evaluate(name, now)
+        members, spares = self._by_group()
+        for name, group in self.groups.items():
+            if group.learning_since is not None and now - group.learning_since > heartbeat_timeout:
+                group.learning_since = None  # every host that lives has said hello: the table decides alone now
+            if name in members and self._evaluate(name, now, members[name], spares):
+                members, spares = self._by_group()  # something changed (seldom): look again
 
     def finish(self, why: str) -> None:
         """The job finished: the spares are not needed (their agents end, exit 0)."""
@@ -247,92 +240,98 @@ class HostTable:
     def group_hosts(self, replica_id: str) -> list[Host]:
         return sorted((h for h in self.hosts.values() if h.group == replica_id), key=lambda h: h.host_id)
 
-    # ----- inside ---------------------------------------------------------------------
+    def reconnecting(self, host_id: str) -> bool:
+        """A host known from the others' hellos, not back yet itself."""
+        link = self._links.get(host_id)
+        return link is not None and not link.connection
 
-    def _alive(self, group: str, but: str) -> list[str]:
-        return [h.host_id for h in self.hosts.values() if h.group == group and h.alive and h.host_id != but]
+    # ----- hellos ---------------------------------------------------------------------
+
+    def _released(self, host_id: str, name: str, group: Group | None, mine: Sequence[Claim]) -> str:
+        """Why a host saying hello is not needed ('' if it is): the job
+        finished (a spare), or another host took its node rank while it was
+        gone and still holds it, whoever else is connected at the time."""
+        if not name:
+            return self.finished
+        if group is None or host_id in group.roster.hosts:
+            return ""
+        if host_id in self.replaced:
+            why, where, by = self.replaced[host_id]
+            if where == name and self._member(by, name):
+                return why
+        took = displaced(group.roster, mine, host_id)
+        if took is not None and self._member(took[1], name):
+            return f"host {took[1]} took this host's node rank {took[0]} of group {name} while it was gone"
+        return ""
+
+    def _member(self, host_id: str, group: str) -> bool:
+        host = self.hosts.get(host_id)
+        return host is not None and host.group == group
+
+    def _new_group(self, hello: pb.HostHello, now: float) -> Group:
+        # A host that ran a round (or heard of one) fixes the group's shape: that round completed with it.
+        ran = hello.hosts_round or (hello.round if hello.node_rank >= 0 else 0)
+        return Group(hello.replica_id, hello.replica_rank, hello.num_replicas, hello.nnodes, hello.nproc,
+                     hello.rendezvous_timeout or self.rules.rendezvous_timeout, Round(max(hello.round, 1), now),
+                     roster=Roster().sized(hello.nnodes) if ran else Roster(), fixed_in=ran,
+                     learning_since=now if hello.round > 0 else None)
+
+    def _learn(self, group: Group, host_id: str, hello: pb.HostHello, mine: Sequence[Claim], now: float) -> None:
+        """Take a hello's newer node ranks (the group is learned after a
+        restart): the hosts they displace are released, and the hosts they
+        name that are not back yet are known from now (lost if they do not
+        come back within the heartbeat timeout, then replaced by a spare)."""
+        name = group.replica_id
+        if not group.fixed_in:
+            # The first host to say hello had run no round; this one did: that round's shape is the group's.
+            group.nnodes, group.nproc = hello.nnodes, hello.nproc
+            self._fix_shape(group, [h for h in self.hosts.values() if h.group == name],
+                            max(c.version[0] for c in mine))
+        group.roster, out = merge(group.roster.sized(group.nnodes), mine)
+        for holder, by, rank in out:
+            self._drop(holder, name, by, f"host {by} took this host's node rank {rank} of group {name} while it "
+                                         f"was gone")
+        # Its roster is of the round it runs: every host of it joined that round.
+        running = hello.node_rank >= 0 and hello.hosts_round == hello.round == group.current.number
+        for rank, other in enumerate(group.roster.hosts):
+            known = self.hosts.get(other)
+            if not other or other == host_id or (known is not None and known.group == name):
+                continue
+            if known is None:
+                self.hosts[other] = Host(other, name, group.nnodes, group.nproc,
+                                         joined_round=group.current.number if running else 0,
+                                         store=hello.store if running and rank == 0 else "")
+                self._links[other] = Link(no_stream, 0, now)
+            elif not known.group:
+                # A spare this group adopted before the restart, whose adoption it may not have heard.
+                self.hosts[other] = dataclasses.replace(known, group=name)
+                self._push(other, self._adoption(group))
+
+    def _returning(self, group: Group | None, host: Host, old: Host | None, hello: pb.HostHello,
+                   now: float) -> Host:
+        """What the table records of a host saying hello to ``group``, given what it knew (``old``)."""
+        if group is None:
+            return host
+        current = group.current
+        at = current.ranks[hello.node_rank:hello.node_rank + 1] if hello.node_rank >= 0 else ()
+        if hello.round == current.number and hello.node_rank >= 0 and (
+                group.learning_since is not None or at == (host.host_id,)):
+            # Back while running (after a coordinator restart, or its stream dropped): the round goes on as it was.
+            store = old.store if old is not None and old.store else hello.store
+            return dataclasses.replace(host, joined_round=current.number, store=store)
+        if (old is not None and old.group == group.replica_id and current.complete
+                and host.host_id in current.ranks and old.left_round != current.number):
+            if hello.round == current.number:
+                # The same agent, which had joined the round but not heard it complete: it joins again, as it was.
+                return dataclasses.replace(host, joined_round=old.joined_round, store=old.store)
+            # A host of the running round back with nothing running: its last incarnation died.
+            self.hosts[host.host_id] = dataclasses.replace(old, failed_round=current.number,
+                                                           failure="its agent came back with no ranks running")
+            self._evaluate(group.replica_id, now)
+        return host
 
     def _known(self, host_id: str, now: float) -> Host | None:
         link = self._links.get(host_id)
         if link is not None:
             link.last_seen = now
         return self.hosts.get(host_id)
-
-    def _lose(self, host: Host, now: float, why: str) -> None:
-        log.warning("job %s: host %s of %s lost: %s", self.job, host.host_id, host.group, why,
-                    extra={"event": "host_lost", "job": self.job, "host": host.host_id, "group": host.group,
-                           "reason": why})
-        self.hosts[host.host_id] = dataclasses.replace(host, lost_since=now)
-        self._evaluate(host.group, now)
-
-    def _advance(self, group: Group, number: int, now: float, why: str) -> None:
-        """A host is ahead of the group's round (a coordinator that restarted
-        learns the round from its hosts; a failure report lost on the way):
-        the rounds before are over on every host."""
-        if group.current.complete:
-            for host in self.hosts.values():
-                if host.group == group.replica_id and host.alive:
-                    self._push(host.host_id, pb.HostPush(ended=pb.RoundEnded(
-                        round=group.current.number, reason=f"round {group.current.number} ended: {why}")))
-        group.current = Round(number, now)
-
-    def _push(self, host_id: str, message: pb.HostPush) -> None:
-        link = self._links.get(host_id)
-        if link is not None:
-            link.push(message)
-
-    def _evaluate(self, name: str, now: float) -> None:
-        """Decide the group's round until nothing changes, applying each decision."""
-        group = self.groups.get(name)
-        for _ in range(4):  # e.g. ADOPT_SPARES, then the spare's join completes the round later
-            if group is None or group.gave_up or not any(h.group == name for h in self.hosts.values()):
-                return
-            rules = dataclasses.replace(self.rules, rendezvous_timeout=group.rendezvous_timeout)
-            decision = decide(name, group.nnodes, group.current, group.previous, self.hosts, now, rules)
-            if decision.action in (Action.WAIT, Action.STEADY):
-                group.reason = decision.reason
-                return
-            self._apply(group, decision, now)
-
-    def _apply(self, group: Group, decision: Decision, now: float) -> None:
-        log.info("job %s: %s: %s", self.job, group.replica_id, decision.reason,
-                 extra={"event": "rendezvous", "job": self.job, "group": group.replica_id,
-                        "action": decision.action.value, "round": decision.round.number,
-                        "hosts": list(decision.round.ranks), "store": decision.round.store,
-                        "adopted": list(decision.adopted),
-                        "reason": decision.reason})
-        group.reason = decision.reason
-        members = [h for h in self.hosts.values() if h.group == group.replica_id]
-        if decision.action is Action.COMPLETE:
-            group.current = decision.round
-            group.previous = decision.round.ranks
-            for rank, host_id in enumerate(decision.round.ranks):
-                self._push(host_id, pb.HostPush(complete=pb.RoundComplete(
-                    round=decision.round.number, node_rank=rank, store=decision.round.store,
-                    hosts=decision.round.ranks)))
-        elif decision.action is Action.END:
-            ended = group.current.number
-            group.current = decision.round
-            for host in members:
-                if not host.alive:  # a lost host's place stays for it (or a spare) in the next round
-                    continue
-                self._push(host.host_id, pb.HostPush(ended=pb.RoundEnded(round=ended, reason=decision.reason)))
-        elif decision.action is Action.ADOPT_SPARES:
-            replaced = sorted((h for h in members if h.lost_since is not None
-                               and now - h.lost_since >= self.rules.spare_wait), key=lambda h: h.host_id)
-            for spare_id, lost in zip(decision.adopted, replaced, strict=False):
-                del self.hosts[lost.host_id]
-                self.replaced[lost.host_id] = (f"spare {spare_id} took this host's place (node rank of "
-                                               f"{group.replica_id}) while it was gone")
-                group.previous = tuple(spare_id if h == lost.host_id else h for h in group.previous)
-                self.hosts[spare_id] = dataclasses.replace(self.hosts[spare_id], group=group.replica_id)
-                self._push(spare_id, pb.HostPush(adopted=pb.SpareAdopted(
-                    replica_id=group.replica_id, replica_rank=group.replica_rank, round=group.current.number,
-                    num_replicas=group.num_replicas)))
-        elif decision.action is Action.GIVE_UP:
-            group.gave_up = decision.reason
-            for host in members:
-                self._push(host.host_id, pb.HostPush(gave_up=decision.reason))
-                del self.hosts[host.host_id]
-            # The group's round numbers go on if its hosts come back (a requeued job).
-            group.current, group.gave_up = Round(group.current.number + 1, now), ""

@@ -14,7 +14,10 @@ What binds a call to its sender:
   it (``check_agent_report``); a forged FAILED never takes a healthy replica
   out. While a replica's registered processes are alive, a registration by
   processes of other agents is refused (``check_registration``): it would
-  knock the live incarnation out.
+  knock the live incarnation out; so is one by a process of an older
+  incarnation of the same agents (a rank of an ended round that its host
+  has not stopped yet), also right after a coordinator started, while the
+  stored incarnation may still come back.
 * Values are bounded by what the job has: a registration may not claim a
   quorum newer than the newest formed, nor, outside the quorum, a step past
   the job's committed step (it would pass for the holder of a state nobody
@@ -48,9 +51,23 @@ def alive(entry: ReplicaEntry, now: float, heartbeat_timeout: float) -> bool:
             and now - entry.view_heartbeat() < heartbeat_timeout)
 
 
+def awaited(entry: ReplicaEntry, now: float) -> bool:
+    """Whether a replica loaded from the store (a coordinator that just
+    started) may still come back within its grace (fthsdp/coordinator/liveness.py)."""
+    return (entry.session_id is None and not entry.heard_from and entry.failed_at is None
+            and entry.reconnect_by is not None and now < entry.reconnect_by)
+
+
 def check_registration(table: JobTable, replica_id: str, agent_ids: tuple[str, ...], step: int, quorum_id: int,
-                       now: float) -> None:
+                       now: float, restart_count: int = 0) -> None:
     entry = table.replicas.get(replica_id)
+    if (entry is not None and set(agent_ids) & set(entry.agent_ids) and restart_count < entry.restart_count
+            and (alive(entry, now, table.rules.heartbeat_timeout) or awaited(entry, now))):
+        # The same agents' newer incarnation is alive (or, right after this coordinator started, may still
+        # come back): this process outlived its incarnation on a host that has not stopped it yet.
+        raise OutOfRange(f"replica {replica_id!r}: a process of incarnation {restart_count} registers while "
+                         f"incarnation {entry.restart_count} of the same node agents is alive: it outlived its "
+                         f"incarnation")
     if (entry is not None and entry.agent_ids and not set(agent_ids) & set(entry.agent_ids)
             and alive(entry, now, table.rules.heartbeat_timeout)):
         raise PermissionDenied(
@@ -101,4 +118,4 @@ def checkpoint_refusal(record: pb.CheckpointRecord, recorded: list[pb.Checkpoint
     return ""
 
 
-__all__ = ["alive", "bounded_step", "check_agent_report", "check_registration", "checkpoint_refusal"]
+__all__ = ["alive", "awaited", "bounded_step", "check_agent_report", "check_registration", "checkpoint_refusal"]

@@ -416,7 +416,8 @@ def _assign_sources(
             chosen[i] = s
             load[s] += 1
     return {
-        i: CatchUpSource(s, alive[s].address, alive[s].step, alive[s].catch_up_addresses) for i, s in chosen.items()
+        i: CatchUpSource(s, alive[s].address, alive[s].step, alive[s].catch_up_addresses,
+                         alive[s].catch_up_fingerprints) for i, s in chosen.items()
     }
 
 

@@ -129,6 +129,9 @@ class ReplicaView:
     """Until when it may still commit steps under the last member lease
     granted to it, cut from the coordinator or not (fthsdp/coordinator/lease.py);
     0: none, or it is confirmed dead."""
+    catch_up_fingerprints: tuple[str, ...] = ()
+    """Its catch-up certificates' fingerprints, beside ``catch_up_addresses``
+    (pinned TLS, fthsdp/agent/training/catchup/tls.py); empty otherwise."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,8 @@ class CatchUpSource:
     address: str
     step: int
     catch_up_addresses: tuple[str, ...] = ()
+    catch_up_fingerprints: tuple[str, ...] = ()
+    """Pinned by the joiner (CatchUp.source_catch_up_fingerprints); empty: none to pin."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,11 @@ what it knows of the hosts and the clock, what the round does next:
   hang, an agent that reports a failure, a host whose heartbeats stop) ends
   the round for every host at once; the next round opens.
 
-``decide`` returns what to do and why; the coordinator is to apply it,
-store it and push it to the group's agents. ``check_join`` refuses, with
-one line, a join that would form a group wrong.
+``decide`` returns what to do and why; the coordinator is to apply it
+and push it to the group's agents. A group's ``--nnodes``/``--nproc`` are
+those of its first complete round (``leading_shape`` picks the shape to
+decide with until then); ``check_join`` refuses, with one line, a join that
+would form a group wrong (another shape, once fixed, names both values).
 
 The coordinator applies it in fthsdp/coordinator/host_table.py; the
 decision is tested table-driven (tests/test_rendezvous.py).
@@ -129,7 +131,10 @@ def decide(group: str, nnodes: int, current: Round, previous: Sequence[str], hos
         return _running(current, members, now)
     joined = sorted(i for i, h in members.items() if h.alive and h.joined_round == current.number)
     if len(joined) >= nnodes:
-        ranks = assign_ranks(joined[:nnodes] if len(joined) > nnodes else joined, previous, nnodes)
+        # More than enough (a host came back beside the one that took its place): the hosts of the last
+        # round first, so that one never loses its rank to a newcomer.
+        chosen = sorted(joined, key=lambda h: h not in previous)[:nnodes]
+        ranks = assign_ranks(chosen, previous, nnodes)
         done = dataclasses.replace(current, ranks=ranks, store=members[ranks[0]].store)
         return Decision(Action.COMPLETE, f"round {current.number} complete: " + ", ".join(
             f"node rank {r} {h}" for r, h in enumerate(ranks)) + f"; the store at {done.store}", done)
@@ -202,17 +207,56 @@ def assign_ranks(joined: Sequence[str], previous: Sequence[str], nnodes: int) ->
     return tuple(out)
 
 
-def check_join(host: Host, group_nnodes: int, group_nproc: int, members: Sequence[Host], current: Round) -> None:
+Shape = tuple[int, int]
+"""A group's (--nnodes, --nproc)."""
+
+
+def shape_of(host: Host) -> Shape:
+    return host.nnodes, host.nproc
+
+
+def leading_shape(members: Sequence[Host], round_number: int) -> Shape | None:
+    """The shape a group whose first round has not completed is decided
+    with (None: no live host): the one whose live hosts that joined
+    ``round_number`` fill it (the round completes with it, which fixes the
+    group's shape), else the one most of its live hosts said, the lowest
+    host id's on a tie. Until then hosts that disagree gather side by side:
+    the first host's flags are not the group's for good."""
+    alive = sorted((h for h in members if h.alive), key=lambda h: h.host_id)
+    counts: dict[Shape, int] = {}
+    for h in alive:
+        if h.joined_round == round_number:
+            counts[shape_of(h)] = counts.get(shape_of(h), 0) + 1
+    for shape, joined in counts.items():
+        if joined >= shape[0]:
+            return shape
+    said: dict[Shape, int] = {}
+    for h in alive:
+        said[shape_of(h)] = said.get(shape_of(h), 0) + 1
+    return max(said, key=lambda s: said[s]) if said else None  # max keeps the first of equals: lowest host id
+
+
+def shape_refusal(host: Host, shape: Shape, fixed_in: int) -> str:
+    """Why ``host`` does not fit its group of ``shape``, fixed when round
+    ``fixed_in`` completed ('' if it fits): one line naming both values."""
+    parts = [f"--{flag} {mine}, but group {host.group} runs with --{flag} {theirs}"
+             for flag, mine, theirs in (("nnodes", host.nnodes, shape[0]), ("nproc", host.nproc, shape[1]))
+             if mine != theirs]
+    if not parts:
+        return ""
+    return (f"host {host.host_id}: {'; '.join(parts)} (since its round {fixed_in} completed): give every host of "
+            f"a group the same --nnodes and --nproc")
+
+
+def check_join(host: Host, shape: Shape | None, members: Sequence[Host], current: Round, fixed_in: int = 0) -> None:
     """Refuse a join that would form ``host``'s group wrong (JoinRefused,
-    one line); ``group_nnodes``/``group_nproc``: what the group's hosts
-    said so far (0: none yet); ``members``: the group's other hosts."""
-    if group_nnodes and host.nnodes != group_nnodes:
-        raise JoinRefused(f"host {host.host_id}: --nnodes {host.nnodes}, but group {host.group}'s other hosts "
-                          f"said --nnodes {group_nnodes}")
-    if group_nproc and host.nproc != group_nproc:
-        raise JoinRefused(f"host {host.host_id}: --nproc {host.nproc}, but group {host.group}'s other hosts "
-                          f"said --nproc {group_nproc}")
-    others = sorted(h.host_id for h in members if h.host_id != host.host_id and h.alive)
+    one line). ``shape``: the group's, fixed when round ``fixed_in``
+    completed (0: not fixed yet: any shape may gather, and the first to
+    complete a round is the group's); ``members``: the group's other hosts."""
+    if shape is not None and fixed_in and (why := shape_refusal(host, shape, fixed_in)):
+        raise JoinRefused(why)
+    others = sorted(h.host_id for h in members
+                    if h.host_id != host.host_id and h.alive and shape_of(h) == shape_of(host))
     if len(others) >= host.nnodes and host.host_id not in current.ranks:
         raise JoinRefused(f"host {host.host_id}: group {host.group} already has its {host.nnodes} hosts "
                           f"({', '.join(others)})")

@@ -33,17 +33,17 @@ class ReplicaCalls(JobTable):
     """The replica and admin calls of ``JobState`` (fthsdp/coordinator/job.py)."""
 
     def check_registration(self, replica_id: str, agent_ids: tuple[str, ...], step: int, quorum_id: int,
-                           now: float) -> None:
+                           now: float, restart_count: int = 0) -> None:
         """Refuse a registration that speaks for someone else, or claims more
         than the job has; nothing changes (fthsdp/coordinator/identity.py)."""
-        identity.check_registration(self, replica_id, agent_ids, step, quorum_id, now)
+        identity.check_registration(self, replica_id, agent_ids, step, quorum_id, now, restart_count)
 
     def record_needed(self, replica_id: str, address: str, world_size: int,
-                      agent_ids: tuple[str, ...] = ()) -> tuple[pb.ReplicaRecord, int] | None:
+                      agent_ids: tuple[str, ...] = (), restart_count: int = 0) -> tuple[pb.ReplicaRecord, int] | None:
         """The record to store before a registration, or None if the stored one is current."""
         entry = self.replicas.get(replica_id)
         if (entry is not None and entry.record_revision and entry.address == address and entry.world_size == world_size
-                and entry.agent_ids == agent_ids):
+                and entry.agent_ids == agent_ids and entry.restart_count == restart_count):
             return None
         base = entry or ReplicaEntry(replica_id)
         rec = pb.ReplicaRecord(
@@ -54,6 +54,7 @@ class ReplicaCalls(JobTable):
             drain_requested=base.drain_requested,
             unreachable=base.unreachable,
             agent_ids=agent_ids,
+            restart_count=restart_count,
         )
         return rec, base.record_revision
 
@@ -71,6 +72,7 @@ class ReplicaCalls(JobTable):
         wait_for_replicas: int = 0,
         agent_ids: tuple[str, ...] = (),
         incarnation: str = "",
+        catch_up_fingerprints: tuple[str, ...] = (),
     ) -> str:
         """Register a new incarnation of a replica and return its session id.
 
@@ -86,6 +88,7 @@ class ReplicaCalls(JobTable):
             self.joiners_moved = True
         entry.address, entry.world_size, entry.step = address, world_size, step
         entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
+        entry.catch_up_fingerprints = tuple(catch_up_fingerprints)
         entry.catching_up, entry.wait_for_replicas = False, wait_for_replicas
         entry.session_id = secrets.token_hex(8)
         self._senders = None

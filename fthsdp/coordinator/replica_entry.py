@@ -40,6 +40,8 @@ class ReplicaEntry:
     record_revision: int = 0
     open_watches: int = 0
     catch_up_addresses: tuple[str, ...] = ()
+    catch_up_fingerprints: tuple[str, ...] = ()
+    """Their certificates' fingerprints (RegisterRequest.catch_up_fingerprints), handed to its joiners."""
     catch_up_progress: tuple[int, int] = (0, 0)
     """Snapshot bytes received and expected, while the replica catches up."""
     catching_up: bool = False
@@ -99,6 +101,7 @@ class ReplicaEntry:
             world_size=self.world_size,
             step=self.step,
             catch_up_addresses=self.catch_up_addresses,
+            catch_up_fingerprints=self.catch_up_fingerprints,
             last_heartbeat=last,
             registered_at=self.registered_at,
             disconnected_at=self.disconnected_at,
@@ -130,6 +133,7 @@ class ReplicaEntry:
             registered_unix_ms=registered_unix_ms,
             unreachable=self.unreachable,
             agent_ids=self.agent_ids,
+            restart_count=self.restart_count,
         )
 
 
@@ -153,6 +157,7 @@ def seed_entries(
             drain_requested=rec.drain_requested,
             unreachable=rec.unreachable,
             agent_ids=tuple(rec.agent_ids),
+            restart_count=rec.restart_count,
             record_revision=rev,
         )
     for rid, member in members.items():

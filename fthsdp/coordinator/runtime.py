@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fthsdp.coordinator import checkpoints, committed, identity, job_store
+from fthsdp.coordinator import checkpoints, committed, identity, job_store, lease
 from fthsdp.coordinator.codec import quorum_to_pb
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decision_loop import DecisionLoop
@@ -102,6 +102,10 @@ class CoordinatorRuntime:
         job.state.adopt_lineage(job.committed.generation, job.committed.lineage_from)
         await asyncio.to_thread(job.checkpoints.load, self.store)
         now = self.clock()
+        # The longest lease a predecessor could have granted: at the pace its senders (every replica
+        # it recorded, by its ranks) asked for (fthsdp/coordinator/lease.py presumed).
+        senders = sum(rec.world_size or 1 for rec, _ in records.values())
+        job.state.lease_s = lease.granted(self.config.member_lease, job.pacer.update(senders, now).interval)
         job.state.load(quorum, revision, records, now, committed_step)
         # A restore under way goes on: its first quorum still waits for the members (restore_wait.py).
         job.state.restore = checkpoints.under_way(job.checkpoints, job.committed, quorum)
@@ -161,9 +165,10 @@ class CoordinatorRuntime:
             raise StaleSession(stale)
         async with job.lock:
             agents = tuple(sorted(set(req.agent_ids)))
-            job.state.check_registration(req.replica_id, agents, req.step, req.quorum_id, self.clock())
+            job.state.check_registration(req.replica_id, agents, req.step, req.quorum_id, self.clock(),
+                                         req.restart_count)
             revision = None
-            needed = job.state.record_needed(req.replica_id, req.address, req.world_size, agents)
+            needed = job.state.record_needed(req.replica_id, req.address, req.world_size, agents, req.restart_count)
             if needed is not None:
                 rec, expected = needed
                 rec.registered_unix_ms = int(self.wall() * 1000)
@@ -171,6 +176,7 @@ class CoordinatorRuntime:
             session = job.state.register(
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
                 tuple(req.catch_up_addresses), req.restart_count, req.wait_for_replicas, agents, req.incarnation,
+                catch_up_fingerprints=tuple(req.catch_up_fingerprints),
             )
         log.info("job %s: replica %s registered (step %d, quorum %d)", job.state.name, req.replica_id, req.step,
                  req.quorum_id)

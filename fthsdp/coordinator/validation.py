@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fthsdp.core.errors import InvalidRequest
 from fthsdp.core.names import MAX_ADDRESS_LEN, MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -11,6 +13,8 @@ MAX_SHORT_TEXT = 128
 MAX_REASON = 1024
 MAX_STEP_INPUTS = 512
 """StepChecksum.inputs: fthsdp/agent/training/state/checksum.py's MAX_INPUTS."""
+_FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
+"""RegisterRequest.catch_up_fingerprints: fthsdp/agent/training/catchup/tls.py's ``fingerprint``."""
 
 
 def check_size(request, limit: int) -> None:
@@ -66,6 +70,13 @@ def check_register(req) -> None:
             split_host_port(address)
         except ValueError as e:
             raise InvalidRequest(f"catch_up_addresses: {e}") from e
+    if req.catch_up_fingerprints and len(req.catch_up_fingerprints) != len(req.catch_up_addresses):
+        raise InvalidRequest(f"catch_up_fingerprints has {len(req.catch_up_fingerprints)} entries; give one "
+                             f"per catch-up address ({len(req.catch_up_addresses)}), or none")
+    for fingerprint in req.catch_up_fingerprints:
+        if not _FINGERPRINT.match(fingerprint):
+            raise InvalidRequest(f"catch_up_fingerprints: {fingerprint[:80]!r} is not a SHA-256 fingerprint "
+                                 "(64 lower-case hex digits)")
 
 
 def check_session(req) -> None:

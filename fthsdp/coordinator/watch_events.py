@@ -147,6 +147,7 @@ def own_event(state: WatcherView, replica_id: str, leader: str) -> pb.WatchEvent
                     source_address=source.address,
                     source_step=source.step,
                     source_catch_up_addresses=source.catch_up_addresses,
+                    source_catch_up_fingerprints=source.catch_up_fingerprints,
                 )
             )
     return event

@@ -95,7 +95,8 @@ class AgentConfig:
 
     host_id: str = ""
     """This host's name in its group's rendezvous, unique in the job; empty: the host name. Give each agent its own
-    when several share a host name (containers, tests)."""
+    when several share a host name (containers, network namespaces, tests): while one agent's stream is open under
+    a host id, the coordinator refuses another agent that says it."""
 
     spare: bool = False
     """Register this host as a spare of the job instead of a member of a group: the coordinator gives it the node rank

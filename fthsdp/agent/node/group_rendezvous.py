@@ -11,7 +11,10 @@ every host. The protocol is the state machine in
 fthsdp/agent/node/group_round.py; this class feeds it the coordinator's
 pushes (fthsdp/agent/node/host_link.py) and carries out what it returns:
 opening a fresh store for each join (fthsdp/agent/store_host.py, a child
-process, since the agent imports no torch), sending, starting.
+process, since the agent imports no torch), sending, starting. Every hello
+says the agent's incarnation (drawn at start) and the group's hosts by node
+rank as last pushed, so that a coordinator that restarted knows them all,
+a host lost meanwhile included (fthsdp/coordinator/host_claims.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import secrets
 import socket
 import subprocess
 import sys
@@ -108,10 +112,17 @@ def advertised_address(config: AgentConfig, env: dict[str, str]) -> str:
 class GroupRendezvous:
     def __init__(self, config: AgentConfig, env: dict[str, str], token: str,
                  link: Callable[..., HostLink] = HostLink, store: Callable[[dict[str, str]], StoreHost] = StoreHost,
-                 ) -> None:
+                 incarnation: str = "") -> None:
         self.config = config
         self.host_id = config.host_id or socket.gethostname()
         self.address = advertised_address(config, env)
+        self.incarnation = incarnation or secrets.token_hex(16)
+        """Drawn at start and said in every hello, to nobody else: while this agent's stream is open, the
+        coordinator takes no hello under its host id from anyone else (another agent on a host of the same name,
+        a caller with the job token alone); this agent reconnecting is taken."""
+        self.roster: tuple[int, tuple[str, ...]] = (0, ())
+        """The group's hosts by node rank as last pushed, and their round: said in every hello, so that a
+        coordinator that restarted knows them (a host lost meanwhile among them)."""
         self.state = AgentRound(Phase.CONNECTING, round=0, spare=config.spare, max_restarts=config.max_restarts)
         self.replica = (config.replica_id, config.replica_rank, config.num_replicas)
         self.inbox: queue.Queue[pb.HostPush] = queue.Queue()
@@ -129,7 +140,8 @@ class GroupRendezvous:
             num_replicas=self.replica[2], nnodes=self.config.nnodes, nproc=self.config.nproc,
             rendezvous_timeout=self.config.rendezvous_timeout, round=max(state.round, 0),
             node_rank=state.node_rank if running and state.phase is Phase.RUNNING else -1,
-            store=state.store if state.phase is Phase.RUNNING else "")
+            store=state.store if state.phase is Phase.RUNNING else "", incarnation=self.incarnation,
+            address=self.address, hosts_round=self.roster[0], hosts=self.roster[1])
 
     # ----- what the supervisor asks ----------------------------------------------------
 
@@ -147,7 +159,8 @@ class GroupRendezvous:
                 push = self.inbox.get(timeout=self.config.monitor_interval)
             except queue.Empty:
                 continue
-            got = self._feed(self._event(push))
+            event = self._event(push)
+            got = self._feed(event) if event is not None else None
             if got is not None:
                 return got
 
@@ -158,7 +171,8 @@ class GroupRendezvous:
                 push = self.inbox.get_nowait()
             except queue.Empty:
                 return None
-            got = self._feed(self._event(push))
+            event = self._event(push)
+            got = self._feed(event) if event is not None else None
             if isinstance(got, End):  # refused mid-run: a coordinator that no longer knows this host
                 self._ended = got.reason
         return self._ended or None
@@ -175,27 +189,40 @@ class GroupRendezvous:
 
     # ----- inside ------------------------------------------------------------------------
 
-    def _event(self, push: pb.HostPush) -> Event:
+    def _event(self, push: pb.HostPush) -> Event | None:
+        """The state machine's event for a push (None: a push that only tells this agent something)."""
         which = push.WhichOneof("message")
         if which == "welcome":
             return Event(Kind.WELCOME, push.welcome.round)
         if which == "joined":
             return Event(Kind.JOIN_TAKEN, push.joined)
         if which == "complete":
+            self._heard(push.complete.round, push.complete.hosts)
             return Event(Kind.ROUND_COMPLETE, push.complete.round, push.complete.node_rank, push.complete.store)
         if which == "ended":
             return Event(Kind.ROUND_ENDED, push.ended.round, reason=push.ended.reason)
         if which == "adopted":
             a = push.adopted
+            if self.state.phase is not Phase.SPARE:
+                return None  # said again after a reconnect that this agent had heard it: it is its group's already
             self.replica = (a.replica_id, a.replica_rank, a.num_replicas)
+            self._heard(a.round, a.hosts)
             log.info("spare host %s adopted by replica group %s (replica rank %d), round %d", self.host_id,
                      a.replica_id, a.replica_rank, a.round)
             return Event(Kind.ADOPTED, a.round)
+        if which == "roster":
+            self._heard(push.roster.round, push.roster.hosts)
+            return None
         if which == "gave_up":
             return Event(Kind.GAVE_UP, reason=push.gave_up)
         if which == "released":
             return Event(Kind.RELEASED, reason=push.released)
         return Event(Kind.JOIN_REFUSED, reason=push.refused)
+
+    def _heard(self, round_number: int, hosts) -> None:
+        """The group's hosts by node rank as of ``round_number``, if newer than those this agent knows."""
+        if hosts and round_number >= self.roster[0]:
+            self.roster = (round_number, tuple(hosts))
 
     def _feed(self, event: Event) -> Assignment | End | None:
         before = self.state

@@ -60,8 +60,9 @@ class ManagerConfig:
     """Ranks in the replica group (WORLD_SIZE): more than one for HSDP."""
 
     token: str = dataclasses.field(default="", repr=False)
-    """Bearer token presented to the coordinator, and that the catch-up
-    servers require and the joiners present: the job's one credential (read
+    """Bearer token presented to the coordinator, and the key of the
+    transfer tokens catch-up servers require and joiners present
+    (fthsdp/agent/training/catchup/transfer_token.py): the job's one credential (read
     from FTHSDP_TOKEN_FILE, which `fthsdp agent --token-file` sets); empty:
     no authentication."""
 
@@ -69,11 +70,12 @@ class ManagerConfig:
     """TLS to the coordinator (FTHSDP_TLS_CA, _CERT, _KEY, set by `fthsdp agent`); off when empty."""
 
     catch_up_tls: bool = True
-    """Serve and fetch catch-up over TLS when this replica has a certificate
-    and key (FTHSDP_TLS_CERT/_KEY: mutual TLS to the coordinator), with the
-    same files (fthsdp/agent/training/catchup/tls.py). Python's TLS costs the bulk transfer
+    """Serve and fetch catch-up over TLS whenever the coordinator uses it:
+    with this replica's certificate and key (FTHSDP_TLS_CERT/_KEY: mutual
+    TLS), or, with a CA file only, an ephemeral certificate that joiners pin
+    (fthsdp/agent/training/catchup/tls.py). Python's TLS costs the bulk transfer
     about two thirds of its throughput (benchmarks/README.md); off keeps plain
-    HTTP guarded by the token, for networks the job trusts."""
+    HTTP guarded by the transfer tokens, for networks the job trusts."""
 
     catch_up_max_rate: float = 0.0
     """Bytes per second a catch-up server sends of a snapshot to one joiner

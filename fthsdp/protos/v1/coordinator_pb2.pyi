@@ -122,19 +122,21 @@ class QuorumDelta(_message.Message):
     def __init__(self, base_id: _Optional[int] = ..., added: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., removed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CatchUp(_message.Message):
-    __slots__ = ("source_replica_id", "source_address", "source_step", "source_catch_up_addresses")
+    __slots__ = ("source_replica_id", "source_address", "source_step", "source_catch_up_addresses", "source_catch_up_fingerprints")
     SOURCE_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_STEP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_CATCH_UP_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_CATCH_UP_FINGERPRINTS_FIELD_NUMBER: _ClassVar[int]
     source_replica_id: str
     source_address: str
     source_step: int
     source_catch_up_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    source_catch_up_fingerprints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source_replica_id: _Optional[str] = ..., source_address: _Optional[str] = ..., source_step: _Optional[int] = ..., source_catch_up_addresses: _Optional[_Iterable[str]] = ..., source_catch_up_fingerprints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas", "agent_ids", "incarnation")
+    __slots__ = ("job", "replica_id", "address", "world_size", "step", "quorum_id", "catch_up_addresses", "restart_count", "wait_for_replicas", "agent_ids", "incarnation", "catch_up_fingerprints")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +148,7 @@ class RegisterRequest(_message.Message):
     WAIT_FOR_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FINGERPRINTS_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     address: str
@@ -157,7 +160,8 @@ class RegisterRequest(_message.Message):
     wait_for_replicas: int
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
     incarnation: str
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ..., agent_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    catch_up_fingerprints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., quorum_id: _Optional[int] = ..., catch_up_addresses: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ..., wait_for_replicas: _Optional[int] = ..., agent_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., catch_up_fingerprints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_s", "heartbeat_timeout_s", "quorum", "leader")
@@ -844,7 +848,7 @@ class HostPush(_message.Message):
     def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ..., released: _Optional[str] = ..., roster: _Optional[_Union[GroupRoster, _Mapping]] = ...) -> None: ...
 
 class ReplicaRecord(_message.Message):
-    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable", "agent_ids")
+    __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable", "agent_ids", "restart_count")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -853,6 +857,7 @@ class ReplicaRecord(_message.Message):
     REGISTERED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     world_size: int
@@ -861,7 +866,8 @@ class ReplicaRecord(_message.Message):
     registered_unix_ms: int
     unreachable: str
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ..., unreachable: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    restart_count: int
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., world_size: _Optional[int] = ..., cordoned: _Optional[bool] = ..., drain_requested: _Optional[bool] = ..., registered_unix_ms: _Optional[int] = ..., unreachable: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., restart_count: _Optional[int] = ...) -> None: ...
 
 class Epoch(_message.Message):
     __slots__ = ("epoch", "coordinator", "started_unix_ms")

@@ -6,22 +6,31 @@ chunk; each chunk is checked against the manifest's CRC-32, and a broken
 connection or a bad chunk resumes with a ``Range`` request from the first
 chunk not yet verified, up to ``attempts`` times, before the source is given
 up (``SourceUnavailable``: the caller moves to another source).
+
+Every request carries a transfer token it mints for that request
+(fthsdp/agent/training/catchup/transfer_token.py), never the job token. Over
+pinned TLS (fthsdp/agent/training/catchup/tls.py) each new connection checks
+the source's certificate against the fingerprint the coordinator named.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import hmac
 import http.client
 import logging
 import ssl
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable
 
 import torch
 
+from fthsdp.agent.training.catchup import tls as catchup_tls
+from fthsdp.agent.training.catchup import transfer_token
 from fthsdp.agent.training.catchup.group import (
     LOG_PIECE,
     GroupChannel,
@@ -53,6 +62,29 @@ class Unauthorized(CatchUpError):
     """The source refused this joiner's token."""
 
 
+class WrongCertificate(CatchUpError):
+    """The source's certificate is not the one the coordinator named (or none was named)."""
+
+
+class _PinnedConnection(http.client.HTTPSConnection):
+    """HTTPS to a source whose certificate is pinned by its SHA-256
+    fingerprint: the context verifies nothing (no CA signed it), so the
+    check after the handshake is the whole of the source's authentication."""
+
+    def __init__(self, *args, pin: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pin = pin
+
+    def connect(self) -> None:
+        super().connect()
+        assert isinstance(self.sock, ssl.SSLSocket)
+        got = catchup_tls.fingerprint(self.sock.getpeercert(binary_form=True) or b"")
+        if not hmac.compare_digest(got, self._pin):
+            self.close()
+            raise WrongCertificate(f"catch-up source {self.host}:{self.port} presented a certificate with "
+                                   f"fingerprint {got}, not {self._pin} as the coordinator named it: refused")
+
+
 def _read_exact(response: http.client.HTTPResponse, view: memoryview) -> None:
     got = 0
     while got < view.nbytes:
@@ -65,22 +97,31 @@ def _read_exact(response: http.client.HTTPResponse, view: memoryview) -> None:
 class SourceClient:
     def __init__(
         self, address: str, token: str = "", timeout: float = 30.0, attempts: int = 3,
-        tls: ssl.SSLContext | None = None, channel: GroupChannel | None = None,
+        tls: ssl.SSLContext | None = None, channel: GroupChannel | None = None, *,
+        joiner: str = "", fingerprint: str = "", bind: str = "", clock: Callable[[], float] = time.time,
     ) -> None:
-        """``tls``: talk HTTPS with this context (fthsdp/agent/training/catchup/tls.py); None: plain HTTP.
+        """``token``: the job token, the key of the transfer tokens each
+        request carries ('' : none). ``joiner``: this replica's id, which
+        they name. ``tls``: talk HTTPS with this context
+        (fthsdp/agent/training/catchup/tls.py); None: plain HTTP.
+        ``fingerprint``: pin the source's certificate (required with a
+        context that verifies nothing: pinned TLS). ``bind``: the local
+        address connections come from (the replica's advertised host: the
+        address a session's store is on, which the source insists on).
         ``channel``: fetch a snapshot's bytes over torch.distributed first
-        (fthsdp/agent/training/catchup/group.py), HTTP taking over from where it broke off."""
+        (fthsdp/agent/training/catchup/group.py), HTTP taking over from where it broke off.
+        ``clock``: unix seconds, for the tokens' expiry."""
         host, _, port = address.rpartition(":")
         self._tls = tls
         self._channel = channel
         self._session: Session | None = None
         """The group to the source, opened by the first snapshot fetched over it."""
         self._token = token
+        self._joiner, self._fingerprint, self._bind, self._clock = joiner, fingerprint, bind, clock
         self.address = address
         self._host, self._port = host.strip("[]"), int(port)
         self._timeout = timeout
         self._attempts = attempts
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
 
     @property
@@ -105,12 +146,13 @@ class SourceClient:
             self._conn.close()
             self._conn = None
 
-    def _post_elsewhere(self, path: str, what: str) -> None:
+    def _post_elsewhere(self, path: str, what: str, store: str = "") -> None:
         """A POST on a connection of its own (its answer comes once the source
         is done, while this one receives meanwhile)."""
-        other = SourceClient(self.address, self._token, timeout=self._timeout, tls=self._tls)
+        other = SourceClient(self.address, self._token, timeout=self._timeout, tls=self._tls, joiner=self._joiner,
+                             fingerprint=self._fingerprint, bind=self._bind, clock=self._clock)
         try:
-            other._body(other._request("POST", path, timeout=2 * self._timeout), what)
+            other._body(other._request("POST", path, timeout=2 * self._timeout, store=store), what)
         finally:
             other._disconnect()
 
@@ -122,7 +164,8 @@ class SourceClient:
         if self._session is None:
             try:
                 self._session = self._channel.open(
-                    lambda request: self._post_elsewhere(f"/v1/sessions?{request.query()}", "session"))
+                    lambda request: self._post_elsewhere(f"/v1/sessions?{request.query()}", "session",
+                                                         store=request.store))
             except GroupTransferError as e:
                 self._fall_back(e)
         return self._session
@@ -138,32 +181,53 @@ class SourceClient:
 
     # ----- requests ------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, headers: dict | None = None, timeout: float | None = None):
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        source = (self._bind, 0) if self._bind and self._bind not in ("0.0.0.0", "::") else None
+        if self._tls is None:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout, source_address=source)
+        if self._tls.verify_mode == ssl.CERT_NONE:  # pinned TLS: the fingerprint is the only check
+            if not self._fingerprint:
+                raise WrongCertificate(f"catch-up source {self.address}: the coordinator named no certificate "
+                                       "fingerprint for it, and catch-up here uses TLS with pinned certificates")
+            return _PinnedConnection(self._host, self._port, timeout=timeout, source_address=source,
+                                     context=self._tls, pin=self._fingerprint)
+        return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, source_address=source,
+                                           context=self._tls)
+
+    def _authorization(self, store: str) -> dict[str, str]:
+        """A transfer token for one request (none without a job token):
+        minted per request, so none lives longer than a request needs."""
+        if not self._token:
+            return {}
+        return {"Authorization": "Bearer " + transfer_token.mint(self._token, self.address, self._joiner,
+                                                                 self._clock(), store)}
+
+    def _request(self, method: str, path: str, headers: dict | None = None, timeout: float | None = None,
+                 store: str = ""):
         """One request; returns the response (body unread). Retries once on a
-        stale keep-alive connection, then raises SourceUnavailable."""
+        stale keep-alive connection, then raises SourceUnavailable.
+        ``store``: the session store a ``POST /v1/sessions`` names (its token binds it)."""
         for retry in range(2):
             if self._conn is None:
-                if self._tls is not None:
-                    self._conn = http.client.HTTPSConnection(
-                        self._host, self._port, timeout=timeout or self._timeout, context=self._tls
-                    )
-                else:
-                    self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout or self._timeout)
+                self._conn = self._connection(timeout or self._timeout)
             elif timeout is not None:
                 self._conn.timeout = timeout
                 if self._conn.sock is not None:
                     self._conn.sock.settimeout(timeout)
             try:
-                self._conn.request(method, path, headers={**self._headers, **(headers or {})})
+                self._conn.request(method, path, headers={**self._authorization(store), **(headers or {})})
                 response = self._conn.getresponse()
+            except WrongCertificate:
+                self._disconnect()
+                raise
             except (OSError, http.client.HTTPException) as e:
                 self._disconnect()
                 if retry:
                     raise SourceUnavailable(f"catch-up source {self.address}: {e}") from e
                 continue
             if response.status == 401:
-                response.read()
-                raise Unauthorized(f"catch-up source {self.address} refused the token (401)")
+                raise Unauthorized(f"catch-up source {self.address} refused the token (401): "
+                                   f"{response.read().decode(errors='replace').strip()}")
             return response
         raise AssertionError("unreachable")
 

@@ -38,7 +38,10 @@ path costs time, never the copy.
 
 The group carries no credential of its own: the session is asked for over
 the authenticated HTTP path, and the bytes go unencrypted, like the
-cross-replica gradients. With catch-up TLS everything stays on HTTPS.
+cross-replica gradients. With catch-up TLS everything stays on HTTPS. The
+source connects only to a store at the address the request came from
+(``store_host_problem``), and the request's transfer token binds the
+store's address, so no caller can point a source at a third party.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import ipaddress
 import logging
 import re
+import socket
 import threading
 import time
 import uuid
@@ -104,6 +109,50 @@ class SessionRequest:
         if not _ADDRESS.match(store) or not _PREFIX.match(prefix):
             raise ValueError(f"malformed session request: store={store!r} prefix={prefix!r}")
         return cls(store, prefix, backend)
+
+
+def store_host_problem(store: str, peer: str) -> str:
+    """Why a source must not connect to the session store ``store`` for a
+    request that came from ``peer`` (the connection's address); '' if it may.
+
+    The source connects only back to whoever asked: the store's host must be
+    that address, as an IP literal (a name would need a lookup, whose answer
+    the asker may control, to be compared). The joiner arranges it: its
+    store and its HTTP connection both use its advertised host, resolved
+    once (``numeric_host``). Where the two can still differ (a NAT between
+    the replicas, a name that resolves otherwise on the two hosts) the
+    session is refused and catch-up goes on over HTTP: slower, never
+    pointed at a third party."""
+    host = store.rpartition(":")[0].strip("[]")
+    try:
+        asked, came = _ip(host), _ip(peer)
+    except ValueError:
+        return f"the store's host must be this request's address {peer}, not {host!r}"
+    if asked != came:
+        return f"the store's host must be this request's address {peer}, not {host}"
+    return ""
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    address = ipaddress.ip_address(text)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # a dual-stack server sees an IPv4 peer as ::ffff:a.b.c.d
+    return address
+
+
+def numeric_host(host: str) -> str:
+    """``host`` as an IP literal (the first address it resolves to; itself
+    when it is one, or when it does not resolve: the source then refuses
+    sessions, see ``store_host_problem``)."""
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return host
+    return str(infos[0][4][0]) if infos else host
 
 
 PIECE = 1 << 20
@@ -360,5 +409,5 @@ class OpenSessions:
 __all__ = [
     "SESSION_IDLE", "OpenSessions",
     "IN_FLIGHT", "LOG_PIECE", "PIECE", "TRANSPORTS", "GroupChannel", "GroupTransferError", "Session",
-    "SessionRequest", "chunks_of", "piece_bytes",
+    "SessionRequest", "chunks_of", "numeric_host", "piece_bytes", "store_host_problem",
 ]

@@ -59,12 +59,15 @@ class JoinPlan:
     """RESTORE: the checkpoint."""
     finished_step: int = 0
     """FINISHED: the step the job finished at."""
+    fingerprints: tuple[str, ...] = ()
+    """CATCH_UP: their certificates' fingerprints, one per rank (pinned TLS:
+    fthsdp/agent/training/catchup/tls.py); empty otherwise."""
 
     def to_json(self) -> dict:
         return {"kind": self.kind.value, "source": self.source, "addresses": list(self.addresses),
                 "source_step": self.source_step,
                 "restore": dataclasses.asdict(self.restore) if self.restore is not None else None,
-                "finished_step": self.finished_step}
+                "finished_step": self.finished_step, "fingerprints": list(self.fingerprints)}
 
     @classmethod
     def from_json(cls, data: object) -> JoinPlan:
@@ -75,7 +78,7 @@ class JoinPlan:
             return cls(PlanKind(data["kind"]), str(data["source"]), tuple(str(a) for a in data["addresses"]),
                        int(data["source_step"]),
                        Restore(str(restore["path"]), str(restore["digest"]), int(restore["step"])) if restore
-                       else None, int(data["finished_step"]))
+                       else None, int(data["finished_step"]), tuple(str(f) for f in data["fingerprints"]))
         except (AssertionError, KeyError, TypeError, ValueError) as e:
             raise FthsdpError(f"internal: rank 0 of this replica group sent a join plan that is not one: "
                               f"{data!r}") from e
@@ -121,6 +124,7 @@ def plan_for(event: pb.WatchEvent | None, *, drain_requested: bool, min_members:
     if now - failed.get(cu.source_replica_id, -1e9) <= RETRY_SAME_SOURCE_AFTER:
         return None  # it failed a moment ago: wait for the coordinator to name another, or for the retry
     return JoinPlan(PlanKind.CATCH_UP, source=cu.source_replica_id, addresses=tuple(cu.source_catch_up_addresses),
+                    fingerprints=tuple(cu.source_catch_up_fingerprints),
                     source_step=cu.source_step)
 
 

@@ -117,11 +117,12 @@ class _DrainAsked(CatchUpError):
 class Joiner:
     def __init__(self, replica: CatchingUp, *, job: str, replica_id: str, structure: int, group: ReplicaGroup,
                  view: QuorumView, reporting: Reporting, lifecycle: Lifecycle,
-                 connect: Callable[[str], SourceClient]) -> None:
+                 connect: Callable[[str, str], SourceClient]) -> None:
         """``replica``: the state it catches up; ``view``: the coordinator's
         pushes; ``reporting``: what this rank tells the coordinator (rank 0's
-        heartbeats send it); ``connect``:
-        a client to a source's catch-up address, with the job's credentials;
+        heartbeats send it); ``connect``: a client to a source's catch-up
+        address, with the job's credentials and the fingerprint of its
+        certificate to pin ('' where none: fthsdp/agent/training/catchup/tls.py);
         ``structure``: the model's structure hash (a source must train the same model)."""
         self.replica = replica
         self.job, self.replica_id, self.structure = job, replica_id, structure
@@ -136,6 +137,8 @@ class Joiner:
         self.source_address = ""
         """This rank's address of the last source: kept after a reset, to
         close the last gap if this replica is admitted meanwhile."""
+        self.source_fingerprint = ""
+        """Its certificate's fingerprint, kept with it."""
         self.verified = False
         """The replay reproduced a checksum of the source's."""
         self.ready = False
@@ -156,7 +159,7 @@ class Joiner:
         failed: dict[str, float] = {}
         while True:
             if self.client is not None:  # ready before: follow the same source on
-                source, addresses = self.source, []
+                source, addresses, fingerprints = self.source, [], []
             else:
                 deadline = time.monotonic() + timeout
                 plan = JoinPlan.from_json(self.group.broadcast_json(
@@ -172,10 +175,10 @@ class Joiner:
                     continue
                 if plan.kind is PlanKind.ADMITTED:
                     return True
-                source, addresses = plan.source, list(plan.addresses)
+                source, addresses, fingerprints = plan.source, list(plan.addresses), list(plan.fingerprints)
             try:
                 if self.client is None:
-                    self._catch_up(source, addresses, deadline)
+                    self._catch_up(source, addresses, fingerprints, deadline)
                 return self._follow(source, until_admitted)
             except CatchUpError as e:
                 if not self.lifecycle.drain_requested:  # (a drain ends the catch-up: the plan says so next)
@@ -227,12 +230,13 @@ class Joiner:
             log.info("catching up from %s (at step %d)", decided.source, decided.source_step)
         return decided
 
-    def _catch_up(self, source: str, addresses: list[str], deadline: float) -> None:
+    def _catch_up(self, source: str, addresses: list[str], fingerprints: list[str], deadline: float) -> None:
         m, group = self.replica, self.group
         if len(addresses) != group.size:
             raise CatchUpError(f"source {source} has {len(addresses)} ranks, this replica {group.size}")
-        self.client = self.connect(addresses[group.rank])
-        self.source, self.source_address = source, addresses[group.rank]
+        fingerprint = fingerprints[group.rank] if len(fingerprints) == group.size else ""
+        self.client = self.connect(addresses[group.rank], fingerprint)
+        self.source, self.source_address, self.source_fingerprint = source, addresses[group.rank], fingerprint
         self.reporting.set_catching_up(True)  # not to be admitted on its step alone, until ready
         began = time.monotonic()
         attempts = self.report.attempts if self.report is not None else 0
@@ -360,7 +364,7 @@ class Joiner:
     def gap_client(self) -> SourceClient | None:
         """A connection to the last source, for the last gap inside FTAR."""
         if self.client is None and self.source_address:
-            self.client = self.connect(self.source_address)
+            self.client = self.connect(self.source_address, self.source_fingerprint)
         return self.client
 
     def switch_source(self, wait: float = SWITCH_WAIT) -> SourceClient | None:
@@ -385,7 +389,9 @@ class Joiner:
             self.client.close()  # (no snapshot to release: the new source never took one for us)
         self.snapshot_step = -1
         self.source, self.source_address = cu.source_replica_id, cu.source_catch_up_addresses[self.group.rank]
-        self.client = self.connect(self.source_address)
+        fingerprints = cu.source_catch_up_fingerprints
+        self.source_fingerprint = fingerprints[self.group.rank] if len(fingerprints) == self.group.size else ""
+        self.client = self.connect(self.source_address, self.source_fingerprint)
         log.info("the catch-up source %s was lost during the last gap; closing it from %s", lost, self.source)
         return self.client
 

@@ -24,7 +24,8 @@ class CatchUpReport:
     attempts: int = 0
     """Catch-ups started (more than one after a source failed or a refusal)."""
     transport: str = ""
-    """http, or https when the replicas have certificates (fthsdp/agent/training/catchup/tls.py)."""
+    """http; https whenever the coordinator uses TLS (fthsdp/agent/training/catchup/tls.py);
+    or the session group's, e.g. "distributed (nccl)" (fthsdp/agent/training/catchup/group.py)."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -5,8 +5,8 @@ streaming moves 0.25-0.32 GB/s and a plain Python HTTP server about 2.5 GB/s
 (docs/measurements.md; benchmarks/catchup.py measures this transport
 against a raw socket). gRPC stays the control plane.
 
-Endpoints (every one but /v1/health needs ``Authorization: Bearer <token>``
-when the job has a token):
+Endpoints (every one but /v1/health needs ``Authorization: Bearer <transfer
+token>`` when the job has a token: fthsdp/agent/training/catchup/transfer_token.py):
 
 ``POST /v1/snapshots``
     Take a snapshot at the next step boundary; answers its
@@ -20,8 +20,10 @@ when the job has a token):
     Open a session: a two-rank torch.distributed group with the joiner,
     which meets in its store (fthsdp/agent/training/catchup/group.py);
     answers once the group is built (200) or why not (404: this source has
-    none; 400, 503). ``DELETE /v1/sessions/<X>`` closes it (it also closes
-    after ``SESSION_IDLE`` seconds unused, or when a transfer on it fails).
+    none; 403: the store is not at the address the request came from, so
+    the source never connects to anyone else; 400, 503).
+    ``DELETE /v1/sessions/<X>`` closes it (it also closes after
+    ``SESSION_IDLE`` seconds unused, or when a transfer on it fails).
 ``POST /v1/snapshots/<step>/push?session=X&from=C``
     Send the snapshot's chunks from chunk C on over session X; answers
     once they are sent (200), or why not (404, 409, 503).
@@ -40,7 +42,6 @@ when the job has a token):
 
 from __future__ import annotations
 
-import hmac
 import http.server
 import logging
 import re
@@ -50,9 +51,11 @@ import struct
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 
 import torch
 
+from fthsdp.agent.training.catchup import transfer_token
 from fthsdp.agent.training.catchup.group import (
     LOG_PIECE,
     GroupChannel,
@@ -62,6 +65,7 @@ from fthsdp.agent.training.catchup.group import (
     SessionRequest,
     chunks_of,
     piece_bytes,
+    store_host_problem,
 )
 from fthsdp.agent.training.catchup.source import ServedState, SnapshotUnavailable
 
@@ -78,6 +82,8 @@ WRITE_PIECE = 1 << 20
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    joiner = ""
+    """The replica id the request's transfer token names (MAC-protected: for the log)."""
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
@@ -97,15 +103,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _error(self, code: int, message: str, headers=()) -> None:
         self._send(code, (message + "\n").encode(), headers=headers)
 
-    def _authorized(self) -> bool:
+    def _authorized(self, store: str = "") -> bool:
+        """A transfer token good now for this server (and for ``store``, the
+        session store a POST /v1/sessions names), or 401 with one line.
+
+        The raw job token is refused like any malformed token (and not told
+        apart from one, which would make this an oracle for it): accepting it
+        would leak nothing by itself, but would keep working for a client
+        that sends the job token across the data network, in cleartext
+        without TLS, and an unbound credential that never expires is what
+        the transfer token replaces. fthsdp's own client mints one per request."""
         token = self.server.token
         if not token:
             return True
         given = self.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return True
-        self._error(401, "missing or wrong bearer token", headers=(("WWW-Authenticate", "Bearer"),))
-        return False
+        scheme, _, presented = given.partition(" ")
+        try:
+            if scheme != "Bearer":
+                raise transfer_token.TokenRefused("missing bearer token")
+            joiner = transfer_token.verify(presented.strip(), token, self.server.address, self.server.clock(), store)
+        except transfer_token.TokenRefused as e:
+            log.info("catch-up request from %s refused: %s", self.address_string(), e)
+            self._error(401, str(e), headers=(("WWW-Authenticate", "Bearer"),))
+            return False
+        self.joiner = joiner
+        return True
 
     def _query(self) -> tuple[str, dict[str, str]]:
         parts = urllib.parse.urlsplit(self.path)
@@ -139,7 +161,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path, query = self._query()
-        if not self._authorized():
+        if not self._authorized(query.get("store", "") if path == "/v1/sessions" else ""):
             return None
         m = _SNAPSHOT.match(path)
         if m and m.group(2) == "/push":
@@ -154,7 +176,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._error(400, f"bad request: {e}")
         except SnapshotUnavailable as e:
             return self._error(503, str(e))
-        log.info("snapshot of step %d (%.1f MiB) for %s", snap.step, snap.total_bytes / 2**20, self.address_string())
+        log.info("snapshot of step %d (%.1f MiB) for %s at %s", snap.step, snap.total_bytes / 2**20,
+                 self.joiner or "a joiner", self.address_string())
         return self._send(200, snap.manifest.SerializeToString(), PROTOBUF)
 
     def do_DELETE(self) -> None:  # noqa: N802
@@ -201,6 +224,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             request = SessionRequest.parse(query)
         except ValueError as e:
             return self._error(400, f"bad request: {e}")
+        problem = store_host_problem(request.store, self.client_address[0])
+        if problem:
+            log.info("catch-up session refused to %s: %s", self.address_string(), problem)
+            return self._error(403, problem)
         try:
             self.server.sessions.add(channel.accept(request))
         except GroupTransferError as e:
@@ -319,7 +346,7 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address, source: ServedState, token: str, max_rate: float, tls=None,
-                 channel: GroupChannel | None = None) -> None:
+                 channel: GroupChannel | None = None, clock=time.time) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
         if tls is not None:
@@ -328,6 +355,10 @@ class _Server(http.server.ThreadingHTTPServer):
             self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.source = source
         self.token = token
+        self.clock = clock
+        """Unix seconds, for the transfer tokens' expiry."""
+        self.address = ""
+        """host:port as joiners are told it (CatchUpServer.address): the transfer tokens bind it."""
         self.max_rate = max_rate
         self.channel = channel
         self.sessions = OpenSessions()
@@ -349,15 +380,23 @@ class CatchUpServer:
         max_rate: float = 0.0,
         tls: ssl.SSLContext | None = None,
         channel: GroupChannel | None = None,
+        fingerprint: str = "",
+        clock: Callable[[], float] = time.time,
     ):
-        """``tls``: serve HTTPS with this context (fthsdp/agent/training/catchup/tls.py); None: plain HTTP.
+        """``token``: the job token, the key of the transfer tokens joiners
+        present (fthsdp/agent/training/catchup/transfer_token.py); '': no authentication.
+        ``tls``: serve HTTPS with this context (fthsdp/agent/training/catchup/tls.py); None: plain HTTP.
+        ``fingerprint``: its certificate's, for joiners to pin (``tls.serving``); kept here to be registered.
         ``channel``: push snapshots over torch.distributed when a joiner asks
-        (fthsdp/agent/training/catchup/group.py); None: HTTP only."""
-        self._server = _Server((host, port), source, token, max_rate, tls, channel)
+        (fthsdp/agent/training/catchup/group.py); None: HTTP only.
+        ``clock``: unix seconds, for the tokens' expiry."""
+        self.fingerprint = fingerprint
+        self._server = _Server((host, port), source, token, max_rate, tls, channel, clock)
         bound_host, bound_port = self._server.server_address[:2]
         assert isinstance(bound_host, str)  # an AF_INET(6) socket's own address (typeshed allows bytes)
         shown = host if host not in ("", "0.0.0.0", "::") else bound_host
         self.address = f"[{shown}]:{bound_port}" if ":" in shown else f"{shown}:{bound_port}"
+        self._server.address = self.address
         self._thread = threading.Thread(target=self._server.serve_forever, name="fthsdp-catchup-server", daemon=True)
 
     def start(self) -> CatchUpServer:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from fthsdp.agent.injection import RankFaults
 from fthsdp.agent.training.catchup import tls as catchup_tls
 from fthsdp.agent.training.catchup.client import SourceClient
-from fthsdp.agent.training.catchup.group import GroupChannel
+from fthsdp.agent.training.catchup.group import GroupChannel, numeric_host
 from fthsdp.agent.training.catchup.server import CatchUpServer
 from fthsdp.agent.training.catchup.source import ServedState
 from fthsdp.agent.training.config import ManagerConfig
@@ -68,14 +68,24 @@ class JobConnection:
         self.group = ReplicaGroup(config.shard_rank, config.shard_count, group_timeout)
         self._catch_up_tls = config.tls if config.catch_up_tls else TlsFiles()
         self._source_tls: ssl.SSLContext | None = None  # the catch-up client's, made on first use
-        channel = GroupChannel(transport, config.host, config.timeout)
+        # One address for a session's store and the HTTP connection that asks
+        # for it: a source connects to a store only at the address the ask came from.
+        self._data_host = numeric_host(config.host)
+        channel = GroupChannel(transport, self._data_host, config.timeout)
         self._fetch_channel = channel if self._over_group(config, transport) else None
         """Whether this rank, as a joiner, fetches snapshots over a group (it always serves them so)."""
         # A source with catch-up TLS pushes nothing in the clear.
         push_channel = None if catchup_tls.uses_tls(self._catch_up_tls) else channel
+        server_tls, fingerprint = catchup_tls.serving(self._catch_up_tls)
         self._server = CatchUpServer(source, config.host, token=config.token, max_rate=config.catch_up_max_rate,
-                                     tls=catchup_tls.server_context(self._catch_up_tls), channel=push_channel).start()
+                                     tls=server_tls, fingerprint=fingerprint, channel=push_channel).start()
+        log.info("serving catch-up on %s (%s)", self._server.address, {
+            catchup_tls.Mode.PLAIN: "http", catchup_tls.Mode.MUTUAL: "https, this node's certificate",
+            catchup_tls.Mode.PINNED: f"https, ephemeral certificate sha256 {fingerprint}",
+        }[catchup_tls.mode(self._catch_up_tls)])
         catch_up_addresses = self.group.all_gather_strings(self._server.address)
+        # Pinned TLS: the joiners' only proof of a source's certificate, through the coordinator.
+        catch_up_fingerprints = self.group.all_gather_strings(self._server.fingerprint)
         agent_ids = self.group.all_gather_strings(config.agent_id)  # one per host: each binds its reports
         # Binds the other ranks' pings to this incarnation (RegisterRequest.incarnation).
         incarnation = str(self.group.broadcast_json(secrets.token_hex(16) if self.leader else None))
@@ -84,7 +94,8 @@ class JobConnection:
             m = Membership(config.coordinator, config.job, config.replica_id, address, config.shard_count, 0,
                            token=config.token, tls=config.tls, view=self.view, catch_up_addresses=catch_up_addresses,
                            restart_count=config.restart_count, progress=clock.progress, agent_ids=agent_ids,
-                           incarnation=incarnation)
+                           incarnation=incarnation,
+                           catch_up_fingerprints=catch_up_fingerprints if any(catch_up_fingerprints) else ())
         else:
             client = CoordinatorClient(config.coordinator, timeout=SESSION_TIMEOUT, token=config.token, tls=config.tls)
             m = Observer(client, config.job, config.replica_id, config.shard_rank, self.view, progress=clock.progress,
@@ -123,13 +134,16 @@ class JobConnection:
         latest = self.view.latest
         return self._lifecycle.drain_requested or (latest is not None and latest.drain_requested)
 
-    def source_client(self, address: str) -> SourceClient:
-        """A connection to a catch-up source, with this job's token (and TLS
-        when this replica has a certificate: fthsdp/agent/training/catchup/tls.py)."""
+    def source_client(self, address: str, fingerprint: str = "") -> SourceClient:
+        """A connection to a catch-up source, with transfer tokens keyed by
+        this job's token, and TLS whenever the coordinator uses it
+        (fthsdp/agent/training/catchup/tls.py; ``fingerprint``: the source
+        certificate's, as the coordinator named it, for pinned TLS)."""
         if self._source_tls is None and catchup_tls.uses_tls(self._catch_up_tls):
             self._source_tls = catchup_tls.client_context(self._catch_up_tls)
         return SourceClient(address, self.config.token, timeout=self.config.timeout, tls=self._source_tls,
-                            channel=self._fetch_channel)
+                            channel=self._fetch_channel, joiner=self.config.replica_id, fingerprint=fingerprint,
+                            bind=self._data_host)
 
     def _over_group(self, config: ManagerConfig, transport: Transport) -> bool:
         """``--catch-up-transport``: auto picks the group on NCCL without TLS."""
