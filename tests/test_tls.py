@@ -12,6 +12,7 @@ import re
 import signal
 import ssl
 
+import grpc
 import pytest
 
 from fthsdp.client import CoordinatorClient
@@ -179,4 +180,31 @@ def test_catch_up_over_tls_with_pinned_ephemeral_certificates_under_server_only_
     finally:
         for a in agents:
             a.stop()
+        c.stop()
+
+
+def test_with_mutual_tls_a_host_speaks_only_for_the_host_id_its_certificate_names(tmp_path, certs):
+    """A Host-stream hello is refused (PERMISSION_DENIED, nothing recorded)
+    unless the client certificate's common name or a DNS name of it is the
+    hello's host id (fthsdp/coordinator/host_stream.py ``check_certificate``)."""
+    c = tls_coordinator(tmp_path, certs, mutual=True)
+    try:
+        def hello(cert: str, host_id: str) -> pb.HostPush:
+            with CoordinatorClient([c.address], tls=client_tls(certs, cert)) as client:
+                call = client.stub(c.address).Host(iter([pb.HostRequest(hello=pb.HostHello(
+                    host_id=host_id, replica_id="r1", replica_rank=1, num_replicas=2, nnodes=2, nproc=1))]),
+                    timeout=10)
+                return next(iter(call))
+
+        assert hello("node", "localhost").WhichOneof("message") == "welcome"  # a DNS name of its certificate
+        assert hello("client", "client").WhichOneof("message") == "welcome"  # its common name
+        for cert, host_id in (("client", "localhost"), ("node", "client")):
+            with pytest.raises(grpc.RpcError) as e:
+                hello(cert, host_id)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "must name the host id it speaks for" in e.value.details()
+        with CoordinatorClient([c.address], tls=client_tls(certs, "client")) as client:
+            hosts = {h.host_id for g in client.status().groups for h in g.hosts}
+        assert hosts <= {"localhost", "client"}, hosts
+    finally:
         c.stop()

@@ -51,9 +51,21 @@ def check_hello_claims(hello: pb.HostHello) -> None:
             raise InvalidRequest(problem)
 
 
-async def serve(runtime, requests: AsyncIterator, check) -> AsyncIterator[pb.HostPush | FthsdpError | Exception]:
+def check_certificate(host_id: str, names: frozenset[str] | None) -> None:
+    """With mutual TLS, a host's client certificate names the host ids it may
+    speak for (its common name and DNS subject alternative names: ``names``;
+    None without a client certificate): the hello's must be one of them."""
+    if names is not None and host_id not in names:
+        shown = ", ".join(sorted(names)[:8]) or "no name"
+        raise PermissionDenied(f"host {host_id!r}: its client certificate names {shown}; a host's certificate must "
+                               f"name the host id it speaks for (--host-id): see docs/coordinator.md#tls")
+
+
+async def serve(runtime, requests: AsyncIterator, check,
+                names: frozenset[str] | None = None) -> AsyncIterator[pb.HostPush | FthsdpError | Exception]:
     """The HostPush messages of one Host stream; an error ends it (the caller
-    maps it to a status). ``check(request)`` validates size and form."""
+    maps it to a status). ``check(request)`` validates size and form;
+    ``names``: what the peer's client certificate names (mutual TLS; None: no certificate)."""
     first = await anext(requests, None)
     if first is None:
         return
@@ -64,6 +76,11 @@ async def serve(runtime, requests: AsyncIterator, check) -> AsyncIterator[pb.Hos
     validation.check_job_field(hello.job, allow_empty=True)
     validation.check_host_hello(hello)
     check_hello_claims(hello)
+    try:
+        check_certificate(hello.host_id, names)
+    except PermissionDenied as e:
+        log.warning("job %s: host %s refused: %s", hello.job or "default", hello.host_id, e)
+        raise
     job = runtime.job(hello.job)
     table = job.hosts
     out: asyncio.Queue = asyncio.Queue()

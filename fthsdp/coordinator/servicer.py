@@ -50,6 +50,16 @@ STATUS_OF = (
 )
 
 
+def certificate_names(context) -> frozenset[str] | None:
+    """The names in the peer's client certificate (its common name and
+    subject alternative names), or None when it presented none (no mutual TLS)."""
+    auth = context.auth_context() or {}
+    if not auth.get("x509_pem_cert") and not auth.get("x509_common_name"):
+        return None
+    values = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return frozenset(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in values)
+
+
 def status_code_for(error: FthsdpError) -> grpc.StatusCode:
     for kind, code in STATUS_OF:
         if isinstance(error, kind):
@@ -192,8 +202,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             yield item
 
     async def Host(self, request_iterator, context):
-        # fthsdp/coordinator/host_stream.py
-        async for item in self._relay(host_stream.serve, request_iterator, context):
+        # fthsdp/coordinator/host_stream.py; with mutual TLS, the host's certificate names whom it speaks for.
+        serve = functools.partial(host_stream.serve, names=certificate_names(context))
+        async for item in self._relay(serve, request_iterator, context):
             yield item
 
     async def _relay(self, serve, request_iterator, context):
