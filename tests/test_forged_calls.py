@@ -113,10 +113,23 @@ def test_forged_calls_for_another_replica_are_refused_and_change_nothing(job):
                                                                 probe_id=1, unreached=["r0"])), PRECONDITION)
     refused(lambda: c.call("Heartbeat", pb.HeartbeatRequest(job="default", replica_id="nobody", session_id="x",
                                                             step=1)), NOT_FOUND)
+    stub = c.stub(c.current_address())
     with pytest.raises(grpc.RpcError) as watch:
-        next(iter(c.stub(c.current_address()).Watch(
-            pb.WatchRequest(job="default", replica_id="r1", session_id="forged"), metadata=c.metadata, timeout=10)))
+        next(iter(stub.Watch(pb.WatchRequest(job="default", replica_id="r1", session_id="forged"),
+                             metadata=c.metadata, timeout=10)))
     assert watch.value.code() == PRECONDITION
+    # The streams: a Session that registers as the live r1 from another agent, heartbeats on a stream in r1's
+    # name without its session.
+    with pytest.raises(grpc.RpcError) as session:
+        next(iter(stub.Session(iter([pb.SessionRequest(register=pb.RegisterRequest(
+            job="default", replica_id="r1", address="intruder:1", world_size=1, agent_ids=["forged"]))]),
+            metadata=c.metadata, timeout=10)))
+    assert session.value.code() == DENIED
+    with pytest.raises(grpc.RpcError) as beats:
+        next(iter(stub.HeartbeatStream(iter([pb.HeartbeatRequest(
+            job="default", replica_id="r1", session_id="forged", step=2**62, ack=True)]),
+            metadata=c.metadata, timeout=10)))
+    assert beats.value.code() == PRECONDITION
     assert job.snapshot() == before
 
 
