@@ -44,8 +44,9 @@ import pytest
 
 from fthsdp.demo.record import json_objects
 from tests.harness.events import JsonLog, has, like
+from tests.harness.netjob import labs
 from tests.harness.netns import NetLab
-from tests.harness.netns_state import kill_inside, netns_names
+from tests.harness.netns_state import kill_inside
 from tests.harness.processes import AgentProcess
 from tests.harness.waiting import wait_until
 
@@ -285,25 +286,10 @@ class Job:
 
 @pytest.fixture
 def job_in_lab(tmp_path):
-    NetLab.skip_unless_possible()
-    made: list[tuple[NetLab, Job | None]] = []
-
-    def make(names: list[str], group: tuple[str, ...], spares: tuple[str, ...] = ()) -> Job:
-        lab = NetLab(names)
-        lab.open()
-        made.append((lab, None))
-        job = Job(lab, tmp_path, group, spares)
-        made[-1] = (lab, job)
-        return job
-
-    yield make
-    for lab, job in made:
-        try:
-            if job is not None:
-                job.stop()
-        finally:
-            lab.close()
-        assert not [ns for ns in netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
+    """``make(names, group, spares=())``: a Job of those hosts in a NetLab of
+    its own (tests/harness/netjob.py ``labs``)."""
+    with labs(lambda lab, group, spares=(): Job(lab, tmp_path, group, spares)) as make:
+        yield make
 
 
 @pytest.mark.timeout(360)

@@ -229,3 +229,26 @@ def test_a_coordinator_that_starts_presumes_the_lease_of_the_pace_its_predecesso
         return second.jobs["default"].state.lease_s
 
     assert asyncio.run(scenario()) == lease.granted(LEASE, 4.0), "4 s between heartbeats: a 12 s lease"
+
+
+def test_the_heartbeat_thread_says_once_that_the_lease_ran_out_and_once_that_it_was_renewed(caplog):
+    """A member whose training thread waits in a collective (for one that
+    holds) never reaches ``hold``: its heartbeat thread says so all the same."""
+    clock = Clock()
+    ml = MemberLease("r0", clock)
+    with caplog.at_level("WARNING", logger="fthsdp.agent.lease"):
+        ml.watch()  # no lease granted yet: nothing to say
+        ml.answered(ml.sending(), 4.0)
+        ml.watch()
+        clock.now += 10.0
+        stale = ml.sending()  # a heartbeat sent while cut off, answered late: its lease has run out too
+        for _ in range(3):
+            ml.watch()
+        clock.now += 10.0
+        ml.answered(stale, 4.0)
+        ml.watch()
+        ml.answered(ml.sending(), 4.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "member lease lapsed: no answer from the coordinator for 10.0s (lease 4s)" in lines[0]
+    assert "member lease renewed after 16.5s without the coordinator" in lines[1]  # since it ran out (50 + 4 - 0.5)

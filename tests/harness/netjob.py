@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.demo.record import json_objects
@@ -125,21 +126,19 @@ def assert_no_step_lost(job: Job, names) -> None:
 
 
 @contextlib.contextmanager
-def jobs_in_lab(tmp: Path, etcd_url: str, key_prefix: str) -> Iterator:
-    """The ``job_in_lab`` fixture's body: yields ``make(*worker_args, replicas=3,
-    coordinator_args=(), agent_args=())``, which opens a NetLab and starts a
-    ``Job`` in it; at the end every job is stopped and every lab removed, none
-    leaving a namespace behind. Skips where no lab can be made."""
+def labs(start: Callable) -> Iterator:
+    """Yields ``make(names, *args, **kwargs)``, which opens a NetLab of
+    ``names`` (a count or a list) and starts ``start(lab, *args, **kwargs)``
+    in it (a job with a ``stop()``); at the end every job is stopped and every
+    lab removed, none leaving a namespace behind. Skips where no lab can be made."""
     NetLab.skip_unless_possible()
-    made: list[tuple[NetLab, Job | None]] = []
+    made: list[tuple[NetLab, Any]] = []
 
-    def make(*worker_args: str, replicas: int = 3, coordinator_args: Iterable[str] = (),
-             agent_args: Iterable[str] = ()) -> Job:
-        lab = NetLab(replicas)
+    def make(names, *args, **kwargs):
+        lab = NetLab(names)
         lab.open()
         made.append((lab, None))
-        job = Job(lab, tmp, etcd_url, key_prefix, *worker_args, coordinator_args=coordinator_args,
-                  agent_args=agent_args)
+        job = start(lab, *args, **kwargs)
         made[-1] = (lab, job)
         return job
 
@@ -153,3 +152,20 @@ def jobs_in_lab(tmp: Path, etcd_url: str, key_prefix: str) -> Iterator:
             finally:
                 lab.close()
             assert not [ns for ns in netns_names() if ns.startswith(lab.prefix)], "namespaces left behind"
+
+
+@contextlib.contextmanager
+def jobs_in_lab(tmp: Path, etcd_url: str, key_prefix: str) -> Iterator:
+    """The ``job_in_lab`` fixture's body: yields ``make(*worker_args, replicas=3,
+    coordinator_args=(), agent_args=())``, which opens a NetLab and starts a
+    ``Job`` in it (``labs``)."""
+    def start(lab: NetLab, *worker_args: str, coordinator_args: Iterable[str] = (),
+              agent_args: Iterable[str] = ()) -> Job:
+        return Job(lab, tmp, etcd_url, key_prefix, *worker_args, coordinator_args=coordinator_args,
+                   agent_args=agent_args)
+
+    with labs(start) as make_in:
+        def make(*worker_args: str, replicas: int = 3, **kwargs) -> Job:
+            return make_in(replicas, *worker_args, **kwargs)
+
+        yield make

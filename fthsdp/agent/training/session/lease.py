@@ -8,9 +8,12 @@ counted from when that heartbeat was *sent*, so that it always ends before
 the coordinator's own record of it (fthsdp/coordinator/lease.py). Before
 the update of every step it trains (not one it replays), the replica checks
 its lease (``MemberLease.hold``): if it ran out, it commits nothing and
-waits, saying so once, until an answer renews it (the coordinator is back:
-it goes on) or a push takes it out of the quorum (``Evicted``: its agent
-restarts it, and it catches up with the job's lineage).
+waits until an answer renews it (the coordinator is back: it goes on) or a
+push takes it out of the quorum (``Evicted``: its agent restarts it, and it
+catches up with the job's lineage). The heartbeat thread says once that
+the lease ran out, and once that it was renewed (``watch``): a member
+whose training thread waits in a collective for one that holds commits
+nothing either, and says so too.
 
 It stops ``commit_guard`` before the lease's end, so that the update that
 began under the lease is done before the coordinator counts it out.
@@ -54,6 +57,8 @@ class MemberLease:
         self._lease_s = 0.0
         self._heard = float("-inf")
         """When the heartbeat behind the newest grant was sent."""
+        self._lapsed_at: float | None = None
+        """When the lease ran out, once said (``watch``); None while it holds or nobody said so yet."""
 
     # ----- the session's threads -------------------------------------------------------
 
@@ -68,6 +73,7 @@ class MemberLease:
 
     def answered(self, seq: int, lease_s: float) -> None:
         """The coordinator answered heartbeat ``seq`` with a lease of ``lease_s`` (0: none)."""
+        lapsed = None
         with self._cond:
             sent = self._sent.pop(seq, None)
             for old in [s for s in self._sent if s < seq]:
@@ -78,6 +84,25 @@ class MemberLease:
             if until > self._until:
                 self._until, self._lease_s, self._heard = until, lease_s, sent
                 self._cond.notify_all()
+                if self._lapsed_at is not None and until > self._clock():
+                    lapsed, self._lapsed_at = self._lapsed_at, None
+        if lapsed is not None:  # it said the lease ran out: it says that is over
+            log.warning("replica %s: member lease renewed after %.1fs without the coordinator; committing again",
+                        self.replica_id, self._clock() - lapsed)
+
+    def watch(self) -> None:
+        """Say once that the lease ran out (the session's heartbeat thread, at
+        every beat): the member commits nothing from then on, whether its
+        training thread is at a step boundary (``hold``) or waits in a
+        collective for members that do."""
+        with self._cond:
+            now = self._clock()
+            if self._lapsed_at is not None or self._heard == float("-inf") or now < self._until:
+                return
+            self._lapsed_at = self._until
+            since, lease_s = now - self._heard, self._lease_s
+        log.warning("replica %s: member lease lapsed: no answer from the coordinator for %.1fs (lease %gs); "
+                    "committing nothing until it answers", self.replica_id, since, lease_s)
 
     # ----- the training thread ---------------------------------------------------------
 
@@ -92,22 +117,15 @@ class MemberLease:
         with self._cond:
             if self._clock() < self._until:
                 return
-            began = self._clock()
-            first = self._heard == float("-inf")
-            if first:  # admitted a moment ago: its first answer as a member is on its way
+            if self._heard == float("-inf"):  # admitted a moment ago: its first answer as a member is on its way
                 log.debug("replica %s: waiting for its first member lease", self.replica_id)
-            else:
-                log.warning("replica %s: member lease lapsed: no answer from the coordinator for %.1fs (lease %gs); "
-                            "committing nothing until it answers", self.replica_id, began - self._heard, self._lease_s)
+        self.watch()  # says so now if the heartbeat thread has not yet
+        with self._cond:
             while self._clock() >= self._until:
                 why = evicted()
                 if why:
                     raise Evicted(f"while its member lease was out, {why}")
                 self._cond.wait(WAKE_EVERY)
-            paused = self._clock() - began
-        if not first:
-            log.warning("replica %s: member lease renewed after %.1fs paused without the coordinator; committing again",
-                        self.replica_id, paused)
 
 
 __all__ = ["MemberLease", "commit_guard"]

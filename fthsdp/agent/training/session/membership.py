@@ -200,6 +200,7 @@ class Membership:
             if self._stop.is_set():
                 return
             beat_now.clear()
+            self.lease.watch()
             call = self._call
             if call is None:
                 continue  # between sessions: registering again is a sign of life too
