@@ -269,7 +269,7 @@ async def client_main(address: str, first: int, count: int, victim: int, per_con
            for c in channels]
     out = {"latencies": [], "events": [], "errors": 0, "sent": [], "register_retries": 0, "bytes": 0, "reregistered": 0}
     stop, go_silent = asyncio.Event(), asyncio.Event()
-    from fthsdp.coordinator.loop_lag import LagWindow, probe
+    from fthsdp.coordinator.engine.loop_lag import LagWindow, probe
 
     lag = LagWindow(1e9)  # this process's worst lag over the whole run: are the simulated replicas late themselves?
     lag_probe = asyncio.create_task(probe(lag))

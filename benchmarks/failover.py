@@ -13,14 +13,14 @@ replica fails in one of these ways:
 - loop hung: its training loop blocks for good after the backward pass of
   step 11 (fthsdp.examples.gpt.train --fail-how deadlock), the process and its
   heartbeat threads alive: only the others' wait in the all-reduce tells
-  (fthsdp/coordinator/hang.py). Twice: under the coordinator's default hang
+  (fthsdp/coordinator/decisions/hang.py). Twice: under the coordinator's default hang
   settings (5 x the median step, at least 10 s) and tight ones
   (--hang-floor 1s --hang-multiple 3).
 - data link down: each replica runs in a network namespace of its own, with
   a control link to the coordinator and a data link between replicas
   (tests/harness/netns.py; root and iproute2 needed); the victim's data link goes
   down, every process alive: the stuck collective is regrouped, then probed,
-  and the victim taken out as unreachable (fthsdp/coordinator/stuck.py). Under the
+  and the victim taken out as unreachable (fthsdp/coordinator/decisions/stuck.py). Under the
   default hang settings and a 3 s floor.
 - coordinator restarted: the coordinator (on etcd) is SIGKILLed and a new
   one started on the same port, as a supervisor does; nobody fails, so the

@@ -28,7 +28,7 @@ per GPU-hour; Llama 3 405B, 419 interruptions in 54 days on 16,384 GPUs =
 - fthsdp-pessimistic: the same with every unmeasured cost at a bad value.
 
 Every membership change of the replicated modes is decided by the shipped
-``fthsdp.coordinator.quorum.decide`` (``goodput.engine`` calls it; it is not
+``fthsdp.coordinator.decisions.quorum.decide`` (``goodput.engine`` calls it; it is not
 re-implemented), at up to 1,562 replicas.
 
 Accounting (benchmarks/goodput/calibration.py): effective training time =

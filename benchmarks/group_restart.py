@@ -8,7 +8,7 @@ against a real coordinator on loopback. The victim group r1 is either
 
 - one host, 2 ranks (`--nproc 2`): the baseline, one agent restarts both; or
 - two hosts x 1 rank (`--nnodes 2`, two agents meeting through the
-  coordinator's rendezvous, fthsdp/coordinator/rendezvous.py);
+  coordinator's rendezvous, fthsdp/coordinator/hosts/rendezvous.py);
 
 and after 10 steps, at a random point within a step, the rank of r1 with
 RANK 1 is SIGKILLed. From the agents' JSON logs and the peer r0's commits:

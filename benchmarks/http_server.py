@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 BASELINE_REV = "1be8e8c"
-"""The last commit with the hand-written server (fthsdp/coordinator/http_server.py)."""
+"""The last commit with the hand-written server (then fthsdp/coordinator/http_server.py, now under serving/)."""
 
 
 def load_old():
@@ -46,8 +46,8 @@ def load_old():
 
 
 def server_main(replicas: int) -> None:
-    from fthsdp.coordinator import http_server as new
-    from fthsdp.coordinator.web import WebApp
+    from fthsdp.coordinator.serving import http_server as new
+    from fthsdp.coordinator.serving.web import WebApp
     from tests.harness.runtimes import joined_runtime
 
     old = load_old()

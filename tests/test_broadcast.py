@@ -1,4 +1,4 @@
-"""Waking many waiters a batch per turn of the event loop (fthsdp/coordinator/broadcast.py)."""
+"""Waking many waiters a batch per turn of the event loop (fthsdp/coordinator/engine/broadcast.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fthsdp.coordinator.broadcast import Broadcast
+from fthsdp.coordinator.engine.broadcast import Broadcast
 
 
 def test_every_waiter_wakes_and_others_run_between_batches():

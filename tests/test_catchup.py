@@ -15,7 +15,7 @@ import time
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from fthsdp.coordinator.status_view import STATE_NAMES
+from fthsdp.coordinator.decisions.status_view import STATE_NAMES
 from tests.harness.fixtures import FOREVER
 from tests.harness.processes import AgentProcess
 from tests.harness.replicas import SLOW, assert_same_state_after_rejoin, members, status_of, wait_transfer_started

@@ -268,7 +268,7 @@ def test_a_joiner_reading_the_log_keeps_its_snapshot_and_the_log_held(source):
 
 
 def test_status_table_shows_catch_up_progress():
-    from fthsdp.coordinator.status_view import status_table
+    from fthsdp.coordinator.decisions.status_view import status_table
     from fthsdp.protos.v1 import coordinator_pb2 as pb
 
     status = pb.StatusResponse(job="j", replicas=[pb.ReplicaStatus(

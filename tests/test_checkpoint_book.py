@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from fthsdp.coordinator import checkpoints
-from fthsdp.coordinator.checkpoints import CheckpointBook
-from fthsdp.coordinator.committed import CommittedRecord
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum_types import Rules
+from fthsdp.coordinator.decisions.quorum_types import Rules
+from fthsdp.coordinator.engine import checkpoints
+from fthsdp.coordinator.engine.checkpoints import CheckpointBook
+from fthsdp.coordinator.engine.committed import CommittedRecord
+from fthsdp.coordinator.job.state import JobState
+from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.core.errors import NotFound, StateNotLost
 from fthsdp.protos.v1 import coordinator_pb2 as pb

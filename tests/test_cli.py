@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from fthsdp.cli import main as cli
-from fthsdp.coordinator import progress_view
-from fthsdp.coordinator.status_view import status_dict
+from fthsdp.coordinator.decisions.status_view import status_dict
+from fthsdp.coordinator.serving import progress_view
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.testing.local_etcd import free_port
 from tests.harness.cli import fthsdp, one_line_error

@@ -10,10 +10,10 @@ import logging
 
 import pytest
 
-from fthsdp.coordinator import committed
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum_types import Member, Quorum, Rules
+from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, Rules
+from fthsdp.coordinator.engine import committed
+from fthsdp.coordinator.job.state import JobState
+from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.core.errors import LostOwnership, StateNotLost, StoreUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb

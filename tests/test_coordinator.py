@@ -49,7 +49,7 @@ def replicas(tmp_path):
 
 
 def states(address: str, job: str = "") -> dict[str, str]:
-    from fthsdp.coordinator.status_view import status_dict
+    from fthsdp.coordinator.decisions.status_view import status_dict
 
     with CoordinatorClient([address]) as client:
         return {r["id"]: r["state"] for r in status_dict(client.status(job))["replicas"]}

@@ -1,6 +1,6 @@
 """A coordinator restart or failover drops no healthy replica, and a replica
 killed right after it is handled as soon as the others are back (quorum rule
-1's reconnection grace, fthsdp/coordinator/runtime.py ``_grant_grace``).
+1's reconnection grace, fthsdp/coordinator/engine/runtime.py ``_grant_grace``).
 
 Real processes: etcd, coordinators under a supervisor (tests/harness/supervised.py:
 SIGKILLed, started again on the same port, as systemd's Restart=always

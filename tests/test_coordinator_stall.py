@@ -3,11 +3,11 @@ SIGSTOP) must not count its live replicas lost for its own silence.
 
 The decision taken first after the stall may run before the loop-lag prober
 does: the stall is then only visible as the prober being overdue
-(fthsdp/coordinator/loop_lag.py). In process, on a fake clock: the prober's
+(fthsdp/coordinator/engine/loop_lag.py). In process, on a fake clock: the prober's
 last run is recorded by hand, then the clock jumps as it does across a stall.
 
 Then as a real process, SIGSTOPped for longer than its lease: on the memory
-store it leads on (fthsdp/coordinator/leadership.py, ``sole``; the lease lasts 3 s), and keeps its
+store it leads on (fthsdp/coordinator/store/leadership.py, ``sole``; the lease lasts 3 s), and keeps its
 members (there, the heartbeats queued during the stop are answered before
 its next decision, so only the in-process test reaches the prober's case).
 """

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.decision_loop import DecisionLoop
+from fthsdp.coordinator.engine.decision_loop import DecisionLoop
 
 
 def _loop() -> DecisionLoop:

@@ -1,6 +1,6 @@
 """Why a replica diverged, and when its agent stops restarting it (pure):
 the message that compares its step inputs with the members'
-(fthsdp/coordinator/divergence.py), the count of mismatch evictions in a row after
+(fthsdp/coordinator/decisions/divergence.py), the count of mismatch evictions in a row after
 a catch-up as JobState keeps it, the inputs each checksum carries
 (fthsdp/agent/training/state/checksum.py), and the agent's give-up (fthsdp/agent/node/supervisor.py, with a
 stand-in for its watch of the coordinator)."""
@@ -17,10 +17,10 @@ from fthsdp.agent.node.agent_state import AgentState
 from fthsdp.agent.node.config import AgentConfig
 from fthsdp.agent.node.supervisor import Supervisor
 from fthsdp.agent.training.state.checksum import MAX_INPUTS, StridedHistory, cap_inputs
-from fthsdp.coordinator import divergence
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum_types import Rules
-from fthsdp.coordinator.status_view import status_table
+from fthsdp.coordinator.decisions import divergence
+from fthsdp.coordinator.decisions.quorum_types import Rules
+from fthsdp.coordinator.decisions.status_view import status_table
+from fthsdp.coordinator.job.state import JobState
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import agent_of, formed, registered
 from tests.harness.processes import ROOT, _env

@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from fthsdp.coordinator.status_view import STATE_NAMES
+from fthsdp.coordinator.decisions.status_view import STATE_NAMES
 from tests.harness.cli import fthsdp
 from tests.harness.events import JsonLog
 from tests.harness.fixtures import FOREVER, HIDDEN, TOKEN

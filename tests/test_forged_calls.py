@@ -7,7 +7,7 @@ token (every rank and agent has it) and nothing else. Each forged call is
 refused with PERMISSION_DENIED (someone else's identity) or
 FAILED_PRECONDITION / NOT_FOUND (another incarnation, a value past the
 job's), and the job's status is the same afterwards: the quorum, each
-replica's state and the recorded checkpoint (fthsdp/coordinator/identity.py).
+replica's state and the recorded checkpoint (fthsdp/coordinator/job/identity.py).
 The host-level calls (the Host stream) are tested in tests/test_host_identity.py.
 """
 
@@ -208,9 +208,9 @@ def test_a_process_of_an_ended_incarnation_may_not_knock_out_the_live_one(job):
 
 
 def test_right_after_a_coordinator_started_a_stale_incarnation_waits_for_the_stored_one_to_be_judged():
-    from fthsdp.coordinator.job import JobState
-    from fthsdp.coordinator.quorum_types import Rules
-    from fthsdp.coordinator.replica_entry import grant_reconnect_grace
+    from fthsdp.coordinator.decisions.quorum_types import Rules
+    from fthsdp.coordinator.job.replica_entry import grant_reconnect_grace
+    from fthsdp.coordinator.job.state import JobState
     from fthsdp.core.errors import OutOfRange
 
     state = JobState("job", Rules())

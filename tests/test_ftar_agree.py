@@ -194,8 +194,8 @@ def test_is_growth_agrees_with_the_member_lists_along_random_chains() -> None:
     import random
 
     from fthsdp.agent.training.ftar.decisions import is_growth
-    from fthsdp.coordinator.codec import quorum_to_pb
-    from fthsdp.coordinator.quorum_types import Member, Quorum, next_last_drop_id
+    from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, next_last_drop_id
+    from fthsdp.coordinator.ledger.codec import quorum_to_pb
 
     rng = random.Random(7)
     for _ in range(50):

@@ -112,7 +112,7 @@ def target(tmp_path_factory):
     with CoordinatorClient([c.address]) as client:
         reply = client.call("Register",
                             pb.RegisterRequest(job="default", replica_id="r0", address="127.0.0.1:1", world_size=1))
-        # Admitted only once heard from (fthsdp/coordinator/quorum.py, rule 6).
+        # Admitted only once heard from (fthsdp/coordinator/decisions/quorum.py, rule 6).
         client.call("Heartbeat", pb.HeartbeatRequest(job="default", replica_id="r0", session_id=reply.session_id))
         # Settled before fuzzing: a quorum forming mid-check would read as a change.
         wait_until(lambda: client.status().quorum.member_count == 1, 20, message="r0's quorum")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import fthsdp.coordinator.quorum
-import fthsdp.coordinator.quorum_types
+import fthsdp.coordinator.decisions.quorum
+import fthsdp.coordinator.decisions.quorum_types
 
 # benchmarks/ is not an installed package: import it from the checkout, as
 # `python benchmarks/goodput_sim.py` does, whichever way pytest was started.
@@ -119,15 +119,15 @@ def test_same_seed_same_run_other_seed_other_run():
 
 
 def test_the_simulator_calls_the_shipped_quorum_decision():
-    assert engine.decide is fthsdp.coordinator.quorum.decide
-    assert engine.Rules is fthsdp.coordinator.quorum_types.Rules
+    assert engine.decide is fthsdp.coordinator.decisions.quorum.decide
+    assert engine.Rules is fthsdp.coordinator.decisions.quorum_types.Rules
 
 
 def test_membership_is_what_the_decision_returns(monkeypatch):
     returned = []
 
     def spy(*args, **kwargs):
-        d = fthsdp.coordinator.quorum.decide(*args, **kwargs)
+        d = fthsdp.coordinator.decisions.quorum.decide(*args, **kwargs)
         returned.append(d)
         return d
 
@@ -251,7 +251,7 @@ def test_command_line_prints_the_tables_and_writes_the_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| 16,384 | 13.1 |" in out
     assert "synchronous 1 - 10/18 = 44.4%" in out
-    assert "fthsdp.coordinator.quorum.decide:" in out
+    assert "fthsdp.coordinator.decisions.quorum.decide:" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

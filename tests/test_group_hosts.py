@@ -107,7 +107,7 @@ def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_pla
 
 def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_they_are(tmp_path, etcd_url):
     """The rounds are not stored: the restarted coordinator learns the running
-    round from the agents' hellos (fthsdp/coordinator/host_table.py), and the
+    round from the agents' hellos (fthsdp/coordinator/hosts/table.py), and the
     group trains on through it without a restart."""
     prefix = f"/fthsdp-test/{uuid.uuid4().hex[:12]}"
     c = SupervisedCoordinator(tmp_path / "coordinator.log", "--store", etcd_url, "--store-prefix", prefix,

@@ -1,4 +1,4 @@
-"""The hang and straggler verdicts (fthsdp/coordinator/hang.py), table-driven, and
+"""The hang and straggler verdicts (fthsdp/coordinator/decisions/hang.py), table-driven, and
 how a JobState applies them: pure logic with made-up times, no processes."""
 
 from __future__ import annotations
@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fthsdp.agent.training.step.clock import StepClock
-from fthsdp.coordinator.hang import HangRules, Report, find_hung, job_limit, straggler_scores, straggler_verdict
+from fthsdp.coordinator.decisions.hang import (
+    HangRules,
+    Report,
+    find_hung,
+    job_limit,
+    straggler_scores,
+    straggler_verdict,
+)
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import HANG_RULES, joined_job
 
@@ -171,7 +178,7 @@ def progress(phase, age, step, **kw):
 
 def adopt(job, now, quorum_id):
     """The next decision, stored and applied as the runtime does; returns its members."""
-    from fthsdp.coordinator.quorum_types import Quorum
+    from fthsdp.coordinator.decisions.quorum_types import Quorum
 
     decision = job.evaluate(now)
     assert decision.members is not None, decision.reason
@@ -247,7 +254,7 @@ def test_a_member_dropped_for_silence_with_its_session_open_gets_a_notice():
         job.heartbeat("r0", s["r0"], 3, False, "", 0, t)
         job.heartbeat("r1", s["r1"], 3, False, "", 0, t)
     decision = job.evaluate(6.0)  # r2 was last heard at 0.1: past the 5 s timeout
-    from fthsdp.coordinator.quorum_types import Quorum
+    from fthsdp.coordinator.decisions.quorum_types import Quorum
     job.apply(decision, Quorum(2, decision.members), 2)
     assert [m.replica_id for m in decision.members] == ["r0", "r1"]
     assert "no heartbeat" in job.watch_event("r2", "leader").hang.reason

@@ -1,4 +1,4 @@
-"""Hangs and stragglers with real processes (fthsdp/coordinator/hang.py).
+"""Hangs and stragglers with real processes (fthsdp/coordinator/decisions/hang.py).
 
 A replica whose training thread blocks forever (its heartbeat threads
 alive) is taken out once the others have waited for it past the hang limit;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fthsdp.coordinator.heartbeat_pace import HeartbeatPacer, Pace
+from fthsdp.coordinator.decisions.heartbeat_pace import HeartbeatPacer, Pace
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""What a host's hello may claim (fthsdp/coordinator/host_claims.py), table-driven:
+"""What a host's hello may claim (fthsdp/coordinator/hosts/claims.py), table-driven:
 its host id against the open stream's incarnation, its round against the
 group's, and its node ranks against the group's roster."""
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from fthsdp.coordinator.host_claims import (
+from fthsdp.coordinator.hosts.claims import (
     NO_VERSION,
     Claim,
     Roster,

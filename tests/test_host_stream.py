@@ -1,4 +1,4 @@
-"""The Host stream of a real coordinator process (fthsdp/coordinator/host_stream.py),
+"""The Host stream of a real coordinator process (fthsdp/coordinator/hosts/stream.py),
 driven from the test as two hosts' agents would: the round's pushes, a
 failure ending it for both, status showing the group, a stream that closes
 counting as a lost host, a rank of an ended round refused at registration,

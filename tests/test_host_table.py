@@ -1,4 +1,4 @@
-"""The coordinator's table of hosts and rounds (fthsdp/coordinator/host_table.py),
+"""The coordinator's table of hosts and rounds (fthsdp/coordinator/hosts/table.py),
 in-process on a fake clock: what each host is pushed as hosts join, fail,
 vanish, leave and come back, and what status shows of it."""
 
@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from fthsdp.coordinator.host_status import group_statuses
-from fthsdp.coordinator.rendezvous import JoinRefused
-from fthsdp.coordinator.status_view import status_dict, status_table
+from fthsdp.coordinator.decisions.status_view import status_dict, status_table
+from fthsdp.coordinator.hosts.rendezvous import JoinRefused
+from fthsdp.coordinator.hosts.status import group_statuses
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.hosts import TIMEOUT, Hosts, running
 

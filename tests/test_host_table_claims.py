@@ -12,10 +12,10 @@ import re
 
 import pytest
 
-from fthsdp.coordinator import host_rounds
-from fthsdp.coordinator.host_status import group_statuses
-from fthsdp.coordinator.rendezvous import JoinRefused
-from fthsdp.coordinator.status_view import status_table
+from fthsdp.coordinator.decisions.status_view import status_table
+from fthsdp.coordinator.hosts import rounds as host_rounds
+from fthsdp.coordinator.hosts.rendezvous import JoinRefused
+from fthsdp.coordinator.hosts.status import group_statuses
 from fthsdp.core.auth import PermissionDenied
 from fthsdp.core.errors import OutOfRange
 from fthsdp.protos.v1 import coordinator_pb2 as pb

@@ -23,7 +23,7 @@ from html.parser import HTMLParser
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from fthsdp.coordinator.web import WebApp
+from fthsdp.coordinator.serving.web import WebApp
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.cli import fthsdp
 from tests.harness.events import JsonLog, like

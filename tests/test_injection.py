@@ -1,4 +1,4 @@
-"""Fault injection's pure parts (fthsdp/coordinator/injection.py, fthsdp/agent/injection.py):
+"""Fault injection's pure parts (fthsdp/coordinator/job/injection.py, fthsdp/agent/injection.py):
 request checks, the admin check, the coordinator's record and push, the
 executors' once-per-incarnation rule, the CLI's usage errors and the status
 views. In-process, no processes; tests/test_inject_auth.py has the gRPC edge,
@@ -16,10 +16,10 @@ import pytest
 from fthsdp.agent import injection as agent_injection
 from fthsdp.agent.injection import AgentFaults, RankFaults, kill_ranks
 from fthsdp.cli import main as cli
-from fthsdp.coordinator.injection import MAX_PER_INCARNATION, NotInjectable
-from fthsdp.coordinator.status_view import status_dict, status_table
+from fthsdp.coordinator.decisions.status_view import status_dict, status_table
+from fthsdp.coordinator.job.injection import MAX_PER_INCARNATION, NotInjectable
+from fthsdp.coordinator.serving.web import recent_events
 from fthsdp.coordinator.validation import check_inject
-from fthsdp.coordinator.web import recent_events
 from fthsdp.core.auth import PermissionDenied, Unauthenticated, check_admin
 from fthsdp.core.errors import ConfigError, InvalidRequest, NotFound
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -288,8 +288,8 @@ def test_the_http_drain_takes_the_admin_token_once_there_is_one(tmp_path):
     import dataclasses
     import json
 
-    from fthsdp.coordinator.http_server import Request
-    from fthsdp.coordinator.web import WebApp
+    from fthsdp.coordinator.serving.http_server import Request
+    from fthsdp.coordinator.serving.web import WebApp
 
     (tmp_path / "admin").write_text("admin-secret")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum_types import Rules
+from fthsdp.coordinator.decisions.quorum_types import Rules
+from fthsdp.coordinator.job.state import JobState
 from fthsdp.core.errors import NotFound, StaleSession
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import agent_of, formed, registered
@@ -76,7 +76,7 @@ def test_leave_and_states():
 
 
 def test_load_presumes_known_replicas_alive_for_one_timeout():
-    from fthsdp.coordinator.quorum_types import Member, Quorum
+    from fthsdp.coordinator.decisions.quorum_types import Member, Quorum
 
     job = JobState("j", RULES)
     q = Quorum(9, (Member("a", "a:1", 1, 40, 3), Member("b", "b:1", 1, 40, 5)), step=40)
@@ -192,7 +192,7 @@ def test_a_settled_quorum_is_decided_again_only_when_something_changes():
 def test_replicas_loaded_after_a_restart_time_out_without_a_session():
     """A coordinator that restarted presumes the stored replicas alive for one
     heartbeat timeout; one that never comes back must still be dropped."""
-    from fthsdp.coordinator.quorum_types import Member, Quorum
+    from fthsdp.coordinator.decisions.quorum_types import Member, Quorum
 
     job = JobState("j", RULES)
     quorum = Quorum(4, (Member("a", "a:1", 1, 10, 1), Member("b", "b:1", 1, 10, 1)))

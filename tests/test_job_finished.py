@@ -16,10 +16,10 @@ from fthsdp.agent.training.catchup.joiner import Joiner
 from fthsdp.agent.training.session.job_finished import JobFinished, finished_line, finished_step
 from fthsdp.agent.training.session.report import Reporting
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum_types import Rules
-from fthsdp.coordinator.runtime import CoordinatorRuntime
-from fthsdp.coordinator.status_view import status_dict, status_table
+from fthsdp.coordinator.decisions.quorum_types import Rules
+from fthsdp.coordinator.decisions.status_view import status_dict, status_table
+from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
+from fthsdp.coordinator.job.state import JobState
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.core.errors import JobNotFinished
 from fthsdp.protos.v1 import coordinator_pb2 as pb

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fthsdp.coordinator import leader_proof
-from fthsdp.coordinator.leader_proof import (
+from fthsdp.coordinator.store import MemoryStore, Versioned, leader_proof
+from fthsdp.coordinator.store.leader_proof import (
     Holder,
     HolderRecordError,
     Host,
@@ -38,8 +38,7 @@ from fthsdp.coordinator.leader_proof import (
     probe_pid,
     this_host,
 )
-from fthsdp.coordinator.leadership import Leadership
-from fthsdp.coordinator.store import MemoryStore, Versioned
+from fthsdp.coordinator.store.leadership import Leadership
 from tests.harness.waiting import wait_until
 
 HERE = Host("boot-1", "4:4026531836")

@@ -5,7 +5,7 @@ step before it is applied; quorums carry it to the members, whose
 checkpoints go to that generation's folders; a sealed checkpoint is
 recorded only from a member of the quorum that committed its step, of the
 job's generation and of a quorum formed since it began
-(fthsdp/coordinator/checkpoints.py ``lineage_refusal``).
+(fthsdp/coordinator/engine/checkpoints.py ``lineage_refusal``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import asyncio
 
 import pytest
 
-from fthsdp.coordinator import checkpoints, committed
-from fthsdp.coordinator.checkpoints import CheckpointBook, lineage_refusal
-from fthsdp.coordinator.codec import quorum_from_pb, quorum_to_pb
-from fthsdp.coordinator.committed import CommittedRecord
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum_types import Member, Quorum, Rules
+from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, Rules
+from fthsdp.coordinator.engine import checkpoints, committed
+from fthsdp.coordinator.engine.checkpoints import CheckpointBook, lineage_refusal
+from fthsdp.coordinator.engine.committed import CommittedRecord
+from fthsdp.coordinator.job.state import JobState
+from fthsdp.coordinator.ledger.codec import quorum_from_pb, quorum_to_pb
+from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 

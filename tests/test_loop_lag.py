@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fthsdp.coordinator.loop_lag import LagWindow, backlog, lag_allowance, probe
+from fthsdp.coordinator.engine.loop_lag import LagWindow, backlog, lag_allowance, probe
 
 
 @pytest.mark.parametrize(

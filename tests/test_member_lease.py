@@ -1,4 +1,4 @@
-"""Member leases (fthsdp/coordinator/lease.py, fthsdp/agent/training/session/lease.py).
+"""Member leases (fthsdp/coordinator/decisions/lease.py, fthsdp/agent/training/session/lease.py).
 
 In process: the quorum decision waits out the leases of the previous
 quorum's members before any quorum none of them continues in (a state loss,
@@ -17,10 +17,10 @@ import threading
 import pytest
 
 from fthsdp.agent.training.session.lease import MemberLease, commit_guard
-from fthsdp.coordinator import lease
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum import decide
-from fthsdp.coordinator.quorum_types import Member, Quorum, Rules
+from fthsdp.coordinator.decisions import lease
+from fthsdp.coordinator.decisions.quorum import decide
+from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, Rules
+from fthsdp.coordinator.job.state import JobState
 from fthsdp.core.errors import Evicted
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
@@ -70,7 +70,7 @@ def test_the_decision_waits_out_the_leases(case):
 
 
 def test_the_decision_names_the_leased_members_and_its_reason_does_not_count_down():
-    """The reason is logged each time it changes (fthsdp/coordinator/decision_loop.py): one line for the wait."""
+    """The reason is logged each time it changes (fthsdp/coordinator/engine/decision_loop.py): one line for the wait."""
     prev = quorum("a", "b")
     views = table(cut("a", 2.0), cut("b", 2.0), alive("c", 0))
     first = decide(prev, views, NOW, RULES, committed_step=100)
@@ -213,7 +213,7 @@ def test_a_coordinator_that_starts_presumes_the_lease_of_the_pace_its_predecesso
     import asyncio
 
     from fthsdp.coordinator.config import CoordinatorConfig
-    from fthsdp.coordinator.runtime import CoordinatorRuntime
+    from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
     from fthsdp.coordinator.store.memory import MemoryStore
 
     async def scenario() -> float:

@@ -19,10 +19,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.http_server import Request
-from fthsdp.coordinator.metrics import FORMATION_BUCKETS, Metrics
-from fthsdp.coordinator.runtime import CoordinatorRuntime
-from fthsdp.coordinator.web import WebApp
+from fthsdp.coordinator.engine.metrics import FORMATION_BUCKETS, Metrics
+from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
+from fthsdp.coordinator.serving.http_server import Request
+from fthsdp.coordinator.serving.web import WebApp
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.processes import CoordinatorProcess, ReplicaProcess
 from tests.harness.runtimes import hung_runtime, joined_runtime, report, straggler_runtime

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from fthsdp.coordinator.quorum import decide, settle_for
-from fthsdp.coordinator.quorum_types import Member, Quorum, next_last_drop_id
+from fthsdp.coordinator.decisions.quorum import decide, settle_for
+from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, next_last_drop_id
 from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
 
 CASES = [
@@ -435,7 +435,7 @@ def test_members_that_stay_keep_their_entry() -> None:
     ],
 )
 def test_find_diverged(reports, joined, expected):
-    from fthsdp.coordinator.checksum_vote import find_diverged
+    from fthsdp.coordinator.job.checksum_vote import find_diverged
 
     assert find_diverged(reports, joined) == expected
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fthsdp.coordinator.liveness import lost_at
-from fthsdp.coordinator.quorum import decide, holds_state
+from fthsdp.coordinator.decisions.liveness import lost_at
+from fthsdp.coordinator.decisions.quorum import decide, holds_state
 from tests.harness.quorum_cases import NOW, RULES, Case, alive, check, quorum, silent, table
 
 CASES = [

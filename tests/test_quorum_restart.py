@@ -1,6 +1,6 @@
 """The quorum decision right after a coordinator (re)start
-(fthsdp/coordinator/quorum.py, rule 1 and the split-brain guard;
-fthsdp/coordinator/liveness.py)."""
+(fthsdp/coordinator/decisions/quorum.py, rule 1 and the split-brain guard;
+fthsdp/coordinator/decisions/liveness.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Quorum rule 9: a restore's first quorum waits for the members whose state
-was lost (fthsdp/coordinator/restore_wait.py), table-driven on an injected
+was lost (fthsdp/coordinator/decisions/restore_wait.py), table-driven on an injected
 clock; and the same through JobState, a restore stored and a coordinator
 that starts in the middle of the wait."""
 
@@ -10,13 +10,13 @@ import dataclasses
 
 import pytest
 
-from fthsdp.coordinator import checkpoints
-from fthsdp.coordinator.checkpoints import CheckpointBook
-from fthsdp.coordinator.committed import CommittedRecord
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.keys import JobKeys
-from fthsdp.coordinator.quorum_types import Member, Quorum, Restoring
-from fthsdp.coordinator.replica_entry import grant_reconnect_grace
+from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, Restoring
+from fthsdp.coordinator.engine import checkpoints
+from fthsdp.coordinator.engine.checkpoints import CheckpointBook
+from fthsdp.coordinator.engine.committed import CommittedRecord
+from fthsdp.coordinator.job.replica_entry import grant_reconnect_grace
+from fthsdp.coordinator.job.state import JobState
+from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import agent_of

@@ -1,5 +1,5 @@
 """A coordinator that just started (a restart, a failover) gives every
-replica from the store a grace to reconnect (fthsdp/coordinator/runtime.py
+replica from the store a grace to reconnect (fthsdp/coordinator/engine/runtime.py
 ``_grant_grace``, quorum rule 1): in process, on the memory store, with an
 injected clock. The real-process runs are in tests/test_coordinator_restart.py;
 the decision's cases in tests/test_quorum.py."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fthsdp.coordinator import committed
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.engine import committed
+from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 

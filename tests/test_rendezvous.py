@@ -1,4 +1,4 @@
-"""The rendezvous of a replica group's hosts (fthsdp/coordinator/rendezvous.py),
+"""The rendezvous of a replica group's hosts (fthsdp/coordinator/hosts/rendezvous.py),
 table-driven: the clock is passed in, every decision says why."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fthsdp.coordinator.rendezvous import (
+from fthsdp.coordinator.hosts.rendezvous import (
     Action,
     Host,
     JoinRefused,

@@ -4,7 +4,7 @@ Three replicas under ``fthsdp agent`` (real processes, gloo, a real
 coordinator) save a checkpoint every 10 steps; every replica's training
 process is SIGKILLed at once and the agents restart them. The coordinator
 restores the newest checkpoint and its first quorum waits for the members
-whose state was lost (fthsdp/coordinator/restore_wait.py): the first step
+whose state was lost (fthsdp/coordinator/decisions/restore_wait.py): the first step
 after the restore is trained by all three, and so each step redone equals
 the same step before the kill, bit for bit: the same loss and the same
 state checksum. When one replica does not

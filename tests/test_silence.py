@@ -1,4 +1,4 @@
-"""Silent replicas whose session still stands (fthsdp/coordinator/silence.py)."""
+"""Silent replicas whose session still stands (fthsdp/coordinator/job/silence.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from fthsdp.coordinator import silence
-from fthsdp.coordinator.quorum_types import Quorum
-from fthsdp.coordinator.replica_entry import ReplicaEntry
+from fthsdp.coordinator.decisions.quorum_types import Quorum
+from fthsdp.coordinator.job import silence
+from fthsdp.coordinator.job.replica_entry import ReplicaEntry
 from tests.harness.jobs import joined_job
 
 TIMEOUT = 5.0
@@ -78,8 +78,8 @@ def test_a_replica_registered_after_a_scan_that_found_none_still_times_out():
     """The heartbeat-timeout scan runs only once the earliest expiry it saw
     is reached; a scan of no replicas saw none, so a registration must bring
     the next scan forward, or a member's silence would go unseen."""
-    from fthsdp.coordinator.job import JobState
-    from fthsdp.coordinator.quorum_types import Rules
+    from fthsdp.coordinator.decisions.quorum_types import Rules
+    from fthsdp.coordinator.job.state import JobState
     from tests.harness.jobs import HANG_RULES
 
     job = JobState("j", Rules(min_replicas=1, heartbeat_timeout=5.0), HANG_RULES)

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from fthsdp.client import CoordinatorClient
-from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.store import open_store
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.cli import fthsdp

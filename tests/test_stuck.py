@@ -1,13 +1,21 @@
-"""A stuck collective's escalation, table-driven (fthsdp/coordinator/stuck.py,
-fthsdp/coordinator/hang.py find_stuck, fthsdp/coordinator/reach_book.py)."""
+"""A stuck collective's escalation, table-driven (fthsdp/coordinator/decisions/stuck.py,
+fthsdp/coordinator/decisions/hang.py find_stuck, fthsdp/coordinator/decisions/reach_book.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fthsdp.coordinator.hang import Report, Stuck, find_stuck
-from fthsdp.coordinator.reach_book import ReachBook
-from fthsdp.coordinator.stuck import PROBE_WAIT, Act, Escalation, Stage, escalate, largest_clique, merge_reports
+from fthsdp.coordinator.decisions.hang import Report, Stuck, find_stuck
+from fthsdp.coordinator.decisions.reach_book import ReachBook
+from fthsdp.coordinator.decisions.stuck import (
+    PROBE_WAIT,
+    Act,
+    Escalation,
+    Stage,
+    escalate,
+    largest_clique,
+    merge_reports,
+)
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 AR, COMPUTE = pb.PHASE_ALLREDUCE, pb.PHASE_COMPUTE

@@ -186,7 +186,7 @@ def test_catch_up_over_tls_with_pinned_ephemeral_certificates_under_server_only_
 def test_with_mutual_tls_a_host_speaks_only_for_the_host_id_its_certificate_names(tmp_path, certs):
     """A Host-stream hello is refused (PERMISSION_DENIED, nothing recorded)
     unless the client certificate's common name or a DNS name of it is the
-    hello's host id (fthsdp/coordinator/host_stream.py ``check_certificate``)."""
+    hello's host id (fthsdp/coordinator/hosts/stream.py ``check_certificate``)."""
     c = tls_coordinator(tmp_path, certs, mutual=True)
     try:
         def hello(cert: str, host_id: str) -> pb.HostPush:

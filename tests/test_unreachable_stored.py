@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -51,7 +51,7 @@ def answer(runtime: CoordinatorRuntime, rid: str, reached: list[str], unreached:
     job = runtime.jobs["default"]
     probe = job.state.reach.probe_for(rid, job.state.is_member(rid))
     assert probe is not None, f"{rid} was not asked to probe"
-    # Rank 0 answers with its session (fthsdp/coordinator/identity.py).
+    # Rank 0 answers with its session (fthsdp/coordinator/job/identity.py).
     return job.state.reach_report(rid, 0, probe.id, reached, unreached, job.state.replicas[rid].session_id or "")
 
 

@@ -1,10 +1,10 @@
-"""What Watch streams are sent (fthsdp/coordinator/watch_events.py): pure, table-driven."""
+"""What Watch streams are sent (fthsdp/coordinator/job/watch_events.py): pure, table-driven."""
 
 from __future__ import annotations
 
 import pytest
 
-from fthsdp.coordinator.watch_events import DELTA, FULL, HEADER, SAME, WatchEvents
+from fthsdp.coordinator.job.watch_events import DELTA, FULL, HEADER, SAME, WatchEvents
 from fthsdp.core import quorum_delta
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 

@@ -10,8 +10,8 @@ import socket
 import uuid
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.http_server import Request
-from fthsdp.coordinator.web import WebApp, checksum_summary, history_view
+from fthsdp.coordinator.serving.http_server import Request
+from fthsdp.coordinator.serving.web import WebApp, checksum_summary, history_view
 from tests.harness.fixtures import TOKEN
 from tests.harness.processes import CoordinatorProcess, ReplicaProcess
 from tests.harness.runtimes import hung_runtime, straggler_runtime

@@ -13,8 +13,8 @@ import struct
 from html.parser import HTMLParser
 from pathlib import Path
 
-from fthsdp.coordinator.http_server import Request, Response
-from fthsdp.coordinator.web import WebApp
+from fthsdp.coordinator.serving.http_server import Request, Response
+from fthsdp.coordinator.serving.web import WebApp
 from tests.harness.processes import CoordinatorProcess, ReplicaProcess
 from tests.harness.runtimes import hung_runtime
 from tests.harness.waiting import wait_until

@@ -3,7 +3,7 @@
 Two engines. ``simulate_synchronous`` (synchronous.py): every failure
 restarts the whole job (one stall, plus the work since the last checkpoint
 if checkpoints are modelled apart). ``ReplicatedSim``, here: replicas fail alone; every membership
-change is decided by the shipped ``fthsdp.coordinator.quorum.decide`` from what the
+change is decided by the shipped ``fthsdp.coordinator.decisions.quorum.decide`` from what the
 coordinator would see (a crash reported by the agent, a Watch stream closed,
 heartbeats that stop), and the share of replicas training is the size of the
 quorum it returns.
@@ -35,9 +35,9 @@ from benchmarks.goodput.correlated import Checkpoints, Correlated, roll_back
 from benchmarks.goodput.inputs import RecoveryCosts
 from benchmarks.goodput.synchronous import SECONDS_PER_HOUR, QuorumChange, RunResult
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.quorum import decide
-from fthsdp.coordinator.quorum_types import Quorum, ReplicaView, Rules
-from fthsdp.coordinator.replica_entry import ReplicaEntry
+from fthsdp.coordinator.decisions.quorum import decide
+from fthsdp.coordinator.decisions.quorum_types import Quorum, ReplicaView, Rules
+from fthsdp.coordinator.job.replica_entry import ReplicaEntry
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 from benchmarks.goodput import calibration as cal
-from fthsdp.coordinator.hang import HangRules, job_limit
+from fthsdp.coordinator.decisions.hang import HangRules, job_limit
 
 GB = 1e9
 MIN = 60.0
@@ -104,7 +104,7 @@ class Workload:
     live_hang_share: float = 0.0
     """Share of those hangs that hang a live training loop (process and heartbeat
     thread alive: a deadlocked data loader, a stuck collective inside the replica),
-    seen by the coordinator's hang verdict (fthsdp/coordinator/hang.py); the rest stop the
+    seen by the coordinator's hang verdict (fthsdp/coordinator/decisions/hang.py); the rest stop the
     node (heartbeats stop too) and are seen by the heartbeat timeout. Assumed 0
     (every hang a stopped node): no source here splits the two (ByteRobust,
     arXiv 2509.16293, puts hangs at ~10% of incidents, without the split)."""

@@ -6,7 +6,7 @@
 - ``ft-hsdp``: the published FT-HSDP figure, a 3-minute stall of the whole
   job per failure, in 8 replicas; the failed replica is back after 10 min.
 - ``fthsdp``: this project, at the measured costs scaled to a 405B model in
-  128-GPU replicas (inputs.py), quorum changes by ``fthsdp.coordinator.quorum.decide``.
+  128-GPU replicas (inputs.py), quorum changes by ``fthsdp.coordinator.decisions.quorum.decide``.
 - ``fthsdp-pessimistic``: the same with every unmeasured cost at a bad value.
 """
 

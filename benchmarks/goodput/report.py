@@ -129,14 +129,14 @@ def quorum_summary(cells: Sequence[Cell]) -> str:
     """How much of the shipped decision logic the run went through."""
     decided = [c for c in cells if c.result.decisions]
     if not decided:
-        return "fthsdp.coordinator.quorum.decide: not called (no replicated mode ran)."
+        return "fthsdp.coordinator.decisions.quorum.decide: not called (no replicated mode ran)."
     kinds = collections.Counter(reason_kind(q.reason) for c in decided for q in c.result.quorum_changes[1:])
     most = max(c.replicas for c in decided)
     decisions = sum(c.result.decisions for c in decided)
     changes = sum(len(c.result.quorum_changes) for c in decided)
     assigned = sum(c.result.catch_up_assignments for c in decided)
     listed = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
-    return (f"fthsdp.coordinator.quorum.decide: {decisions} decisions, {changes} quorum changes "
+    return (f"fthsdp.coordinator.decisions.quorum.decide: {decisions} decisions, {changes} quorum changes "
             f"(up to {most:,} replicas), {assigned} catch-up sources assigned; changes after the first: {listed}.")
 
 

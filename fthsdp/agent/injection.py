@@ -1,4 +1,4 @@
-"""Carrying out the faults an operator injects (`fthsdp inject`; fthsdp/coordinator/injection.py).
+"""Carrying out the faults an operator injects (`fthsdp inject`; fthsdp/coordinator/job/injection.py).
 
 The coordinator pushes each injection on the replica's Watch streams, which
 both its node agents and its ranks follow. Each executor carries out an
@@ -15,10 +15,10 @@ predecessor's fault. Who does what, and why:
   only the training thread can stop progressing while the process and its
   heartbeat thread go on, which is what a real hang looks like to the
   coordinator (a SIGSTOP from the agent would silence the heartbeats: the
-  silence path, fthsdp/coordinator/silence.py, not the hang path). The training
+  silence path, fthsdp/coordinator/job/silence.py, not the hang path). The training
   thread calls ``at_step`` as it enters the step's all-reduce; a hang blocks
   it there for good, in the compute phase, where the members waiting in the
-  all-reduce blame it (fthsdp/coordinator/hang.py); its stacks are dumped
+  all-reduce blame it (fthsdp/coordinator/decisions/hang.py); its stacks are dumped
   (fthsdp/agent/training/session/hang_notice.py) and its agent ends and restarts it. A slow fault
   adds its seconds there to each of its next steps: compute time, which the
   straggler score and policy see.

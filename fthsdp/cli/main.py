@@ -281,8 +281,8 @@ def _job_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
 def _run_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     import json
 
-    from fthsdp.coordinator.progress_view import progress_lines, progress_view
-    from fthsdp.coordinator.status_view import status_dict, status_table
+    from fthsdp.coordinator.decisions.status_view import status_dict, status_table
+    from fthsdp.coordinator.serving.progress_view import progress_lines, progress_view
 
     with _client(args, env) as client:
         status = client.status(_job_name(args, env))

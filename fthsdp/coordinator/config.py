@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fthsdp.coordinator.hang import HangRules
-from fthsdp.coordinator.quorum_types import Rules
+from fthsdp.coordinator.decisions.hang import HangRules
+from fthsdp.coordinator.decisions.quorum_types import Rules
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
 from fthsdp.core.log_format import check_log_format
@@ -90,7 +90,8 @@ class CoordinatorConfig:
 
     hang_multiple: float = 5.0
     """A member that makes no progress while others wait for it in the all-reduce for this many times the job's median
-    step time is hung: it is taken out of the quorum and its agent ends and restarts it (fthsdp/coordinator/hang.py)."""
+    step time is hung: it is taken out of the quorum and its agent ends and restarts it
+    (fthsdp/coordinator/decisions/hang.py)."""
 
     hang_floor: float = dataclasses.field(default=10.0, metadata=DURATION)
     """The hang limit is never shorter than this (a short step time must not turn a hiccup, a GC pause or a slow read

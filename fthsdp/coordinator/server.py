@@ -17,12 +17,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.http_server import HttpServer, serve_http
-from fthsdp.coordinator.leadership import Leadership
-from fthsdp.coordinator.runtime import CoordinatorRuntime
-from fthsdp.coordinator.servicer import CoordinatorServicer, add_to_server
+from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
+from fthsdp.coordinator.serving.http_server import HttpServer, serve_http
+from fthsdp.coordinator.serving.servicer import CoordinatorServicer, add_to_server
+from fthsdp.coordinator.serving.web import WebApp
 from fthsdp.coordinator.store import Store, open_store
-from fthsdp.coordinator.web import WebApp
+from fthsdp.coordinator.store.leadership import Leadership
 from fthsdp.core.auth import AccessInterceptor
 from fthsdp.core.credentials import read_token_file
 from fthsdp.core.errors import ConfigError

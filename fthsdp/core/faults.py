@@ -1,6 +1,6 @@
 """The faults an operator injects (`fthsdp inject`): their names and how
 they are told, shared by the coordinator that records them
-(fthsdp/coordinator/injection.py), the agents and ranks that carry them out
+(fthsdp/coordinator/job/injection.py), the agents and ranks that carry them out
 (fthsdp/agent/injection.py) and the CLI."""
 
 from __future__ import annotations

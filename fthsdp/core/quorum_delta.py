@@ -6,7 +6,7 @@ replicas, gigabytes for one failure). The coordinator now sends each watcher
 the full list once, when its Watch stream opens, and afterwards only what
 changed since the quorum it was last sent: the new quorum's fields without
 members, plus the members added and removed (``WatchEvent.delta``). A
-member's entry never changes while it stays (fthsdp/coordinator/quorum.py), so the
+member's entry never changes while it stays (fthsdp/coordinator/decisions/quorum.py), so the
 receiver rebuilds the exact list; ``member_count`` lets it check.
 
 A replica that is not a member gets the quorum without members at all (it

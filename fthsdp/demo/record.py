@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fthsdp.coordinator.status_view import AGENT_STATE_NAMES, STATE_NAMES
+from fthsdp.coordinator.decisions.status_view import AGENT_STATE_NAMES, STATE_NAMES
 from fthsdp.core.errors import FthsdpError
 
 

@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(give one replica another value to simulate a diverged state); empty: none")
     args = parser.parse_args(argv)
 
-    clock = StepClock()  # progress in every heartbeat, as a real replica reports it (fthsdp/coordinator/hang.py)
+    # progress in every heartbeat, as a real replica reports it (fthsdp/coordinator/decisions/hang.py)
+    clock = StepClock()
     m = Membership(args.coordinator.split(","), args.job, args.replica_id, args.address, args.world_size, args.step,
                    token=read_token_file(args.token_file), member_list=True,  # it prints the members
                    progress=clock.progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from fthsdp.coordinator.keys import JobKeys
+from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.store import open_store
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 

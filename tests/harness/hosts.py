@@ -1,11 +1,11 @@
-"""An in-process host table (fthsdp/coordinator/host_table.py) on a fake clock,
+"""An in-process host table (fthsdp/coordinator/hosts/table.py) on a fake clock,
 driven as hosts' agents would drive it, recording what each host is pushed
 (tests/test_host_table.py, tests/test_host_table_claims.py)."""
 
 from __future__ import annotations
 
-from fthsdp.coordinator.host_table import HostTable
-from fthsdp.coordinator.rendezvous import RendezvousRules
+from fthsdp.coordinator.hosts.rendezvous import RendezvousRules
+from fthsdp.coordinator.hosts.table import HostTable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 TIMEOUT = 100.0

@@ -3,9 +3,9 @@ heartbeating, a quorum formed; for the job, committed, divergence, hang and sile
 
 from __future__ import annotations
 
-from fthsdp.coordinator.hang import HangRules
-from fthsdp.coordinator.job import JobState
-from fthsdp.coordinator.quorum_types import Rules
+from fthsdp.coordinator.decisions.hang import HangRules
+from fthsdp.coordinator.decisions.quorum_types import Rules
+from fthsdp.coordinator.job.state import JobState
 
 
 def agent_of(replica_id: str) -> str:
@@ -25,7 +25,7 @@ def registered(job: JobState, replica_id: str, *args, now: float, **kwargs) -> s
 def formed(job: JobState, now: float):
     decision = job.evaluate(now)
     assert decision.members is not None, decision.reason
-    from fthsdp.coordinator.quorum_types import Quorum
+    from fthsdp.coordinator.decisions.quorum_types import Quorum
 
     prev = job.quorum
     quorum = Quorum((prev.id if prev else 0) + 1, decision.members)
@@ -44,6 +44,6 @@ def joined_job(n=3, hang_rules=HANG_RULES):
         sessions[rid] = job.register(rid, f"h:{i}", 1, 0, 0, 0.0, restart_count=2)
         job.heartbeat(rid, sessions[rid], 0, False, "", 0, 0.1)
     decision = job.evaluate(0.2)
-    from fthsdp.coordinator.quorum_types import Quorum
+    from fthsdp.coordinator.decisions.quorum_types import Quorum
     job.apply(decision, Quorum(1, decision.members), 1)
     return job, sessions

@@ -1,12 +1,12 @@
-"""What the table-driven tests of the quorum decision share (fthsdp/coordinator/quorum.py):
+"""What the table-driven tests of the quorum decision share (fthsdp/coordinator/decisions/quorum.py):
 made-up replica views on an injected clock, and the check of one case."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from fthsdp.coordinator.quorum import decide
-from fthsdp.coordinator.quorum_types import Member, Quorum, ReplicaView, Restoring, Rules
+from fthsdp.coordinator.decisions.quorum import decide
+from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, ReplicaView, Restoring, Rules
 
 NOW = 1000.0
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=10.0)
@@ -23,7 +23,7 @@ def silent(rid: str, since: float = 1.0, **kw) -> ReplicaView:
 
 
 GRACE = RULES.heartbeat_timeout + RULES.join_timeout
-"""The reconnection grace the runtime gives after a (re)start (fthsdp/coordinator/runtime.py)."""
+"""The reconnection grace the runtime gives after a (re)start (fthsdp/coordinator/engine/runtime.py)."""
 
 
 def awaited(rid: str, started: float, grace: float = GRACE, **kw) -> ReplicaView:

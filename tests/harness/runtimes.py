@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.runtime import CoordinatorRuntime
+from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import agent_of

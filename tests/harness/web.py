@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fthsdp.coordinator.http_server import serve_http
+from fthsdp.coordinator.serving.http_server import serve_http
 from tests.harness.processes import CoordinatorProcess
 
 FAST = ("--metrics-port", "0", "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s")

@@ -37,7 +37,7 @@ class AgentState(enum.IntEnum):
       --stop-timeout, or --hang-grace for a hang). Reported before they are stopped.
       A replica the coordinator took out for a checksum mismatch twice in a
       row after catching up is not restarted: GAVE_UP, "gave up: <why>"
-      (fthsdp/coordinator/divergence.py).
+      (fthsdp/coordinator/decisions/divergence.py).
     * RESTARTING: waiting out the back-off; a SIGTERM ends the wait.
     * DRAINING: the agent was asked to stop; ranks got SIGTERM and leave the
       quorum at their next step boundary.

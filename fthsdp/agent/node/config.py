@@ -146,7 +146,8 @@ class AgentConfig:
     """How long ranks get to exit after SIGTERM before they are SIGKILLed."""
 
     hang_grace: float = dataclasses.field(default=5.0, metadata=DURATION)
-    """How long the ranks of a replica the coordinator took out as hung (fthsdp/coordinator/hang.py) get after SIGTERM
+    """How long the ranks of a replica the coordinator took out as hung (fthsdp/coordinator/decisions/hang.py) get
+    after SIGTERM
     before SIGKILL; their stack dumps are written as the notice arrives."""
 
     checkpoint_dir: str = ""

@@ -14,7 +14,7 @@ opening a fresh store for each join (fthsdp/agent/store_host.py, a child
 process, since the agent imports no torch), sending, starting. Every hello
 says the agent's incarnation (drawn at start) and the group's hosts by node
 rank as last pushed, so that a coordinator that restarted knows them all,
-a host lost meanwhile included (fthsdp/coordinator/host_claims.py).
+a host lost meanwhile included (fthsdp/coordinator/hosts/claims.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One host's side of its replica group's rounds, as a state machine (issue 39).
 
-The coordinator decides the rounds (fthsdp/coordinator/rendezvous.py); each
+The coordinator decides the rounds (fthsdp/coordinator/hosts/rendezvous.py); each
 host's agent follows them. ``step`` takes the agent's state and what just
 happened (an answer or push from the coordinator, or its own ranks ending)
 and returns the next state and the one action to take, in the manner of

@@ -13,7 +13,7 @@ The same stream carries the coordinator's other verdicts on the replica:
 that its job finished (``finished_step``: a rank that exits 0 then ends the
 agent as SUCCEEDED, "job finished at step N"), and a checksum mismatch
 (``divergence_for``): one that says ``give_up`` (taken out twice in a row
-after catching up, fthsdp/coordinator/divergence.py) ends the agent as GAVE_UP
+after catching up, fthsdp/coordinator/decisions/divergence.py) ends the agent as GAVE_UP
 instead of a restart that would repeat it. And the faults an operator
 injected (``faults``: fthsdp/agent/injection.py): a ``kill`` is the agent's to carry out.
 """

@@ -1,6 +1,6 @@
 """The node agent's Host stream to the coordinator (groups of several hosts).
 
-One long-lived call (fthsdp/coordinator/host_stream.py): a hello first
+One long-lived call (fthsdp/coordinator/hosts/stream.py): a hello first
 (rebuilt at every reconnect from the agent's current round, so that a
 coordinator that restarted learns where the group is), then what the agent
 sends (joins, failure reports, a leave) and a heartbeat whenever nothing

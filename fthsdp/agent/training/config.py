@@ -46,7 +46,7 @@ class ManagerConfig:
     timeout: float = 60.0
     """Longest wait for a collective or a quorum before giving up
     (FtarTimeout); a collective waits at least the coordinator's hang limit
-    for a verdict on a hung member first (fthsdp/coordinator/hang.py)."""
+    for a verdict on a hung member first (fthsdp/coordinator/decisions/hang.py)."""
 
     checksum_every: int = 10
     """Report the state checksum every this many steps (0: never). One checksum

@@ -33,7 +33,7 @@ from a peer inside ``start()`` (fthsdp/agent/training/catchup/joiner.py) and rep
 missed through the same ``update`` (fthsdp/agent/training/catchup/replay.py; the contract that makes
 that bit-identical: fthsdp/agent/training/state/train_state.py). Where each process is in its step
 goes to the coordinator, which takes out a replica that others wait for past
-the hang limit (fthsdp/agent/training/step/clock.py, fthsdp/coordinator/hang.py).
+the hang limit (fthsdp/agent/training/step/clock.py, fthsdp/coordinator/decisions/hang.py).
 """
 
 from __future__ import annotations

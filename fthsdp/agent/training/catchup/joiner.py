@@ -215,7 +215,7 @@ class Joiner:
                 deadline = max(deadline, time.monotonic() + RETRY_SAME_SOURCE_AFTER)
             elif latest is not None and latest.unreachable:
                 # The members cannot reach this replica over the data path
-                # (fthsdp/coordinator/stuck.py): no source comes until they can, and a
+                # (fthsdp/coordinator/decisions/stuck.py): no source comes until they can, and a
                 # restart would not mend a link (fthsdp/agent/training/session/reach_probe.py answers
                 # the coordinator's probes meanwhile).
                 deadline = max(deadline, time.monotonic() + RETRY_SAME_SOURCE_AFTER)

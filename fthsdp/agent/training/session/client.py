@@ -1,6 +1,6 @@
 """A replica's Session call: registration, heartbeats and pushes on one stream.
 
-The coordinator takes new calls slowly when busy (fthsdp/coordinator/session_stream.py),
+The coordinator takes new calls slowly when busy (fthsdp/coordinator/serving/session_stream.py),
 so a replica opens one call, not three. ``open_session`` sends the
 registration and waits for its answer, trying each coordinator in turn the
 way ``CoordinatorClient.call`` does; the returned ``SessionCall`` queues

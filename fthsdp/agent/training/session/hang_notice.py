@@ -1,4 +1,4 @@
-"""A rank's side of the coordinator's hang verdict (fthsdp/coordinator/hang.py).
+"""A rank's side of the coordinator's hang verdict (fthsdp/coordinator/decisions/hang.py).
 
 When the coordinator takes this replica out for making no progress, the
 rank's training thread is by definition stuck somewhere; another thread can
@@ -26,7 +26,7 @@ import tempfile
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 STUCK_PROBE_WAIT = 5.0
-"""The coordinator's wait for probe answers (fthsdp/coordinator/stuck.py PROBE_WAIT)."""
+"""The coordinator's wait for probe answers (fthsdp/coordinator/decisions/stuck.py PROBE_WAIT)."""
 
 log = logging.getLogger("fthsdp.agent.manager")
 
@@ -51,7 +51,7 @@ class HangNotices:
         if event.hang_limit_s:
             margin = WAIT_MARGIN_INTERVALS * (event.heartbeat_interval_s or 1.0) + 1.0
             # A collective stuck with every member inside is regrouped after
-            # one limit and probed after another (fthsdp/coordinator/stuck.py): its
+            # one limit and probed after another (fthsdp/coordinator/decisions/stuck.py): its
             # members wait out both before any gives up.
             self._horizon = 2 * event.hang_limit_s + STUCK_PROBE_WAIT + margin
         if event.HasField("hang") and event.hang.restart_count == self.restart_count and not self.dumped:

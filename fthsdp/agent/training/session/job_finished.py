@@ -2,7 +2,7 @@
 
 Once every member of a job's last quorum left finished, the coordinator
 forms no quorum and tells every watcher so (``WatchEvent.finished``, kept in
-the store with the job's committed step: fthsdp/coordinator/committed.py). A
+the store with the job's committed step: fthsdp/coordinator/engine/committed.py). A
 replica that registers then, a restarted one, say, has nothing to train:
 ``Manager.start()`` (through the joiner, fthsdp/agent/training/catchup/joiner.py) raises
 ``JobFinished``; the manager logs its one line, stops, and the script's

@@ -5,7 +5,7 @@ could train on forever, beside the quorum the coordinator forms without it
 (a restore from a checkpoint, holders from outside): two lineages. So every
 answer to rank 0's heartbeats grants a lease (``HeartbeatResponse.lease_s``),
 counted from when that heartbeat was *sent*, so that it always ends before
-the coordinator's own record of it (fthsdp/coordinator/lease.py). Before
+the coordinator's own record of it (fthsdp/coordinator/decisions/lease.py). Before
 the update of every step it trains (not one it replays), the replica checks
 its lease (``MemberLease.hold``): if it ran out, it commits nothing and
 waits until an answer renews it (the coordinator is back: it goes on) or a

@@ -1,4 +1,4 @@
-"""A rank's side of a stuck collective's probe (fthsdp/coordinator/stuck.py).
+"""A rank's side of a stuck collective's probe (fthsdp/coordinator/decisions/stuck.py).
 
 When a collective among the members stays stuck after a regroup, the
 coordinator asks every member (and, later, a replica it kept out as

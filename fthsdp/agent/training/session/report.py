@@ -44,7 +44,7 @@ class ReplicaReport:
     """The quorum this process trains in; sent when it registers again."""
     checkpoint: pb.CheckpointRecord | None = None
     """The newest checkpoint this replica sealed (the coordinator records it:
-    fthsdp/coordinator/checkpoints.py)."""
+    fthsdp/coordinator/engine/checkpoints.py)."""
     refused_checkpoint: tuple[str, str] = ("", "")
     """(digest, why) of the last checkpoint this replica could not restore."""
 

@@ -108,7 +108,7 @@ class StridedHistory:
     steps still report some steps in common for the coordinator to compare.
     Each goes with the inputs of the step that produced it (the optimizer's
     hyperparameters), so that the coordinator can say which differ when
-    the states do (fthsdp/coordinator/divergence.py)."""
+    the states do (fthsdp/coordinator/decisions/divergence.py)."""
 
     def __init__(self, every: int) -> None:
         self.every = every

@@ -1,5 +1,5 @@
 """Where this process is in its step, for the coordinator's hang and
-straggler verdicts (fthsdp/coordinator/hang.py).
+straggler verdicts (fthsdp/coordinator/decisions/hang.py).
 
 The training thread owns a ``StepClock``: the Manager tells it when a step
 begins, reaches the all-reduce and its update, and the script marks the

@@ -1,0 +1,258 @@
+"""The decision loop: every job's next quorum, decided, stored, applied, pushed.
+
+Each tick (``tick_interval``), or at once when something urgent wakes it (a
+member lost, a replica ready), the loop runs each job's checks (diverged
+checksums, hangs and stragglers, unreachable marks to store), stretches the
+heartbeat pace to the load, and, if anything could have changed, takes the
+decision (``JobState.evaluate``, fthsdp/coordinator/job/state.py). A quorum change is
+written to the store with a revision check *before* it is applied and
+pushed to the watchers (fthsdp/coordinator/engine/job_store.py); a job that
+finished is marked in the store first (fthsdp/coordinator/engine/committed.py).
+
+Apart from the runtime (fthsdp/coordinator/engine/runtime.py), which answers the
+replicas' and operators' calls as they come: the loop is what runs on its
+own, under each job's lock, and never on a call's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.decisions.quorum import names, settle_for
+from fthsdp.coordinator.engine import checkpoints, committed, job_store
+from fthsdp.coordinator.engine.loop_lag import LagWindow, backlog, lag_allowance
+from fthsdp.coordinator.engine.metrics import Metrics
+from fthsdp.coordinator.engine.served_job import ServedJob
+from fthsdp.coordinator.ledger.codec import quorum_to_pb
+from fthsdp.coordinator.store import Store
+from fthsdp.core.errors import LostOwnership, StoreError, StoreUnavailable
+
+log = logging.getLogger("fthsdp.coordinator")
+
+BACKLOG_EVERY = 0.5
+"""Seconds between measurements of the heartbeat backlog."""
+
+POLL_GAP_PER_COST = 19.0
+"""An unsettled decision is taken again after this many times what it cost
+(so polling takes at most a twentieth of the coordinator's time)."""
+
+
+class DecisionLoop:
+    """The runtime's decision loop over its jobs (``CoordinatorRuntime.decisions``)."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        store: Store,
+        jobs: dict[str, ServedJob],
+        metrics: Metrics,
+        lag: LagWindow,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.jobs = jobs
+        self.metrics = metrics
+        self.lag = lag
+        self.clock = clock
+        self.wall = wall
+        self._wake = asyncio.Event()
+        self.stopped = False
+        """Set when the runtime stops: no decision is taken after it."""
+
+    def wake(self) -> None:
+        """Decide now rather than at the next tick."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Decide for every job each tick, or at once when woken (``wake``)."""
+        while not self.stopped:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation
+            # that arrives as the wake-up completes, and the loop would never
+            # stop (the coordinator's shutdown waits for it).
+            try:
+                async with asyncio.timeout(self.config.tick_interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            for job in self.jobs.values():
+                try:
+                    if job.state.finished is not None:
+                        job.hosts.finish(f"job finished at step {job.state.finished.step}")
+                    else:
+                        job.hosts.finished = ""  # reopened
+                    job.hosts.tick(self.clock(), self.config.heartbeat_timeout + self.lag.worst(self.clock()))
+                    await self.evaluate(job)
+                    # After the decision and its push, outside the job's lock (fthsdp/coordinator/engine/committed.py).
+                    await committed.sync(job.committed, self.store, job.state, self.clock(), int(self.wall() * 1000))
+                    await checkpoints.sync(job.checkpoints, self.store, job.state.name, self.clock())
+                except Exception:  # the loop must survive anything one job does
+                    log.exception("job %s: quorum evaluation failed", job.state.name)
+
+    async def evaluate(self, job: ServedJob) -> None:
+        async with job.lock:
+            if self.stopped:
+                return
+            for rid, verdict in job.state.check_checksums().items():
+                log.warning("job %s: replica %s's state checksum disagrees at step %d: %s; %s", job.state.name, rid,
+                            verdict.step, verdict.reason,
+                            "its agent gives up" if verdict.give_up else "it is taken out and must catch up",
+                            extra={"event": "checksum_mismatch", "job": job.state.name, "replica": rid,
+                                   "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
+                                   "give_up": verdict.give_up})
+            await self._take_out_hung(job)
+            await self._store_marks(job)
+            self._pace(job)
+            due = job.state.needs_decision(self.clock())
+            self._notice_silent_outsiders(job)
+            if not due:
+                return
+            began, now = time.perf_counter(), self.clock()
+            decision = job.state.evaluate(now)
+            # Polling an unsettled decision (joiners arriving) takes at most
+            # a twentieth of the loop; anything urgent (a member lost) marks the
+            # job dirty and is decided on the next tick regardless.
+            job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
+            mark = job.state.finish_mark(decision, int(self.wall() * 1000))
+            if mark is not None:
+                # Stored before anything is applied or pushed: a coordinator
+                # restart must still know, and a late arrival never be admitted.
+                try:
+                    await committed.mark_finished(job.committed, self.store, job.state, mark, self.clock())
+                except (StoreError, LostOwnership) as e:
+                    pending = f"the job finished at step {mark.step}; storing that is pending ({e})"
+                    self._log_reason(job, pending)
+                    job.state.reason, job.state.dirty = pending, True
+                    return
+                decision = job.state.finish(mark, decision)
+                log.info("job %s: finished at step %d: every member of quorum %d left, finished; no quorum forms "
+                         "until an operator reopens it", job.state.name, mark.step, mark.quorum_id,
+                         extra={"event": "job_finished", "job": job.state.name, "step": mark.step,
+                                "quorum_id": mark.quorum_id})
+            quorum, revision = None, job.state.quorum_revision
+            if not decision.changes_quorum:
+                job.change_since = None
+            else:
+                if job.change_since is None:
+                    job.change_since = self.clock()
+                try:
+                    quorum, revision = await job_store.publish(self.store, job, decision, int(self.wall() * 1000))
+                except StoreUnavailable as e:
+                    pending = f"quorum change pending, the store is unavailable ({e}): {decision.reason}"
+                    self._log_reason(job, pending)
+                    job.state.reason = pending
+                    return
+                except LostOwnership as e:
+                    log.error("job %s: %s", job.state.name, e)
+                    return
+            before, lost_before, step_before = job.state.catch_up, job.state.state_lost_step, job.state.committed_step
+            job.state.apply(decision, quorum, revision)
+            if self.config.auto_restore and job.state.state_lost_step and quorum is None:
+                try:
+                    if await checkpoints.restore_if_lost(job.checkpoints, job.committed, self.store, job.state,
+                                                         self.clock(), self.wall):
+                        job.notify()
+                        return
+                except LostOwnership as e:
+                    log.error("job %s: %s", job.state.name, e)
+            if quorum is not None:
+                job.set_quorum(quorum_to_pb(quorum))
+                self.metrics.quorum_changes.inc(job=job.state.name)
+                assert job.change_since is not None  # set above when the change began (under the job's lock)
+                self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
+                job.change_since = None
+                job.remember(quorum)
+                log.info(
+                    "job %s: quorum %d members=[%s]: %s",
+                    job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
+                    extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
+                           "reason": quorum.reason, "event": "quorum_change"},
+                )
+                job.logged_reason = decision.reason
+            if decision.leased and decision.reason != job.logged_reason:
+                log.warning("job %s: %s", job.state.name, decision.reason,
+                            extra={"event": "lease_wait", "job": job.state.name, "replicas": list(decision.leased)})
+                job.logged_reason = decision.reason
+            self._log_reason(job, decision.reason)
+            # A new reason alone wakes nobody: at 10,000 watchers every push
+            # counts; each event carries the latest reason anyway. A state
+            # loss does: the replicas must know why they wait.
+            ended = step_before if decision.state_ended and mark is None else 0
+            if (committed.report_transition(job.state, lost_before, ended) or quorum is not None
+                    or before != job.state.catch_up or mark is not None):
+                job.notify()
+
+    async def _take_out_hung(self, job: ServedJob) -> None:
+        """Members that others waited for past the hang limit, and stragglers
+        (cordoned first, in the store, so that they are not admitted again)."""
+        hung, stragglers = job.state.check_progress(self.clock())
+        for rid, why in hung.items():
+            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
+                      extra={"event": "hang", "job": job.state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=job.state.name, reason="hung")
+        for rid, why in stragglers.items():
+            try:
+                rec, expected = job.state.admin_record(rid, cordoned=True)
+                job.state.apply_record(rec, await job_store.write_record(self.store, job, rec, expected))
+            except (StoreUnavailable, LostOwnership) as e:
+                log.warning("job %s: straggler %s not taken out, it could not be cordoned: %s", job.state.name, rid, e)
+                continue
+            job.state.mark_hung(rid, why, self.clock())
+            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
+                      extra={"event": "straggler", "job": job.state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=job.state.name, reason="straggler")
+        if job.state.horizon_moved:
+            job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
+
+    async def _store_marks(self, job: ServedJob) -> None:
+        """Store the unreachable marks set or cleared since the last tick,
+        before the quorum that takes the replica out is published: a
+        coordinator that starts next keeps a still-cut replica out."""
+        for rec, expected in job.state.mark_records():
+            try:
+                job.state.apply_record(rec, await job_store.write_record(self.store, job, rec, expected))
+            except (StoreUnavailable, LostOwnership) as e:
+                job.state.marks_to_store.add(rec.replica_id)  # again on the next tick
+                log.warning("job %s: replica %s's unreachable mark is not stored yet: %s", job.state.name,
+                            rec.replica_id, e)
+
+    def _notice_silent_outsiders(self, job: ServedJob) -> None:
+        """A stopped joiner's agent is told to end it, as a stopped member's is (fthsdp/coordinator/job/silence.py)."""
+        noticed = job.state.notice_silent_outsiders(self.clock())
+        for rid, why in noticed.items():
+            log.error("job %s: replica %s must be ended: %s", job.state.name, rid, why,
+                      extra={"event": "silent", "job": job.state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=job.state.name, reason="silent")
+        if noticed:
+            job.notify()
+
+    def _pace(self, job: ServedJob) -> None:
+        """Stretch the heartbeat interval (and timeout) to the budget; watchers
+        are told a new interval at once."""
+        before = job.pacer.current
+        senders = job.state.senders()
+        now = self.clock()
+        pace = job.pacer.update(senders, now)
+        # Silence that is the coordinator's own (its loop ran late, or every
+        # replica's heartbeats queue on the way in) is not the replicas'.
+        self.lag.window = max(self.lag.window, pace.timeout)
+        if now - job.backlog_at >= BACKLOG_EVERY:  # a scan of every replica: not every tick
+            job.backlog, job.backlog_at = backlog(job.state.heartbeat_ages(now), pace.interval), now
+        timeout = pace.timeout + lag_allowance(max(self.lag.worst(now), job.backlog))
+        members = len(job.state.quorum.members) if job.state.quorum else 0
+        job.state.set_pace(timeout, settle_for(members, self.config.join_settle), pace.interval)
+        if pace.interval != before.interval:
+            log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
+                     job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)
+            job.notify()
+
+    def _log_reason(self, job: ServedJob, reason: str) -> None:
+        if reason != job.logged_reason:
+            log.info("job %s: %s", job.state.name, reason)
+            job.logged_reason = reason

@@ -1,0 +1,69 @@
+"""One job as a coordinator serves it: its ``JobState`` plus what the
+runtime (fthsdp/coordinator/engine/runtime.py) keeps beside it: the heartbeat pace, the
+stored committed step, the watchers' events and the recent quorum history."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.decisions.heartbeat_pace import HeartbeatPacer
+from fthsdp.coordinator.decisions.quorum_types import Quorum
+from fthsdp.coordinator.engine import checkpoints, committed
+from fthsdp.coordinator.engine.broadcast import Broadcast
+from fthsdp.coordinator.hosts.rendezvous import RendezvousRules
+from fthsdp.coordinator.hosts.table import HostTable
+from fthsdp.coordinator.job.state import JobState
+from fthsdp.coordinator.job.watch_events import WatchEvents
+from fthsdp.coordinator.ledger.keys import JobKeys
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+HISTORY_LENGTH = 200
+"""Quorum changes kept per job for the status page (the store keeps only the current one)."""
+
+
+
+class ServedJob:
+    """A JobState plus what the runtime keeps beside it."""
+
+    def __init__(self, name: str, config: CoordinatorConfig) -> None:
+        self.state = JobState(name, config.rules, config.hang_rules)
+        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
+        self.keys = JobKeys(config.store_prefix, name)
+        self.committed = committed.CommittedRecord(self.keys)
+        """The stored committed step (fthsdp/coordinator/engine/committed.py)."""
+        self.checkpoints = checkpoints.CheckpointBook(self.keys)
+        """The job's complete checkpoints (fthsdp/coordinator/engine/checkpoints.py)."""
+        self.epoch = 0
+        self.events = WatchEvents()
+        """The current quorum and what watchers are sent (fthsdp/coordinator/job/watch_events.py)."""
+        self.lock = asyncio.Lock()  # serialises this job's store writes
+        self.backlog = 0.0
+        """How late the typical replica's heartbeats arrive (fthsdp/coordinator/engine/loop_lag.py), measured every
+        decision_loop.BACKLOG_EVERY."""
+        self.backlog_at = float("-inf")
+        self.change_since: float | None = None
+        """When a decision first said the membership must change (for the formation latency)."""
+        self.changes = Broadcast()
+        """Wakes the watchers, a batch per turn of the loop (fthsdp/coordinator/engine/broadcast.py)."""
+        self.logged_reason = ""
+        self.hosts = HostTable(name, RendezvousRules(spare_wait=config.spare_wait))
+        """The hosts of the job's groups of several hosts and their rounds (fthsdp/coordinator/hosts/table.py)."""
+        self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
+        """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
+
+    def remember(self, quorum: Quorum) -> None:
+        self.history.append({"id": quorum.id, "members": list(quorum.member_ids), "reason": quorum.reason,
+                             "time": quorum.created_unix_ms / 1000})
+
+    @property
+    def quorum_pb(self) -> pb.Quorum | None:
+        return self.events.quorum
+
+    def set_quorum(self, quorum_pb: pb.Quorum | None) -> None:
+        self.events.update(quorum_pb)
+
+    def notify(self) -> None:
+        """Wake every watcher."""
+        self.changes.notify()

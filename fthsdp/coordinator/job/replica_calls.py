@@ -1,0 +1,299 @@
+"""What a replica's calls, and an operator's, change in a job's table.
+
+Registration (a new incarnation and its session), heartbeats (rank 0's,
+with the step, readiness and checksums, and the other ranks' pings), the
+Watch streams opening and closing, a replica leaving, its node agent's
+reports, and the replica records that registrations and an operator's
+cordon or drain store (``record_needed``, ``admin_record``, ``apply_record``,
+``mark_records``). Each records what was said on the replica's
+``ReplicaEntry`` and marks what the next decision must look at (``dirty``,
+``joiners_moved``, ``checksums_dirty``); none decides anything. Apart from
+the decisions (fthsdp/coordinator/job/state.py) because this is the hot path, one
+call per heartbeat of every replica, and the decisions never run in it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+
+from fthsdp.coordinator.decisions import lease
+from fthsdp.coordinator.job import identity
+from fthsdp.coordinator.job.replica_entry import ReplicaEntry
+from fthsdp.coordinator.job.table import JobTable
+from fthsdp.core.errors import InvalidRequest, NotFound
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+CHECKSUM_HISTORY = 32
+"""Recent (step, checksum) reports kept per replica for comparison."""
+
+_AGENT_FAILURES = (pb.AGENT_STATE_FAILED, pb.AGENT_STATE_RESTARTING, pb.AGENT_STATE_GAVE_UP)
+
+
+class ReplicaCalls(JobTable):
+    """The replica and admin calls of ``JobState`` (fthsdp/coordinator/job/state.py)."""
+
+    def check_registration(self, replica_id: str, agent_ids: tuple[str, ...], step: int, quorum_id: int,
+                           now: float, restart_count: int = 0) -> None:
+        """Refuse a registration that speaks for someone else, or claims more
+        than the job has; nothing changes (fthsdp/coordinator/job/identity.py)."""
+        identity.check_registration(self, replica_id, agent_ids, step, quorum_id, now, restart_count)
+
+    def record_needed(self, replica_id: str, address: str, world_size: int,
+                      agent_ids: tuple[str, ...] = (), restart_count: int = 0) -> tuple[pb.ReplicaRecord, int] | None:
+        """The record to store before a registration, or None if the stored one is current."""
+        entry = self.replicas.get(replica_id)
+        if (entry is not None and entry.record_revision and entry.address == address and entry.world_size == world_size
+                and entry.agent_ids == agent_ids and entry.restart_count == restart_count):
+            return None
+        base = entry or ReplicaEntry(replica_id)
+        rec = pb.ReplicaRecord(
+            replica_id=replica_id,
+            address=address,
+            world_size=world_size,
+            cordoned=base.cordoned,
+            drain_requested=base.drain_requested,
+            unreachable=base.unreachable,
+            agent_ids=agent_ids,
+            restart_count=restart_count,
+        )
+        return rec, base.record_revision
+
+    def register(
+        self,
+        replica_id: str,
+        address: str,
+        world_size: int,
+        step: int,
+        quorum_id: int,
+        now: float,
+        record_revision: int | None = None,
+        catch_up_addresses: tuple[str, ...] = (),
+        restart_count: int = 0,
+        wait_for_replicas: int = 0,
+        agent_ids: tuple[str, ...] = (),
+        incarnation: str = "",
+        catch_up_fingerprints: tuple[str, ...] = (),
+    ) -> str:
+        """Register a new incarnation of a replica and return its session id.
+
+        A member of the current quorum keeps its place only if it says it still
+        trains in a quorum that admitted it; otherwise it restarted and lost its
+        state, and the next decision replaces it with a joiner.
+        """
+        entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
+        member = self._members.get(replica_id)
+        if member is not None:
+            self.dirty = self.checksums_dirty = True  # a member restarted, or came back after a failover
+        else:
+            self.joiners_moved = True
+        entry.address, entry.world_size, entry.step = address, world_size, step
+        entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
+        entry.catch_up_fingerprints = tuple(catch_up_fingerprints)
+        entry.catching_up, entry.wait_for_replicas = False, wait_for_replicas
+        entry.session_id = secrets.token_hex(8)
+        self._senders = None
+        entry.registered_at = entry.last_heartbeat = entry.step_since = now
+        entry.heard_from, entry.beating = True, False
+        entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
+        entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
+        entry.agent_ids, entry.incarnation = agent_ids, incarnation
+        entry.divergence, entry.caught_up = None, False  # its mismatch and strikes stay: see check_checksums
+        self.progress.forget(replica_id)
+        entry.checksums.clear()
+        entry.inputs.clear()
+        # Every other rank of the group must ping within a heartbeat timeout
+        # of the registration, or the group counts as silent.
+        entry.rank_heartbeats = {rank: now for rank in range(1, world_size)}
+        entry.ranks_left = set()
+        entry.state_checksum, entry.checksum_step = "", 0
+        entry.open_watches = 0  # streams of the old session no longer count
+        entry.restarted = member is not None and quorum_id < member.joined_quorum_id
+        # Its timeout may run out before any the last scan saw (or none was left to see).
+        timeout, bound = self._expiry_bound
+        self._expiry_bound = (timeout, min(bound, now + timeout))
+        if member is not None and not entry.restarted:
+            self.committed_step = max(self.committed_step, step)  # a member back after a failover
+        if record_revision is not None:
+            entry.record_revision = record_revision
+        return entry.session_id
+
+    def heartbeat(
+        self,
+        replica_id: str,
+        session_id: str,
+        step: int,
+        ready: bool,
+        state_checksum: str,
+        checksum_step: int,
+        now: float,
+        recent: dict[int, str] | None = None,
+        shard_rank: int = 0,
+        catch_up_progress: tuple[int, int] = (0, 0),
+        catching_up: bool = False,
+        progress: pb.Progress | None = None,
+        recent_inputs: dict[int, str] | None = None,
+        wait_for_replicas: int = 0,
+        left: bool = False,
+        lease_seq: int = 0,
+        incarnation: str = "",
+    ) -> pb.HeartbeatResponse:
+        """Record a heartbeat; its answer renews the member lease when it asks
+        (``lease_seq``) and the replica is a member held to be training
+        (fthsdp/coordinator/decisions/lease.py)."""
+        if shard_rank > 0:
+            return self._rank_ping(replica_id, shard_rank, now, progress, left, incarnation)
+        entry = self._session(replica_id, session_id)
+        if progress is not None:
+            self.progress.report(replica_id, 0, progress, now)
+        if ready != (entry.ready_since is not None):
+            self.dirty = True
+        elif replica_id not in self._members:
+            self.joiners_moved = True  # a joiner's progress feeds the decision; members' steps do not
+        if not entry.beating:
+            entry.beating, entry.first_heartbeat = True, now
+        step = identity.bounded_step(self, replica_id, step)
+        if step != entry.step:
+            # a loaded checkpoint is held from here (fthsdp/coordinator/decisions/restore_wait.py)
+            entry.step_since = now
+        entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
+        if step > self.committed_step and replica_id in self._members and not entry.restarted:
+            self.committed_step, self.trained = step, self.quorum
+        entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
+        if wait_for_replicas != entry.wait_for_replicas:
+            entry.wait_for_replicas = wait_for_replicas
+            self.dirty = True  # whether its step vouches for an outsider (quorum.py, rule 6)
+        if ready and entry.ready_since is None:
+            entry.ready_since = now
+        elif not ready:
+            entry.ready_since = None
+        if state_checksum:
+            entry.state_checksum, entry.checksum_step = state_checksum, checksum_step
+            entry.checksums[checksum_step] = state_checksum
+            self.checksums_dirty = True
+        if recent:
+            entry.checksums.update(recent)
+            self.checksums_dirty = True
+        if recent_inputs:
+            # Interned: every replica reports the same few strings at a step.
+            entry.inputs.update({s: sys.intern(v) for s, v in recent_inputs.items()})
+        while len(entry.checksums) > CHECKSUM_HISTORY:
+                del entry.checksums[min(entry.checksums)]
+        while len(entry.inputs) > CHECKSUM_HISTORY:
+            del entry.inputs[min(entry.inputs)]
+        response = pb.HeartbeatResponse(
+            quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
+        )
+        response.lease_seq = lease_seq
+        if lease_seq and replica_id in self._members and lease.may_be_granted(entry.view()):
+            response.lease_s = self.lease_s
+            entry.lease_until = max(entry.lease_until, lease.lapses_at(now, self.lease_s))
+        return response
+
+    def _rank_ping(
+        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False,
+        incarnation: str = "",
+    ) -> pb.HeartbeatResponse:
+        entry = self.of_incarnation(replica_id, incarnation)
+        if shard_rank >= entry.world_size:
+            raise InvalidRequest(
+                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
+        if left:
+            # Its group leaves cleanly; rank 0 may still be writing or sealing a checkpoint,
+            # and is judged alone until its Leave (a late ping of this rank changes nothing).
+            entry.ranks_left.add(shard_rank)
+            entry.rank_heartbeats.pop(shard_rank, None)
+        elif shard_rank not in entry.ranks_left:
+            entry.rank_heartbeats[shard_rank] = now
+        if progress is not None and not left:
+            self.progress.report(replica_id, shard_rank, progress, now)
+        return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0,
+                                    drain_requested=entry.drain_requested)
+
+    def watch_opened(self, replica_id: str, session_id: str) -> None:
+        entry = self._session(replica_id, session_id)
+        entry.open_watches += 1
+        entry.disconnected_at = None
+
+    def watch_closed(self, replica_id: str, session_id: str, now: float) -> None:
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id != session_id:
+            return  # a superseded session's stream; the new one is what counts
+        entry.open_watches = max(0, entry.open_watches - 1)
+        if entry.open_watches == 0 and entry.failed_at is None:
+            entry.disconnected_at = now
+            self.dirty = True
+
+    def leave(
+        self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "", step: int = 0
+    ) -> bool:
+        """End a session. Returns True if the replica is gone for good (its
+        record should be deleted); a failed replica stays listed as failed.
+        A reason "failed: ..." is a failure too (a training script that
+        raised leaves with it): a replica that is gone left on purpose, and
+        members that all did so end the job's state rather than lose it
+        (quorum rule 8)."""
+        entry = self._session(replica_id, session_id)
+        entry.session_id = None
+        self.dirty, self._senders = True, None
+        if failed or reason.startswith("failed"):
+            entry.failed_at, entry.lease_until = now, 0.0  # it commits nothing more
+            return False
+        if replica_id in self._members:
+            self._left[replica_id] = reason
+            if not entry.restarted:  # its state, as its heartbeats would have said
+                self.committed_step = max(self.committed_step, step)
+        del self.replicas[replica_id]
+        self.catch_up.pop(replica_id, None)
+        self.progress.forget(replica_id)
+        return True
+
+    def agent_event(self, replica_id: str, state: pb.AgentState, restart_count: int, detail: str, now: float,
+                    agent_id: str = "") -> bool:
+        """Record a node agent's transition. Returns True if it failed the
+        replica (a rank died): its session ends at once, so the next decision
+        drops it without waiting for heartbeats to lapse. Refused
+        (PermissionDenied) from any agent but the one that started the
+        registered processes (fthsdp/coordinator/job/identity.py)."""
+        entry = self.replicas.get(replica_id)
+        identity.check_agent_report(entry, replica_id, agent_id, state in _AGENT_FAILURES)
+        self.agents[replica_id] = (state, restart_count, detail)
+        # A report the agent sent again after an outage may come after the
+        # incarnation it is about was replaced: it fails that one, not its successor.
+        if (state in _AGENT_FAILURES and entry is not None and entry.session_id is not None
+                and restart_count >= entry.restart_count):
+            entry.failed_at, entry.session_id = now, None
+            entry.lease_until = 0.0  # its processes are gone: confirmed dead (fthsdp/coordinator/decisions/lease.py)
+            self.dirty, self._senders = True, None
+            return True
+        return False
+
+    # ----- admin ---------------------------------------------------------------------
+
+    def admin_record(self, replica_id: str, *, cordoned: bool | None = None, drain: bool | None = None):
+        """The record to store for an admin change, with its expected revision."""
+        entry = self.replicas.get(replica_id)
+        if entry is None:
+            raise NotFound(f"job {self.name!r} has no replica {replica_id!r}")
+        rec = entry.record()
+        if cordoned is not None:
+            rec.cordoned = cordoned
+        if drain is not None:
+            rec.drain_requested = drain
+        return rec, entry.record_revision
+
+    def mark_records(self) -> list[tuple[pb.ReplicaRecord, int]]:
+        """The records to store for the unreachable marks set or cleared
+        since the last call, with their expected revisions; a record that
+        fails to store is handed back with ``marks_to_store.add``."""
+        out = [(self.replicas[rid].record(), self.replicas[rid].record_revision)
+               for rid in sorted(self.marks_to_store) if rid in self.replicas]
+        self.marks_to_store.clear()
+        return out
+
+    def apply_record(self, rec: pb.ReplicaRecord, revision: int) -> None:
+        entry = self.replicas.get(rec.replica_id)
+        if entry is not None:
+            entry.cordoned, entry.drain_requested = rec.cordoned, rec.drain_requested
+            entry.record_revision = revision
+            self.dirty = True

@@ -1,0 +1,217 @@
+"""The fields of one job's membership table, and the lookups every part of it shares.
+
+``JobState`` (fthsdp/coordinator/job/state.py) is one object: what the coordinator
+knows of each replica (``ReplicaEntry``, heartbeats in memory only), the
+current quorum and the flags that say when to decide again. Its behaviour
+comes in parts, each a class over these fields in a module of its own: what
+replicas' and operators' calls change (fthsdp/coordinator/job/replica_calls.py),
+the checks that take members out (fthsdp/coordinator/job/member_checks.py) and
+the decisions (fthsdp/coordinator/job/state.py). ``JobTable`` is what they have in
+common: the fields, with what each means, loading them after a (re)start,
+the read-only views and the lookups (``set_quorum``, ``_session``). It is
+apart so that each part reads the one definition of the state it works on.
+"""
+
+from __future__ import annotations
+
+from fthsdp.coordinator.decisions import lease
+from fthsdp.coordinator.decisions.hang import HangRules
+from fthsdp.coordinator.decisions.progress import ProgressBook
+from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Member, Quorum, Rules
+from fthsdp.coordinator.decisions.reach_book import ReachBook
+from fthsdp.coordinator.job import replica_status, watch_events
+from fthsdp.coordinator.job.replica_entry import ReplicaEntry, seed_entries
+from fthsdp.core.errors import NotFound, StaleSession
+from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+KEEP_QUORUMS = 64
+"""Recent quorums whose members are kept (``was_member``): a checkpoint is
+sealed seconds after its step, many quorums later at most in a job that is
+changing fast."""
+
+DEFAULT_HANG_RULES = HangRules()
+"""The hang and straggler rules of a job made without any (frozen: one shared instance)."""
+
+
+class JobTable:
+    """The state of one job's membership table (``JobState`` adds what changes it)."""
+
+    def __init__(self, name: str, rules: Rules, hang_rules: HangRules = DEFAULT_HANG_RULES) -> None:
+        self.name = name
+        self.rules = rules
+        self.progress = ProgressBook(hang_rules)  # every process's progress; the hang verdicts
+        self.hang_horizon = hang_rules.ceiling  # what watchers were told of the longest a member may stall
+        self.horizon_moved = False  # the last check_progress changed what watchers are told: they must hear of it
+        self.reach = ReachBook()  # a stuck collective's regroup and probes (fthsdp/coordinator/decisions/stuck.py)
+        self._unreachable: set[str] = set()
+        """Replicas kept out as unreachable (``ReplicaEntry.unreachable``): asked to probe the members."""
+        self.marks_to_store: set[str] = set()
+        """Replicas whose unreachable mark was set or cleared and is not stored
+        yet (``mark_records``): a coordinator that starts must keep a still-cut
+        replica out, not let it back to fail its catch-up in a loop."""
+        self.quorum: Quorum | None = None
+        self.quorum_revision = 0
+        self.replicas: dict[str, ReplicaEntry] = {}
+        self.catch_up: dict[str, CatchUpSource] = {}
+        self.agents: dict[str, tuple[pb.AgentState, int, str]] = {}
+        self.reason = "no decision yet"
+        self._members: dict[str, Member] = {}
+        """The current quorum's members by replica id."""
+        self._ranks: dict[str, int] = {}
+        """Each member's position in the current quorum: its rank in the FTAR group."""
+        self._decided_at = float("-inf")
+        self._expiry_bound = (0.0, float("-inf"))
+        """(timeout, t): no heartbeat timeout runs out before t (see needs_decision)."""
+        self._silent: set[str] = set()
+        """Non-members whose heartbeat timeout ran out (see notice_silent_outsiders)."""
+        self.dirty = True
+        """Something the decision reads changed since it last found the
+        quorum settled. While not dirty, only time (a heartbeat timeout)
+        can change the decision: see ``needs_decision``."""
+        self.joiners_moved = False
+        """A replica outside the quorum registered or heartbeated since the
+        last decision: its progress feeds the next one, not urgently."""
+        self.unsettled = False
+        """The last decision was waiting (for arrivals to settle, joiners to
+        catch up, a timeout): decide again, but not before ``poll_at``."""
+        self.poll_at = float("-inf")
+        """Set by the runtime from what a decision costs: at 10,000 replicas
+        one takes tens of milliseconds, and polling them every tick while
+        joiners arrive starved the coordinator."""
+        self.checksums_dirty = False
+        """A checksum arrived (or the members changed) since ``check_checksums`` last looked."""
+        self._senders: int | None = None
+        """Heartbeating processes (ranks of registered replicas), recounted after a session change."""
+        self.committed_step = 0
+        """The highest step any member of a quorum has reported: the state
+        the job must not lose (fthsdp/coordinator/engine/committed.py stores it)."""
+        self.trained: Quorum | None = None
+        """The quorum whose member last reported a step past the committed one:
+        its members held the state when it was lost (a restore waits for them,
+        fthsdp/coordinator/decisions/restore_wait.py). None until one does since this
+        coordinator started."""
+        self.state_lost_step = 0
+        """From the latest decision: the committed step no live replica holds (0: not lost)."""
+        self.state_lost = ""
+        """From the latest decision, while lost: what remains."""
+        self.generation = 0
+        """The job's lineage: one more after every restore from a checkpoint
+        or give-up (stored with the committed step, fthsdp/coordinator/engine/committed.py)."""
+        self.lineage_from = 0
+        """The quorum id current when this generation began: a checkpoint
+        written in a quorum up to it is of an older lineage (fthsdp/coordinator/engine/checkpoints.py)."""
+        self._quorum_members: dict[int, frozenset[str]] = {}
+        """The members of the last few quorums, by id (``was_member``)."""
+        self.restore: pb.CheckpointRecord | None = None
+        """While the state is restored from this checkpoint (fthsdp/coordinator/engine/checkpoints.py):
+        sent to every watcher until a quorum forms at its step."""
+        self.finished: pb.JobFinished | None = None
+        """Set once every member of the last quorum left finished (stored,
+        fthsdp/coordinator/engine/committed.py): no quorum forms, and every watcher is
+        told, until an operator reopens the job (``reopen``)."""
+        self.lease_s = rules.member_lease
+        """The member lease an answer grants now (fthsdp/coordinator/decisions/lease.py ``granted``: stretched with
+        the pace)."""
+        self._left: dict[str, str] = {}
+        """Why each member of the current quorum that left on purpose left ("finished", "drained")."""
+
+    # ----- loading after a (re)start -------------------------------------------------
+
+    def load(
+        self,
+        quorum: Quorum | None,
+        quorum_revision: int,
+        records: dict[str, tuple[pb.ReplicaRecord, int]],
+        now: float,
+        committed_step: int = 0,
+    ) -> None:
+        """Seed the table from the store. Known replicas are presumed alive for
+        one heartbeat timeout so that a coordinator restart drops nobody who
+        reconnects in time."""
+        self.set_quorum(quorum, quorum_revision)
+        self.committed_step = committed_step
+        self.replicas.update(seed_entries(self._members, records, now))
+        # What a predecessor granted is unknown: the most it could have, from now
+        # (fthsdp/coordinator/decisions/lease.py).
+        for rid in self._members:
+            self.replicas[rid].lease_until = lease.presumed(now, self.lease_s)
+        self._unreachable |= {rid for rid, e in self.replicas.items() if e.unreachable}
+
+    # ----- views ---------------------------------------------------------------------
+
+    def replica_state(self, entry: ReplicaEntry, now: float) -> int:
+        return replica_status.state_of(self, entry, now)
+
+    def replica_statuses(self, now: float) -> list[pb.ReplicaStatus]:
+        return replica_status.statuses(self, now)
+
+    def watch_event(self, replica_id: str, leader: str) -> pb.WatchEvent:
+        """What is particular to one watcher (fthsdp/coordinator/job/watch_events.py)."""
+        return watch_events.own_event(self, replica_id, leader)
+
+    def rank_of(self, replica_id: str) -> int | None:
+        """A member's position in the current quorum: its rank in the FTAR group."""
+        return self._ranks.get(replica_id)
+
+    # ----- helpers -------------------------------------------------------------------
+
+    def heartbeat_ages(self, now: float) -> list[float]:
+        """Seconds since each connected replica was last heard of (its most silent rank)."""
+        return [
+            now - e.view_heartbeat()
+            for e in self.replicas.values()
+            if e.session_id is not None and e.disconnected_at is None
+        ]
+
+    def senders(self) -> int:
+        """Processes that heartbeat: every rank of every registered replica."""
+        if self._senders is None:
+            self._senders = sum(e.world_size for e in self.replicas.values() if e.session_id is not None)
+        return self._senders
+
+    def is_member(self, replica_id: str) -> bool:
+        return replica_id in self._members
+
+    def was_member(self, replica_id: str, quorum_id: int) -> bool:
+        """Whether ``replica_id`` was a member of quorum ``quorum_id``, as far
+        as this coordinator knows (the last ``KEEP_QUORUMS`` quorums it
+        formed or loaded; an older one is not known, and counts as no)."""
+        return replica_id in self._quorum_members.get(quorum_id, ())
+
+    def adopt_lineage(self, generation: int, lineage_from: int) -> None:
+        """The job's lineage as stored (fthsdp/coordinator/engine/committed.py): after
+        a restore or a give-up, the steps are trained again by a new lineage,
+        whose checkpoints are the only ones recorded from then on."""
+        self.generation, self.lineage_from = generation, lineage_from
+
+    def set_quorum(self, quorum: Quorum | None, revision: int) -> None:
+        """Adopt ``quorum`` (stored at ``revision``) as the current one."""
+        self.quorum, self.quorum_revision = quorum, revision
+        self._members = {m.replica_id: m for m in quorum.members} if quorum else {}
+        if quorum is not None:
+            self._quorum_members[quorum.id] = frozenset(self._members)
+            for old in sorted(self._quorum_members)[:-KEEP_QUORUMS]:
+                del self._quorum_members[old]
+        self._ranks = {rid: rank for rank, rid in enumerate(self._members)}  # the list's order
+        self._left = {rid: why for rid, why in self._left.items() if rid in self._members}
+        self.dirty = self.checksums_dirty = True
+
+    def of_incarnation(self, replica_id: str, incarnation: str) -> ReplicaEntry:
+        """The entry a rank other than 0 speaks for: registered, with the key
+        it carries (``RegisterRequest.incarnation``) when rank 0 gave one."""
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id is None:
+            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
+        if entry.incarnation and incarnation != entry.incarnation:
+            raise StaleSession(f"a rank of replica {replica_id!r} that is not of its registered incarnation")
+        return entry
+
+    def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:
+        entry = self.replicas.get(replica_id)
+        if entry is None or entry.session_id is None:
+            raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; register first")
+        if entry.session_id != session_id:
+            raise StaleSession(
+                f"session {session_id!r} of replica {replica_id!r} was replaced by a newer registration"
+            )
+        return entry

@@ -1,0 +1,1 @@
+"""What the coordinator keeps of a job in the store: the key layout and the wire codec."""

@@ -1,0 +1,1 @@
+"""The coordinator's edge: the gRPC servicer and its streams, the web status page and metrics."""
