@@ -14,6 +14,7 @@ from fthsdp.coordinator.decisions.quorum_types import Member, Quorum, Rules
 from fthsdp.coordinator.engine import committed
 from fthsdp.coordinator.job.state import JobState
 from fthsdp.coordinator.ledger.keys import JobKeys
+from fthsdp.coordinator.ledger.writer import LedgerWriter
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.core.errors import LostOwnership, StateNotLost, StoreUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -21,6 +22,21 @@ from tests.harness.jobs import formed, registered
 
 RULES = Rules(min_replicas=1, heartbeat_timeout=5.0, join_timeout=0.0)
 KEYS = JobKeys("/t", "j")
+
+
+def on(store: MemoryStore) -> committed.CommittedRecord:
+    """The committed record of a coordinator that loaded the job's ledger from ``store``."""
+    ledger = LedgerWriter(store, KEYS)
+    ledger.load()
+    return committed.CommittedRecord(ledger)
+
+
+def stored_at(step: int, quorum_id: int, written_at: float) -> committed.CommittedRecord:
+    """A record that stored ``step`` in quorum ``quorum_id`` at ``written_at``."""
+    record = on(MemoryStore())
+    assert asyncio.run(record.write(step, quorum_id, 0)) is None
+    record.written_at = written_at
+    return record
 
 
 def trained(job: JobState, step: int, now: float) -> dict[str, str]:
@@ -92,7 +108,7 @@ def test_every_holder_lost_then_a_give_up_starts_over():
 
 
 def test_write_policy_every_quorum_change_else_once_a_second_while_it_grows():
-    record = committed.CommittedRecord(KEYS, stored=40, quorum_id=3, written_at=10.0)
+    record = stored_at(40, 3, written_at=10.0)
     assert not record.due(45, 3, 10.5)  # within the second
     assert record.due(45, 3, 11.0)
     assert not record.due(40, 3, 99.0)  # a stalled job writes nothing
@@ -103,86 +119,91 @@ def test_write_policy_every_quorum_change_else_once_a_second_while_it_grows():
 
 def test_a_failed_write_is_retried_later_and_costs_nothing_meanwhile():
     class Down(MemoryStore):
-        calls = 0
+        calls, down = 0, True
 
-        def compare_and_set(self, *args, **kwargs):
+        def transact(self, *args, **kwargs):
+            if not Down.down:
+                return super().transact(*args, **kwargs)
             Down.calls += 1
             raise StoreUnavailable("etcd at h:1 is unreachable")
 
-    job, record = JobState("j", RULES), committed.CommittedRecord(KEYS)
+    job, record = JobState("j", RULES), on(Down())
     trained(job, 40, 0.0)
     for t in range(50):  # 5 s of ticks
-        asyncio.run(committed.sync(record, Down(), job, now=1.0 + t / 10, unix_ms=0))
+        asyncio.run(committed.sync(record, job, now=1.0 + t / 10, unix_ms=0))
     assert Down.calls == 1 and record.stored == 0
-    asyncio.run(committed.sync(record, MemoryStore(), job, now=1.0 + committed.RETRY_AFTER, unix_ms=0))
+    Down.down = False
+    asyncio.run(committed.sync(record, job, now=1.0 + committed.RETRY_AFTER, unix_ms=0))
     assert record.stored == 40
 
 
 def test_sync_writes_at_most_once_a_second_and_load_reads_it_back():
     store, job = MemoryStore(), JobState("j", RULES)
-    record = committed.CommittedRecord(KEYS)
+    record = on(store)
     sessions = trained(job, 40, 0.0)
-    asyncio.run(committed.sync(record, store, job, now=1.0, unix_ms=1000))  # the quorum: at once
+    asyncio.run(committed.sync(record, job, now=1.0, unix_ms=1000))  # the quorum: at once
     writes = [store.get(KEYS.committed).revision]
     for t in range(1, 20):  # 2 s of heartbeats, each a step further
         job.heartbeat("a", sessions["a"], 40 + t, False, "", 0, now=1.0 + t / 10)
-        asyncio.run(committed.sync(record, store, job, now=1.0 + t / 10, unix_ms=1000 + t * 100))
+        asyncio.run(committed.sync(record, job, now=1.0 + t / 10, unix_ms=1000 + t * 100))
         writes.append(store.get(KEYS.committed).revision)
     assert len(set(writes)) == 2  # the quorum change, then one more a second later
     assert record.stored == 50 and job.committed_step == 59  # a lower bound, a second behind
-    loaded = committed.CommittedRecord(KEYS)
-    assert loaded.load(store, job.quorum) == 50 and loaded.revision == record.revision
+    loaded = on(store)
+    assert loaded.load(job.quorum) == 50 and loaded.revision == record.revision
 
 
 def test_a_quorum_stored_after_the_record_vouches_for_its_step():
     store = MemoryStore()
-    record = committed.CommittedRecord(KEYS)
-    assert record.write(store, 30, 4, 0) is None
+    record = on(store)
+    assert asyncio.run(record.write(30, 4, 0)) is None
     newer, named = Quorum(5, (), step=38), Quorum(4, (), step=38)
-    assert committed.CommittedRecord(KEYS).load(store, newer) == 38  # a crash between the two writes
-    assert committed.CommittedRecord(KEYS).load(store, named) == 30
-    assert committed.CommittedRecord(KEYS).load(MemoryStore(), newer) == 38  # stored by an older version
+    assert on(store).load(newer) == 38  # a crash between the two writes
+    assert on(store).load(named) == 30
+    assert on(MemoryStore()).load(newer) == 38  # stored by an older version
 
 
 def test_a_conflicting_writer_keeps_the_higher_step_and_its_give_up_wins():
     store, job = MemoryStore(), JobState("j", RULES)
-    ours, theirs = committed.CommittedRecord(KEYS), committed.CommittedRecord(KEYS)
+    ours, theirs = on(store), on(store)
     trained(job, 40, 0.0)
-    assert theirs.write(store, 60, 1, 0) is None
-    asyncio.run(committed.sync(ours, store, job, now=1.0, unix_ms=0))
+    assert asyncio.run(theirs.write(60, 1, 0)) is None
+    asyncio.run(committed.sync(ours, job, now=1.0, unix_ms=0))
     assert job.committed_step == 60 and ours.revision == theirs.revision  # adopted, retried next turn
-    assert theirs.write(store, 0, 1, 0, pb.GiveUp(step=60, requested_by="op")) is None
+    assert asyncio.run(theirs.write(0, 1, 0, pb.GiveUp(step=60, requested_by="op"))) is None
     job.committed_step = 70
-    asyncio.run(committed.sync(ours, store, job, now=3.0, unix_ms=0))
+    asyncio.run(committed.sync(ours, job, now=3.0, unix_ms=0))
     assert job.committed_step == 0 and ours.last_give_up.requested_by == "op"
 
 
 # ----- give-up -------------------------------------------------------------------------
 
 
-def give_up(record, store, job, step, **kw):
+def give_up(record, job, step, **kw):
     request = pb.GiveUpStateRequest(job="j", step=step, requested_by="alice@host")
-    return asyncio.run(committed.give_up(record, store, job, request, "ipv4:10.0.0.1:5000", "coord:1", 2,
+    return asyncio.run(committed.give_up(record, job, request, "ipv4:10.0.0.1:5000", "coord:1", 2,
                                          now=kw.get("now", 3.0), wall=lambda: 1700000000.0))
 
 
 def test_give_up_is_refused_unless_lost_at_exactly_that_step():
-    store, record = MemoryStore(), committed.CommittedRecord(KEYS)
+    store = MemoryStore()
+    record = on(store)
     healthy = JobState("j", RULES)
     trained(healthy, 40, 0.0)
     with pytest.raises(StateNotLost, match="has not lost its state \\(committed step 40\\)"):
         give_up(record, store, healthy, 40)
     job = lost_job(40)
     with pytest.raises(StateNotLost, match="lost its state at step 40, not 39"):
-        give_up(record, store, job, 39)
+        give_up(record, job, 39)
     assert store.get(KEYS.committed) is None and job.committed_step == 40  # nothing written, nothing reset
 
 
 def test_give_up_is_stored_before_it_is_applied_and_logged_once(caplog):
-    store, record = MemoryStore(), committed.CommittedRecord(KEYS)
+    store = MemoryStore()
+    record = on(store)
     job = lost_job(40)
     with caplog.at_level(logging.WARNING, "fthsdp.coordinator"):
-        given = give_up(record, store, job, 40)
+        given = give_up(record, job, 40)
     assert (given.step, given.requested_by, given.peer, given.coordinator, given.epoch) == (
         40, "alice@host", "ipv4:10.0.0.1:5000", "coord:1", 2)
     stored = pb.CommittedStep.FromString(store.get(KEYS.committed).value)
@@ -194,11 +215,12 @@ def test_give_up_is_stored_before_it_is_applied_and_logged_once(caplog):
 
 
 def test_give_up_refused_when_another_coordinator_wrote_the_record():
-    store, record = MemoryStore(), committed.CommittedRecord(KEYS)
+    store = MemoryStore()
+    record = on(store)
     job = lost_job(40)
-    assert committed.CommittedRecord(KEYS).write(store, 40, 1, 0) is None  # someone else's write
+    assert asyncio.run(on(store).write(40, 1, 0)) is None  # someone else's write
     with pytest.raises(LostOwnership, match="try again"):
-        give_up(record, store, job, 40)
+        give_up(record, job, 40)
     assert job.committed_step == 40 and job.state_lost_step == 40
 
 
@@ -236,10 +258,11 @@ def test_after_a_coordinator_restart_a_place_waits_for_the_incarnation_to_regist
 def test_members_that_all_leave_on_purpose_end_the_state_rather_than_lose_it(caplog):
     """A finished (or wholly drained) job is not a lost one: the committed
     step starts over, is stored so, and the next replicas are admitted."""
-    store, record = MemoryStore(), committed.CommittedRecord(KEYS)
+    store = MemoryStore()
+    record = on(store)
     job = JobState("j", RULES)
     sessions = trained(job, 40, 0.0)
-    asyncio.run(committed.sync(record, store, job, now=0.5, unix_ms=0))
+    asyncio.run(committed.sync(record, job, now=0.5, unix_ms=0))
     for rid, session in sessions.items():
         job.leave(rid, session, failed=False, now=1.0)  # "finished"
     decision = job.evaluate(1.1)
@@ -249,7 +272,7 @@ def test_members_that_all_leave_on_purpose_end_the_state_rather_than_lose_it(cap
         assert committed.report_transition(job, 0, ended=40) is False
     assert "every member left at step 40 (finished or drained)" in caplog.text
     assert job.committed_step == 0
-    asyncio.run(committed.sync(record, store, job, now=2.0, unix_ms=0))
+    asyncio.run(committed.sync(record, job, now=2.0, unix_ms=0))
     assert pb.CommittedStep.FromString(store.get(KEYS.committed).value).step == 0
     registered(job, "c", "c:1", 1, 0, 0, now=3.0)
     assert [m.replica_id for m in job.evaluate(3.1).members] == ["c"]

@@ -215,8 +215,10 @@ def test_a_forged_hello_or_a_round_that_jumps_is_refused_and_changes_nothing():
 # ----- 7. the tick -------------------------------------------------------------------------------------------
 
 
-def test_a_tick_decides_each_group_over_its_own_hosts_and_the_spares(monkeypatch):
-    h = Hosts()
+def test_a_group_is_decided_over_its_own_hosts_and_the_spares_only_when_it_waits_for_one(monkeypatch):
+    """Decisions come with a group's events and deadlines, never as a sweep over every group on a tick
+    (issue 49: tests/test_host_table_events.py counts the hosts looked at)."""
+    h = Hosts(spare_wait=10.0)
     for g in range(50):
         for host in ("a", "b"):
             h.hello(f"g{g}-{host}", group=f"g{g}")
@@ -225,9 +227,14 @@ def test_a_tick_decides_each_group_over_its_own_hosts_and_the_spares(monkeypatch
     decide = host_rounds.decide
 
     def counting(group, nnodes, current, previous, hosts, now, rules):
-        sizes.append(len(hosts))
+        sizes.append((group, len(hosts)))
         return decide(group, nnodes, current, previous, hosts, now, rules)
 
     monkeypatch.setattr(host_rounds, "decide", counting)
     h.table.tick(1.0, TIMEOUT)
-    assert len(sizes) == 50 and set(sizes) == {3}, "one decision per group, over its 2 hosts and the spare"
+    assert sizes == [], "nothing due: no group decided"
+    h.table.closed("g7-b", h.connection["g7-b"], 1.0)
+    assert sizes == [("g7", 2)], "one decision, over its 2 hosts: b may come back within the spare wait"
+    h.table.tick(11.0, TIMEOUT)
+    assert sizes[1:] == [("g7", 3), ("g7", 2)], "b's wait is over: over its 2 hosts and the spare, which it adopts"
+    assert h.last("s", "adopted") is not None

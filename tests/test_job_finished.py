@@ -20,6 +20,7 @@ from fthsdp.coordinator.decisions.quorum_types import Rules
 from fthsdp.coordinator.decisions.status_view import status_dict, status_table
 from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
 from fthsdp.coordinator.job.state import JobState
+from fthsdp.coordinator.ledger.value import FixedLedger, Ledger
 from fthsdp.coordinator.store import MemoryStore
 from fthsdp.core.errors import JobNotFinished
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -82,12 +83,14 @@ def test_a_finished_job_admits_nobody_and_tells_every_watcher():
     decision = job.evaluate(1.1)
     assert decision.members is not None, "without the mark, the late arrival would be admitted (the bug)"
     mark = job.finish_mark(decision, 0)
+    job.ledger = FixedLedger(Ledger(committed=pb.CommittedStep(finished=mark)))  # stored, as the loop does first
     decision = job.finish(mark, decision)
     job.apply(decision, None, job.quorum_revision)
     assert decision.members is None and "finished at step 40" in decision.reason
     assert job.evaluate(5.0).members is None and job.catch_up == {}
     event = job.watch_event("c", "me")
     assert finished_step(event) == 40 and not event.HasField("place")
+    job.ledger = FixedLedger(Ledger(committed=pb.CommittedStep()))  # the reopen, stored
     job.reopen()
     assert [m.replica_id for m in job.evaluate(5.1).members] == ["c"]
 

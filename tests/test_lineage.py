@@ -21,6 +21,8 @@ from fthsdp.coordinator.engine.committed import CommittedRecord
 from fthsdp.coordinator.job.state import JobState
 from fthsdp.coordinator.ledger.codec import quorum_from_pb, quorum_to_pb
 from fthsdp.coordinator.ledger.keys import JobKeys
+from fthsdp.coordinator.ledger.value import FixedLedger, Ledger
+from fthsdp.coordinator.ledger.writer import LedgerWriter
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -37,8 +39,8 @@ def record(step: int, qid: int, generation: int = 0) -> pb.CheckpointRecord:
 
 
 def job_in_lineage(generation: int, lineage_from: int) -> JobState:
-    state = JobState("job", Rules())
-    state.adopt_lineage(generation, lineage_from)
+    stored = Ledger(committed=pb.CommittedStep(generation=generation, lineage_from=lineage_from))
+    state = JobState("job", Rules(), ledger=FixedLedger(stored))
     for qid, members in ((lineage_from, ("a", "b")), (lineage_from + 1, ("c",)), (lineage_from + 2, ("c", "d"))):
         state.set_quorum(quorum(qid, *members, generation=generation), qid)
     return state
@@ -63,7 +65,7 @@ def test_a_checkpoint_is_recorded_only_from_the_jobs_lineage(what, rec, sender, 
 
 
 def test_a_newer_lineage_orders_after_the_older_whatever_the_steps():
-    book = CheckpointBook(KEYS)
+    book = CheckpointBook(LedgerWriter(MemoryStore(), KEYS))
     assert book.report(record(300, 4, 0))
     assert book.report(record(290, 8, 1)), "the restored lineage's first checkpoint is newer than the old one's"
     assert not book.report(record(280, 8, 1))
@@ -76,26 +78,28 @@ def test_quorums_carry_the_generation_through_the_store_codec():
 
 def test_a_restore_begins_a_new_lineage_stored_before_it_is_applied():
     store = MemoryStore()
-    state = JobState("job", Rules())
+    ledger = LedgerWriter(store, KEYS)
+    state = JobState("job", Rules(), ledger=ledger)
     state.set_quorum(quorum(7, "a", "b"), 7)
-    book, rec = CheckpointBook(KEYS), CommittedRecord(KEYS)
+    book, rec = CheckpointBook(ledger), CommittedRecord(ledger)
     book.report(record(40, 7))
-    asyncio.run(checkpoints.sync(book, store, "job", 0.0))
-    asyncio.run(checkpoints.restore(book, rec, store, state, book.usable[0], 45, 1.0, lambda: 100.0, "automatic"))
+    asyncio.run(checkpoints.sync(book, "job", 0.0))
+    asyncio.run(checkpoints.restore(book, rec, state, book.usable[0], 45, 1.0, lambda: 100.0, "automatic"))
     assert (state.generation, state.lineage_from) == (1, 7)
-    again = CommittedRecord(KEYS)
-    again.load(store, None)
+    again = CommittedRecord(LedgerWriter(store, KEYS))
+    again.ledger.load()
     assert (again.generation, again.lineage_from) == (1, 7), "a coordinator that starts next knows the lineage"
     assert lineage_refusal(record(50, 7, 0), "a", state).startswith("it is of lineage 0")
 
 
 def test_a_give_up_begins_a_new_lineage_too():
     store = MemoryStore()
-    state = JobState("job", Rules())
+    ledger = LedgerWriter(store, KEYS)
+    state = JobState("job", Rules(), ledger=ledger)
     state.set_quorum(quorum(3, "a"), 3)
     state.committed_step, state.state_lost_step = 20, 20
     state.lost_step_now = lambda now: 20  # type: ignore[method-assign]  # the decision's verdict, as of now
-    rec = CommittedRecord(KEYS)
-    asyncio.run(committed.give_up(rec, store, state, pb.GiveUpStateRequest(job="job", step=20), "peer", "c1", 1,
+    rec = CommittedRecord(ledger)
+    asyncio.run(committed.give_up(rec, state, pb.GiveUpStateRequest(job="job", step=20), "peer", "c1", 1,
                                   1.0, lambda: 100.0))
     assert (state.generation, state.lineage_from) == (1, 3)

@@ -17,6 +17,7 @@ from fthsdp.coordinator.engine.committed import CommittedRecord
 from fthsdp.coordinator.job.replica_entry import grant_reconnect_grace
 from fthsdp.coordinator.job.state import JobState
 from fthsdp.coordinator.ledger.keys import JobKeys
+from fthsdp.coordinator.ledger.writer import LedgerWriter
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import agent_of
@@ -146,7 +147,8 @@ def lost_job(store: MemoryStore, cascade: bool = False) -> tuple[JobState, Check
     """Quorum 7 of r0, r1, r2 trained to step 45 with a checkpoint at 40; every process was killed.
     ``cascade``: their streams closed one after another, and the coordinator dropped r2, then r1
     (quorums 8 and 9) before r0's agent reported it failed."""
-    state = JobState("job", RULES)
+    ledger = LedgerWriter(store, KEYS)
+    state = JobState("job", RULES, ledger=ledger)
     members = tuple(Member(rid, f"{rid}:1", 1, 0, 1) for rid in MEMBERS)
     q = Quorum(7, members, step=0, last_drop_id=1)
     state.set_quorum(q, 7)
@@ -160,9 +162,9 @@ def lost_job(store: MemoryStore, cascade: bool = False) -> tuple[JobState, Check
         assert state.quorum.member_ids == ("r0",)
     for rid in MEMBERS:
         state.agent_event(rid, pb.AGENT_STATE_FAILED, 0, "killed", now=1.0, agent_id=agent_of(rid))
-    book, committed = CheckpointBook(KEYS), CommittedRecord(KEYS)
+    book, committed = CheckpointBook(ledger), CommittedRecord(ledger)
     book.report(checkpoint(STEP))
-    asyncio.run(checkpoints.sync(book, store, "job", 0.0))
+    asyncio.run(checkpoints.sync(book, "job", 0.0))
     return state, book, committed, state.quorum
 
 
@@ -188,7 +190,7 @@ def test_the_restored_job_forms_its_first_quorum_with_every_member_that_loads_in
     store = MemoryStore()
     state, book, committed, _ = lost_job(store, cascade)
     assert decide_and_apply(state, 2.0).state_lost_step == STEP + 5
-    assert asyncio.run(checkpoints.restore_if_lost(book, committed, store, state, 2.0, lambda: 100.0))
+    assert asyncio.run(checkpoints.restore_if_lost(book, committed, state, 2.0, lambda: 100.0))
     sessions = {rid: back(state, rid, 3.0 + i * 0.1) for i, rid in enumerate(MEMBERS)}
     # r0 loads first (a long load: 20 s, twice the join timeout), the others 1 s and 2 s later.
     state.heartbeat("r0", sessions["r0"], STEP, False, "", 0, now=23.0)
@@ -207,11 +209,12 @@ def test_a_coordinator_that_starts_mid_wait_goes_on_waiting():
     store = MemoryStore()
     state, book, committed, q = lost_job(store)
     decide_and_apply(state, 2.0)
-    asyncio.run(checkpoints.restore_if_lost(book, committed, store, state, 2.0, lambda: 100.0))
+    asyncio.run(checkpoints.restore_if_lost(book, committed, state, 2.0, lambda: 100.0))
     # The coordinator stops; a new one loads what the store has.
-    book2, committed2 = CheckpointBook(KEYS), CommittedRecord(KEYS)
-    book2.load(store)
-    step = committed2.load(store, q)
+    ledger2 = LedgerWriter(store, KEYS)
+    ledger2.load()
+    book2, committed2 = CheckpointBook(ledger2), CommittedRecord(ledger2)
+    step = committed2.load(q)
     assert step == STEP and checkpoints.under_way(book2, committed2, q).digest == f"d{STEP}"
     later = Quorum(8, q.members[:2], step=STEP, last_drop_id=8)
     assert checkpoints.under_way(book2, committed2, later) is None  # the restore's quorum formed: over
@@ -219,9 +222,8 @@ def test_a_coordinator_that_starts_mid_wait_goes_on_waiting():
     book2.refuse(f"d{STEP}")
     assert checkpoints.under_way(book2, committed2, q) is None  # refused: a restore takes another one
 
-    book2 = CheckpointBook(KEYS)
-    book2.load(store)
-    fresh = JobState("job", RULES)
+    book2 = CheckpointBook(ledger2)
+    fresh = JobState("job", RULES, ledger=ledger2)
     fresh.load(q, 7, {}, 50.0, step)
     grant_reconnect_grace(fresh.replicas, 50.0 + RULES.heartbeat_timeout + RULES.join_timeout)
     fresh.restore = checkpoints.under_way(book2, committed2, q)  # as the runtime does when it loads the job

@@ -55,7 +55,7 @@ async def trained_then_restarted(clock: Clock) -> tuple[CoordinatorRuntime, int]
     assert job.state.quorum.member_ids == IDS, job.state.reason
     for rid, session in sessions.items():  # they train: the committed step is stored
         first.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, step=40))
-    await committed.sync(job.committed, store, job.state, 5.0, 1_000_000)
+    await committed.sync(job.committed, job.state, 5.0, 1_000_000)
     clock.t = 100.0
     second = CoordinatorRuntime(CONFIG, store, "coord:1", clock=clock, wall=lambda: 1100.0)
     await second._load(second.jobs["default"])

@@ -44,6 +44,7 @@ class Case:
     says: str
     ranks: tuple[str, ...] = ()
     adopted: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
     next_round: int = 0
 
 
@@ -68,7 +69,16 @@ CASES = [
          Action.WAIT, "waiting for node rank 1: host b lost 4s ago, a spare takes its place in 6s"),
     Case("past spare_wait a spare is adopted",
          Round(2, 0.0), hosts(host("a", joined=2), host("b", lost_since=1.0), host("s", group="")), ("a", "b"), 11.0,
-         Action.ADOPT_SPARES, "round 2: spare s takes the place of lost b", adopted=("s",)),
+         Action.ADOPT_SPARES, "round 2: spare s takes the place of lost b", adopted=("s",), replaced=("b",)),
+    Case("each spare takes one lost host's place past its wait, both in host-id order",
+         Round(2, 0.0), hosts(host("a", lost_since=1.0), host("b", lost_since=2.0), host("t", group=""),
+                              host("s", group="")), ("a", "b"), 12.0,
+         Action.ADOPT_SPARES, "round 2: spare s, t takes the place of lost a, b", adopted=("s", "t"),
+         replaced=("a", "b")),
+    Case("a host lost within the wait keeps its place: no spare for it yet",
+         Round(2, 0.0), hosts(host("a", lost_since=1.0), host("b", lost_since=5.0), host("t", group=""),
+                              host("s", group="")), ("a", "b"), 12.0,
+         Action.ADOPT_SPARES, "round 2: spare s takes the place of lost a", adopted=("s",), replaced=("a",)),
     Case("a spare with another --nproc does not fit",
          Round(2, 0.0), hosts(host("a", joined=2), host("b", lost_since=1.0), host("s", group="", nproc=8)),
          ("a", "b"), 11.0, Action.WAIT, "node rank 1: host b lost 10s ago, no spare"),
@@ -110,7 +120,7 @@ def test_decide(case: Case):
     if case.action is Action.COMPLETE:
         assert decision.round.ranks == case.ranks
         assert decision.round.store == case.hosts[case.ranks[0]].store
-    assert decision.adopted == case.adopted
+    assert (decision.adopted, decision.replaced) == (case.adopted, case.replaced)
     if case.next_round:
         assert decision.round == Round(case.next_round, case.now), "the next round gathers from now"
     else:

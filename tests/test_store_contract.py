@@ -188,6 +188,41 @@ def test_revisions_increase_across_keys(store: Store, key_prefix: str) -> None:
     assert later is not None and later.revision > revisions[-1]
 
 
+def test_a_transaction_writes_and_deletes_together_at_one_revision(store: Store, key_prefix: str) -> None:
+    a, b, c = (key_prefix + k for k in "abc")
+    old = store.compare_and_set(c, b"old", 0).current
+    assert old is not None
+    result = store.transact({a: 0, c: old.revision}, {a: b"1", b: b"2"}, [c])
+    assert result.succeeded and set(result.revisions) == {a, b}
+    assert len(set(result.revisions.values())) == 1 and result.revisions[a] > old.revision
+    assert store.get(a) == Versioned(b"1", result.revisions[a]) and store.get(b).value == b"2"
+    assert store.get(c) is None
+
+
+def test_a_transaction_whose_compare_fails_writes_nothing_and_says_what_is_there(store: Store,
+                                                                                 key_prefix: str) -> None:
+    a, b, leader = (key_prefix + k for k in ("a", "b", "leader"))
+    held = store.compare_and_set(leader, b"me", 0).current
+    store.compare_and_set(leader, b"other", held.revision)  # another coordinator took over
+    result = store.transact({a: 0, leader: held.revision}, {a: b"1", b: b"2"})
+    assert not result.succeeded and not result.revisions
+    assert result.current[a] is None and result.current[leader].value == b"other"
+    assert store.get(a) is None and store.get(b) is None
+
+
+def test_a_transaction_may_delete_an_absent_key(store: Store, key_prefix: str) -> None:
+    result = store.transact({key_prefix + "absent": 0}, {}, [key_prefix + "absent"])
+    assert result.succeeded and not result.revisions and store.get(key_prefix + "absent") is None
+
+
+def test_a_key_written_and_deleted_in_one_transaction_is_a_programming_error(store: Store,
+                                                                               key_prefix: str) -> None:
+    with pytest.raises(ValueError, match="both written and deleted"):
+        store.transact({}, {key_prefix + "k": b"v"}, [key_prefix + "k"])
+    with pytest.raises(TypeError):
+        store.transact({key_prefix + "k": True}, {})
+
+
 def test_check_passes_when_reachable(store: Store) -> None:
     store.check()
 

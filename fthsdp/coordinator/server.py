@@ -136,9 +136,10 @@ async def start_coordinator(config: CoordinatorConfig, store: Store | None = Non
         if port == 0:
             raise ConfigError(f"cannot listen on {config.bind}: the address is in use or not local")
         leader = advertised_address(config, port)
-        runtime = CoordinatorRuntime(config, store, leader)
         leadership = Leadership(store, f"{config.store_prefix}/leader", leader, config.leader_ttl,
                                 sole=config.store == "memory")
+        # Every change of a job's ledger is conditioned on the leader's key as this coordinator holds it.
+        runtime = CoordinatorRuntime(config, store, leader, guard=leadership.held)
         if await leadership.try_once():
             await runtime.start()
         runtime.leader_hint = leadership.leader

@@ -19,7 +19,7 @@ The round's number is the group's incarnation: the ranks get it as their
 restart count, so that every host of the group counts restarts alike, and
 ``max_restarts`` counts rounds of the group, not restarts of one host.
 
-The agent runs it in fthsdp/agent/node/group_agent.py; it is tested
+The agent runs it in fthsdp/agent/node/group_rendezvous.py; it is tested
 table-driven (tests/test_group_round.py).
 """
 

@@ -3,8 +3,8 @@
 Replicas write checkpoints themselves (fthsdp/agent/training/checkpoint/);
 the one that seals a checkpoint reports it on its heartbeats
 (``HeartbeatRequest.checkpoint``). The coordinator keeps the newest few
-under ``PREFIX/jobs/JOB/checkpoint`` (a ``CheckpointList``, written by
-compare-and-swap after the decision, outside the job's lock, and retried
+under ``PREFIX/jobs/JOB/checkpoint`` (a ``CheckpointList`` in the job's ledger, written
+after the decision, outside the job's lock, and retried
 after a failure like the committed step: fthsdp/coordinator/engine/committed.py).
 
 Restore. When the job's committed state is lost (no live replica holds
@@ -32,9 +32,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fthsdp.coordinator.ledger.codec import decode
-from fthsdp.coordinator.ledger.keys import JobKeys
-from fthsdp.coordinator.store import Store
+from fthsdp.coordinator.ledger.value import Ledger
+from fthsdp.coordinator.ledger.writer import LedgerConflict, LedgerWriter
 from fthsdp.core.errors import LostOwnership, NotFound, StateNotLost, StoreError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -53,10 +52,10 @@ RETRY_AFTER = 1.0
 
 @dataclasses.dataclass
 class CheckpointBook:
-    keys: JobKeys
-    records: list[pb.CheckpointRecord] = dataclasses.field(default_factory=list)
-    """Stored, newest first."""
-    revision: int = 0
+    """The job's complete checkpoints: the stored ones (in its ledger) and those reported since."""
+
+    ledger: LedgerWriter
+    """The job's ledger and its one writer (fthsdp/coordinator/ledger/writer.py)."""
     pending: list[pb.CheckpointRecord] = dataclasses.field(default_factory=list)
     """Reported, not stored yet, oldest first."""
     refused: set[str] = dataclasses.field(default_factory=set)
@@ -66,29 +65,29 @@ class CheckpointBook:
     """Digests reported from outside the job's lineage, logged once (``lineage_refusal``)."""
     retry_at: float = float("-inf")
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
+    """One ``sync`` at a time: it takes what is pending, writes it and drops what it wrote."""
+
+    @property
+    def records(self) -> list[pb.CheckpointRecord]:
+        """Stored, newest first."""
+        return list(self.ledger.current.checkpoints)
 
     @property
     def newest(self) -> pb.CheckpointRecord | None:
         """The newest known, stored or not."""
         if self.pending:
             return self.pending[-1]
-        return self.usable[0] if self.usable else None
+        usable = self.usable
+        return usable[0] if usable else None
 
     @property
     def usable(self) -> list[pb.CheckpointRecord]:
         """The stored ones no replica refused, newest first."""
-        return [r for r in self.records if r.digest not in self.refused]
+        return [r for r in self.ledger.current.checkpoints if r.digest not in self.refused]
 
     @property
     def dirty(self) -> bool:
-        return bool(self.pending) or any(r.digest in self.refused for r in self.records)
-
-    def load(self, store: Store) -> None:
-        """Read the stored records (blocking: call in a thread)."""
-        item = store.get(self.keys.checkpoint)
-        if item is not None:
-            msg = decode(pb.CheckpointList, item.value, f"checkpoints of job {self.keys.job}")
-            self.records, self.revision = list(msg.checkpoints), item.revision
+        return bool(self.pending) or any(r.digest in self.refused for r in self.ledger.current.checkpoints)
 
     def report(self, record: pb.CheckpointRecord) -> bool:
         """A sealer's report, of the job's lineage (``lineage_refusal``): kept
@@ -105,34 +104,30 @@ class CheckpointBook:
         """A replica could not restore this checkpoint: it is dropped (stored
         at the next ``sync``), so that a restore takes the one before. Returns it
         if it was recorded."""
-        for record in self.records:
+        for record in self.ledger.current.checkpoints:
             if record.digest == digest:
                 self.refused.add(digest)
                 return record
         return None
 
-    def write(self, store: Store, reported: list[pb.CheckpointRecord]) -> bool:
-        """Store ``reported`` (newest last) before the records (blocking: a
-        thread; heartbeats may report more meanwhile, on the loop, and ``sync``
-        drops only these from ``pending``). False if another coordinator wrote
-        meanwhile: its records are adopted."""
-        newer = list(reversed(reported))
-        older = [r for r in self.usable if not newer or r.step < newer[-1].step]
-        records = [*newer, *older]
-        kept = records[0].kept if records and records[0].kept > 0 else KEPT
-        records = records[:min(KEPT, kept)]  # the replicas delete older ones from disk
-        msg = pb.CheckpointList(checkpoints=records)
-        result = store.compare_and_set(self.keys.checkpoint, msg.SerializeToString(), self.revision)
-        if result.succeeded:
-            assert result.current is not None
-            self.records, self.revision = records, result.current.revision
-            return True
-        if result.current is None:
-            self.records, self.revision = [], 0
-        else:
-            theirs = decode(pb.CheckpointList, result.current.value, f"checkpoints of job {self.keys.job}")
-            self.records, self.revision = list(theirs.checkpoints), result.current.revision
-        return False
+    async def write(self, reported: list[pb.CheckpointRecord]) -> bool:
+        """Store ``reported`` (newest last) before the records (heartbeats
+        may report more meanwhile, on the loop, and ``sync`` drops only these
+        from ``pending``). False if another coordinator wrote meanwhile: the
+        ledger holds its records now."""
+        def change(before: Ledger) -> Ledger:
+            newer = list(reversed(reported))
+            usable = [r for r in before.checkpoints if r.digest not in self.refused]
+            older = [r for r in usable if not newer or r.step < newer[-1].step]
+            records = [*newer, *older]
+            kept = records[0].kept if records and records[0].kept > 0 else KEPT
+            return dataclasses.replace(before, checkpoints=tuple(records[:min(KEPT, kept)]))  # replicas delete older
+
+        try:
+            await self.ledger.update(change)
+        except LedgerConflict:
+            return False
+        return True
 
 
 def lineage_refusal(record: pb.CheckpointRecord, sender: str, state: JobState) -> str:
@@ -151,14 +146,14 @@ def lineage_refusal(record: pb.CheckpointRecord, sender: str, state: JobState) -
     return ""
 
 
-async def sync(book: CheckpointBook, store: Store, job: str, now: float) -> None:
+async def sync(book: CheckpointBook, job: str, now: float) -> None:
     """Store a reported checkpoint (after the decision, outside the job's lock)."""
     async with book.lock:
         if not book.dirty or now < book.retry_at:
             return
         reported = list(book.pending)
         try:
-            stored = await asyncio.to_thread(book.write, store, reported)
+            stored = await book.write(reported)
         except StoreError as e:
             book.retry_at = now + RETRY_AFTER
             log.debug("job %s: the checkpoint records are not stored yet: %s", job, e)
@@ -172,7 +167,7 @@ async def sync(book: CheckpointBook, store: Store, job: str, now: float) -> None
                      extra={"event": "checkpoint", "job": job, "step": record.step, "path": record.path})
 
 
-async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
+async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, state: JobState,
                           now: float, wall: Callable[[], float]) -> bool:
     """Restore the newest checkpoint if the state is lost now (the caller
     holds the job's lock and checks the setting). True if it did."""
@@ -186,7 +181,7 @@ async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, stor
             state.restore = record  # under way since before a coordinator restart: offered again
         return False
     try:
-        await restore(book, committed, store, state, record, lost, now, wall, "automatic")
+        await restore(book, committed, state, record, lost, now, wall, "automatic")
     except StoreError as e:
         log.warning("job %s: restoring the checkpoint of step %d is pending: %s", state.name, record.step, e)
         return False
@@ -207,7 +202,7 @@ def under_way(book: CheckpointBook, committed: CommittedRecord, quorum: Quorum |
     return last.checkpoint
 
 
-async def restore_by_request(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
+async def restore_by_request(book: CheckpointBook, committed: CommittedRecord, state: JobState,
                              req: pb.RestoreCheckpointRequest, peer: str, now: float,
                              wall: Callable[[], float]) -> pb.Restore:
     """An operator's restore (`fthsdp restore`): refused unless the state is
@@ -224,10 +219,10 @@ async def restore_by_request(book: CheckpointBook, committed: CommittedRecord, s
     if record.step > lost:
         raise StateNotLost(f"the checkpoint of step {record.step} is newer than the state lost at step {lost}")
     who = req.requested_by or "an unnamed operator"
-    return await restore(book, committed, store, state, record, lost, now, wall, f"{who} (from {peer})")
+    return await restore(book, committed, state, record, lost, now, wall, f"{who} (from {peer})")
 
 
-async def restore(book: CheckpointBook, committed: CommittedRecord, store: Store, state: JobState,
+async def restore(book: CheckpointBook, committed: CommittedRecord, state: JobState,
                   record: pb.CheckpointRecord, lost: int, now: float, wall: Callable[[], float],
                   requested_by: str) -> pb.Restore:
     """Store the restore with the committed step reset to the checkpoint's,
@@ -235,14 +230,10 @@ async def restore(book: CheckpointBook, committed: CommittedRecord, store: Store
     unix_ms = int(wall() * 1000)
     msg = pb.Restore(checkpoint=record, lost_step=lost, unix_ms=unix_ms, requested_by=requested_by)
     quorum_id = state.quorum.id if state.quorum else 0
-    async with committed.lock:
-        theirs = await asyncio.to_thread(committed.write, store, record.step, quorum_id, unix_ms, None,
-                                         restore=msg, new_lineage=True)
-        if theirs is not None:
-            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
-                                "look at the status and try again")
-        committed.written_at = now
-    state.adopt_lineage(committed.generation, committed.lineage_from)
+    if await committed.write(record.step, quorum_id, unix_ms, None, restore=msg, new_lineage=True) is not None:
+        raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                            "look at the status and try again")
+    committed.written_at = now
     state.give_up_state(record.step)
     state.restore = record
     log.warning(

@@ -8,7 +8,7 @@ it may form a quorum, so the job never silently starts over from replicas
 that lost its state (quorum rule 8).
 
 Write policy. The store (``PREFIX/jobs/JOB/committed``, a ``CommittedStep``
-written by compare-and-swap) holds a *lower bound*:
+written in the job's ledger, fthsdp/coordinator/ledger/writer.py) holds a *lower bound*:
 
 * with every quorum change, after the quorum itself is stored and pushed
   (never in the way of a push);
@@ -41,7 +41,6 @@ operator's reopen (``reopen``, `fthsdp reopen-job`) clears it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
 import logging
@@ -50,9 +49,8 @@ from typing import TYPE_CHECKING, Final
 
 from fthsdp.coordinator.decisions.quorum_types import Quorum
 from fthsdp.coordinator.decisions.status_view import give_up_hint, reopen_hint
-from fthsdp.coordinator.ledger.codec import decode
-from fthsdp.coordinator.ledger.keys import JobKeys
-from fthsdp.coordinator.store import Store
+from fthsdp.coordinator.ledger.value import Ledger
+from fthsdp.coordinator.ledger.writer import LedgerConflict, LedgerWriter
 from fthsdp.core.errors import JobNotFinished, LostOwnership, StateNotLost, StoreError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -78,45 +76,59 @@ KEEP: Final = _Keep.KEEP
 
 @dataclasses.dataclass
 class CommittedRecord:
-    """What the store holds of one job's committed step, and when it was written."""
+    """One job's committed step as stored (read from its ledger), and when this coordinator last wrote it."""
 
-    keys: JobKeys
-    stored: int = 0
-    """The step in the store."""
-    revision: int = 0
-    """Its revision (0: absent)."""
-    quorum_id: int = 0
-    """The quorum id the stored record names."""
+    ledger: LedgerWriter
+    """The job's ledger and its one writer (fthsdp/coordinator/ledger/writer.py)."""
     written_at: float = float("-inf")
     """When this coordinator last wrote it, on its monotonic clock."""
     retry_at: float = float("-inf")
     """After a failed write: not before then."""
-    last_give_up: pb.GiveUp | None = None
-    last_restore: pb.Restore | None = None
-    """The latest restore from a checkpoint (fthsdp/coordinator/engine/checkpoints.py)."""
-    finished: pb.JobFinished | None = None
-    """The stored finished mark (None: the job is not finished)."""
-    generation: int = 0
-    """The job's lineage (CommittedStep.generation): one more with every restore or give-up."""
-    lineage_from: int = 0
-    """The quorum id current when that lineage began."""
-    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
-    """Serialises the writes: the periodic one runs outside the job's lock,
-    so that a slow store holds up no registration."""
 
-    # ----- loading -------------------------------------------------------------------
+    # ----- what is stored ------------------------------------------------------------
 
-    def load(self, store: Store, quorum: Quorum | None) -> int:
-        """Read the record (blocking: call in a thread); returns the committed step to start from."""
-        item = store.get(self.keys.committed)
-        msg = decode(pb.CommittedStep, item.value, f"committed step of job {self.keys.job}") if item else None
-        if msg is not None:
-            assert item is not None  # msg was decoded from it
-            self.stored, self.revision, self.quorum_id = msg.step, item.revision, msg.quorum_id
-            self.last_give_up = msg.last_give_up if msg.HasField("last_give_up") else None
-            self.last_restore = msg.last_restore if msg.HasField("last_restore") else None
-            self.finished = msg.finished if msg.HasField("finished") else None
-            self.generation, self.lineage_from = msg.generation, msg.lineage_from
+    @property
+    def stored(self) -> int:
+        """The step in the store."""
+        return self.ledger.current.committed_step
+
+    @property
+    def revision(self) -> int:
+        """The stored record's revision (0: absent)."""
+        return self.ledger.revisions.get(self.ledger.keys.committed, 0)
+
+    @property
+    def quorum_id(self) -> int:
+        """The quorum id the stored record names."""
+        c = self.ledger.current.committed
+        return c.quorum_id if c is not None else 0
+
+    @property
+    def last_give_up(self) -> pb.GiveUp | None:
+        return self.ledger.current.last_give_up
+
+    @property
+    def last_restore(self) -> pb.Restore | None:
+        """The latest restore from a checkpoint (fthsdp/coordinator/engine/checkpoints.py)."""
+        return self.ledger.current.last_restore
+
+    @property
+    def finished(self) -> pb.JobFinished | None:
+        """The stored finished mark (None: the job is not finished)."""
+        return self.ledger.current.finished
+
+    @property
+    def generation(self) -> int:
+        """The job's lineage (CommittedStep.generation): one more with every restore or give-up."""
+        return self.ledger.current.generation
+
+    @property
+    def lineage_from(self) -> int:
+        """The quorum id current when that lineage began."""
+        return self.ledger.current.lineage_from
+
+    def load(self, quorum: Quorum | None) -> int:
+        """The committed step to start from, once the ledger is loaded."""
         step = self.stored
         # A quorum stored after the record was (or by a version without the
         # record at all) holds members at its step; one the record names
@@ -136,91 +148,91 @@ class CommittedRecord:
         # Down too: the state ended or was given up (the give-up writes its own).
         return step != self.stored and now - self.written_at >= WRITE_EVERY
 
-    def write(self, store: Store, step: int, quorum_id: int, unix_ms: int, give_up: pb.GiveUp | None = None,
-              finished: pb.JobFinished | None | _Keep = KEEP,
-              restore: pb.Restore | None = None, new_lineage: bool = False) -> pb.CommittedStep | None:
-        """Store ``step`` (blocking: call in a thread), with the finished mark
-        as it is unless ``finished`` is given (None clears it); with
+    async def write(self, step: int, quorum_id: int, unix_ms: int, give_up: pb.GiveUp | None = None,
+                    finished: pb.JobFinished | None | _Keep = KEEP,
+                    restore: pb.Restore | None = None, new_lineage: bool = False) -> Adopted | None:
+        """Store ``step`` in the job's ledger, with the finished mark as it
+        is unless ``finished`` is given (None clears it); with
         ``new_lineage`` (a restore, a give-up), the next generation, begun
         at ``quorum_id``. Returns None on success, or what another
-        coordinator wrote meanwhile (its revision is adopted, so the next
+        coordinator wrote meanwhile (the ledger holds it now, so the next
         write can succeed)."""
-        last = give_up if give_up is not None else self.last_give_up
-        restored = restore if restore is not None else self.last_restore
-        mark = self.finished if finished is KEEP else finished
-        generation, lineage_from = ((self.generation + 1, quorum_id) if new_lineage
-                                    else (self.generation, self.lineage_from))
-        msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms, generation=generation,
-                               lineage_from=lineage_from)
-        if last is not None:
-            msg.last_give_up.CopyFrom(last)
-        if restored is not None:
-            msg.last_restore.CopyFrom(restored)
-        if mark is not None:
-            msg.finished.CopyFrom(mark)
-        result = store.compare_and_set(self.keys.committed, msg.SerializeToString(), self.revision)
-        if result.succeeded:
-            assert result.current is not None  # what was just written
-            self.stored, self.quorum_id, self.revision = step, quorum_id, result.current.revision
-            self.last_give_up, self.finished, self.last_restore = last, mark, restored
-            self.generation, self.lineage_from = generation, lineage_from
-            return None
-        if result.current is None:
-            self.revision, self.stored, self.quorum_id = 0, 0, 0
-            return pb.CommittedStep()
-        theirs = decode(pb.CommittedStep, result.current.value, f"committed step of job {self.keys.job}")
-        self.revision, self.stored, self.quorum_id = result.current.revision, theirs.step, theirs.quorum_id
-        self.generation, self.lineage_from = theirs.generation, theirs.lineage_from
-        return theirs
+        def change(before: Ledger) -> Ledger:
+            last = give_up if give_up is not None else before.last_give_up
+            restored = restore if restore is not None else before.last_restore
+            mark = before.finished if finished is KEEP else finished
+            generation, lineage_from = ((before.generation + 1, quorum_id) if new_lineage
+                                        else (before.generation, before.lineage_from))
+            msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms, generation=generation,
+                                   lineage_from=lineage_from)
+            if last is not None:
+                msg.last_give_up.CopyFrom(last)
+            if restored is not None:
+                msg.last_restore.CopyFrom(restored)
+            if mark is not None:
+                msg.finished.CopyFrom(mark)
+            return dataclasses.replace(before, committed=msg)
+
+        mine = self.ledger.current.committed
+        try:
+            await self.ledger.update(change)
+        except LedgerConflict:
+            return Adopted(self.ledger.current.committed or pb.CommittedStep(), mine)
+        return None
 
 
-async def sync(record: CommittedRecord, store: Store, state: JobState, now: float, unix_ms: int) -> None:
+@dataclasses.dataclass(frozen=True)
+class Adopted:
+    """What another coordinator wrote over this one's record, and what this one held before."""
+
+    theirs: pb.CommittedStep
+    mine: pb.CommittedStep | None
+
+
+async def sync(record: CommittedRecord, state: JobState, now: float, unix_ms: int) -> None:
     """Write the job's committed step if the policy says so; called by the
     decision loop after each decision (and push). A failure is retried
     after RETRY_AFTER: the stored step is a lower bound, allowed to lag."""
-    async with record.lock:
-        quorum_id = state.quorum.id if state.quorum else 0
-        step = state.committed_step
-        if not record.due(step, quorum_id, now):
-            return
-        try:
-            theirs = await asyncio.to_thread(record.write, store, step, quorum_id, unix_ms)
-        except StoreError as e:
-            record.retry_at = now + RETRY_AFTER
-            log.debug("job %s: committed step %d not stored yet: %s", state.name, step, e)
-            return
-        record.written_at = now
-        if theirs is not None:
-            _adopt(record, state, theirs)
+    quorum_id = state.quorum.id if state.quorum else 0
+    step = state.committed_step
+    if not record.due(step, quorum_id, now):
+        return
+    try:
+        adopted = await record.write(step, quorum_id, unix_ms)
+    except StoreError as e:
+        record.retry_at = now + RETRY_AFTER
+        log.debug("job %s: committed step %d not stored yet: %s", state.name, step, e)
+        return
+    record.written_at = now
+    if adopted is not None:
+        _adopt(state, adopted)
 
 
-def _adopt(record: CommittedRecord, state: JobState, theirs: pb.CommittedStep) -> None:
-    """Another coordinator wrote the record: a give-up it took is the
-    operator's newer intent; otherwise the higher step stands."""
-    newer = theirs.HasField("last_give_up") and theirs.last_give_up != record.last_give_up
-    restored = theirs.HasField("last_restore") and theirs.last_restore != record.last_restore
-    state.adopt_lineage(theirs.generation, theirs.lineage_from)
-    if restored:
-        record.last_restore = theirs.last_restore
+def _adopt(state: JobState, adopted: Adopted) -> None:
+    """Another coordinator wrote the record (the ledger holds it now): a
+    give-up it took is the operator's newer intent; otherwise the higher
+    step stands."""
+    theirs, mine = adopted.theirs, adopted.mine or pb.CommittedStep()
+    newer = theirs.HasField("last_give_up") and (
+        not mine.HasField("last_give_up") or theirs.last_give_up != mine.last_give_up)
+    restored = theirs.HasField("last_restore") and (
+        not mine.HasField("last_restore") or theirs.last_restore != mine.last_restore)
     if newer:
-        record.last_give_up = theirs.last_give_up
         state.give_up_state(theirs.step)
     elif restored:
         state.give_up_state(theirs.step)
         state.restore = theirs.last_restore.checkpoint
     else:
         state.committed_step = max(state.committed_step, theirs.step)
-    # A finish or a reopen the other coordinator stored is as current as its step.
-    record.finished = theirs.finished if theirs.HasField("finished") else None
-    if record.finished is not None:
-        state.finished = record.finished
-    elif state.finished is not None:
+    # A finish or a reopen the other coordinator stored is as current as its step (the state reads the
+    # mark from the ledger); a reopen must make the job decide again.
+    if mine.HasField("finished") and not theirs.HasField("finished"):
         state.reopen()
     log.warning("job %s: the committed step was written by another coordinator (step %d%s)",
                 state.name, theirs.step, ", after a give-up" if newer else "")
 
 
-async def give_up(record: CommittedRecord, store: Store, state: JobState, request: pb.GiveUpStateRequest, peer: str,
+async def give_up(record: CommittedRecord, state: JobState, request: pb.GiveUpStateRequest, peer: str,
                   coordinator: str, epoch: int, now: float, wall: Callable[[], float]) -> pb.GiveUp:
     """Give up a lost state at ``request.step``: refused (StateNotLost)
     unless it is lost at exactly that step now; the reset is stored before
@@ -232,15 +244,13 @@ async def give_up(record: CommittedRecord, store: Store, state: JobState, reques
     quorum_id = state.quorum.id if state.quorum else 0
     record_msg = pb.GiveUp(step=request.step, unix_ms=unix_ms, requested_by=request.requested_by, peer=peer,
                            coordinator=coordinator, epoch=epoch, quorum_id=quorum_id)
-    async with record.lock:
-        theirs = await asyncio.to_thread(record.write, store, 0, quorum_id, unix_ms, record_msg, new_lineage=True)
-        if theirs is not None:
-            _adopt(record, state, theirs)
-            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
-                                "look at the status and try again")
-        record.written_at = now
-        state.adopt_lineage(record.generation, record.lineage_from)
-        state.give_up_state(0)
+    adopted = await record.write(0, quorum_id, unix_ms, record_msg, new_lineage=True)
+    if adopted is not None:
+        _adopt(state, adopted)
+        raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                            "look at the status and try again")
+    record.written_at = now
+    state.give_up_state(0)
     # This line is both the record of the give-up and the end of the loss.
     log.warning(
         "job %s: state loss at step %d ended: given up by %s (from %s); forming a quorum of the replicas there are",
@@ -251,22 +261,20 @@ async def give_up(record: CommittedRecord, store: Store, state: JobState, reques
     return record_msg
 
 
-async def mark_finished(record: CommittedRecord, store: Store, state: JobState, mark: pb.JobFinished,
-                        now: float) -> None:
+async def mark_finished(record: CommittedRecord, state: JobState, mark: pb.JobFinished, now: float) -> None:
     """Store the finished mark (with the committed step reset: the state
     ended with the members) before the decision that finished the job is
     applied; the caller holds the job's lock. Raises StoreError (the
     decision is then taken again on the next tick) or LostOwnership."""
-    async with record.lock:
-        theirs = await asyncio.to_thread(record.write, store, 0, mark.quorum_id, mark.unix_ms, None, mark)
-        if theirs is not None:
-            _adopt(record, state, theirs)
-            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
-                                "deciding again")
-        record.written_at = now
+    adopted = await record.write(0, mark.quorum_id, mark.unix_ms, None, mark)
+    if adopted is not None:
+        _adopt(state, adopted)
+        raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                            "deciding again")
+    record.written_at = now
 
 
-async def reopen(record: CommittedRecord, store: Store, state: JobState, request: pb.ReopenJobRequest, peer: str,
+async def reopen(record: CommittedRecord, state: JobState, request: pb.ReopenJobRequest, peer: str,
                  wall: Callable[[], float]) -> pb.JobFinished:
     """Reopen a job finished at exactly ``request.step``: refused
     (JobNotFinished) otherwise; the cleared mark is stored before it is
@@ -278,14 +286,12 @@ async def reopen(record: CommittedRecord, store: Store, state: JobState, request
             f"job {state.name!r} finished at step {mark.step}, not {request.step}; "
             f"{reopen_hint(state.name, mark.step)} if that is meant")
     quorum_id = state.quorum.id if state.quorum else 0
-    async with record.lock:
-        theirs = await asyncio.to_thread(record.write, store, state.committed_step, quorum_id, int(wall() * 1000),
-                                         None, None)
-        if theirs is not None:
-            _adopt(record, state, theirs)
-            raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
-                                "look at the status and try again")
-        state.reopen()
+    adopted = await record.write(state.committed_step, quorum_id, int(wall() * 1000), None, None)
+    if adopted is not None:
+        _adopt(state, adopted)
+        raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
+                            "look at the status and try again")
+    state.reopen()
     log.warning("job %s: reopened by %s (from %s); it had finished at step %d; quorums form again",
                 state.name, request.requested_by or "an unnamed operator", peer or "an unknown address", mark.step,
                 extra={"event": "job_reopened", "job": state.name, "step": mark.step,

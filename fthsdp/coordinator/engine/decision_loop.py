@@ -83,15 +83,15 @@ class DecisionLoop:
             self._wake.clear()
             for job in self.jobs.values():
                 try:
-                    if job.state.finished is not None:
+                    if job.state.finished is not None and not job.hosts.finished:
                         job.hosts.finish(f"job finished at step {job.state.finished.step}")
-                    else:
-                        job.hosts.finished = ""  # reopened
+                    elif job.state.finished is None and job.hosts.finished:
+                        job.hosts.reopen()
                     job.hosts.tick(self.clock(), self.config.heartbeat_timeout + self.lag.worst(self.clock()))
                     await self.evaluate(job)
                     # After the decision and its push, outside the job's lock (fthsdp/coordinator/engine/committed.py).
-                    await committed.sync(job.committed, self.store, job.state, self.clock(), int(self.wall() * 1000))
-                    await checkpoints.sync(job.checkpoints, self.store, job.state.name, self.clock())
+                    await committed.sync(job.committed, job.state, self.clock(), int(self.wall() * 1000))
+                    await checkpoints.sync(job.checkpoints, job.state.name, self.clock())
                 except Exception:  # the loop must survive anything one job does
                     log.exception("job %s: quorum evaluation failed", job.state.name)
 
@@ -124,7 +124,7 @@ class DecisionLoop:
                 # Stored before anything is applied or pushed: a coordinator
                 # restart must still know, and a late arrival never be admitted.
                 try:
-                    await committed.mark_finished(job.committed, self.store, job.state, mark, self.clock())
+                    await committed.mark_finished(job.committed, job.state, mark, self.clock())
                 except (StoreError, LostOwnership) as e:
                     pending = f"the job finished at step {mark.step}; storing that is pending ({e})"
                     self._log_reason(job, pending)
@@ -142,7 +142,7 @@ class DecisionLoop:
                 if job.change_since is None:
                     job.change_since = self.clock()
                 try:
-                    quorum, revision = await job_store.publish(self.store, job, decision, int(self.wall() * 1000))
+                    quorum, revision = await job_store.publish(job, decision, int(self.wall() * 1000))
                 except StoreUnavailable as e:
                     pending = f"quorum change pending, the store is unavailable ({e}): {decision.reason}"
                     self._log_reason(job, pending)
@@ -155,8 +155,8 @@ class DecisionLoop:
             job.state.apply(decision, quorum, revision)
             if self.config.auto_restore and job.state.state_lost_step and quorum is None:
                 try:
-                    if await checkpoints.restore_if_lost(job.checkpoints, job.committed, self.store, job.state,
-                                                         self.clock(), self.wall):
+                    if await checkpoints.restore_if_lost(job.checkpoints, job.committed, job.state, self.clock(),
+                                                         self.wall):
                         job.notify()
                         return
                 except LostOwnership as e:
@@ -198,8 +198,8 @@ class DecisionLoop:
             self.metrics.taken_out.inc(job=job.state.name, reason="hung")
         for rid, why in stragglers.items():
             try:
-                rec, expected = job.state.admin_record(rid, cordoned=True)
-                job.state.apply_record(rec, await job_store.write_record(self.store, job, rec, expected))
+                rec, _ = job.state.admin_record(rid, cordoned=True)
+                job.state.apply_record(rec, await job_store.write_record(job, rec))
             except (StoreUnavailable, LostOwnership) as e:
                 log.warning("job %s: straggler %s not taken out, it could not be cordoned: %s", job.state.name, rid, e)
                 continue
@@ -214,9 +214,9 @@ class DecisionLoop:
         """Store the unreachable marks set or cleared since the last tick,
         before the quorum that takes the replica out is published: a
         coordinator that starts next keeps a still-cut replica out."""
-        for rec, expected in job.state.mark_records():
+        for rec, _ in job.state.mark_records():
             try:
-                job.state.apply_record(rec, await job_store.write_record(self.store, job, rec, expected))
+                job.state.apply_record(rec, await job_store.write_record(job, rec))
             except (StoreUnavailable, LostOwnership) as e:
                 job.state.marks_to_store.add(rec.replica_id)  # again on the next tick
                 log.warning("job %s: replica %s's unreachable mark is not stored yet: %s", job.state.name,

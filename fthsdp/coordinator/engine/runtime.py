@@ -34,6 +34,7 @@ from fthsdp.coordinator.job.replica_entry import fail_awaited, grant_reconnect_g
 from fthsdp.coordinator.job.watch_events import HEADER
 from fthsdp.coordinator.ledger.codec import quorum_to_pb
 from fthsdp.coordinator.ledger.keys import JobKeys
+from fthsdp.coordinator.ledger.writer import Guard, no_guard
 from fthsdp.coordinator.store import Store
 from fthsdp.core.errors import NotLeader, StaleSession, UnknownJob
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -49,13 +50,16 @@ class CoordinatorRuntime:
         leader: str,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        guard: Guard = no_guard,
     ) -> None:
+        """``guard``: the leader's key as this coordinator holds it, which
+        every change of a job's ledger is conditioned on (none: a lone coordinator)."""
         self.config = config
         self.store = store
         self.leader = leader
         self.clock = clock
         self.wall = wall
-        self.jobs = {name: ServedJob(name, config) for name in config.job}
+        self.jobs = {name: ServedJob(name, config, store, guard) for name in config.job}
         self.injections = {name: InjectionBook() for name in config.job}
         """Faults operators injected, by job (fthsdp/coordinator/job/injection.py)."""
         self.metrics = Metrics()
@@ -98,11 +102,11 @@ class CoordinatorRuntime:
                     pass
 
     async def _load(self, job: ServedJob) -> None:
-        job.epoch = await asyncio.to_thread(job_store.bump_epoch, self.store, job.keys, self.leader, self.wall)
-        quorum, revision, records = await job_store.read(self.store, job)
-        committed_step = await asyncio.to_thread(job.committed.load, self.store, quorum)
-        job.state.adopt_lineage(job.committed.generation, job.committed.lineage_from)
-        await asyncio.to_thread(job.checkpoints.load, self.store)
+        await asyncio.to_thread(job.ledger.load)
+        job.epoch = await job_store.bump_epoch(job, self.leader, self.wall)
+        quorum, revision = job.ledger.current.quorum, job.ledger.revisions.get(job.keys.quorum, 0)
+        records = job_store.records(job)
+        committed_step = job.committed.load(quorum)
         now = self.clock()
         # The longest lease a predecessor could have granted: at the pace its senders (every replica
         # it recorded, by its ranks) asked for (fthsdp/coordinator/decisions/lease.py presumed).
@@ -112,7 +116,6 @@ class CoordinatorRuntime:
         # A restore under way goes on: its first quorum still waits for the members (restore_wait.py).
         job.state.restore = checkpoints.under_way(job.checkpoints, job.committed, quorum)
         self._grant_grace(job, now)
-        job.state.finished = job.committed.finished
         self.metrics.epochs.inc(job=job.state.name)
         job.set_quorum(quorum_to_pb(quorum))
         if quorum is not None:
@@ -174,7 +177,7 @@ class CoordinatorRuntime:
             if needed is not None:
                 rec, expected = needed
                 rec.registered_unix_ms = int(self.wall() * 1000)
-                revision = await job_store.write_record(self.store, job, rec, expected)
+                revision = await job_store.write_record(job, rec)
             session = job.state.register(
                 req.replica_id, req.address, req.world_size, req.step, req.quorum_id, self.clock(), revision,
                 tuple(req.catch_up_addresses), req.restart_count, req.wait_for_replicas, agents, req.incarnation,
@@ -282,11 +285,9 @@ class CoordinatorRuntime:
     async def leave(self, req: pb.LeaveRequest) -> None:
         job = self.job(req.job)
         async with job.lock:
-            entry = job.state.replicas.get(req.replica_id)
-            revision = entry.record_revision if entry is not None else 0
             gone = job.state.leave(req.replica_id, req.session_id, req.failed, self.clock(), req.reason, req.step)
-            if gone and revision:
-                await job_store.delete_record(self.store, job, req.replica_id, revision)
+            if gone:
+                await job_store.delete_record(job, req.replica_id)
         log.info("job %s: replica %s left (%s)", job.state.name, req.replica_id, req.reason or "no reason given",
                  extra={"event": "replica_left", "job": job.state.name, "replica": req.replica_id,
                         "reason": req.reason, "failed": req.failed, "step": req.step})
@@ -371,7 +372,7 @@ class CoordinatorRuntime:
         """Reopen a job finished at exactly ``req.step`` (fthsdp/coordinator/engine/committed.py)."""
         job = self.job(req.job)
         async with job.lock:
-            mark = await committed.reopen(job.committed, self.store, job.state, req, peer, self.wall)
+            mark = await committed.reopen(job.committed, job.state, req, peer, self.wall)
         job.notify()
         self.wake()
         return pb.ReopenJobResponse(finished=mark)
@@ -380,8 +381,8 @@ class CoordinatorRuntime:
         """Restore a job's lost state from its checkpoint of ``req.step`` (fthsdp/coordinator/engine/checkpoints.py)."""
         job = self.job(req.job)
         async with job.lock:
-            restore = await checkpoints.restore_by_request(job.checkpoints, job.committed, self.store, job.state,
-                                                           req, peer, self.clock(), self.wall)
+            restore = await checkpoints.restore_by_request(job.checkpoints, job.committed, job.state, req, peer,
+                                                           self.clock(), self.wall)
         job.notify()
         self.wake()
         return pb.RestoreCheckpointResponse(restore=restore)
@@ -390,8 +391,8 @@ class CoordinatorRuntime:
         """Start a job over whose state is lost at exactly ``req.step`` (fthsdp/coordinator/engine/committed.py)."""
         job = self.job(req.job)
         async with job.lock:
-            give_up = await committed.give_up(job.committed, self.store, job.state, req, peer, self.leader,
-                                              job.epoch, self.clock(), self.wall)
+            give_up = await committed.give_up(job.committed, job.state, req, peer, self.leader, job.epoch,
+                                              self.clock(), self.wall)
         job.notify()
         self.wake()
         return pb.GiveUpStateResponse(give_up=give_up)
@@ -399,8 +400,8 @@ class CoordinatorRuntime:
     async def set_flags(self, job_name: str, replica_id: str, *, cordoned=None, drain=None) -> None:
         job = self.job(job_name)
         async with job.lock:
-            rec, expected = job.state.admin_record(replica_id, cordoned=cordoned, drain=drain)
-            revision = await job_store.write_record(self.store, job, rec, expected)
+            rec, _ = job.state.admin_record(replica_id, cordoned=cordoned, drain=drain)
+            revision = await job_store.write_record(job, rec)
             job.state.apply_record(rec, revision)
         log.info("job %s: replica %s cordoned=%s drain=%s", job.state.name, replica_id, rec.cordoned,
                  rec.drain_requested)

@@ -17,6 +17,8 @@ from fthsdp.coordinator.hosts.table import HostTable
 from fthsdp.coordinator.job.state import JobState
 from fthsdp.coordinator.job.watch_events import WatchEvents
 from fthsdp.coordinator.ledger.keys import JobKeys
+from fthsdp.coordinator.ledger.writer import Guard, LedgerWriter, no_guard
+from fthsdp.coordinator.store import Store
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 HISTORY_LENGTH = 200
@@ -27,13 +29,15 @@ HISTORY_LENGTH = 200
 class ServedJob:
     """A JobState plus what the runtime keeps beside it."""
 
-    def __init__(self, name: str, config: CoordinatorConfig) -> None:
-        self.state = JobState(name, config.rules, config.hang_rules)
-        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
+    def __init__(self, name: str, config: CoordinatorConfig, store: Store, guard: Guard = no_guard) -> None:
         self.keys = JobKeys(config.store_prefix, name)
-        self.committed = committed.CommittedRecord(self.keys)
+        self.ledger = LedgerWriter(store, self.keys, guard)
+        """What the store holds of the job, and its one writer (fthsdp/coordinator/ledger/writer.py)."""
+        self.state = JobState(name, config.rules, config.hang_rules, ledger=self.ledger)
+        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
+        self.committed = committed.CommittedRecord(self.ledger)
         """The stored committed step (fthsdp/coordinator/engine/committed.py)."""
-        self.checkpoints = checkpoints.CheckpointBook(self.keys)
+        self.checkpoints = checkpoints.CheckpointBook(self.ledger)
         """The job's complete checkpoints (fthsdp/coordinator/engine/checkpoints.py)."""
         self.epoch = 0
         self.events = WatchEvents()

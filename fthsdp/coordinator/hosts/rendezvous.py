@@ -27,7 +27,7 @@ those of its first complete round (``leading_shape`` picks the shape to
 decide with until then); ``check_join`` refuses, with one line, a join that
 would form a group wrong (another shape, once fixed, names both values).
 
-The coordinator applies it in fthsdp/coordinator/hosts/table.py; the
+The coordinator applies it in fthsdp/coordinator/hosts/rounds.py; the
 decision is tested table-driven (tests/test_rendezvous.py).
 """
 
@@ -120,6 +120,9 @@ class Decision:
     """The round after the decision (the next one for END)."""
     adopted: tuple[str, ...] = ()
     """The spares given to the group (ADOPT_SPARES)."""
+    replaced: tuple[str, ...] = ()
+    """The lost hosts whose node ranks they take, in the same order: ``adopted[i]`` takes ``replaced[i]``'s
+    (ADOPT_SPARES). The coordinator applies these pairs as they are: this is the one place that pairs them."""
 
 
 def decide(group: str, nnodes: int, current: Round, previous: Sequence[str], hosts: Mapping[str, Host],
@@ -146,9 +149,12 @@ def decide(group: str, nnodes: int, current: Round, previous: Sequence[str], hos
         fits = sorted(h.host_id for h in hosts.values()
                       if h.group == "" and h.alive and h.nproc == nproc and h.nnodes == nnodes)
         if fits:
-            taken = tuple(fits[:missing])
+            # One spare per lost host past its wait, both in host-id order; a place not known to be a lost host's
+            # (a host never seen, one lost within the wait) is no spare's yet.
+            count = min(missing, len(expired), len(fits))
+            taken, replaced = tuple(fits[:count]), tuple(h.host_id for h in expired[:count])
             return Decision(Action.ADOPT_SPARES, f"round {current.number}: spare {', '.join(taken)} takes the place "
-                            f"of lost {', '.join(h.host_id for h in expired[:len(taken)])}", current, taken)
+                            f"of lost {', '.join(replaced)}", current, taken, replaced)
     waiting = _waiting_for(current, joined, members, previous, nnodes, now, rules)
     if now - current.opened_at >= rules.rendezvous_timeout:
         return Decision(Action.GIVE_UP, f"round {current.number} did not complete in {rules.rendezvous_timeout:g}s: "

@@ -1,22 +1,31 @@
 """The state of a job's groups of several hosts and how a rendezvous decision is applied to it (issue 39).
 
-``GroupRounds`` holds what the coordinator knows of the hosts and their
-groups' rounds, decides a group's round (``rendezvous.decide``, after
-``rendezvous.leading_shape`` while the group's --nnodes/--nproc are not
-fixed) and applies the decision: the pushes to the hosts concerned, the
-group's node ranks (its ``Roster``), the spares it adopts and the hosts they
-replace. What the hosts' streams bring (hellos, joins, failures, ticks) is
-fthsdp/coordinator/hosts/table.py's ``HostTable``, which is this class and
-its one owner: the coordinator's event loop.
+``GroupRounds`` holds what the coordinator knows of the groups' rounds (over
+its hosts, indexed by group: fthsdp/coordinator/hosts/index.py), decides a
+group's round (``rendezvous.decide``, after ``rendezvous.leading_shape``
+while the group's --nnodes/--nproc are not fixed) and applies the decision:
+the pushes to the hosts concerned, the group's node ranks (its ``Roster``),
+the spares it adopts in the places of the lost hosts the decision names.
+
+A group is decided again when something changes it, never on a sweep over
+every group: after each event of its hosts' streams (fthsdp/coordinator/
+hosts/table.py's ``HostTable``, which is this class and its one owner: the
+coordinator's event loop), and when one of its deadlines falls due
+(fthsdp/coordinator/hosts/deadlines.py): a lost host's spare wait, a
+gathering round's rendezvous timeout. These are the only ways time alone
+changes a decision. A spare that comes is offered to the groups that wait
+for one (a lost host past its spare wait, no spare yet), not to every group.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 
 from fthsdp.coordinator.hosts.claims import Roster, decided
+from fthsdp.coordinator.hosts.deadlines import Due
+from fthsdp.coordinator.hosts.index import HostIndex
 from fthsdp.coordinator.hosts.rendezvous import (
     Action,
     Decision,
@@ -31,14 +40,6 @@ from fthsdp.coordinator.hosts.rendezvous import (
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
-
-
-Push = Callable[[pb.HostPush | None], None]
-"""Sends one message down a host's stream; None ends the stream (the agent opens it again, saying hello)."""
-
-
-def no_stream(message: pb.HostPush | None) -> None:
-    """The push of a host known only from the others' hellos: it has no stream yet."""
 
 
 @dataclasses.dataclass
@@ -70,45 +71,60 @@ class Group:
         return self.roster.hosts
 
 
-@dataclasses.dataclass
-class Link:
-    """A host's open stream."""
 
-    push: Push
-    connection: int
-    """0: a host known only from the others' hellos, whose stream has not opened yet."""
-    last_seen: float
-    incarnation: str = ""
-    """The agent's own id (HostHello.incarnation): only it may say hello as this host while the stream is open."""
-    address: str = ""
-    since: float = 0.0
-
-
-class GroupRounds:
-    """A job's hosts and groups, and a group's rendezvous decisions applied (HostTable adds the streams' events)."""
+class GroupRounds(HostIndex):
+    """A job's groups, and a group's rendezvous decisions applied (HostTable adds the streams' events)."""
 
     def __init__(self, job: str, rules: RendezvousRules) -> None:
+        super().__init__()
         self.job = job
         self.rules = rules
-        self.hosts: dict[str, Host] = {}
         self.groups: dict[str, Group] = {}
-        self._links: dict[str, Link] = {}
+        self._order: dict[str, int] = {}
+        """Each group's place in the order groups came: groups decided at one time are decided in it."""
         self._connections = 0
         self.replaced: dict[str, tuple[str, str, str]] = {}
         """Hosts whose node rank another took while they were gone: host id -> (why, group, who took it). Such a
         host is released when it comes back, as long as the one that took its place is still in the group."""
         self.finished = ""
         """Set (why) once the job finished: spares are released, and spares that come are too."""
+        self._spare_waits = Due(strict=False)
+        """Lost hosts by when they were lost: a spare may take the place once ``now - lost_since >= spare_wait``
+        (as ``rendezvous.decide`` compares)."""
+        self._gathering: dict[float, Due] = {}
+        """Gathering rounds by when they opened, one ``Due`` per rendezvous timeout (a group's own, from its
+        hellos: the agents' flag, one value in practice; one comparison each per tick while a round of it
+        gathers): the round gives up once ``now - opened_at >= rendezvous_timeout``, exactly as decided."""
+        self._learning = Due(strict=True)
+        """Groups learned from their hosts' hellos by when the first came: done a heartbeat timeout after."""
+        self._waiting: dict[str, None] = {}
+        """Groups with a lost host past its spare wait and no spare yet (as of their last decision): a spare
+        that comes is offered to these."""
+
+    def _add_group(self, group: Group) -> None:
+        name = group.replica_id
+        self.groups[name] = group
+        self._order[name] = len(self._order)
+        self._open(group, group.current)
+        if group.learning_since is not None:
+            self._learning.add(group.learning_since, name)
+
+    def _open(self, group: Group, current: Round) -> None:
+        """``current`` is the group's round from now; a gathering one may give up at its rendezvous timeout."""
+        group.current = current
+        if not current.complete:
+            due = self._gathering.setdefault(group.rendezvous_timeout, Due(strict=False))
+            due.add(current.opened_at, group.replica_id, current.number)
 
     def _drop(self, host_id: str, group: str, by: str, why: str) -> None:
         """``host_id`` lost its node rank to ``by``: it is released (if connected) and forgotten."""
         self.replaced[host_id] = (why, group, by)
-        if self.hosts.pop(host_id, None) is None:
+        if self._remove(host_id) is None:
             return
         log.warning("job %s: host %s of %s released: %s", self.job, host_id, group, why,
                     extra={"event": "host_released", "job": self.job, "host": host_id, "group": group,
                            "reason": why})
-        link = self._links.pop(host_id, None)
+        link = self._unlink(host_id)
         if link is not None:
             link.push(pb.HostPush(released=why))
             link.push(None)
@@ -118,21 +134,12 @@ class GroupRounds:
             replica_id=group.replica_id, replica_rank=group.replica_rank, round=group.current.number,
             num_replicas=group.num_replicas, hosts=group.roster.hosts))
 
-    def _by_group(self) -> tuple[dict[str, list[Host]], list[Host]]:
-        members: dict[str, list[Host]] = {}
-        spares = []
-        for h in self.hosts.values():
-            if h.group:
-                members.setdefault(h.group, []).append(h)
-            else:
-                spares.append(h)
-        return members, spares
-
     def _lose(self, host: Host, now: float, why: str) -> None:
         log.warning("job %s: host %s of %s lost: %s", self.job, host.host_id, host.group, why,
                     extra={"event": "host_lost", "job": self.job, "host": host.host_id, "group": host.group,
                            "reason": why})
-        self.hosts[host.host_id] = dataclasses.replace(host, lost_since=now)
+        self._put(dataclasses.replace(host, lost_since=now))
+        self._spare_waits.add(now, host.host_id)
         self._evaluate(host.group, now)
 
     def _advance(self, group: Group, number: int, now: float, why: str) -> None:
@@ -140,42 +147,81 @@ class GroupRounds:
         learns the round from its hosts; a failure report lost on the way):
         the rounds before are over on every host."""
         if group.current.complete:
-            for host in self.hosts.values():
-                if host.group == group.replica_id and host.alive:
+            for host in self._members(group.replica_id):
+                if host.alive:
                     self._push(host.host_id, pb.HostPush(ended=pb.RoundEnded(
                         round=group.current.number, reason=f"round {group.current.number} ended: {why}")))
-        group.current = Round(number, now)
+        self._open(group, Round(number, now))
 
-    def _push(self, host_id: str, message: pb.HostPush) -> None:
-        link = self._links.get(host_id)
-        if link is not None:
-            link.push(message)
+    # ----- deciding -------------------------------------------------------------------
 
-    def _evaluate(self, name: str, now: float, bucket: list[Host] | None = None,
-                  spares: list[Host] | None = None) -> bool:
+    def _decide_due(self, now: float, also: Iterable[str] = ()) -> None:
+        """Decide again the groups whose spare wait or rendezvous timeout fell
+        due, and ``also``; in the order the groups came, as a sweep did."""
+        names = dict.fromkeys(also)
+        while (due := self._spare_waits.pop(now, self.rules.spare_wait)) is not None:
+            host = self.hosts.get(due.key)
+            self.visits += 1
+            if host is not None and host.group and host.lost_since == due.since:  # else: back, replaced, gone
+                names[host.group] = None
+        for timeout, gathering in list(self._gathering.items()):
+            while (due := gathering.pop(now, timeout)) is not None:
+                group = self.groups.get(due.key)
+                if group is not None and not group.current.complete and (
+                        group.current.number, group.current.opened_at) == (due.token, due.since):
+                    names[due.key] = None
+            if not gathering:
+                del self._gathering[timeout]
+        for name in sorted(names, key=self._order.__getitem__):
+            self._evaluate(name, now)
+
+    def _evaluate(self, name: str, now: float) -> bool:
         """Decide the group's round until nothing changes, applying each
-        decision; ``bucket``/``spares``: the group's hosts and the spares, if
-        the caller has them. Returns whether anything was applied."""
+        decision. Returns whether anything was applied."""
         group = self.groups.get(name)
         applied = False
-        for _ in range(4):  # e.g. ADOPT_SPARES, then the spare's join completes the round later
-            if bucket is None or spares is None:
-                bucket = [h for h in self.hosts.values() if h.group == name]
-                spares = [h for h in self.hosts.values() if not h.group]
+        for _ in range(4):  # e.g. END, then ADOPT_SPARES; the spare's join completes the round later
+            bucket = self._members(name)
             if group is None or group.gave_up or not bucket:
+                self._waiting.pop(name, None)
                 return applied
             if not group.fixed_in and (shape := leading_shape(bucket, group.current.number)) is not None:
                 group.nnodes, group.nproc = shape
-            view = {h.host_id: h for h in bucket if group.fixed_in or shape_of(h) == (group.nnodes, group.nproc)}
-            view.update((h.host_id, h) for h in spares)
-            rules = dataclasses.replace(self.rules, rendezvous_timeout=group.rendezvous_timeout)
-            decision = decide(name, group.nnodes, group.current, group.roster.hosts, view, now, rules)
+            decision, wants_spare = self._decide(group, bucket, now)
             if decision.action in (Action.WAIT, Action.STEADY):
                 group.reason = decision.reason
+                if wants_spare and not group.current.complete:
+                    self._waiting[name] = None
+                else:
+                    self._waiting.pop(name, None)
                 return applied
             self._apply(group, decision, now)
-            applied, bucket = True, None
+            applied = True
         return applied
+
+    def _decide(self, group: Group, bucket: Sequence[Host], now: float) -> tuple[Decision, bool]:
+        """The group's decision over its hosts ``bucket``, and whether a spare
+        could be what it waits for: the spares are in the decision only
+        then, since it looks at them only to adopt one in the place of a
+        lost host past its spare wait (so it costs the group's hosts alone)."""
+        view = {h.host_id: h for h in bucket if group.fixed_in or shape_of(h) == (group.nnodes, group.nproc)}
+        wants_spare = any(h.lost_since is not None and now - h.lost_since >= self.rules.spare_wait for h in bucket)
+        if wants_spare:
+            view.update((h.host_id, h) for h in self._spare_hosts())
+        rules = dataclasses.replace(self.rules, rendezvous_timeout=group.rendezvous_timeout)
+        return decide(group.replica_id, group.nnodes, group.current, group.roster.hosts, view, now, rules), wants_spare
+
+    def reason(self, name: str, now: float) -> str:
+        """Why the group's round is where it is, as of ``now``: a gathering
+        round's waits count up ("lost 4s ago"), so they are worked out again
+        here rather than by deciding every group on every tick; a change a
+        deadline brings is shown once it is made."""
+        group = self.groups[name]
+        bucket = [] if group.current.complete or group.gave_up else self._members(name)
+        if not bucket:
+            return group.reason
+        decision, _ = self._decide(group, bucket, now)
+        return decision.reason if decision.action is Action.WAIT else group.reason
 
     def _apply(self, group: Group, decision: Decision, now: float) -> None:
         log.info("job %s: %s: %s", self.job, group.replica_id, decision.reason,
@@ -185,9 +231,9 @@ class GroupRounds:
                         "adopted": list(decision.adopted),
                         "reason": decision.reason})
         group.reason = decision.reason
-        members = [h for h in self.hosts.values() if h.group == group.replica_id]
+        members = self._members(group.replica_id)
         if decision.action is Action.COMPLETE:
-            group.current = decision.round
+            self._open(group, decision.round)
             group.roster = decided(decision.round.ranks, decision.round.number)
             if not group.fixed_in:
                 self._fix_shape(group, members, decision.round.number)
@@ -197,42 +243,42 @@ class GroupRounds:
                     hosts=decision.round.ranks)))
         elif decision.action is Action.END:
             ended = group.current.number
-            group.current = decision.round
+            self._open(group, decision.round)
             for host in members:
                 if not host.alive:  # a lost host's place stays for it (or a spare) in the next round
                     continue
                 self._push(host.host_id, pb.HostPush(ended=pb.RoundEnded(round=ended, reason=decision.reason)))
         elif decision.action is Action.ADOPT_SPARES:
-            self._adopt(group, decision.adopted, members, now)
+            self._adopt(group, decision, members)
         elif decision.action is Action.GIVE_UP:
             group.gave_up = decision.reason
             for host in members:
                 self._push(host.host_id, pb.HostPush(gave_up=decision.reason))
-                del self.hosts[host.host_id]
+                self._remove(host.host_id)
             # The group's round numbers go on if its hosts come back (a requeued job).
-            group.current, group.gave_up = Round(group.current.number + 1, now), ""
+            self._open(group, Round(group.current.number + 1, now))
+            group.gave_up = ""
 
-    def _adopt(self, group: Group, adopted: Sequence[str], members: Sequence[Host], now: float) -> None:
-        """Spares take lost hosts' node ranks: each is told with the group's
-        hosts by node rank, and so is every other host of the group (their
-        hellos carry it, should the coordinator restart before the round completes)."""
+    def _adopt(self, group: Group, decision: Decision, members: Sequence[Host]) -> None:
+        """Spares take the node ranks of the lost hosts the decision pairs
+        them with: each is told with the group's hosts by node rank, and so
+        is every other host of the group (their hellos carry it, should the
+        coordinator restart before the round completes)."""
         name = group.replica_id
-        replaced = sorted((h for h in members if h.lost_since is not None
-                           and now - h.lost_since >= self.rules.spare_wait), key=lambda h: h.host_id)
-        for spare_id, lost in zip(adopted, replaced, strict=False):
-            del self.hosts[lost.host_id]
-            self.replaced[lost.host_id] = (f"spare {spare_id} took this host's place (node rank of {name}) while it "
-                                           f"was gone", name, spare_id)
-            hosts = tuple(spare_id if h == lost.host_id else h for h in group.roster.hosts)
-            versions = tuple((group.current.number, True) if h == lost.host_id else v
+        for spare_id, lost_id in zip(decision.adopted, decision.replaced, strict=True):
+            self._remove(lost_id)
+            self.replaced[lost_id] = (f"spare {spare_id} took this host's place (node rank of {name}) while it "
+                                      f"was gone", name, spare_id)
+            hosts = tuple(spare_id if h == lost_id else h for h in group.roster.hosts)
+            versions = tuple((group.current.number, True) if h == lost_id else v
                              for h, v in zip(group.roster.hosts, group.roster.versions, strict=True))
             group.roster = Roster(hosts, versions)
-            self.hosts[spare_id] = dataclasses.replace(self.hosts[spare_id], group=name)
-        for spare_id in adopted:
+            self._put(dataclasses.replace(self.hosts[spare_id], group=name))
+        for spare_id in decision.adopted:
             self._push(spare_id, self._adoption(group))
         roster = pb.HostPush(roster=pb.GroupRoster(round=group.current.number, hosts=group.roster.hosts))
         for host in members:
-            if host.alive and host.host_id not in adopted:
+            if host.alive and host.host_id not in decision.adopted:
                 self._push(host.host_id, roster)
 
     def _fix_shape(self, group: Group, members: Sequence[Host], number: int) -> None:
@@ -247,8 +293,8 @@ class GroupRounds:
             log.warning("job %s: host %s refused: %s", self.job, host.host_id, why,
                         extra={"event": "host_refused", "job": self.job, "host": host.host_id,
                                "group": group.replica_id, "reason": why})
-            del self.hosts[host.host_id]
-            link = self._links.pop(host.host_id, None)
+            self._remove(host.host_id)
+            link = self._unlink(host.host_id)
             if link is not None:
                 link.push(pb.HostPush(refused=why))
                 link.push(None)

@@ -36,5 +36,5 @@ def group_statuses(table: HostTable, now: float) -> list[pb.GroupStatus]:
                 for h in hosts]
         rows.sort(key=lambda r: (r.node_rank < 0, r.node_rank, r.host_id))
         out.append(pb.GroupStatus(replica_id=name, round=group.current.number, complete=group.current.complete,
-                                  reason=group.reason, hosts=rows, nnodes=group.nnodes))
+                                  reason=table.reason(name, now), hosts=rows, nnodes=group.nnodes))
     return out

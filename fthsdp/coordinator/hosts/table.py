@@ -2,10 +2,16 @@
 
 Every host of a group of several hosts keeps one ``Host`` stream open
 (fthsdp/coordinator/hosts/stream.py); this table is what the coordinator
-knows of them, and applies ``rendezvous.decide`` to each group after every
-change and on every tick: it completes rounds, ends them on a failure,
-gives lost hosts' places to spares, and gives up on rounds that cannot
-complete, pushing each outcome to the hosts concerned.
+knows of them, and applies ``rendezvous.decide`` to a group when something
+changes it: an event of one of its hosts' streams (a hello, a join, a
+failure report, a leave, a stream closed), or a deadline that falls due (a
+host silent past the heartbeat timeout, a lost host's spare wait, a
+gathering round's rendezvous timeout; fthsdp/coordinator/hosts/deadlines.py).
+It completes rounds, ends them on a failure, gives lost hosts' places to
+spares, and gives up on rounds that cannot complete, pushing each outcome
+to the hosts concerned. A tick with nothing due looks at no host; an event
+looks at its group's hosts (and, for a spare that comes, at the groups
+that wait for one), whatever the number of other groups (issue 49).
 
 It is not stored: after a coordinator restart the agents reconnect and say
 which round they run, with which node rank and store, and the group's hosts
@@ -33,8 +39,9 @@ from fthsdp.coordinator.hosts.claims import (
     merge,
     round_refusal,
 )
+from fthsdp.coordinator.hosts.index import Link, Push, no_stream
 from fthsdp.coordinator.hosts.rendezvous import Host, Round, check_join
-from fthsdp.coordinator.hosts.rounds import Group, GroupRounds, Link, Push, log, no_stream
+from fthsdp.coordinator.hosts.rounds import Group, GroupRounds, log
 from fthsdp.core.auth import PermissionDenied
 from fthsdp.core.errors import OutOfRange
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -77,7 +84,7 @@ class HostTable(GroupRounds):
             if not readopt and (why := round_refusal(host_id, name, hello.round, group.current.number, ran,
                                                      learning)):
                 raise OutOfRange(why)
-            members = [h for h in self.hosts.values() if h.group == name and h.host_id != host_id]
+            members = [h for h in self._members(name) if h.host_id != host_id]
             if learning and mine:
                 # Hosts whose node ranks its newer claims take are not the group's any more.
                 _, out = merge(group.roster.sized(group.nnodes), mine)
@@ -85,14 +92,15 @@ class HostTable(GroupRounds):
             check_join(host, (group.nnodes, group.nproc), members, group.current, group.fixed_in)
         self.replaced.pop(host_id, None)
         self._connections += 1
-        self._links[host_id] = Link(push, self._connections, now, hello.incarnation, hello.address, now)
+        self._link(host_id, Link(push, self._connections, now, hello.incarnation, hello.address, now))
         if name and group is None:
-            group = self.groups[name] = self._new_group(hello, now)
+            group = self._new_group(hello, now)
+            self._add_group(group)
         if group is not None and hello.round > group.current.number:
             self._advance(group, hello.round, now, f"host {host_id} is in round {hello.round} already")
         if group is not None and group.learning_since is not None and mine:
             self._learn(group, host_id, hello, mine, now)
-        self.hosts[host_id] = self._returning(group, host, old, hello, now)
+        self._put(self._returning(group, host, old, hello, now))
         round_now = group.current.number if group is not None else 0
         push(pb.HostPush(welcome=pb.HostWelcome(host_id=host_id, round=round_now)))
         if readopt and group is not None:
@@ -102,7 +110,8 @@ class HostTable(GroupRounds):
         if name:
             self._evaluate(name, now)
         else:
-            self.tick(now, float("inf"))  # a spare may be what a group waits for
+            # A spare may be what a group waits for: those that do are offered it (with any wait due by now).
+            self._decide_due(now, also=list(self._waiting))
         return self._connections
 
     def join(self, host_id: str, round_number: int, store: str, now: float) -> None:
@@ -124,18 +133,18 @@ class HostTable(GroupRounds):
             # The same join again (its agent's stream was opened again): the round stands; say it again. (No
             # store known: a host this coordinator learned of running the round, from the others' hellos.)
             rank = group.current.ranks.index(host_id)
-            self.hosts[host_id] = dataclasses.replace(host, store=store)
+            self._put(dataclasses.replace(host, store=store))
             self._push(host_id, pb.HostPush(complete=pb.RoundComplete(
                 round=group.current.number, node_rank=rank, store=group.current.store, hosts=group.current.ranks)))
             return
         if group.current.complete:
             if host_id in group.current.ranks and host.left_round != group.current.number:
                 # Its ranks of the running round are gone: that round is over for every host.
-                self.hosts[host_id] = host = dataclasses.replace(host, failed_round=group.current.number,
-                                                                 failure="it joins the next round")
+                host = dataclasses.replace(host, failed_round=group.current.number, failure="it joins the next round")
+                self._put(host)
                 self._evaluate(group.replica_id, now)
         number = group.current.number
-        self.hosts[host_id] = dataclasses.replace(self.hosts[host_id], joined_round=number, store=store)
+        self._put(dataclasses.replace(self.hosts[host_id], joined_round=number, store=store))
         self._push(host_id, pb.HostPush(joined=number))
         self._evaluate(group.replica_id, now)
 
@@ -146,7 +155,7 @@ class HostTable(GroupRounds):
         log.warning("job %s: host %s of %s failed in round %d: %s", self.job, host_id, host.group, round_number,
                     reason, extra={"event": "host_failed", "job": self.job, "host": host_id, "group": host.group,
                                    "round": round_number, "reason": reason})
-        self.hosts[host_id] = dataclasses.replace(host, failed_round=round_number, failure=reason[:200])
+        self._put(dataclasses.replace(host, failed_round=round_number, failure=reason[:200]))
         self._evaluate(host.group, now)
 
     def leave(self, host_id: str, round_number: int, reason: str, now: float) -> None:
@@ -156,13 +165,14 @@ class HostTable(GroupRounds):
         log.info("job %s: host %s left: %s", self.job, host_id, reason,
                  extra={"event": "host_left", "job": self.job, "host": host_id, "reason": reason})
         if not host.group:
-            del self.hosts[host_id]
+            self._remove(host_id)
             return
-        self.hosts[host_id] = dataclasses.replace(host, left_round=round_number or -1)
+        self._put(dataclasses.replace(host, left_round=round_number or -1))
         group = self.groups[host.group]
-        if all(h.left_round for h in self.hosts.values() if h.group == group.replica_id):
-            for member in [h for h in self.hosts.values() if h.group == group.replica_id]:
-                del self.hosts[member.host_id]
+        members = self._members(group.replica_id)
+        if all(h.left_round for h in members):
+            for member in members:
+                self._remove(member.host_id)
             group.reason = f"round {group.current.number}: every host left ({reason})"
 
     def beat(self, host_id: str, now: float) -> None:
@@ -174,51 +184,70 @@ class HostTable(GroupRounds):
         link = self._links.get(host_id)
         if link is None or not connection or link.connection != connection:
             return  # 0: a hello answered with a release, which opened no connection
-        del self._links[host_id]
+        self._unlink(host_id)
         host = self.hosts.get(host_id)
         if host is None:
             return
         if not host.group:
-            del self.hosts[host_id]  # a spare that goes is simply not a spare any more
+            self._remove(host_id)  # a spare that goes is simply not a spare any more
             return
         if host.left_round == 0 and host.lost_since is None:
             self._lose(host, now, "its stream closed")
 
     def tick(self, now: float, heartbeat_timeout: float) -> None:
-        """Hosts silent past ``heartbeat_timeout`` are lost; then every group
-        is decided again. One pass over the hosts (into groups), then each
-        group's decision over its own hosts and the spares."""
-        for host_id, link in list(self._links.items()):
-            host = self.hosts.get(host_id)
-            if host is None:
-                if not link.connection:
-                    del self._links[host_id]  # known from the others' hellos, then dropped
-                continue
-            if host.lost_since is None and now - link.last_seen > heartbeat_timeout:
-                # Its stream is ended too: if the agent is alive after all, it comes back with a hello and
-                # learns where its group is, rather than talking on a stream the table no longer follows.
-                del self._links[host_id]
-                link.push(None)
-                if host.group and host.left_round == 0:
-                    self._lose(host, now, f"no heartbeat for {now - link.last_seen:.1f}s" if link.connection else
-                               f"not back {now - link.last_seen:.1f}s after the others' hellos named it")
-                elif not host.group:
-                    del self.hosts[host_id]
-        members, spares = self._by_group()
-        for name, group in self.groups.items():
-            if group.learning_since is not None and now - group.learning_since > heartbeat_timeout:
+        """What fell due by ``now``, and nothing else: hosts silent past
+        ``heartbeat_timeout`` are lost, groups learned after a restart are
+        the table's to decide alone a heartbeat timeout after, and groups
+        whose spare wait or rendezvous timeout came are decided again. The
+        timeout may differ from tick to tick (the event loop's lag is in
+        it): each deadline is checked with the one given now."""
+        while (due := self._silent.pop(now, heartbeat_timeout)) is not None:
+            self._silence(due.key, due.since, due.token, now)
+        while (due := self._learning.pop(now, heartbeat_timeout)) is not None:
+            group = self.groups.get(due.key)
+            if group is not None and group.learning_since == due.since:
                 group.learning_since = None  # every host that lives has said hello: the table decides alone now
-            if name in members and self._evaluate(name, now, members[name], spares):
-                members, spares = self._by_group()  # something changed (seldom): look again
+        self._decide_due(now)
+
+    def _silence(self, host_id: str, since: float, link: object, now: float) -> None:
+        """The stream ``link`` of ``host_id``, last heard at ``since``, is
+        past the heartbeat timeout by then (checked with the tick's)."""
+        if self._links.get(host_id) is not link or not isinstance(link, Link):
+            return  # a newer stream took its place, or it closed: that one is watched on its own
+        self.visits += 1
+        if link.last_seen != since:
+            self._silent.add(link.last_seen, host_id, link)  # heard since: silent from then
+            return
+        host = self.hosts.get(host_id)
+        if host is None:
+            if not link.connection:
+                self._unlink(host_id)  # known from the others' hellos, then dropped
+            return  # (an open stream of no host: a hello, not silence, brings it back)
+        if host.lost_since is not None:
+            return
+        # Its stream is ended too: if the agent is alive after all, it comes back with a hello and
+        # learns where its group is, rather than talking on a stream the table no longer follows.
+        self._unlink(host_id)
+        link.push(None)
+        if host.group and host.left_round == 0:
+            self._lose(host, now, f"no heartbeat for {now - link.last_seen:.1f}s" if link.connection else
+                       f"not back {now - link.last_seen:.1f}s after the others' hellos named it")
+        elif not host.group:
+            self._remove(host_id)
 
     def finish(self, why: str) -> None:
-        """The job finished: the spares are not needed (their agents end, exit 0)."""
+        """The job finished: the spares are not needed (their agents end, exit
+        0), nor are spares that come later (until ``reopen``)."""
         if self.finished:
             return
         self.finished = why
-        for host in [h for h in self.hosts.values() if not h.group]:
+        for host in self._spare_hosts():
             self._push(host.host_id, pb.HostPush(released=why))
-            del self.hosts[host.host_id]
+            self._remove(host.host_id)
+
+    def reopen(self) -> None:
+        """The job runs again (it was finished): spares that come are taken again."""
+        self.finished = ""
 
     def stale_incarnation(self, replica_id: str, restart_count: int) -> str:
         """Why a rank of incarnation ``restart_count`` of ``replica_id`` may
@@ -231,19 +260,6 @@ class HostTable(GroupRounds):
             return ""
         return (f"replica {replica_id}: a rank of round {restart_count + 1} (restart count {restart_count}) may not "
                 f"register: that round ended, the group is in round {group.current.number}")
-
-    # ----- status ---------------------------------------------------------------------
-
-    def spares(self) -> list[str]:
-        return sorted(h.host_id for h in self.hosts.values() if not h.group and h.alive)
-
-    def group_hosts(self, replica_id: str) -> list[Host]:
-        return sorted((h for h in self.hosts.values() if h.group == replica_id), key=lambda h: h.host_id)
-
-    def reconnecting(self, host_id: str) -> bool:
-        """A host known from the others' hellos, not back yet itself."""
-        link = self._links.get(host_id)
-        return link is not None and not link.connection
 
     # ----- hellos ---------------------------------------------------------------------
 
@@ -264,10 +280,6 @@ class HostTable(GroupRounds):
             return f"host {took[1]} took this host's node rank {took[0]} of group {name} while it was gone"
         return ""
 
-    def _member(self, host_id: str, group: str) -> bool:
-        host = self.hosts.get(host_id)
-        return host is not None and host.group == group
-
     def _new_group(self, hello: pb.HostHello, now: float) -> Group:
         # A host that ran a round (or heard of one) fixes the group's shape: that round completed with it.
         ran = hello.hosts_round or (hello.round if hello.node_rank >= 0 else 0)
@@ -285,8 +297,7 @@ class HostTable(GroupRounds):
         if not group.fixed_in:
             # The first host to say hello had run no round; this one did: that round's shape is the group's.
             group.nnodes, group.nproc = hello.nnodes, hello.nproc
-            self._fix_shape(group, [h for h in self.hosts.values() if h.group == name],
-                            max(c.version[0] for c in mine))
+            self._fix_shape(group, self._members(name), max(c.version[0] for c in mine))
         group.roster, out = merge(group.roster.sized(group.nnodes), mine)
         for holder, by, rank in out:
             self._drop(holder, name, by, f"host {by} took this host's node rank {rank} of group {name} while it "
@@ -298,13 +309,13 @@ class HostTable(GroupRounds):
             if not other or other == host_id or (known is not None and known.group == name):
                 continue
             if known is None:
-                self.hosts[other] = Host(other, name, group.nnodes, group.nproc,
-                                         joined_round=group.current.number if running else 0,
-                                         store=hello.store if running and rank == 0 else "")
-                self._links[other] = Link(no_stream, 0, now)
+                self._put(Host(other, name, group.nnodes, group.nproc,
+                               joined_round=group.current.number if running else 0,
+                               store=hello.store if running and rank == 0 else ""))
+                self._link(other, Link(no_stream, 0, now))
             elif not known.group:
                 # A spare this group adopted before the restart, whose adoption it may not have heard.
-                self.hosts[other] = dataclasses.replace(known, group=name)
+                self._put(dataclasses.replace(known, group=name))
                 self._push(other, self._adoption(group))
 
     def _returning(self, group: Group | None, host: Host, old: Host | None, hello: pb.HostHello,
@@ -325,8 +336,8 @@ class HostTable(GroupRounds):
                 # The same agent, which had joined the round but not heard it complete: it joins again, as it was.
                 return dataclasses.replace(host, joined_round=old.joined_round, store=old.store)
             # A host of the running round back with nothing running: its last incarnation died.
-            self.hosts[host.host_id] = dataclasses.replace(old, failed_round=current.number,
-                                                           failure="its agent came back with no ranks running")
+            self._put(dataclasses.replace(old, failed_round=current.number,
+                                          failure="its agent came back with no ranks running"))
             self._evaluate(group.replica_id, now)
         return host
 

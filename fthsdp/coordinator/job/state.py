@@ -129,15 +129,13 @@ class JobState(ReplicaCalls, MemberChecks):
         return pb.JobFinished(step=self.committed_step, unix_ms=unix_ms, quorum_id=self.quorum.id)
 
     def finish(self, mark: pb.JobFinished, decision: Decision) -> Decision:
-        """Adopt a stored finished mark; returns what to apply instead of
-        ``decision`` (which may have admitted a late arrival)."""
-        self.finished = mark
+        """Adopt a stored finished mark (the ledger holds it); returns what to
+        apply instead of ``decision`` (which may have admitted a late arrival)."""
         return dataclasses.replace(decision, members=None, catch_up={}, settled=True,
                                    reason=finished_reason(self.name, mark.step))
 
     def reopen(self) -> None:
-        """Adopt a stored reopen: quorums form again, from the replicas there are."""
-        self.finished = None
+        """Adopt a stored reopen (the ledger holds it): quorums form again, from the replicas there are."""
         self.dirty = True
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:

@@ -21,6 +21,7 @@ from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Member, Quo
 from fthsdp.coordinator.decisions.reach_book import ReachBook
 from fthsdp.coordinator.job import replica_status, watch_events
 from fthsdp.coordinator.job.replica_entry import ReplicaEntry, seed_entries
+from fthsdp.coordinator.ledger.value import FixedLedger, LedgerView
 from fthsdp.core.errors import NotFound, StaleSession
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -29,6 +30,9 @@ KEEP_QUORUMS = 64
 sealed seconds after its step, many quorums later at most in a job that is
 changing fast."""
 
+NO_LEDGER = FixedLedger()
+"""The ledger of a table made without a store: empty."""
+
 DEFAULT_HANG_RULES = HangRules()
 """The hang and straggler rules of a job made without any (frozen: one shared instance)."""
 
@@ -36,8 +40,12 @@ DEFAULT_HANG_RULES = HangRules()
 class JobTable:
     """The state of one job's membership table (``JobState`` adds what changes it)."""
 
-    def __init__(self, name: str, rules: Rules, hang_rules: HangRules = DEFAULT_HANG_RULES) -> None:
+    def __init__(self, name: str, rules: Rules, hang_rules: HangRules = DEFAULT_HANG_RULES,
+                 ledger: LedgerView = NO_LEDGER) -> None:
         self.name = name
+        self.ledger = ledger
+        """What the store holds of the job (its writer: fthsdp/coordinator/ledger/writer.py); read here, never
+        written."""
         self.rules = rules
         self.progress = ProgressBook(hang_rules)  # every process's progress; the hang verdicts
         self.hang_horizon = hang_rules.ceiling  # what watchers were told of the longest a member may stall
@@ -94,21 +102,11 @@ class JobTable:
         """From the latest decision: the committed step no live replica holds (0: not lost)."""
         self.state_lost = ""
         """From the latest decision, while lost: what remains."""
-        self.generation = 0
-        """The job's lineage: one more after every restore from a checkpoint
-        or give-up (stored with the committed step, fthsdp/coordinator/engine/committed.py)."""
-        self.lineage_from = 0
-        """The quorum id current when this generation began: a checkpoint
-        written in a quorum up to it is of an older lineage (fthsdp/coordinator/engine/checkpoints.py)."""
         self._quorum_members: dict[int, frozenset[str]] = {}
         """The members of the last few quorums, by id (``was_member``)."""
         self.restore: pb.CheckpointRecord | None = None
         """While the state is restored from this checkpoint (fthsdp/coordinator/engine/checkpoints.py):
         sent to every watcher until a quorum forms at its step."""
-        self.finished: pb.JobFinished | None = None
-        """Set once every member of the last quorum left finished (stored,
-        fthsdp/coordinator/engine/committed.py): no quorum forms, and every watcher is
-        told, until an operator reopens the job (``reopen``)."""
         self.lease_s = rules.member_lease
         """The member lease an answer grants now (fthsdp/coordinator/decisions/lease.py ``granted``: stretched with
         the pace)."""
@@ -178,11 +176,25 @@ class JobTable:
         formed or loaded; an older one is not known, and counts as no)."""
         return replica_id in self._quorum_members.get(quorum_id, ())
 
-    def adopt_lineage(self, generation: int, lineage_from: int) -> None:
-        """The job's lineage as stored (fthsdp/coordinator/engine/committed.py): after
-        a restore or a give-up, the steps are trained again by a new lineage,
-        whose checkpoints are the only ones recorded from then on."""
-        self.generation, self.lineage_from = generation, lineage_from
+    @property
+    def generation(self) -> int:
+        """The job's lineage, as stored: one more after every restore from a
+        checkpoint or give-up (fthsdp/coordinator/engine/committed.py), whose
+        checkpoints are the only ones recorded from then on."""
+        return self.ledger.current.generation
+
+    @property
+    def lineage_from(self) -> int:
+        """The quorum id current when this generation began: a checkpoint
+        written in a quorum up to it is of an older lineage (fthsdp/coordinator/engine/checkpoints.py)."""
+        return self.ledger.current.lineage_from
+
+    @property
+    def finished(self) -> pb.JobFinished | None:
+        """Set, as stored, once every member of the last quorum left finished
+        (fthsdp/coordinator/engine/committed.py): no quorum forms, and every
+        watcher is told, until an operator reopens the job (``reopen``)."""
+        return self.ledger.current.finished
 
     def set_quorum(self, quorum: Quorum | None, revision: int) -> None:
         """Adopt ``quorum`` (stored at ``revision``) as the current one."""

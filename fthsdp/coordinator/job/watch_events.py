@@ -35,9 +35,11 @@ class WatcherView(Protocol):
     reason: str
     state_lost_step: int
     hang_horizon: float
-    finished: pb.JobFinished | None
     restore: pb.CheckpointRecord | None
     reach: ReachBook
+
+    @property
+    def finished(self) -> pb.JobFinished | None: ...
 
     @property
     def replicas(self) -> Mapping[str, ReplicaEntry]: ...

@@ -12,11 +12,11 @@ compare-and-swap (see :mod:`fthsdp.coordinator.store.base` for the semantics).
 
 from __future__ import annotations
 
-from fthsdp.coordinator.store.base import CasResult, Store, Versioned
+from fthsdp.coordinator.store.base import CasResult, Store, TxnResult, Versioned
 from fthsdp.coordinator.store.memory import MemoryStore
 from fthsdp.core.errors import ConfigError
 
-__all__ = ["CasResult", "MemoryStore", "Store", "Versioned", "open_store", "parse_etcd_url"]
+__all__ = ["CasResult", "MemoryStore", "Store", "TxnResult", "Versioned", "open_store", "parse_etcd_url"]
 
 DEFAULT_ETCD_PORT = 2379
 _EXPECTED = "expected 'memory' or 'etcd://HOST:PORT[,HOST:PORT...]'"

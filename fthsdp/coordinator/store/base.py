@@ -30,6 +30,13 @@ Compare-and-swap
     carries what is in the store now, so the caller can re-decide without a
     second read.
 
+Transactions
+    :meth:`Store.transact` compares the revisions of several keys and, only
+    if every one matches, writes and deletes several keys, as one atomic step
+    (etcd's ``Txn``). The writes of one transaction share one revision. A
+    job's ledger is written this way, one transaction per change, conditioned
+    on the leader's key as well (fthsdp/coordinator/ledger/writer.py).
+
 Leases
     A lease has a time to live; a key written with it (``compare_and_set(...,
     lease=L)``) is deleted when the lease expires or is revoked, each delete a
@@ -57,7 +64,8 @@ Threads
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,21 @@ class CasResult:
 
     succeeded: bool
     current: Versioned | None
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """The outcome of a transaction.
+
+    On success ``revisions`` holds the new revision of every key written (all
+    the same: one transaction is one write); on failure ``current`` holds every
+    compared key as it is now (``None``: absent), so that the caller can see
+    who moved what without a second read.
+    """
+
+    succeeded: bool
+    revisions: dict[str, int] = field(default_factory=dict)
+    current: dict[str, Versioned | None] = field(default_factory=dict)
 
 
 class Store(abc.ABC):
@@ -118,6 +141,13 @@ class Store(abc.ABC):
         revision, which is greater than every revision issued before. With
         ``lease``, the key is deleted when that lease ends.
         """
+
+    @abc.abstractmethod
+    def transact(self, compares: Mapping[str, int], puts: Mapping[str, bytes],
+                 deletes: Iterable[str] = ()) -> TxnResult:
+        """Only if every key of ``compares`` is at its revision (0: absent),
+        write ``puts`` and delete ``deletes``, atomically. A key may not be
+        both written and deleted; deleting an absent key writes nothing."""
 
     @abc.abstractmethod
     def grant_lease(self, ttl: float) -> int:
@@ -173,6 +203,22 @@ def validate_write(value: bytes, expected_revision: int) -> None:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"store value must be bytes, got {type(value).__name__}")
     validate_revision(expected_revision)
+
+
+def validate_txn(compares: Mapping[str, int], puts: Mapping[str, bytes], deletes: Iterable[str]) -> list[str]:
+    """The deletes as a list, once every key, value and revision is checked (a programming error otherwise)."""
+    gone = list(deletes)
+    for key, revision in compares.items():
+        validate_key(key)
+        validate_revision(revision)
+    for key, value in puts.items():
+        validate_key(key)
+        validate_write(value, 0)
+    for key in gone:
+        validate_key(key)
+        if key in puts:
+            raise ValueError(f"key {key!r} is both written and deleted in one transaction")
+    return gone
 
 
 def validate_revision(expected_revision: int) -> None:

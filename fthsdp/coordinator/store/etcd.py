@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 import grpc
@@ -15,9 +15,11 @@ from pyetcd import exceptions as etcd_exc
 from fthsdp.coordinator.store.base import (
     CasResult,
     Store,
+    TxnResult,
     Versioned,
     validate_key,
     validate_revision,
+    validate_txn,
     validate_write,
 )
 from fthsdp.core.errors import StoreError, StoreUnavailable
@@ -170,6 +172,30 @@ class EtcdStore(Store):
         kvs = responses[-1]
         current = Versioned(value=kvs[0][0], revision=kvs[0][1].mod_revision) if kvs else None
         return CasResult(succeeded=False, current=current)
+
+    def transact(self, compares: Mapping[str, int], puts: Mapping[str, bytes],
+                 deletes: Iterable[str] = ()) -> TxnResult:
+        gone = validate_txn(compares, puts, deletes)
+        t = self._client.transactions
+        compared = [validate_key(k) for k in compares]
+        written = [validate_key(k) for k in puts]
+        # Reading the written keys back inside the transaction gives their new revision; on failure, the
+        # compared keys as they are.
+        succeeded, responses = self._call(
+            lambda: self._client.transaction(
+                compare=[t.mod(k) == r for k, r in zip(compared, compares.values(), strict=True)],
+                success=[*(t.put(k, bytes(v)) for k, v in zip(written, puts.values(), strict=True)),
+                         *(t.delete(validate_key(k)) for k in gone), *(t.get(k) for k in written)],
+                failure=[t.get(k) for k in compared],
+            ),
+            idempotent=False,
+        )
+        if succeeded:
+            reads = responses[len(responses) - len(written):]
+            return TxnResult(True, revisions={k: kvs[0][1].mod_revision for k, kvs in zip(puts, reads, strict=True)})
+        current = {k: (Versioned(value=kvs[0][0], revision=kvs[0][1].mod_revision) if kvs else None)
+                   for k, kvs in zip(compares, responses, strict=True)}
+        return TxnResult(False, current=current)
 
     def grant_lease(self, ttl: float) -> int:
         if not ttl > 0:

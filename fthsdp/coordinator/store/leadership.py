@@ -71,6 +71,8 @@ class Leadership:
         """The leader's address as last seen ('' unknown); ``me`` once leading."""
         self.leading = False
         self._lease = 0
+        self._revision = 0
+        """The leader key's revision when this coordinator last took it (0: never)."""
         self._here, self._probe, self._reach = here, probe, reach
 
     async def try_once(self) -> bool:
@@ -86,6 +88,7 @@ class Leadership:
             return False
         if result.succeeded and result.current:
             self._lease, self.leading, self.leader = lease, True, self.me
+            self._revision = result.current.revision
             log.info("leader election: this coordinator (%s) leads", self.me)
             await asyncio.to_thread(self._record_holder, result.current.revision)
             return True
@@ -95,6 +98,13 @@ class Leadership:
             log.info("leader election: %s leads; this coordinator follows", leader or "nobody")
         self.leader = leader
         return False
+
+    def held(self) -> tuple[str, int]:
+        """The leader's key and the revision this coordinator took it at: a
+        write conditioned on it succeeds only while this coordinator still
+        holds the key (fthsdp/coordinator/ledger/writer.py). Before it ever
+        led, revision 0: "nobody holds it", which fails while anyone does."""
+        return self.key, self._revision
 
     def _end_dead(self, leader: Versioned) -> bool:
         """Revoke the lease of the key's holder if it is provably dead; True if it was."""

@@ -5,14 +5,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from fthsdp.coordinator.store.base import (
     CasResult,
     Store,
+    TxnResult,
     Versioned,
     validate_key,
     validate_revision,
+    validate_txn,
     validate_write,
 )
 from fthsdp.core.errors import StoreError
@@ -94,6 +96,26 @@ class MemoryStore(Store):
                 # an absent key writes nothing, so it does not.
                 self._delete(key)
             return CasResult(succeeded=True, current=None)
+
+    def transact(self, compares: Mapping[str, int], puts: Mapping[str, bytes],
+                 deletes: Iterable[str] = ()) -> TxnResult:
+        gone = validate_txn(compares, puts, deletes)
+        with self._lock:
+            self._check_open()
+            self._expire_leases()
+            if any(_revision_of(self._data.get(k)) != r for k, r in compares.items()):
+                return TxnResult(False, current={k: self._data.get(k) for k in compares})
+            present = [k for k in gone if k in self._data]
+            if not puts and not present:
+                return TxnResult(True)
+            self._revision += 1  # one transaction, one revision (as etcd's)
+            for key, value in puts.items():
+                self._data[key] = Versioned(value=bytes(value), revision=self._revision)
+                self._key_lease.pop(key, None)
+            for key in present:
+                del self._data[key]
+                self._key_lease.pop(key, None)
+            return TxnResult(True, revisions=dict.fromkeys(puts, self._revision))
 
     def grant_lease(self, ttl: float) -> int:
         if not ttl > 0:
