@@ -174,10 +174,6 @@ def test_a_notify_with_nothing_changed_for_a_replica_sends_it_nothing():
     assert {rid: quorum_ids(e) for rid, e in events.items()} == dict.fromkeys(events, [1, 2])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a watcher that holds the member list (an observer, or member_list=True) is sent the quorum again as an "
-    "empty delta (SAME) on the first notify after a change, even when nothing it is sent changed: "
-    "runtime.watch compares the FULL or DELTA bytes it last sent with the SAME bytes it would send now"))
 @pytest.mark.parametrize("who", ["observer", "r0 with member_list"])
 def test_a_notify_with_nothing_changed_sends_a_member_list_watcher_nothing(who):
     async def scenario():

@@ -167,21 +167,33 @@ async def sync(book: CheckpointBook, job: str, now: float) -> None:
                      extra={"event": "checkpoint", "job": job, "step": record.step, "path": record.path})
 
 
+def to_restore(book: CheckpointBook, committed: CommittedRecord, lost: int) -> tuple[pb.CheckpointRecord | None, bool]:
+    """The checkpoint to restore a state lost at step ``lost`` from (None:
+    none, or the state is not lost), and whether the restore is still to be
+    stored (False: it is under way since before a coordinator restart, and
+    is only offered again)."""
+    record = book.usable[0] if book.usable else None
+    if not lost or record is None or record.step > lost:
+        return None, False
+    last = committed.last_restore
+    if last is not None and last.checkpoint.digest == record.digest and lost == record.step:
+        return record, False
+    return record, True
+
+
 async def restore_if_lost(book: CheckpointBook, committed: CommittedRecord, state: JobState,
                           now: float, wall: Callable[[], float]) -> bool:
     """Restore the newest checkpoint if the state is lost now (the caller
     holds the job's lock and checks the setting). True if it did."""
-    lost = state.state_lost_step
-    record = book.usable[0] if book.usable else None
-    if not lost or record is None or record.step > lost:
+    record, to_store = to_restore(book, committed, state.state_lost_step)
+    if record is None:
         return False
-    last = committed.last_restore
-    if last is not None and last.checkpoint.digest == record.digest and lost == record.step:
+    if not to_store:
         if state.restore is None:
             state.restore = record  # under way since before a coordinator restart: offered again
         return False
     try:
-        await restore(book, committed, state, record, lost, now, wall, "automatic")
+        await restore(book, committed, state, record, state.state_lost_step, now, wall, "automatic")
     except StoreError as e:
         log.warning("job %s: restoring the checkpoint of step %d is pending: %s", state.name, record.step, e)
         return False
@@ -222,24 +234,35 @@ async def restore_by_request(book: CheckpointBook, committed: CommittedRecord, s
     return await restore(book, committed, state, record, lost, now, wall, f"{who} (from {peer})")
 
 
+def restore_message(record: pb.CheckpointRecord, lost: int, unix_ms: int, requested_by: str) -> pb.Restore:
+    return pb.Restore(checkpoint=record, lost_step=lost, unix_ms=unix_ms, requested_by=requested_by)
+
+
 async def restore(book: CheckpointBook, committed: CommittedRecord, state: JobState,
                   record: pb.CheckpointRecord, lost: int, now: float, wall: Callable[[], float],
                   requested_by: str) -> pb.Restore:
     """Store the restore with the committed step reset to the checkpoint's,
     then act on it. StoreError if it could not be stored (nothing changed)."""
     unix_ms = int(wall() * 1000)
-    msg = pb.Restore(checkpoint=record, lost_step=lost, unix_ms=unix_ms, requested_by=requested_by)
+    msg = restore_message(record, lost, unix_ms, requested_by)
     quorum_id = state.quorum.id if state.quorum else 0
     if await committed.write(record.step, quorum_id, unix_ms, None, restore=msg, new_lineage=True) is not None:
         raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
                             "look at the status and try again")
+    restored(committed, state, msg, now)
+    return msg
+
+
+def restored(committed: CommittedRecord, state: JobState, msg: pb.Restore, now: float) -> None:
+    """Act on a restore once it is stored: the committed step is the checkpoint's, the loss is over, and
+    every watcher is sent the checkpoint to load."""
+    record = msg.checkpoint
     committed.written_at = now
     state.give_up_state(record.step)
     state.restore = record
     log.warning(
         "job %s: state lost at step %d: restoring the checkpoint of step %d (%d committed steps lost; %s): %s",
-        state.name, lost, record.step, lost - record.step, requested_by, record.path,
-        extra={"event": "restore", "job": state.name, "lost_step": lost, "step": record.step, "path": record.path,
-               "requested_by": requested_by, "generation": state.generation},
+        state.name, msg.lost_step, record.step, msg.lost_step - record.step, msg.requested_by, record.path,
+        extra={"event": "restore", "job": state.name, "lost_step": msg.lost_step, "step": record.step,
+               "path": record.path, "requested_by": msg.requested_by, "generation": state.generation},
     )
-    return msg

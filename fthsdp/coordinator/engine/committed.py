@@ -33,7 +33,8 @@ its own step as well.
 
 The finished mark. When every member of the last quorum left and at least
 one left "finished" (``JobState.finish_mark``), the record is written with
-``finished`` set *before* the decision is applied (``mark_finished``): a
+``finished`` set *before* the decision is applied (in the decision's ledger
+transaction, fthsdp/coordinator/engine/outcome.py): a
 coordinator restart still knows the job is done, and a replica that
 arrives later is told so instead of starting the job over alone. Only an
 operator's reopen (``reopen``, `fthsdp reopen-job`) clears it.
@@ -158,20 +159,8 @@ class CommittedRecord:
         coordinator wrote meanwhile (the ledger holds it now, so the next
         write can succeed)."""
         def change(before: Ledger) -> Ledger:
-            last = give_up if give_up is not None else before.last_give_up
-            restored = restore if restore is not None else before.last_restore
-            mark = before.finished if finished is KEEP else finished
-            generation, lineage_from = ((before.generation + 1, quorum_id) if new_lineage
-                                        else (before.generation, before.lineage_from))
-            msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms, generation=generation,
-                                   lineage_from=lineage_from)
-            if last is not None:
-                msg.last_give_up.CopyFrom(last)
-            if restored is not None:
-                msg.last_restore.CopyFrom(restored)
-            if mark is not None:
-                msg.finished.CopyFrom(mark)
-            return dataclasses.replace(before, committed=msg)
+            return dataclasses.replace(before, committed=next_record(before, step, quorum_id, unix_ms, give_up,
+                                                                     finished, restore, new_lineage))
 
         mine = self.ledger.current.committed
         try:
@@ -179,6 +168,26 @@ class CommittedRecord:
         except LedgerConflict:
             return Adopted(self.ledger.current.committed or pb.CommittedStep(), mine)
         return None
+
+
+def next_record(before: Ledger, step: int, quorum_id: int, unix_ms: int, give_up: pb.GiveUp | None = None,
+                finished: pb.JobFinished | None | _Keep = KEEP, restore: pb.Restore | None = None,
+                new_lineage: bool = False) -> pb.CommittedStep:
+    """The committed-step record that follows ``before``'s (see ``CommittedRecord.write``)."""
+    last = give_up if give_up is not None else before.last_give_up
+    restored = restore if restore is not None else before.last_restore
+    mark = before.finished if finished is KEEP else finished
+    generation, lineage_from = ((before.generation + 1, quorum_id) if new_lineage
+                                else (before.generation, before.lineage_from))
+    msg = pb.CommittedStep(step=step, quorum_id=quorum_id, updated_unix_ms=unix_ms, generation=generation,
+                           lineage_from=lineage_from)
+    if last is not None:
+        msg.last_give_up.CopyFrom(last)
+    if restored is not None:
+        msg.last_restore.CopyFrom(restored)
+    if mark is not None:
+        msg.finished.CopyFrom(mark)
+    return msg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +214,10 @@ async def sync(record: CommittedRecord, state: JobState, now: float, unix_ms: in
         return
     record.written_at = now
     if adopted is not None:
-        _adopt(state, adopted)
+        adopt(state, adopted)
 
 
-def _adopt(state: JobState, adopted: Adopted) -> None:
+def adopt(state: JobState, adopted: Adopted) -> None:
     """Another coordinator wrote the record (the ledger holds it now): a
     give-up it took is the operator's newer intent; otherwise the higher
     step stands."""
@@ -246,7 +255,7 @@ async def give_up(record: CommittedRecord, state: JobState, request: pb.GiveUpSt
                            coordinator=coordinator, epoch=epoch, quorum_id=quorum_id)
     adopted = await record.write(0, quorum_id, unix_ms, record_msg, new_lineage=True)
     if adopted is not None:
-        _adopt(state, adopted)
+        adopt(state, adopted)
         raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
                             "look at the status and try again")
     record.written_at = now
@@ -259,19 +268,6 @@ async def give_up(record: CommittedRecord, state: JobState, request: pb.GiveUpSt
                "requested_by": request.requested_by, "peer": peer, "quorum_id": quorum_id},
     )
     return record_msg
-
-
-async def mark_finished(record: CommittedRecord, state: JobState, mark: pb.JobFinished, now: float) -> None:
-    """Store the finished mark (with the committed step reset: the state
-    ended with the members) before the decision that finished the job is
-    applied; the caller holds the job's lock. Raises StoreError (the
-    decision is then taken again on the next tick) or LostOwnership."""
-    adopted = await record.write(0, mark.quorum_id, mark.unix_ms, None, mark)
-    if adopted is not None:
-        _adopt(state, adopted)
-        raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
-                            "deciding again")
-    record.written_at = now
 
 
 async def reopen(record: CommittedRecord, state: JobState, request: pb.ReopenJobRequest, peer: str,
@@ -288,7 +284,7 @@ async def reopen(record: CommittedRecord, state: JobState, request: pb.ReopenJob
     quorum_id = state.quorum.id if state.quorum else 0
     adopted = await record.write(state.committed_step, quorum_id, int(wall() * 1000), None, None)
     if adopted is not None:
-        _adopt(state, adopted)
+        adopt(state, adopted)
         raise LostOwnership(f"the committed step of job {state.name} was changed by another coordinator; "
                             "look at the status and try again")
     state.reopen()

@@ -1,35 +1,47 @@
 """The decision loop: every job's next quorum, decided, stored, applied, pushed.
 
 Each tick (``tick_interval``), or at once when something urgent wakes it (a
-member lost, a replica ready), the loop runs each job's checks (diverged
-checksums, hangs and stragglers, unreachable marks to store), stretches the
-heartbeat pace to the load, and, if anything could have changed, takes the
-decision (``JobState.evaluate``, fthsdp/coordinator/job/state.py). A quorum change is
-written to the store with a revision check *before* it is applied and
-pushed to the watchers (fthsdp/coordinator/engine/job_store.py); a job that
-finished is marked in the store first (fthsdp/coordinator/engine/committed.py).
+member lost, a replica ready), the loop takes each job through one
+decision, in order:
+
+* **check**: diverged checksums, hangs and stragglers, unreachable marks
+  (a straggler's cordon and the marks stored first), the heartbeat pace,
+  silent outsiders; and whether anything could have changed;
+* **decide**: the quorum decision (``JobState.evaluate``,
+  fthsdp/coordinator/job/state.py) and what of it is durable: the finished
+  mark, the next quorum, a lost state's restore
+  (fthsdp/coordinator/engine/outcome.py);
+* **persist**: that, in one transaction of the job's ledger, conditioned on
+  the leader's key (fthsdp/coordinator/ledger/writer.py): a quorum id that
+  reached a replica is durable, so ids never go backwards after a restart;
+* **apply**: the decision adopted by the job's table; **notify**: the
+  watchers woken once, if anything they are sent changed.
 
 Apart from the runtime (fthsdp/coordinator/engine/runtime.py), which answers the
 replicas' and operators' calls as they come: the loop is what runs on its
 own, under each job's lock, and never on a call's path.
 """
-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decisions.quorum import names, settle_for
+from fthsdp.coordinator.decisions.quorum_types import Decision, Quorum
 from fthsdp.coordinator.engine import checkpoints, committed, job_store
 from fthsdp.coordinator.engine.loop_lag import LagWindow, backlog, lag_allowance
 from fthsdp.coordinator.engine.metrics import Metrics
+from fthsdp.coordinator.engine.outcome import Outcome, numbered
 from fthsdp.coordinator.engine.served_job import ServedJob
 from fthsdp.coordinator.ledger.codec import quorum_to_pb
+from fthsdp.coordinator.ledger.writer import LedgerConflict, NotLeading
 from fthsdp.coordinator.store import Store
 from fthsdp.core.errors import LostOwnership, StoreError, StoreUnavailable
+from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -96,97 +108,162 @@ class DecisionLoop:
                     log.exception("job %s: quorum evaluation failed", job.state.name)
 
     async def evaluate(self, job: ServedJob) -> None:
+        """One decision for ``job``, in order: check, decide, persist, apply, notify."""
         async with job.lock:
             if self.stopped:
                 return
-            for rid, verdict in job.state.check_checksums().items():
-                log.warning("job %s: replica %s's state checksum disagrees at step %d: %s; %s", job.state.name, rid,
-                            verdict.step, verdict.reason,
-                            "its agent gives up" if verdict.give_up else "it is taken out and must catch up",
-                            extra={"event": "checksum_mismatch", "job": job.state.name, "replica": rid,
-                                   "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
-                                   "give_up": verdict.give_up})
-            await self._take_out_hung(job)
-            await self._store_marks(job)
-            self._pace(job)
-            due = job.state.needs_decision(self.clock())
-            self._notice_silent_outsiders(job)
-            if not due:
+            if not await self._check(job):
                 return
-            began, now = time.perf_counter(), self.clock()
-            decision = job.state.evaluate(now)
-            # Polling an unsettled decision (joiners arriving) takes at most
-            # a twentieth of the loop; anything urgent (a member lost) marks the
-            # job dirty and is decided on the next tick regardless.
-            job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
-            mark = job.state.finish_mark(decision, int(self.wall() * 1000))
-            if mark is not None:
-                # Stored before anything is applied or pushed: a coordinator
-                # restart must still know, and a late arrival never be admitted.
-                try:
-                    await committed.mark_finished(job.committed, job.state, mark, self.clock())
-                except (StoreError, LostOwnership) as e:
-                    pending = f"the job finished at step {mark.step}; storing that is pending ({e})"
-                    self._log_reason(job, pending)
-                    job.state.reason, job.state.dirty = pending, True
-                    return
-                decision = job.state.finish(mark, decision)
-                log.info("job %s: finished at step %d: every member of quorum %d left, finished; no quorum forms "
-                         "until an operator reopens it", job.state.name, mark.step, mark.quorum_id,
-                         extra={"event": "job_finished", "job": job.state.name, "step": mark.step,
-                                "quorum_id": mark.quorum_id})
-            quorum, revision = None, job.state.quorum_revision
-            if not decision.changes_quorum:
-                job.change_since = None
-            else:
-                if job.change_since is None:
-                    job.change_since = self.clock()
-                try:
-                    quorum, revision = await job_store.publish(job, decision, int(self.wall() * 1000))
-                except StoreUnavailable as e:
-                    pending = f"quorum change pending, the store is unavailable ({e}): {decision.reason}"
-                    self._log_reason(job, pending)
-                    job.state.reason = pending
-                    return
-                except LostOwnership as e:
-                    log.error("job %s: %s", job.state.name, e)
-                    return
-            before, lost_before, step_before = job.state.catch_up, job.state.state_lost_step, job.state.committed_step
-            job.state.apply(decision, quorum, revision)
-            if self.config.auto_restore and job.state.state_lost_step and quorum is None:
-                try:
-                    if await checkpoints.restore_if_lost(job.checkpoints, job.committed, job.state, self.clock(),
-                                                         self.wall):
-                        job.notify()
-                        return
-                except LostOwnership as e:
-                    log.error("job %s: %s", job.state.name, e)
-            if quorum is not None:
-                job.set_quorum(quorum_to_pb(quorum))
-                self.metrics.quorum_changes.inc(job=job.state.name)
-                assert job.change_since is not None  # set above when the change began (under the job's lock)
-                self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
-                job.change_since = None
-                job.remember(quorum)
-                log.info(
-                    "job %s: quorum %d members=[%s]: %s",
-                    job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
-                    extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
-                           "reason": quorum.reason, "event": "quorum_change"},
-                )
-                job.logged_reason = decision.reason
-            if decision.leased and decision.reason != job.logged_reason:
-                log.warning("job %s: %s", job.state.name, decision.reason,
-                            extra={"event": "lease_wait", "job": job.state.name, "replicas": list(decision.leased)})
-                job.logged_reason = decision.reason
-            self._log_reason(job, decision.reason)
-            # A new reason alone wakes nobody: at 10,000 watchers every push
-            # counts; each event carries the latest reason anyway. A state
-            # loss does: the replicas must know why they wait.
-            ended = step_before if decision.state_ended and mark is None else 0
-            if (committed.report_transition(job.state, lost_before, ended) or quorum is not None
-                    or before != job.state.catch_up or mark is not None):
-                job.notify()
+            outcome = self._decide(job)
+            stored = await self._persist(job, outcome)
+            if stored is None:
+                return
+            self._apply(job, stored)
+
+    async def _check(self, job: ServedJob) -> bool:
+        """What takes members out before a decision (diverged checksums, hangs
+        and stragglers, unreachable marks, stored first), the heartbeat pace,
+        silent outsiders; returns whether a decision is due."""
+        for rid, verdict in job.state.check_checksums().items():
+            log.warning("job %s: replica %s's state checksum disagrees at step %d: %s; %s", job.state.name, rid,
+                        verdict.step, verdict.reason,
+                        "its agent gives up" if verdict.give_up else "it is taken out and must catch up",
+                        extra={"event": "checksum_mismatch", "job": job.state.name, "replica": rid,
+                               "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
+                               "give_up": verdict.give_up})
+        await self._take_out_hung(job)
+        await self._store_marks(job)
+        self._pace(job)
+        due = job.state.needs_decision(self.clock())
+        self._notice_silent_outsiders(job)
+        return due
+
+    def _decide(self, job: ServedJob) -> Outcome:
+        """The decision and what of it is durable: the finished mark, the next
+        quorum, the restore of a lost state (nothing is stored or applied yet)."""
+        began, now = time.perf_counter(), self.clock()
+        decision = job.state.evaluate(now)
+        # Polling an unsettled decision (joiners arriving) takes at most
+        # a twentieth of the loop; anything urgent (a member lost) marks the
+        # job dirty and is decided on the next tick regardless.
+        job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
+        unix_ms = int(self.wall() * 1000)
+        mark = job.state.finish_mark(decision, unix_ms)
+        if mark is not None:
+            # Stored before anything is applied or pushed: a coordinator
+            # restart must still know, and a late arrival never be admitted.
+            job.change_since = None
+            return Outcome(job.state.finish(mark, decision), finished=mark)
+        if decision.changes_quorum:
+            if job.change_since is None:
+                job.change_since = now
+            return Outcome(decision, quorum=numbered(job.state.quorum, decision, job.epoch, job.state.generation,
+                                                     unix_ms))
+        job.change_since = None
+        if not (self.config.auto_restore and decision.state_lost_step):
+            return Outcome(decision)
+        record, to_store = checkpoints.to_restore(job.checkpoints, job.committed, decision.state_lost_step)
+        if record is None:
+            return Outcome(decision)
+        if not to_store:
+            return Outcome(decision, offer=record)
+        return Outcome(decision, restore=checkpoints.restore_message(record, decision.state_lost_step, unix_ms,
+                                                                     "automatic"))
+
+    async def _persist(self, job: ServedJob, outcome: Outcome) -> Outcome | None:
+        """Store what is durable of ``outcome`` in one transaction of the job's
+        ledger; returns what to apply (None: nothing, decide again)."""
+        if not outcome.durable:
+            return outcome
+        name = job.state.name
+        mine = job.ledger.current.committed
+        try:
+            await job.ledger.update(outcome.change)
+        except NotLeading as e:
+            log.error("job %s: %s", name, e)
+            return None
+        except LedgerConflict as e:
+            log.error("job %s: %s; deciding again", name, e)
+            self._adopt(job, e, mine)
+            job.state.dirty = True
+            return None
+        except StoreError as e:
+            if outcome.finished is not None:
+                pending = f"the job finished at step {outcome.finished.step}; storing that is pending ({e})"
+                self._log_reason(job, pending)
+                job.state.reason, job.state.dirty = pending, True
+                return None
+            if outcome.quorum is not None:
+                pending = f"quorum change pending, the store is unavailable ({e}): {outcome.decision.reason}"
+                self._log_reason(job, pending)
+                job.state.reason = pending
+                return None
+            assert outcome.restore is not None  # durable: one of the three
+            log.warning("job %s: restoring the checkpoint of step %d is pending: %s", name,
+                        outcome.restore.checkpoint.step, e)
+            return dataclasses.replace(outcome, restore=None)  # the decision itself stored nothing: applied
+        return outcome
+
+    def _adopt(self, job: ServedJob, conflict: LedgerConflict, mine: pb.CommittedStep | None) -> None:
+        """Another coordinator moved the job's keys on: its quorum (so that our
+        next id is above it) and its committed step are taken as they are."""
+        theirs = job.ledger.current.quorum
+        if job.keys.quorum in conflict.keys and theirs is not None:
+            job.state.set_quorum(theirs, job.ledger.revisions.get(job.keys.quorum, 0))
+            job.set_quorum(quorum_to_pb(theirs))
+            job.notify()
+        if job.keys.committed in conflict.keys:
+            committed.adopt(job.state, committed.Adopted(job.ledger.current.committed or pb.CommittedStep(), mine))
+
+    def _apply(self, job: ServedJob, outcome: Outcome) -> None:
+        """Adopt a stored outcome, log it, and tell the watchers what changed."""
+        state, decision, quorum = job.state, outcome.decision, outcome.quorum
+        if outcome.finished is not None:
+            job.committed.written_at = self.clock()
+            mark = outcome.finished
+            log.info("job %s: finished at step %d: every member of quorum %d left, finished; no quorum forms "
+                     "until an operator reopens it", state.name, mark.step, mark.quorum_id,
+                     extra={"event": "job_finished", "job": state.name, "step": mark.step,
+                            "quorum_id": mark.quorum_id})
+        before, lost_before, step_before = state.catch_up, state.state_lost_step, state.committed_step
+        revision = job.ledger.revisions.get(job.keys.quorum, 0) if quorum is not None else state.quorum_revision
+        state.apply(decision, quorum, revision)
+        if outcome.restore is not None:
+            checkpoints.restored(job.committed, state, outcome.restore, self.clock())
+            job.notify()
+            return
+        if outcome.offer is not None and state.restore is None:
+            state.restore = outcome.offer  # under way since before a coordinator restart: offered again
+        if quorum is not None:
+            self._pushed(job, quorum, decision)
+        if decision.leased and decision.reason != job.logged_reason:
+            log.warning("job %s: %s", state.name, decision.reason,
+                        extra={"event": "lease_wait", "job": state.name, "replicas": list(decision.leased)})
+            job.logged_reason = decision.reason
+        self._log_reason(job, decision.reason)
+        # A new reason alone wakes nobody: at 10,000 watchers every push
+        # counts; each event carries the latest reason anyway. A state
+        # loss does: the replicas must know why they wait.
+        ended = step_before if decision.state_ended and outcome.finished is None else 0
+        if (committed.report_transition(state, lost_before, ended) or quorum is not None
+                or before != state.catch_up or outcome.finished is not None):
+            job.notify()
+
+    def _pushed(self, job: ServedJob, quorum: Quorum, decision: Decision) -> None:
+        """A stored quorum becomes what watchers are pushed; counted, timed and logged."""
+        job.set_quorum(quorum_to_pb(quorum))
+        self.metrics.quorum_changes.inc(job=job.state.name)
+        assert job.change_since is not None  # set when the change began (under the job's lock)
+        self.metrics.formation.observe(self.clock() - job.change_since, job=job.state.name)
+        job.change_since = None
+        job.remember(quorum)
+        log.info(
+            "job %s: quorum %d members=[%s]: %s",
+            job.state.name, quorum.id, names(quorum.member_ids, shown=32), quorum.reason,
+            extra={"job": job.state.name, "quorum_id": quorum.id, "members": list(quorum.member_ids),
+                   "reason": quorum.reason, "event": "quorum_change"},
+        )
+        job.logged_reason = decision.reason
 
     async def _take_out_hung(self, job: ServedJob) -> None:
         """Members that others waited for past the hang limit, and stragglers

@@ -19,9 +19,8 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
-from fthsdp.coordinator.decisions.quorum_types import Decision, Quorum, next_last_drop_id
 from fthsdp.coordinator.engine.served_job import ServedJob
-from fthsdp.coordinator.ledger.codec import decode, quorum_to_pb
+from fthsdp.coordinator.ledger.codec import decode
 from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.ledger.value import Ledger
 from fthsdp.coordinator.ledger.writer import LedgerConflict
@@ -87,36 +86,3 @@ async def delete_record(job: ServedJob, replica_id: str) -> None:
         await job.ledger.update(lambda before: before.without_record(replica_id))
     except LedgerConflict:
         pass  # theirs stands, as a failed compare-and-delete left it
-
-
-async def publish(job: ServedJob, decision: Decision, created_unix_ms: int) -> tuple[Quorum, int]:
-    """Store the quorum that ``decision`` forms, numbered after the current
-    one; returns it with its revision. If another writer moved the quorum
-    on, theirs is adopted and ``LostOwnership`` raised."""
-    prev = job.state.quorum
-    members = decision.members or ()
-    new_id = (prev.id if prev else 0) + 1
-    quorum = Quorum(
-        id=new_id,
-        members=members,
-        # Members that stay keep the step they were admitted at.
-        step=max([decision.head_step, *(m.step for m in members)]),
-        created_unix_ms=created_unix_ms,
-        reason=decision.reason,
-        epoch=job.epoch,
-        generation=job.state.generation,
-        # A regroup drops nobody, but its members must leave the old group at once.
-        last_drop_id=new_id if decision.regroup else next_last_drop_id(prev, new_id, members),
-    )
-    try:
-        await job.ledger.update(lambda before: dataclasses.replace(before, quorum=quorum))
-    except LedgerConflict as e:
-        # Another writer moved the quorum on: adopt theirs so our next id is
-        # above it, and decide again on the next tick.
-        theirs = job.ledger.current.quorum
-        if theirs is not None and job.keys.quorum in e.keys:
-            job.state.set_quorum(theirs, job.ledger.revisions.get(job.keys.quorum, 0))
-            job.set_quorum(quorum_to_pb(theirs))
-            job.notify()
-        raise LostOwnership(f"quorum of job {job.state.name} was changed by another coordinator; re-deciding") from e
-    return quorum, job.ledger.revisions[job.keys.quorum]

@@ -31,7 +31,7 @@ from fthsdp.coordinator.hosts.status import group_statuses
 from fthsdp.coordinator.job import identity
 from fthsdp.coordinator.job.injection import InjectionBook
 from fthsdp.coordinator.job.replica_entry import fail_awaited, grant_reconnect_grace
-from fthsdp.coordinator.job.watch_events import HEADER
+from fthsdp.coordinator.job.watch_events import HEADER, SAME
 from fthsdp.coordinator.ledger.codec import quorum_to_pb
 from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.ledger.writer import Guard, no_guard
@@ -261,6 +261,7 @@ class CoordinatorRuntime:
             job.state.watch_opened(req.replica_id, req.session_id)
         lists = not req.replica_id or req.member_list
         last, sent_quorum = None, 0  # sent_quorum: the quorum whose member list this stream holds
+        last_own = b""  # the watcher's own fields in the last event sent
         try:
             while True:
                 seen = job.changes.generation
@@ -271,10 +272,14 @@ class CoordinatorRuntime:
                 own = job.state.watch_event(req.replica_id, self.leader)
                 own.heartbeat_interval_s = job.pacer.current.interval
                 self.injections[job.state.name].add_to(own, job.state, req.replica_id)
-                event = events.event(kind, own.SerializeToString())
-                if event is not last and event != last:
+                own_bytes = own.SerializeToString()
+                event = events.event(kind, own_bytes)
+                # A list holder that has the current quorum's list is sent it again (as an empty delta)
+                # only with something of its own that changed: not on every notify after a change.
+                unchanged = kind == SAME and own_bytes == last_own
+                if event is not last and event != last and not unchanged:
                     yield event
-                    last = event
+                    last, last_own = event, own_bytes
                     sent_quorum = 0 if kind == HEADER else current
                 await job.changes.wait(seen)
         finally:
