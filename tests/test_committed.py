@@ -191,7 +191,7 @@ def test_give_up_is_refused_unless_lost_at_exactly_that_step():
     healthy = JobState("j", RULES)
     trained(healthy, 40, 0.0)
     with pytest.raises(StateNotLost, match="has not lost its state \\(committed step 40\\)"):
-        give_up(record, store, healthy, 40)
+        give_up(record, healthy, 40)
     job = lost_job(40)
     with pytest.raises(StateNotLost, match="lost its state at step 40, not 39"):
         give_up(record, job, 39)

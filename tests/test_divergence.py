@@ -167,7 +167,7 @@ def test_a_stretch_that_agrees_after_a_catch_up_resets_the_count():
             beat(job, rid, session, step, f"s{step}", 9e-4, 2.5)
         assert job.check_checksums() == {}
     entry = job.replicas["c"]
-    assert (entry.strikes, entry.mismatch) == (0, "")
+    assert (entry.standing.strikes, entry.standing.mismatch) == (0, "")
 
 
 # ----- the agent gives up on the verdict -------------------------------------------------------

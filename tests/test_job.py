@@ -53,10 +53,10 @@ def test_stream_loss_counts_only_for_the_current_session():
     job.watch_opened("a", s1)
     s2 = registered(job, "a", "a:1", 1, 0, 0, now=1.0)
     job.watch_closed("a", s1, now=1.5)  # the old session's stream ending
-    assert job.replicas["a"].disconnected_at is None
+    assert job.replicas["a"].incarnation.disconnected_at is None
     job.watch_opened("a", s2)
     job.watch_closed("a", s2, now=2.0)
-    assert job.replicas["a"].disconnected_at == 2.0
+    assert job.replicas["a"].incarnation.disconnected_at == 2.0
     assert job.replica_state(job.replicas["a"], 2.0) == pb.REPLICA_STATE_FAILED
 
 

@@ -98,8 +98,8 @@ def test_an_answer_grants_a_member_its_lease_and_the_coordinator_counts_it_longe
     state = member_job("a")
     response = beat(state, "a", 20.0, seq=41)
     assert response.lease_seq == 41 and response.lease_s == LEASE
-    assert state.replicas["a"].lease_until == pytest.approx(lease.lapses_at(20.0, LEASE))
-    assert state.replicas["a"].lease_until > 20.0 + LEASE  # the clock-rate margin and the slack
+    assert state.replicas["a"].standing.lease_until == pytest.approx(lease.lapses_at(20.0, LEASE))
+    assert state.replicas["a"].standing.lease_until > 20.0 + LEASE  # the clock-rate margin and the slack
     assert beat(state, "a", 21.0, seq=0).lease_s == 0  # a heartbeat that does not ask is not an answer
 
 
@@ -108,8 +108,8 @@ def test_no_lease_for_an_outsider_or_a_member_taken_out():
     outsider = state.register("c", "c:1", 1, 0, 0, 10.0, 1)
     response = state.heartbeat("c", outsider, 0, False, "", 0, 20.0, lease_seq=3)
     assert response.lease_seq == 3 and response.lease_s == 0
-    assert state.replicas["c"].lease_until == 0
-    state.replicas["b"].hung_at = 19.0
+    assert state.replicas["c"].standing.lease_until == 0
+    state.replicas["b"].incarnation.hung_at = 19.0
     assert beat(state, "b", 20.0).lease_s == 0
 
 
@@ -124,16 +124,16 @@ def test_a_failure_report_releases_the_lease_and_a_new_incarnation_keeps_the_old
     beat(state, "a", 20.0)
     beat(state, "b", 20.0)
     assert state.agent_event("a", pb.AGENT_STATE_FAILED, 0, "rank 0 exited -9", 20.5, agent_id="agent-of-a")
-    assert state.replicas["a"].lease_until == 0
-    until = state.replicas["b"].lease_until
+    assert state.replicas["a"].standing.lease_until == 0
+    until = state.replicas["b"].standing.lease_until
     state.register("b", "b:1", 1, 0, 0, 21.0, 1)  # a new process: the old one may still be out there, cut off
-    assert state.replicas["b"].lease_until == until
+    assert state.replicas["b"].standing.lease_until == until
 
 
 def test_a_coordinator_that_starts_presumes_every_member_holds_the_longest_lease():
     state = JobState("job", Rules(member_lease=LEASE))
     state.load(Quorum(4, (Member("a", "a:1", 1, 10, 1),)), 9, {}, now=100.0, committed_step=10)
-    assert state.replicas["a"].lease_until == pytest.approx(lease.presumed(100.0, LEASE))
+    assert state.replicas["a"].standing.lease_until == pytest.approx(lease.presumed(100.0, LEASE))
 
 
 # ----- the member's side ------------------------------------------------------------------

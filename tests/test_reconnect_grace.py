@@ -38,7 +38,7 @@ async def register(runtime: CoordinatorRuntime, rid: str, quorum_id: int = 0, st
 
 
 def beat(runtime: CoordinatorRuntime, rid: str, step: int = 41) -> None:
-    session = runtime.jobs["default"].state.replicas[rid].session_id
+    session = runtime.jobs["default"].state.replicas[rid].incarnation.session_id
     runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=session, step=step))
 
 
@@ -106,7 +106,7 @@ def test_the_end_of_the_grace_is_decided_on_by_itself():
         runtime, qid = await trained_then_restarted(clock)
         job = runtime.jobs["default"]
         await register(runtime, "r0", qid, 40)
-        session = job.state.replicas["r0"].session_id
+        session = job.state.replicas["r0"].incarnation.session_id
         for t in range(101, int(100 + GRACE)):  # r0 heartbeats on, r1 and r2 stay away
             clock.t = float(t)
             runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id="r0", session_id=session, step=t))

@@ -216,8 +216,8 @@ def test_the_runtime_refusals_reach_the_caller_as_their_statuses(caplog):
             replica_id="r0", agent_id="agent-of-someone-else", state=pb.AGENT_STATE_FAILED))
         await status("a quorum from the future", servicer.Register, register_request("r1", quorum_id=2))
         entry = runtime.jobs["default"].state.replicas["r0"]
-        recorded = (sorted(runtime.jobs["default"].state.replicas), entry.session_id == sessions["r0"],
-                    entry.failed_at, entry.last_heartbeat)
+        recorded = (sorted(runtime.jobs["default"].state.replicas), entry.incarnation.session_id == sessions["r0"],
+                    entry.incarnation.failed_at, entry.incarnation.last_heartbeat)
         runtime.leading, runtime.leader_hint = False, "coord:2"
         await status("a follower", servicer.Register, register_request("r1"))
         await status("a follower's status", servicer.Status, pb.StatusRequest())
@@ -276,7 +276,7 @@ def test_watch_refusals_end_the_call_before_anything_is_sent():
             with pytest.raises(Aborted) as ended:
                 await asyncio.wait_for(anext(servicer.Watch(request, context)), DEADLINE)
             out[name] = ended.value.code
-        return out, runtime.jobs["default"].state.replicas["r0"].open_watches
+        return out, runtime.jobs["default"].state.replicas["r0"].incarnation.open_watches
 
     codes, open_watches = asyncio.run(scenario())
     assert codes == {"unknown job": Code.INVALID_ARGUMENT, "stale session": Code.FAILED_PRECONDITION,
@@ -293,14 +293,14 @@ def test_a_watch_call_sends_serialized_events_and_its_cancellation_counts_as_the
         request = pb.WatchRequest(replica_id="r0", session_id=sessions["r0"])
         watch = Collector(servicer.Watch(request, FakeContext()), pb.WatchEvent.FromString)
         await watch.until(1)
-        opened = job.state.replicas["r0"].open_watches
+        opened = job.state.replicas["r0"].incarnation.open_watches
         clock.t = 0.5
         await runtime.evaluate(job)
         await watch.until(2)
         clock.t = 0.7
         watch.task.cancel()  # the client went: gRPC cancels the call
         await asyncio.gather(watch.task, return_exceptions=True)
-        entry = job.state.replicas["r0"]
+        entry = job.state.replicas["r0"].incarnation
         return [e.quorum.id for e in watch.items], opened, (entry.open_watches, entry.disconnected_at)
 
     ids, opened, closed = asyncio.run(scenario())
@@ -320,7 +320,7 @@ def test_a_forged_session_request_ends_the_call_with_invalid_argument_and_closes
         await session.ended()
         entry = runtime.jobs["default"].state.replicas["r0"]
         return (session.items, session.error, context.aborts, sorted(runtime.jobs["default"].state.replicas),
-                (entry.open_watches, entry.disconnected_at))
+                (entry.incarnation.open_watches, entry.incarnation.disconnected_at))
 
     items, error, aborts, replicas, r0 = asyncio.run(scenario())
     assert [e.WhichOneof("message") for e in items] == ["registered", "watch"]
@@ -348,7 +348,7 @@ def test_a_heartbeat_stream_answers_only_those_that_ask_and_a_stale_one_ends_it(
     items, error, aborts, entry = asyncio.run(scenario())
     assert [a.lease_seq for a in items] == [1, 3]
     assert isinstance(error, Aborted) and [code for code, _ in aborts] == [Code.FAILED_PRECONDITION]
-    assert entry.last_heartbeat == 0.3  # the good ones recorded
+    assert entry.incarnation.last_heartbeat == 0.3  # the good ones recorded
 
 
 def hello(host_id: str, incarnation: str) -> pb.HostRequest:
@@ -396,7 +396,7 @@ def test_an_agent_report_from_the_replicas_own_agent_is_taken():
         servicer = CoordinatorServicer(runtime, LIMIT)
         request = pb.AgentEventRequest(replica_id="r0", agent_id=agent_of("r0"), state=pb.AGENT_STATE_FAILED)
         response = await servicer.ReportAgentEvent(request, FakeContext())
-        return response, runtime.jobs["default"].state.replicas["r0"].failed_at
+        return response, runtime.jobs["default"].state.replicas["r0"].incarnation.failed_at
 
     response, failed_at = asyncio.run(scenario())
     assert isinstance(response, pb.AgentEventResponse) and failed_at == 0.0

@@ -8,15 +8,19 @@ import pytest
 
 from fthsdp.coordinator.decisions.quorum_types import Quorum
 from fthsdp.coordinator.job import silence
-from fthsdp.coordinator.job.replica_entry import ReplicaEntry
+from fthsdp.coordinator.job.replica_entry import Incarnation, ReplicaEntry, Standing
 from tests.harness.jobs import joined_job
 
 TIMEOUT = 5.0
 
 
-def entry(**kw) -> ReplicaEntry:
-    base = dict(replica_id="j", session_id="s", beating=True, last_heartbeat=0.0, catching_up=True, step=40)
-    return ReplicaEntry(**{**base, **kw})
+STANDING = {f.name for f in dataclasses.fields(Standing)}
+
+
+def entry(replica_id: str = "j", **kw) -> ReplicaEntry:
+    fields = {**dict(session_id="s", beating=True, last_heartbeat=0.0, catching_up=True, step=40), **kw}
+    return ReplicaEntry(replica_id, Incarnation(**{k: v for k, v in fields.items() if k not in STANDING}),
+                        Standing(**{k: v for k, v in fields.items() if k in STANDING}))
 
 
 @pytest.mark.parametrize(
@@ -54,7 +58,7 @@ def test_a_stopped_joiner_is_told_once_through_its_watch_stream():
     job, s = joined_job(2)
     sid = job.register("j", "h:9", 1, 0, 0, 1.0, restart_count=4)
     job.heartbeat("j", sid, 5, True, "", 0, 1.5)  # heartbeats while it catches up, then stops
-    job.replicas["j"] = dataclasses.replace(job.replicas["j"], catching_up=True)
+    job.replicas["j"].incarnation.catching_up = True
     for t in (2.0, 4.0, 6.0, 6.6, 6.7):
         for rid in ("r0", "r1"):
             job.heartbeat(rid, s[rid], 3, False, "", 0, t)

@@ -268,8 +268,8 @@ def test_a_stream_closed_mid_push_counts_as_disconnected_and_holds_nobody_up(cap
         await gone.stream.aclose()  # as the servicer does after the call ends
         for collector in collectors.values():
             await collector.until(2)
-        entries = {rid: (job.state.replicas[rid].open_watches, job.state.replicas[rid].disconnected_at)
-                   for rid in ("r2", "r3")}
+        entries = {rid: (job.state.replicas[rid].incarnation.open_watches,
+                         job.state.replicas[rid].incarnation.disconnected_at) for rid in ("r2", "r3")}
         clock.t = 1.5
         await runtime.evaluate(job)
         for collector in collectors.values():
@@ -323,12 +323,12 @@ def test_a_session_sends_registered_then_watch_events_and_acks_only_for_heartbea
         clock.t = 0.5
         await runtime.evaluate(job)
         await session.until(5)
-        entry = job.state.replicas["r0"]
+        entry = job.state.replicas["r0"].incarnation
         recorded = (entry.step, entry.open_watches, entry.disconnected_at)
         requests.close()  # the replica closed its side: the session ends
         await session.ended()
         return (session.items, registered_event.registered.session_id, recorded, len(check.seen),
-                job.state.replicas["r0"])
+                job.state.replicas["r0"].incarnation)
 
     items, session_id, recorded, checked, entry = asyncio.run(scenario())
     assert [e.WhichOneof("message") for e in items] == ["registered", "watch", "ack", "ack", "watch"]
@@ -364,7 +364,7 @@ def test_a_forged_request_ends_the_session_with_the_error_and_records_nothing(fo
         requests.send(forged)
         requests.send(heartbeat(step=2, ack=True))  # after the stream ended: never read
         await session.ended()
-        entry = job.state.replicas["r0"]
+        entry = job.state.replicas["r0"].incarnation
         return session.items, session.error, set(job.state.replicas), (entry.step, entry.disconnected_at)
 
     items, error, replicas, r0 = asyncio.run(scenario())

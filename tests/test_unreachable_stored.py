@@ -52,7 +52,8 @@ def answer(runtime: CoordinatorRuntime, rid: str, reached: list[str], unreached:
     probe = job.state.reach.probe_for(rid, job.state.is_member(rid))
     assert probe is not None, f"{rid} was not asked to probe"
     # Rank 0 answers with its session (fthsdp/coordinator/job/identity.py).
-    return job.state.reach_report(rid, 0, probe.id, reached, unreached, job.state.replicas[rid].session_id or "")
+    session = job.state.replicas[rid].incarnation.session_id
+    return job.state.reach_report(rid, 0, probe.id, reached, unreached, session or "")
 
 
 def stored(store: MemoryStore, rid: str) -> pb.ReplicaRecord:
@@ -117,6 +118,6 @@ def test_an_unreachable_mark_survives_a_coordinator_restart_and_is_cleared_once_
         assert answer(second, "r2", ["r0", "r1"], [])
         await second.evaluate(job2)
         assert stored(store, "r2").unreachable == ""
-        assert not job2.state.replicas["r2"].unreachable
+        assert not job2.state.replicas["r2"].standing.unreachable
 
     asyncio.run(scenario())

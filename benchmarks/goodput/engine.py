@@ -37,7 +37,7 @@ from benchmarks.goodput.synchronous import SECONDS_PER_HOUR, QuorumChange, RunRe
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decisions.quorum import decide
 from fthsdp.coordinator.decisions.quorum_types import Quorum, ReplicaView, Rules
-from fthsdp.coordinator.job.replica_entry import ReplicaEntry
+from fthsdp.coordinator.job.replica_entry import Incarnation, ReplicaEntry
 
 
 @dataclasses.dataclass
@@ -100,7 +100,7 @@ class ReplicatedSim:
         # so that the default runs stay as they were, event for event.
         self.track_state = correlated is not None or checkpoints is not None or bool(self.scripted)
         width = len(str(replicas - 1))
-        self.replicas = [_Replica(f"r{i:0{width}d}", world_size=replica_gpus) for i in range(replicas)]
+        self.replicas = [_Replica(f"r{i:0{width}d}", Incarnation(world_size=replica_gpus)) for i in range(replicas)]
         self.by_id = {r.replica_id: r for r in self.replicas}
         self.quorum: Quorum | None = None
         self.catch_up: dict[str, str] = {}
@@ -126,10 +126,11 @@ class ReplicatedSim:
     def _view(self, r: _Replica, now: float, head: int) -> ReplicaView:
         """What the coordinator would know at ``now``: live replicas heartbeat
         every second, members report the head step (they train in lockstep)."""
-        if r.member or (r.ready_since is not None and not r.catching_up):
-            r.step = head
-        r.last_heartbeat = r.hung_since if r.hung_since is not None else now
-        r.beating = True  # the agent heartbeats as soon as it has registered
+        inc = r.incarnation
+        if r.member or (inc.ready_since is not None and not inc.catching_up):
+            inc.step = head
+        inc.last_heartbeat = r.hung_since if r.hung_since is not None else now
+        inc.beating = True  # the agent heartbeats as soon as it has registered
         return r.view()
 
     def _decide(self, now: float):
@@ -154,7 +155,8 @@ class ReplicatedSim:
                 self.by_id[rid].member = False
             for rid in after - before:
                 r = self.by_id[rid]
-                r.member, r.restarted, r.ready_since, r.catching_up = True, False, None, False
+                r.member = True
+                r.incarnation.restarted, r.incarnation.ready_since, r.incarnation.catching_up = False, None, False
                 if r.down_since is not None:
                     self.out_times.append(now - r.down_since)
                     r.down_since = None
@@ -165,7 +167,7 @@ class ReplicatedSim:
         self.catch_up = sources
         for rid in moved:  # its source left: the transfer starts over from the new one
             r = self.by_id[rid]
-            if r.catching_up:
+            if r.incarnation.catching_up:
                 r.token += 1
                 self._stall(now, self.costs.serve_stall_s)
                 self._push(now + self.costs.catch_up_s, "ready", rid, r.token)
@@ -210,8 +212,8 @@ class ReplicatedSim:
 
     @staticmethod
     def _healthy_member(r: _Replica) -> bool:
-        return (r.member and r.hung_since is None and r.failed_at is None and r.disconnected_at is None
-                and r.down_since is None)
+        return (r.member and r.hung_since is None and r.incarnation.failed_at is None
+                and r.incarnation.disconnected_at is None and r.down_since is None)
 
     def _on_failure(self, now: float) -> None:
         self.failures += 1
@@ -238,9 +240,9 @@ class ReplicatedSim:
                 self._stall(now, self.costs.crash_stall_s)
                 # A crashed rank is reported by its agent; a lost node closes its stream.
                 if self.rng.random() < 0.5:
-                    r.failed_at = now
+                    r.incarnation.failed_at = now
                 else:
-                    r.disconnected_at = now
+                    r.incarnation.disconnected_at = now
                 self._decide(now)
         elif not r.member:
             self._fail_recovering(now, r)
@@ -253,7 +255,7 @@ class ReplicatedSim:
     def _fail_recovering(self, now: float, r: _Replica) -> None:
         """A failure during its recovery (or the job's restore): it starts over."""
         r.token += 1
-        r.failed_at, r.catching_up, r.ready_since = now, False, None
+        r.incarnation.failed_at, r.incarnation.catching_up, r.incarnation.ready_since = now, False, None
         self.awaiting_restore.discard(r.replica_id)
 
     # ----- correlated failures and the state ------------------------------------------
@@ -287,7 +289,8 @@ class ReplicatedSim:
         """A live member, or a joiner caught up and waiting to be admitted."""
         if r.member:
             return r.down_since is None
-        return r.ready_since is not None and not r.catching_up and r.failed_at is None
+        inc = r.incarnation
+        return inc.ready_since is not None and not inc.catching_up and inc.failed_at is None
 
     def _check_state(self, now: float) -> None:
         if self.restoring_until > now or any(self._holds_state(r) for r in self.replicas):
@@ -312,9 +315,10 @@ class ReplicatedSim:
         self.stall_start = self.stall_end = now
         for r in self.replicas:
             r.token += 1
-            r.member = r.catching_up = r.restarted = False
-            r.failed_at = r.disconnected_at = r.hung_since = r.hung_at = r.down_since = r.ready_since = None
-            r.hung_reason = ""
+            inc = r.incarnation
+            r.member = inc.catching_up = inc.restarted = False
+            inc.failed_at = inc.disconnected_at = r.hung_since = inc.hung_at = r.down_since = inc.ready_since = None
+            inc.hung_reason = ""
         self.awaiting_restore = {r.replica_id for r in self.replicas}
         self.restoring_until = now + outage
         self.restore_token += 1
@@ -326,24 +330,25 @@ class ReplicatedSim:
         head = int(now / self.step_s)
         for rid in sorted(self.awaiting_restore):
             r = self.by_id[rid]
-            r.ready_since, r.catching_up, r.registered_at, r.step = now, False, now, head
+            inc = r.incarnation
+            inc.ready_since, inc.catching_up, inc.registered_at, inc.step = now, False, now, head
         self.awaiting_restore = set()
         self._decide_and_wait(now)
 
     def _on_register(self, now: float, r: _Replica) -> None:
-        r.restarted = r.member  # a member that registers anew lost its state
-        r.failed_at = r.disconnected_at = r.hung_since = r.hung_at = None
-        r.hung_reason = ""
-        r.registered_at = now
-        r.step = int(now / self.step_s)
+        # A fresh incarnation, as the coordinator's register makes; a member
+        # that registers anew lost its state.
+        r.incarnation = Incarnation(world_size=r.incarnation.world_size, registered_at=now,
+                                    step=int(now / self.step_s), restarted=r.member)
+        r.hung_since = None
         if self.restoring_until > now:  # the job is restoring: it loads the checkpoint with the others
-            r.ready_since, r.catching_up = None, False
+            r.incarnation.ready_since, r.incarnation.catching_up = None, False
             self.awaiting_restore.add(r.replica_id)
             return
         if self.costs.catch_up_s <= 0:  # it registers up to date
             self._on_ready(now, r)
             return
-        r.ready_since, r.catching_up = None, True
+        r.incarnation.ready_since, r.incarnation.catching_up = None, True
         d = self._decide(now)
         if r.replica_id in d.catch_up:
             self.assignments += 1
@@ -351,15 +356,15 @@ class ReplicatedSim:
         self._push(now + self.costs.catch_up_s, "ready", r.replica_id, r.token)
 
     def _on_ready(self, now: float, r: _Replica) -> None:
-        r.ready_since, r.catching_up = now, False
+        r.incarnation.ready_since, r.incarnation.catching_up = now, False
         self._decide_and_wait(now)
 
     def _decide_and_wait(self, now: float) -> None:
         """Decide; if ready joiners are left waiting (for arrivals to settle, or
         for others still catching up), decide again when the wait can end."""
         self._decide(now)
-        waiting = [r.ready_since for r in self.replicas if not r.member and r.ready_since is not None
-                   and r.failed_at is None]
+        waiting = [r.incarnation.ready_since for r in self.replicas
+                   if not r.member and r.incarnation.ready_since is not None and r.incarnation.failed_at is None]
         if not waiting:
             return
         settle = self.rules.join_settle
@@ -369,7 +374,7 @@ class ReplicatedSim:
 
     def run(self, horizon_s: float) -> RunResult:
         for r in self.replicas:  # the first quorum: every replica up to date at step 0
-            r.ready_since = 0.0
+            r.incarnation.ready_since = 0.0
         self._decide_and_wait(0.0)
         if self.rate > 0:
             self._push(self.rng.expovariate(self.rate), "fail")
@@ -412,7 +417,7 @@ class ReplicatedSim:
             if kind == "detect":
                 self._decide(when)
             elif kind == "verdict":
-                r.hung_at, r.hung_reason = when, "hung: no progress while the others waited"
+                r.incarnation.hung_at, r.incarnation.hung_reason = when, "hung: no progress while the others waited"
                 self._decide(when)
             elif kind == "register":
                 self._on_register(when, r)

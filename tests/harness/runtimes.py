@@ -81,9 +81,9 @@ def straggler_runtime() -> CoordinatorRuntime:
                 report(runtime, sessions, rid, step, pb.Progress(phase=pb.PHASE_COMPUTE, phase_age_s=0.0, step=step,
                                                                  step_time_s=0.4, compute_time_s=compute))
             await runtime.evaluate(job)
-            if job.state.replicas["r2"].hung_reason:
+            if job.state.replicas["r2"].incarnation.hung_reason:
                 break
-        assert step == 11 and job.state.replicas["r2"].cordoned
+        assert step == 11 and job.state.replicas["r2"].standing.cordoned
         return runtime
 
     return asyncio.run(scenario())

@@ -44,7 +44,7 @@ def job_gauges(jobs: Iterable, lag, now: float, wall: float = 0.0) -> Iterator[t
         watches = 0
         for entry in job.state.replicas.values():
             counts[pb.ReplicaState.Name(job.state.replica_state(entry, now))] += 1
-            watches += entry.open_watches
+            watches += entry.incarnation.open_watches
         for state, n in counts.items():
             label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")
             yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n

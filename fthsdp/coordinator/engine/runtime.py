@@ -202,7 +202,7 @@ class CoordinatorRuntime:
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         job = self.job(req.job)
         entry = job.state.replicas.get(req.replica_id)
-        was_ready = entry is not None and entry.ready_since is not None
+        was_ready = entry is not None and entry.incarnation.ready_since is not None
         recent = {c.step: c.checksum for c in req.recent_checksums}
         inputs = {c.step: c.inputs for c in req.recent_checksums if c.inputs}
         self.metrics.heartbeats.inc(job=job.state.name)

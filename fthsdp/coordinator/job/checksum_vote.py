@@ -6,7 +6,7 @@ history). ``find_diverged`` is the rule, a pure function tested table-driven
 (tests/test_quorum.py): the checksum a strict majority of the members share
 is right, or, without a majority, the earliest admitted side. ``flag`` applies
 it to a job's replica entries: a newly diverged member gets its verdict
-(``ReplicaEntry.divergence``: why, from the step inputs,
+(``Incarnation.divergence``: why, from the step inputs,
 fthsdp/coordinator/decisions/divergence.py, and whether its agent should give up), and a
 member that agreed for a stretch since its admission has its strikes reset.
 The quorum decision then drops the flagged ones (``ReplicaView.diverged``).
@@ -74,35 +74,36 @@ def flag(
     with the verdict their watchers are told."""
     members = {m.replica_id: m.joined_quorum_id for m in quorum.members}
     reports = {
-        rid: e.checksums
+        rid: e.incarnation.checksums
         for rid, e in replicas.items()
-        if rid in members and e.session_id is not None and not e.restarted
+        if rid in members and e.incarnation.session_id is not None and not e.incarnation.restarted
     }
     diverged = find_diverged(reports, members)
     flagged = {}
     for rid, step in diverged.items():
         entry = replicas[rid]
-        if entry.diverged_at is None:
-            entry.diverged_at = step
-            flagged[rid] = entry.divergence = _verdict(replicas, entry, step, reports, diverged)
+        if entry.incarnation.diverged_at is None:
+            entry.incarnation.diverged_at = step
+            flagged[rid] = entry.incarnation.divergence = _verdict(replicas, entry, step, reports, diverged)
     for rid in reports:
-        entry = replicas[rid]
-        if entry.strikes and rid not in diverged and _agreed_since_admission(admitted, rid, reports):
-            entry.strikes, entry.mismatch = 0, ""  # a stretch without a mismatch: the catch-up worked
+        standing = replicas[rid].standing
+        if standing.strikes and rid not in diverged and _agreed_since_admission(admitted, rid, reports):
+            standing.strikes, standing.mismatch = 0, ""  # a stretch without a mismatch: the catch-up worked
     return flagged
 
 
 def _verdict(replicas: Mapping[str, ReplicaEntry], entry: ReplicaEntry, step: int, reports,
              diverged: dict[str, int]) -> pb.Divergence:
-    mine = entry.checksums.get(step)
-    agreeing = {o: replicas[o].inputs.get(step, "") for o, h in reports.items()
+    inc, standing = entry.incarnation, entry.standing
+    mine = inc.checksums.get(step)
+    agreeing = {o: replicas[o].incarnation.inputs.get(step, "") for o, h in reports.items()
                 if o not in diverged and h.get(step) not in (None, mine)}
-    why = divergence.explain(entry.replica_id, step, entry.inputs.get(step, ""),
+    why = divergence.explain(entry.replica_id, step, inc.inputs.get(step, ""),
                              divergence.members_inputs(agreeing))
-    entry.strikes, give_up = divergence.strike(entry.strikes, entry.caught_up)
-    entry.mismatch = divergence.gave_up(why, entry.strikes) if give_up else why
-    return pb.Divergence(reason=entry.mismatch, step=step, restart_count=entry.restart_count,
-                         strikes=entry.strikes, give_up=give_up)
+    standing.strikes, give_up = divergence.strike(standing.strikes, inc.caught_up)
+    standing.mismatch = divergence.gave_up(why, standing.strikes) if give_up else why
+    return pb.Divergence(reason=standing.mismatch, step=step, restart_count=inc.restart_count,
+                         strikes=standing.strikes, give_up=give_up)
 
 
 def _agreed_since_admission(admitted: Mapping[str, Member], rid: str, reports) -> bool:

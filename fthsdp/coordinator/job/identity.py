@@ -47,32 +47,42 @@ if TYPE_CHECKING:
 
 def alive(entry: ReplicaEntry, now: float, heartbeat_timeout: float) -> bool:
     """Whether a registered incarnation is alive as far as the coordinator knows."""
-    return (entry.session_id is not None and entry.failed_at is None and entry.disconnected_at is None
+    inc = entry.incarnation
+    return (inc.session_id is not None and inc.failed_at is None and inc.disconnected_at is None
             and now - entry.view_heartbeat() < heartbeat_timeout)
 
 
 def awaited(entry: ReplicaEntry, now: float) -> bool:
     """Whether a replica loaded from the store (a coordinator that just
     started) may still come back within its grace (fthsdp/coordinator/decisions/liveness.py)."""
-    return (entry.session_id is None and not entry.heard_from and entry.failed_at is None
-            and entry.reconnect_by is not None and now < entry.reconnect_by)
+    inc = entry.incarnation
+    return (inc.session_id is None and not inc.heard_from and inc.failed_at is None
+            and inc.reconnect_by is not None and now < inc.reconnect_by)
+
+
+def _check_successor(table: JobTable, entry: ReplicaEntry, agent_ids: tuple[str, ...], now: float,
+                     restart_count: int) -> None:
+    """Refuse a registration that would replace the registered incarnation
+    while it is alive: an older one of the same agents, or another agent's."""
+    inc, replica_id = entry.incarnation, entry.replica_id
+    if (set(agent_ids) & set(inc.agent_ids) and restart_count < inc.restart_count
+            and (alive(entry, now, table.rules.heartbeat_timeout) or awaited(entry, now))):
+        # The same agents' newer incarnation is alive (or, right after this coordinator started, may still
+        # come back): this process outlived its incarnation on a host that has not stopped it yet.
+        raise OutOfRange(f"replica {replica_id!r}: a process of incarnation {restart_count} registers while "
+                         f"incarnation {inc.restart_count} of the same node agents is alive: it outlived its "
+                         f"incarnation")
+    if inc.agent_ids and not set(agent_ids) & set(inc.agent_ids) and alive(entry, now, table.rules.heartbeat_timeout):
+        raise PermissionDenied(
+            f"replica {replica_id!r} of job {table.name!r} is registered by processes another node agent started, "
+            f"alive at {inc.address}: only one agent runs a replica (give each agent its own --replica-id)")
 
 
 def check_registration(table: JobTable, replica_id: str, agent_ids: tuple[str, ...], step: int, quorum_id: int,
                        now: float, restart_count: int = 0) -> None:
     entry = table.replicas.get(replica_id)
-    if (entry is not None and set(agent_ids) & set(entry.agent_ids) and restart_count < entry.restart_count
-            and (alive(entry, now, table.rules.heartbeat_timeout) or awaited(entry, now))):
-        # The same agents' newer incarnation is alive (or, right after this coordinator started, may still
-        # come back): this process outlived its incarnation on a host that has not stopped it yet.
-        raise OutOfRange(f"replica {replica_id!r}: a process of incarnation {restart_count} registers while "
-                         f"incarnation {entry.restart_count} of the same node agents is alive: it outlived its "
-                         f"incarnation")
-    if (entry is not None and entry.agent_ids and not set(agent_ids) & set(entry.agent_ids)
-            and alive(entry, now, table.rules.heartbeat_timeout)):
-        raise PermissionDenied(
-            f"replica {replica_id!r} of job {table.name!r} is registered by processes another node agent started, "
-            f"alive at {entry.address}: only one agent runs a replica (give each agent its own --replica-id)")
+    if entry is not None:
+        _check_successor(table, entry, agent_ids, now, restart_count)
     newest = table.quorum.id if table.quorum is not None else 0
     if newest and quorum_id > newest:
         raise OutOfRange(f"replica {replica_id!r} says it trains in quorum {quorum_id}, but the newest quorum of job "
@@ -87,10 +97,11 @@ def check_agent_report(entry: ReplicaEntry | None, replica_id: str, agent_id: st
     """Refuse a node agent's report about processes it did not start."""
     if entry is None:
         return  # nothing registered: the report changes nothing but the agent's row
-    if entry.agent_ids and agent_id not in entry.agent_ids:
+    agent_ids = entry.incarnation.agent_ids
+    if agent_ids and agent_id not in agent_ids:
         raise PermissionDenied(f"a report about replica {replica_id!r} from an agent that did not start its "
                                f"registered processes: refused")
-    if failure and not entry.agent_ids:
+    if failure and not agent_ids:
         raise PermissionDenied(f"replica {replica_id!r}'s processes registered without a node agent "
                                f"(FTHSDP_AGENT_ID): no agent's failure report counts for them")
 

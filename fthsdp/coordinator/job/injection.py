@@ -76,10 +76,10 @@ class InjectionBook:
         entry = state.replicas.get(rid)
         if entry is None:
             raise NotFound(f"job {state.name!r} has no replica {rid!r}")
-        if entry.session_id is None:
+        if entry.incarnation.session_id is None:
             raise NotInjectable(f"replica {rid} has no running incarnation (it failed or left; its agent may be "
                                 "restarting it): nothing to inject into; try again once `fthsdp status` shows it back")
-        pending = self.for_incarnation(rid, entry.restart_count)
+        pending = self.for_incarnation(rid, entry.incarnation.restart_count)
         if len(pending) >= MAX_PER_INCARNATION:
             raise NotInjectable(f"replica {rid}'s current incarnation has had {len(pending)} faults injected "
                                 f"already (at most {MAX_PER_INCARNATION}); inject more once it restarted")
@@ -87,8 +87,8 @@ class InjectionBook:
         # clock), so an executor never takes a new injection for one it did.
         self._last_id = max(self._last_id + 1, unix_ms)
         injection = pb.FaultInjection(
-            id=self._last_id, replica_id=rid, kind=request.kind, restart_count=entry.restart_count,
-            requested_by=request.requested_by, peer=peer, unix_ms=unix_ms, step=entry.step,
+            id=self._last_id, replica_id=rid, kind=request.kind, restart_count=entry.incarnation.restart_count,
+            requested_by=request.requested_by, peer=peer, unix_ms=unix_ms, step=entry.incarnation.step,
         )
         if request.kind == pb.FAULT_KIND_SLOW:
             injection.seconds, injection.steps = request.seconds, request.steps
@@ -122,4 +122,4 @@ class InjectionBook:
         if entry is None:
             self._pending.pop(replica_id, None)
             return
-        event.injections.extend(self.for_incarnation(replica_id, entry.restart_count))
+        event.injections.extend(self.for_incarnation(replica_id, entry.incarnation.restart_count))

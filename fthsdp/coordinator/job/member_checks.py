@@ -48,13 +48,15 @@ class MemberChecks(JobTable):
         self.horizon_moved = False
         if self._unreachable:
             self._unreachable &= {rid for rid in self._unreachable
-                                  if rid in self.replicas and self.replicas[rid].unreachable}
-            marked = [rid for rid in sorted(self._unreachable) if self.replicas[rid].session_id is not None]
+                                  if rid in self.replicas and self.replicas[rid].standing.unreachable}
+            marked = [rid for rid in sorted(self._unreachable)
+                      if self.replicas[rid].incarnation.session_id is not None]
             self.horizon_moved = self.reach.reprobe(marked, list(self._members), self._addresses(), now)
         if self.quorum is None or not self.progress.due(now):
             return {}, {}
         live = [rid for rid in self._members if self._live_member(rid)]
-        hung, stragglers = self.progress.look(live, {rid: self.replicas[rid].step for rid in live}, now, self.quorum.id)
+        steps = {rid: self.replicas[rid].incarnation.step for rid in live}
+        hung, stragglers = self.progress.look(live, steps, now, self.quorum.id)
         for rid, why in hung.items():
             self.mark_hung(rid, why, now)
         if not hung:
@@ -67,7 +69,8 @@ class MemberChecks(JobTable):
         return hung, stragglers
 
     def _addresses(self) -> dict[str, tuple[str, ...]]:
-        return {rid: self.replicas[rid].catch_up_addresses for rid in self._members if rid in self.replicas}
+        return {rid: self.replicas[rid].incarnation.catch_up_addresses
+                for rid in self._members if rid in self.replicas}
 
     def _resolve_stuck(self, live: list[str], now: float) -> None:
         """One step of a stuck collective's escalation: regroup, probe, take out
@@ -75,9 +78,9 @@ class MemberChecks(JobTable):
         assert self.quorum is not None  # only check_progress calls it, with a quorum
         if len(live) < len(self._members):
             return  # a member is being taken out anyway: the next quorum redoes the step without it
+        sizes = {rid: self.replicas[rid].incarnation.world_size for rid in live}
         action = self.reach.look(self.progress.stuck, live, self.quorum.id, self.progress.low_step(live),
-                                 {rid: self.replicas[rid].world_size for rid in live}, self._addresses(), now,
-                                 self.progress.limit)
+                                 sizes, self._addresses(), now, self.progress.limit)
         if action.act is Act.NOTHING:
             return
         extra = {"event": f"stuck_{action.act.value}", "job": self.name, "quorum_id": self.quorum.id,
@@ -87,7 +90,7 @@ class MemberChecks(JobTable):
         elif action.act is Act.PROBE:
             self.horizon_moved = True
         for rid, why in action.take_out.items():
-            self.replicas[rid].unreachable = why
+            self.replicas[rid].standing.unreachable = why
             self._unreachable.add(rid)
             self.marks_to_store.add(rid)
             self.dirty = True
@@ -102,28 +105,29 @@ class MemberChecks(JobTable):
         unreachable was let back (it reaches every member again)."""
         entry = (self._session(replica_id, session_id) if shard_rank == 0
                  else self.of_incarnation(replica_id, incarnation))
-        if shard_rank >= entry.world_size:
+        if shard_rank >= entry.incarnation.world_size:
             raise InvalidRequest(
-                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
-        back = self.reach.answer(replica_id, shard_rank, probe_id, reached, unreached, entry.world_size)
-        if back is None or not entry.unreachable:
+                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.incarnation.world_size} ranks")
+        back = self.reach.answer(replica_id, shard_rank, probe_id, reached, unreached, entry.incarnation.world_size)
+        if back is None or not entry.standing.unreachable:
             return False
         if not back.reaches_all:
-            entry.unreachable = f"unreachable from {', '.join(back.unreached)} over the data path"
+            entry.standing.unreachable = f"unreachable from {', '.join(back.unreached)} over the data path"
             return False
         log.info("job %s: replica %s reaches every member over the data path again; it may catch up",
                  self.name, replica_id, extra={"event": "reachable", "job": self.name, "replica": replica_id})
-        entry.unreachable = ""
+        entry.standing.unreachable = ""
         self.marks_to_store.add(replica_id)
         self.dirty = self.joiners_moved = True
         return True
 
     def mark_hung(self, replica_id: str, why: str, now: float) -> None:
         """Take a member out (hung, or a straggler): the next decision drops it; its agents are told."""
-        entry = self.replicas[replica_id]
-        entry.hung_at, entry.hung_reason, entry.notice = now, why, why
+        inc = self.replicas[replica_id].incarnation
+        inc.hung_at, inc.hung_reason, inc.notice = now, why, why
         self.dirty = True
 
     def _live_member(self, rid: str) -> bool:
         e = self.replicas.get(rid)
-        return e is not None and e.session_id is not None and not e.restarted and e.hung_at is None
+        inc = e.incarnation if e is not None else None
+        return inc is not None and inc.session_id is not None and not inc.restarted and inc.hung_at is None

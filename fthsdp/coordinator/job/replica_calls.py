@@ -6,7 +6,8 @@ Watch streams opening and closing, a replica leaving, its node agent's
 reports, and the replica records that registrations and an operator's
 cordon or drain store (``record_needed``, ``admin_record``, ``apply_record``,
 ``mark_records``). Each records what was said on the replica's
-``ReplicaEntry`` and marks what the next decision must look at (``dirty``,
+``ReplicaEntry`` (a registration replaces its incarnation whole; the rest
+set what they were told on it) and marks what the next decision must look at (``dirty``,
 ``joiners_moved``, ``checksums_dirty``); none decides anything. Apart from
 the decisions (fthsdp/coordinator/job/state.py) because this is the hot path, one
 call per heartbeat of every replica, and the decisions never run in it.
@@ -19,7 +20,7 @@ import sys
 
 from fthsdp.coordinator.decisions import lease
 from fthsdp.coordinator.job import identity
-from fthsdp.coordinator.job.replica_entry import ReplicaEntry
+from fthsdp.coordinator.job.replica_entry import Incarnation, ReplicaEntry, Standing
 from fthsdp.coordinator.job.table import JobTable
 from fthsdp.core.errors import InvalidRequest, NotFound
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -43,10 +44,12 @@ class ReplicaCalls(JobTable):
                       agent_ids: tuple[str, ...] = (), restart_count: int = 0) -> tuple[pb.ReplicaRecord, int] | None:
         """The record to store before a registration, or None if the stored one is current."""
         entry = self.replicas.get(replica_id)
-        if (entry is not None and entry.record_revision and entry.address == address and entry.world_size == world_size
-                and entry.agent_ids == agent_ids and entry.restart_count == restart_count):
-            return None
-        base = entry or ReplicaEntry(replica_id)
+        if entry is not None and entry.standing.record_revision:
+            inc = entry.incarnation
+            if ((inc.address, inc.world_size, inc.agent_ids, inc.restart_count)
+                    == (address, world_size, agent_ids, restart_count)):
+                return None
+        base = entry.standing if entry is not None else Standing()
         rec = pb.ReplicaRecord(
             replica_id=replica_id,
             address=address,
@@ -81,42 +84,37 @@ class ReplicaCalls(JobTable):
         trains in a quorum that admitted it; otherwise it restarted and lost its
         state, and the next decision replaces it with a joiner.
         """
-        entry = self.replicas.setdefault(replica_id, ReplicaEntry(replica_id))
+        entry = self.replicas.get(replica_id)
+        if entry is None:  # seen for the first time: a fresh standing too
+            entry = self.replicas[replica_id] = ReplicaEntry(replica_id)
         member = self._members.get(replica_id)
         if member is not None:
             self.dirty = self.checksums_dirty = True  # a member restarted, or came back after a failover
         else:
             self.joiners_moved = True
-        entry.address, entry.world_size, entry.step = address, world_size, step
-        entry.catch_up_addresses, entry.catch_up_progress = tuple(catch_up_addresses), (0, 0)
-        entry.catch_up_fingerprints = tuple(catch_up_fingerprints)
-        entry.catching_up, entry.wait_for_replicas = False, wait_for_replicas
-        entry.session_id = secrets.token_hex(8)
+        session_id = secrets.token_hex(8)
+        # A fresh incarnation: nothing of the old one carries over (its standing
+        # does: its cordon, mismatch and strikes, its member lease).
+        entry.incarnation = Incarnation(
+            key=incarnation, session_id=session_id, address=address, world_size=world_size,
+            agent_ids=agent_ids, restart_count=restart_count, heard_from=True, step=step,
+            registered_at=now, last_heartbeat=now, step_since=now, wait_for_replicas=wait_for_replicas,
+            catch_up_addresses=tuple(catch_up_addresses), catch_up_fingerprints=tuple(catch_up_fingerprints),
+            # Every other rank of the group must ping within a heartbeat timeout
+            # of the registration, or the group counts as silent.
+            rank_heartbeats={rank: now for rank in range(1, world_size)},
+            restarted=member is not None and quorum_id < member.joined_quorum_id,
+        )
         self._senders = None
-        entry.registered_at = entry.last_heartbeat = entry.step_since = now
-        entry.heard_from, entry.beating = True, False
-        entry.disconnected_at = entry.failed_at = entry.ready_since = entry.diverged_at = entry.hung_at = None
-        entry.hung_reason, entry.notice, entry.restart_count = "", "", restart_count
-        entry.agent_ids, entry.incarnation = agent_ids, incarnation
-        entry.divergence, entry.caught_up = None, False  # its mismatch and strikes stay: see check_checksums
         self.progress.forget(replica_id)
-        entry.checksums.clear()
-        entry.inputs.clear()
-        # Every other rank of the group must ping within a heartbeat timeout
-        # of the registration, or the group counts as silent.
-        entry.rank_heartbeats = {rank: now for rank in range(1, world_size)}
-        entry.ranks_left = set()
-        entry.state_checksum, entry.checksum_step = "", 0
-        entry.open_watches = 0  # streams of the old session no longer count
-        entry.restarted = member is not None and quorum_id < member.joined_quorum_id
         # Its timeout may run out before any the last scan saw (or none was left to see).
         timeout, bound = self._expiry_bound
         self._expiry_bound = (timeout, min(bound, now + timeout))
-        if member is not None and not entry.restarted:
+        if member is not None and not entry.incarnation.restarted:
             self.committed_step = max(self.committed_step, step)  # a member back after a failover
         if record_revision is not None:
-            entry.record_revision = record_revision
-        return entry.session_id
+            entry.standing.record_revision = record_revision
+        return session_id
 
     def heartbeat(
         self,
@@ -144,50 +142,51 @@ class ReplicaCalls(JobTable):
         if shard_rank > 0:
             return self._rank_ping(replica_id, shard_rank, now, progress, left, incarnation)
         entry = self._session(replica_id, session_id)
+        inc = entry.incarnation
         if progress is not None:
             self.progress.report(replica_id, 0, progress, now)
-        if ready != (entry.ready_since is not None):
+        if ready != (inc.ready_since is not None):
             self.dirty = True
         elif replica_id not in self._members:
             self.joiners_moved = True  # a joiner's progress feeds the decision; members' steps do not
-        if not entry.beating:
-            entry.beating, entry.first_heartbeat = True, now
+        if not inc.beating:
+            inc.beating, inc.first_heartbeat = True, now
         step = identity.bounded_step(self, replica_id, step)
-        if step != entry.step:
+        if step != inc.step:
             # a loaded checkpoint is held from here (fthsdp/coordinator/decisions/restore_wait.py)
-            entry.step_since = now
-        entry.last_heartbeat, entry.heard_from, entry.step = now, True, step
-        if step > self.committed_step and replica_id in self._members and not entry.restarted:
+            inc.step_since = now
+        inc.last_heartbeat, inc.heard_from, inc.step = now, True, step
+        if step > self.committed_step and replica_id in self._members and not inc.restarted:
             self.committed_step, self.trained = step, self.quorum
-        entry.catch_up_progress, entry.catching_up = catch_up_progress, catching_up
-        if wait_for_replicas != entry.wait_for_replicas:
-            entry.wait_for_replicas = wait_for_replicas
+        inc.catch_up_progress, inc.catching_up = catch_up_progress, catching_up
+        if wait_for_replicas != inc.wait_for_replicas:
+            inc.wait_for_replicas = wait_for_replicas
             self.dirty = True  # whether its step vouches for an outsider (quorum.py, rule 6)
-        if ready and entry.ready_since is None:
-            entry.ready_since = now
+        if ready and inc.ready_since is None:
+            inc.ready_since = now
         elif not ready:
-            entry.ready_since = None
+            inc.ready_since = None
         if state_checksum:
-            entry.state_checksum, entry.checksum_step = state_checksum, checksum_step
-            entry.checksums[checksum_step] = state_checksum
+            inc.state_checksum, inc.checksum_step = state_checksum, checksum_step
+            inc.checksums[checksum_step] = state_checksum
             self.checksums_dirty = True
         if recent:
-            entry.checksums.update(recent)
+            inc.checksums.update(recent)
             self.checksums_dirty = True
         if recent_inputs:
             # Interned: every replica reports the same few strings at a step.
-            entry.inputs.update({s: sys.intern(v) for s, v in recent_inputs.items()})
-        while len(entry.checksums) > CHECKSUM_HISTORY:
-                del entry.checksums[min(entry.checksums)]
-        while len(entry.inputs) > CHECKSUM_HISTORY:
-            del entry.inputs[min(entry.inputs)]
+            inc.inputs.update({s: sys.intern(v) for s, v in recent_inputs.items()})
+        while len(inc.checksums) > CHECKSUM_HISTORY:
+                del inc.checksums[min(inc.checksums)]
+        while len(inc.inputs) > CHECKSUM_HISTORY:
+            del inc.inputs[min(inc.inputs)]
         response = pb.HeartbeatResponse(
-            quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.drain_requested
+            quorum_id=self.quorum.id if self.quorum else 0, drain_requested=entry.standing.drain_requested
         )
         response.lease_seq = lease_seq
         if lease_seq and replica_id in self._members and lease.may_be_granted(entry.view()):
             response.lease_s = self.lease_s
-            entry.lease_until = max(entry.lease_until, lease.lapses_at(now, self.lease_s))
+            entry.standing.lease_until = max(entry.standing.lease_until, lease.lapses_at(now, self.lease_s))
         return response
 
     def _rank_ping(
@@ -195,33 +194,36 @@ class ReplicaCalls(JobTable):
         incarnation: str = "",
     ) -> pb.HeartbeatResponse:
         entry = self.of_incarnation(replica_id, incarnation)
-        if shard_rank >= entry.world_size:
+        inc = entry.incarnation
+        if shard_rank >= inc.world_size:
             raise InvalidRequest(
-                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {entry.world_size} ranks")
+                f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {inc.world_size} ranks")
         if left:
             # Its group leaves cleanly; rank 0 may still be writing or sealing a checkpoint,
             # and is judged alone until its Leave (a late ping of this rank changes nothing).
-            entry.ranks_left.add(shard_rank)
-            entry.rank_heartbeats.pop(shard_rank, None)
-        elif shard_rank not in entry.ranks_left:
-            entry.rank_heartbeats[shard_rank] = now
+            inc.ranks_left.add(shard_rank)
+            inc.rank_heartbeats.pop(shard_rank, None)
+        elif shard_rank not in inc.ranks_left:
+            inc.rank_heartbeats[shard_rank] = now
         if progress is not None and not left:
             self.progress.report(replica_id, shard_rank, progress, now)
         return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0,
-                                    drain_requested=entry.drain_requested)
+                                    drain_requested=entry.standing.drain_requested)
 
     def watch_opened(self, replica_id: str, session_id: str) -> None:
         entry = self._session(replica_id, session_id)
-        entry.open_watches += 1
-        entry.disconnected_at = None
+        inc = entry.incarnation
+        inc.open_watches += 1
+        inc.disconnected_at = None
 
     def watch_closed(self, replica_id: str, session_id: str, now: float) -> None:
         entry = self.replicas.get(replica_id)
-        if entry is None or entry.session_id != session_id:
+        if entry is None or entry.incarnation.session_id != session_id:
             return  # a superseded session's stream; the new one is what counts
-        entry.open_watches = max(0, entry.open_watches - 1)
-        if entry.open_watches == 0 and entry.failed_at is None:
-            entry.disconnected_at = now
+        inc = entry.incarnation
+        inc.open_watches = max(0, inc.open_watches - 1)
+        if inc.open_watches == 0 and inc.failed_at is None:
+            inc.disconnected_at = now
             self.dirty = True
 
     def leave(
@@ -234,14 +236,15 @@ class ReplicaCalls(JobTable):
         members that all did so end the job's state rather than lose it
         (quorum rule 8)."""
         entry = self._session(replica_id, session_id)
-        entry.session_id = None
+        inc = entry.incarnation
+        inc.session_id = None
         self.dirty, self._senders = True, None
         if failed or reason.startswith("failed"):
-            entry.failed_at, entry.lease_until = now, 0.0  # it commits nothing more
+            inc.failed_at, entry.standing.lease_until = now, 0.0  # it commits nothing more
             return False
         if replica_id in self._members:
             self._left[replica_id] = reason
-            if not entry.restarted:  # its state, as its heartbeats would have said
+            if not inc.restarted:  # its state, as its heartbeats would have said
                 self.committed_step = max(self.committed_step, step)
         del self.replicas[replica_id]
         self.catch_up.pop(replica_id, None)
@@ -260,10 +263,10 @@ class ReplicaCalls(JobTable):
         self.agents[replica_id] = (state, restart_count, detail)
         # A report the agent sent again after an outage may come after the
         # incarnation it is about was replaced: it fails that one, not its successor.
-        if (state in _AGENT_FAILURES and entry is not None and entry.session_id is not None
-                and restart_count >= entry.restart_count):
-            entry.failed_at, entry.session_id = now, None
-            entry.lease_until = 0.0  # its processes are gone: confirmed dead (fthsdp/coordinator/decisions/lease.py)
+        if (state in _AGENT_FAILURES and entry is not None and entry.incarnation.session_id is not None
+                and restart_count >= entry.incarnation.restart_count):
+            entry.incarnation.failed_at, entry.incarnation.session_id = now, None  # the incarnation ended
+            entry.standing.lease_until = 0.0  # its processes are gone: confirmed dead (decisions/lease.py)
             self.dirty, self._senders = True, None
             return True
         return False
@@ -280,13 +283,13 @@ class ReplicaCalls(JobTable):
             rec.cordoned = cordoned
         if drain is not None:
             rec.drain_requested = drain
-        return rec, entry.record_revision
+        return rec, entry.standing.record_revision
 
     def mark_records(self) -> list[tuple[pb.ReplicaRecord, int]]:
         """The records to store for the unreachable marks set or cleared
         since the last call, with their expected revisions; a record that
         fails to store is handed back with ``marks_to_store.add``."""
-        out = [(self.replicas[rid].record(), self.replicas[rid].record_revision)
+        out = [(self.replicas[rid].record(), self.replicas[rid].standing.record_revision)
                for rid in sorted(self.marks_to_store) if rid in self.replicas]
         self.marks_to_store.clear()
         return out
@@ -294,6 +297,6 @@ class ReplicaCalls(JobTable):
     def apply_record(self, rec: pb.ReplicaRecord, revision: int) -> None:
         entry = self.replicas.get(rec.replica_id)
         if entry is not None:
-            entry.cordoned, entry.drain_requested = rec.cordoned, rec.drain_requested
-            entry.record_revision = revision
+            entry.standing.cordoned, entry.standing.drain_requested = rec.cordoned, rec.drain_requested
+            entry.standing.record_revision = revision
             self.dirty = True

@@ -34,11 +34,11 @@ class JobView(Protocol):
 def state_of(job: JobView, entry: ReplicaEntry, now: float) -> pb.ReplicaState:
     if lost_at(entry.view(), now, job.rules) is not None:
         return pb.REPLICA_STATE_FAILED
-    if entry.drain_requested:
+    if entry.standing.drain_requested:
         return pb.REPLICA_STATE_DRAINING
-    if job.is_member(entry.replica_id) and not entry.restarted:
+    if job.is_member(entry.replica_id) and not entry.incarnation.restarted:
         return pb.REPLICA_STATE_HEALTHY
-    if entry.replica_id in job.catch_up and entry.ready_since is None:
+    if entry.replica_id in job.catch_up and entry.incarnation.ready_since is None:
         return pb.REPLICA_STATE_CATCHING_UP
     return pb.REPLICA_STATE_JOINING
 
@@ -47,36 +47,37 @@ def statuses(job: JobView, now: float) -> list[pb.ReplicaStatus]:
     out = []
     for rid in sorted(job.replicas):
         e = job.replicas[rid]
+        inc = e.incarnation
         source = job.catch_up.get(rid)
         agent_state, restarts, agent_detail = job.agents.get(rid, (pb.AGENT_STATE_UNSPECIFIED, 0, ""))
         status = pb.ReplicaStatus(
             replica_id=rid,
             state=state_of(job, e, now),
-            step=e.step,
-            heartbeat_age_s=round(now - e.last_heartbeat, 3) if e.heard_from else -1.0,
-            address=e.address,
-            state_checksum=e.state_checksum,
-            checksum_step=e.checksum_step,
-            world_size=e.world_size,
-            cordoned=e.cordoned,
+            step=inc.step,
+            heartbeat_age_s=round(now - inc.last_heartbeat, 3) if inc.heard_from else -1.0,
+            address=inc.address,
+            state_checksum=inc.state_checksum,
+            checksum_step=inc.checksum_step,
+            world_size=inc.world_size,
+            cordoned=e.standing.cordoned,
             catch_up_source=source.replica_id if source else "",
             agent_state=agent_state,
             restart_count=restarts,
             agent_detail=agent_detail,
-            checksum_mismatch_step=e.diverged_at or 0,
-            catch_up_bytes=e.catch_up_progress[0],
-            catch_up_total_bytes=e.catch_up_progress[1],
+            checksum_mismatch_step=inc.diverged_at or 0,
+            catch_up_bytes=inc.catch_up_progress[0],
+            catch_up_total_bytes=inc.catch_up_progress[1],
             straggler_score=round(job.progress.scores.get(rid, 0.0), 3),
-            hang_reason=e.hung_reason,
-            mismatch_reason=e.mismatch,
-            mismatch_strikes=e.strikes,
-            unreachable=e.unreachable,
+            hang_reason=inc.hung_reason,
+            mismatch_reason=e.standing.mismatch,
+            mismatch_strikes=e.standing.strikes,
+            unreachable=e.standing.unreachable,
         )
         report = job.progress.rank0(rid)
         # A process that is gone (its agent reported it failed, or its stream closed) is in
         # no phase: its last one would read as current while it restarts. One that hangs
         # or lags is still in the phase it reported, which says where.
-        gone = e.failed_at is not None or e.disconnected_at is not None
+        gone = inc.failed_at is not None or inc.disconnected_at is not None
         if report is not None and not gone:
             status.phase = report.phase
             status.phase_age_s = round(report.age + (now - report.received), 3)

@@ -6,7 +6,7 @@ heartbeats stop. The coordinator notices the silence after the heartbeat
 timeout, and a member is dropped from the quorum for it; but nothing on its
 node would ever end the process, and a stopped joiner (not a member) would
 not even be dropped from anything. So such a replica is given a notice
-(``WatchEvent.hang``, ``ReplicaEntry.notice``): its agent's HangWatch
+(``WatchEvent.hang``, ``Incarnation.notice``): its agent's HangWatch
 (fthsdp/agent/node/hang_watch.py) ends it and restarts it, and it catches up.
 
 Pure functions over the coordinator's replica entries, called by JobState.
@@ -21,9 +21,10 @@ from fthsdp.coordinator.job.replica_entry import ReplicaEntry
 
 def _may_notice(e: ReplicaEntry) -> bool:
     """Silent with its session open, and silence the only reason it is out."""
-    return (e.session_id is not None and not e.notice and e.hung_at is None and e.disconnected_at is None
-            and e.failed_at is None and not e.restarted and e.diverged_at is None and not e.drain_requested
-            and not e.unreachable)
+    inc = e.incarnation
+    return (inc.session_id is not None and not inc.notice and inc.hung_at is None and inc.disconnected_at is None
+            and inc.failed_at is None and not inc.restarted and inc.diverged_at is None
+            and not e.standing.drain_requested and not e.standing.unreachable)
 
 
 def dropped_members(replicas: Mapping[str, ReplicaEntry], previous: Iterable[str], kept: set[str],
@@ -46,7 +47,7 @@ def silent_outsiders(replicas: Mapping[str, ReplicaEntry], candidates: Iterable[
     out = {}
     for rid in candidates:
         e = replicas.get(rid)
-        if rid in members or e is None or not e.beating or not _may_notice(e):
+        if rid in members or e is None or not e.incarnation.beating or not _may_notice(e):
             continue
         if e.view_heartbeat() + timeout <= now:
             out[rid] = f"no heartbeat for {timeout:g}s while outside the quorum{_doing(e)} (stopped?)"
@@ -54,6 +55,6 @@ def silent_outsiders(replicas: Mapping[str, ReplicaEntry], candidates: Iterable[
 
 
 def _doing(e: ReplicaEntry) -> str:
-    if e.catching_up:
-        return f", catching up at step {e.step}"
+    if e.incarnation.catching_up:
+        return f", catching up at step {e.incarnation.step}"
     return ""

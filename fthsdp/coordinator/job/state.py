@@ -68,7 +68,8 @@ class JobState(ReplicaCalls, MemberChecks):
         # Outsiders silent by now, whenever their timeout ran out: a decision
         # since then counted them out, but gave no notice.
         self._silent.update(rid for x, rid in expiries if x <= now and rid not in self._members
-                            and self.replicas[rid].session_id is not None and not self.replicas[rid].notice)
+                            and self.replicas[rid].incarnation.session_id is not None
+                            and not self.replicas[rid].incarnation.notice)
         return [rid for x, rid in expiries if since < x <= now]
 
     def set_pace(self, heartbeat_timeout: float, join_settle: float, heartbeat_interval: float = 0.0) -> None:
@@ -149,13 +150,13 @@ class JobState(ReplicaCalls, MemberChecks):
             for m in quorum.members:
                 entry = self.replicas.get(m.replica_id)
                 if entry is not None and m.joined_quorum_id == quorum.id:
-                    entry.restarted, entry.ready_since = False, None
+                    entry.incarnation.restarted, entry.incarnation.ready_since = False, None
             self.committed_step = max(self.committed_step, quorum.step)  # what its members hold
         self.catch_up = dict(decision.catch_up)
         for rid in self.catch_up:
             entry = self.replicas.get(rid)
             if entry is not None:
-                entry.caught_up = True  # behind the members: what it trains on comes from a catch-up
+                entry.incarnation.caught_up = True  # behind the members: what it trains on comes from a catch-up
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
         restore = self.restore
         if restore is not None and self.committed_step > restore.step:
@@ -176,7 +177,7 @@ class JobState(ReplicaCalls, MemberChecks):
         noticed = silence.dropped_members(self.replicas, self._members, set(quorum.member_ids), quorum.id,
                                           self.rules.heartbeat_timeout)
         for rid, why in noticed.items():
-            self.replicas[rid].notice = why
+            self.replicas[rid].incarnation.notice = why
 
     def notice_silent_outsiders(self, now: float) -> dict[str, str]:
         """Replicas outside the quorum whose heartbeats ran out with their
@@ -185,7 +186,7 @@ class JobState(ReplicaCalls, MemberChecks):
         candidates, self._silent = self._silent, set()
         noticed = silence.silent_outsiders(self.replicas, candidates, self._members, self.rules.heartbeat_timeout, now)
         for rid, why in noticed.items():
-            self.replicas[rid].notice = why
+            self.replicas[rid].incarnation.notice = why
         return noticed
 
     def lost_step_now(self, now: float) -> int:

@@ -52,7 +52,7 @@ class JobTable:
         self.horizon_moved = False  # the last check_progress changed what watchers are told: they must hear of it
         self.reach = ReachBook()  # a stuck collective's regroup and probes (fthsdp/coordinator/decisions/stuck.py)
         self._unreachable: set[str] = set()
-        """Replicas kept out as unreachable (``ReplicaEntry.unreachable``): asked to probe the members."""
+        """Replicas kept out as unreachable (``Standing.unreachable``): asked to probe the members."""
         self.marks_to_store: set[str] = set()
         """Replicas whose unreachable mark was set or cleared and is not stored
         yet (``mark_records``): a coordinator that starts must keep a still-cut
@@ -132,8 +132,8 @@ class JobTable:
         # What a predecessor granted is unknown: the most it could have, from now
         # (fthsdp/coordinator/decisions/lease.py).
         for rid in self._members:
-            self.replicas[rid].lease_until = lease.presumed(now, self.lease_s)
-        self._unreachable |= {rid for rid, e in self.replicas.items() if e.unreachable}
+            self.replicas[rid].standing.lease_until = lease.presumed(now, self.lease_s)
+        self._unreachable |= {rid for rid, e in self.replicas.items() if e.standing.unreachable}
 
     # ----- views ---------------------------------------------------------------------
 
@@ -158,13 +158,14 @@ class JobTable:
         return [
             now - e.view_heartbeat()
             for e in self.replicas.values()
-            if e.session_id is not None and e.disconnected_at is None
+            if e.incarnation.session_id is not None and e.incarnation.disconnected_at is None
         ]
 
     def senders(self) -> int:
         """Processes that heartbeat: every rank of every registered replica."""
         if self._senders is None:
-            self._senders = sum(e.world_size for e in self.replicas.values() if e.session_id is not None)
+            self._senders = sum(e.incarnation.world_size for e in self.replicas.values()
+                                if e.incarnation.session_id is not None)
         return self._senders
 
     def is_member(self, replica_id: str) -> bool:
@@ -212,17 +213,17 @@ class JobTable:
         """The entry a rank other than 0 speaks for: registered, with the key
         it carries (``RegisterRequest.incarnation``) when rank 0 gave one."""
         entry = self.replicas.get(replica_id)
-        if entry is None or entry.session_id is None:
+        if entry is None or entry.incarnation.session_id is None:
             raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; its rank 0 registers it")
-        if entry.incarnation and incarnation != entry.incarnation:
+        if entry.incarnation.key and incarnation != entry.incarnation.key:
             raise StaleSession(f"a rank of replica {replica_id!r} that is not of its registered incarnation")
         return entry
 
     def _session(self, replica_id: str, session_id: str) -> ReplicaEntry:
         entry = self.replicas.get(replica_id)
-        if entry is None or entry.session_id is None:
+        if entry is None or entry.incarnation.session_id is None:
             raise NotFound(f"replica {replica_id!r} is not registered in job {self.name!r}; register first")
-        if entry.session_id != session_id:
+        if entry.incarnation.session_id != session_id:
             raise StaleSession(
                 f"session {session_id!r} of replica {replica_id!r} was replaced by a newer registration"
             )

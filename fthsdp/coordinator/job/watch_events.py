@@ -124,23 +124,24 @@ def own_event(state: WatcherView, replica_id: str, leader: str) -> pb.WatchEvent
     # the state is lost), and after a coordinator restart a listed
     # replica's watcher may be a fresh process; neither may take the
     # old place and train on from its own step.
-    if rank is not None and entry is not None and entry.session_id is not None and not entry.restarted:
+    inc = entry.incarnation if entry is not None else None
+    if rank is not None and inc is not None and inc.session_id is not None and not inc.restarted:
         event.place.rank = rank
     event.hang_limit_s = state.hang_horizon
     if state.finished is not None:
         event.finished.CopyFrom(state.finished)
     if state.restore is not None:
         event.restore.CopyFrom(state.restore)
-    if entry is not None:
-        event.drain_requested = entry.drain_requested
-        if entry.divergence is not None:
-            event.divergence.CopyFrom(entry.divergence)
+    if entry is not None and inc is not None:
+        event.drain_requested = entry.standing.drain_requested
+        if inc.divergence is not None:
+            event.divergence.CopyFrom(inc.divergence)
         probe = state.reach.probe_for(replica_id, rank is not None)
         if probe is not None:
             event.probe.CopyFrom(probe)
-        event.unreachable = entry.unreachable
-        if entry.notice:
-            event.hang.CopyFrom(pb.HangNotice(reason=entry.notice, restart_count=entry.restart_count, step=entry.step))
+        event.unreachable = entry.standing.unreachable
+        if inc.notice:
+            event.hang.CopyFrom(pb.HangNotice(reason=inc.notice, restart_count=inc.restart_count, step=inc.step))
         source = state.catch_up.get(replica_id)
         if source is not None:
             event.catch_up.CopyFrom(
