@@ -274,7 +274,7 @@ def test_a_registration_with_malformed_fingerprints_is_refused(fingerprints, mat
 
 
 def test_a_joiner_is_handed_its_sources_fingerprints_with_their_addresses():
-    from fthsdp.coordinator.decisions.quorum import _assign_sources
+    from fthsdp.coordinator.decisions.quorum_outcome import _assign_sources
     from fthsdp.coordinator.decisions.quorum_types import ReplicaView
 
     alive = {"r0": ReplicaView("r0", address="h:1", step=9, catch_up_addresses=("h:2",),

@@ -12,7 +12,7 @@ views all use them, and none of those needs the others to read a quorum.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,3 +188,10 @@ class Decision:
     @property
     def changes_quorum(self) -> bool:
         return self.members is not None
+
+
+def names(items: Sequence[str], shown: int = 8) -> str:
+    """A list for a reason string, cut short: reasons travel to every replica."""
+    if len(items) <= shown:
+        return ", ".join(items)
+    return f"{', '.join(items[:shown])} and {len(items) - shown} more"

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from fthsdp.coordinator.decisions.quorum_types import ReplicaView, Restoring, Rules
+from fthsdp.coordinator.decisions.quorum_types import ReplicaView, Restoring, Rules, names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ def restore_wait(restoring: Restoring, ready: Sequence[str], replicas: Mapping[s
                                   f"{what}; {_members(missing, qid)} not back")
     # No countdown in the reason: it is logged each time it changes.
     return RestoreWait(True, f"restored {what}: waiting up to join_timeout {rules.join_timeout:g}s "
-                             f"for {_members(missing, qid)} before admitting {_names(ready)}.")
+                             f"for {_members(missing, qid)} before admitting {names(ready)}.")
 
 
 def held_since(r: ReplicaView) -> float:
@@ -90,12 +90,5 @@ def _may_come(r: ReplicaView | None) -> bool:
 
 
 def _members(ids: Sequence[str], qid: int) -> str:
-    return (f"{_names(ids)} ({'a member' if len(ids) == 1 else 'members'} when the state was lost; "
+    return (f"{names(ids)} ({'a member' if len(ids) == 1 else 'members'} when the state was lost; "
             f"quorum {qid} trained the last step)")
-
-
-def _names(items: Sequence[str], shown: int = 8) -> str:
-    # quorum.names, which imports this module
-    if len(items) <= shown:
-        return ", ".join(items)
-    return f"{', '.join(items[:shown])} and {len(items) - shown} more"
