@@ -227,19 +227,19 @@ def test_the_timeout_scan_runs_only_once_the_earliest_expiry_is_due():
 
 
 def test_joiners_are_decided_on_at_the_poll_time_a_lost_member_at_once():
-    """A joiner's heartbeats wait for ``poll_at`` (the runtime sets it from a
+    """A joiner's heartbeats wait for the poll time (the runtime sets it from a
     decision's cost); a member's stream closing does not."""
     job = JobState("j", RULES)
     sessions = {rid: registered(job, rid, f"{rid}:1", 1, 0, 0, now=0.0) for rid in ("a", "b")}
     formed(job, 0.1)
     assert job.evaluate(0.15).settled
-    job.poll_at = 1.0
+    job.schedule.poll_after(1.0)
     registered(job, "c", "c:1", 1, 0, 0, now=0.2)  # a newcomer, heartbeating
     assert not job.needs_decision(0.3)
     assert job.needs_decision(1.0)
     assert not job.evaluate(1.0).settled  # waiting for arrivals to settle...
-    job.poll_at = 2.0
-    assert not job.needs_decision(1.5)  # ...polled again at poll_at only
+    job.schedule.poll_after(2.0)
+    assert not job.needs_decision(1.5)  # ...polled again at the poll time only
     job.watch_opened("b", sessions["b"])
     job.watch_closed("b", sessions["b"], now=1.6)
     assert job.needs_decision(1.6)  # a member lost: at once
@@ -255,6 +255,6 @@ def test_a_shorter_timeout_finds_members_that_ran_out_before_the_last_decision()
     assert job.needs_decision(3.6)
     assert [m.replica_id for m in formed(job, 3.6).members] == ["a"]
     assert job.evaluate(3.65).settled
-    job.poll_at = 10.0
+    job.schedule.poll_after(10.0)
     job.set_pace(heartbeat_timeout=9.0, join_settle=RULES.join_settle)  # longer: nothing urgent
     assert not job.needs_decision(3.7) and job.needs_decision(10.0)

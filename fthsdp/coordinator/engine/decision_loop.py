@@ -145,8 +145,8 @@ class DecisionLoop:
         decision = job.state.evaluate(now)
         # Polling an unsettled decision (joiners arriving) takes at most
         # a twentieth of the loop; anything urgent (a member lost) marks the
-        # job dirty and is decided on the next tick regardless.
-        job.state.poll_at = now + POLL_GAP_PER_COST * (time.perf_counter() - began)
+        # job's decision due at once (fthsdp/coordinator/job/schedule.py).
+        job.state.schedule.poll_after(now + POLL_GAP_PER_COST * (time.perf_counter() - began))
         unix_ms = int(self.wall() * 1000)
         mark = job.state.finish_mark(decision, unix_ms)
         if mark is not None:
@@ -185,13 +185,14 @@ class DecisionLoop:
         except LedgerConflict as e:
             log.error("job %s: %s; deciding again", name, e)
             self._adopt(job, e, mine)
-            job.state.dirty = True
+            job.state.schedule.now()
             return None
         except StoreError as e:
             if outcome.finished is not None:
                 pending = f"the job finished at step {outcome.finished.step}; storing that is pending ({e})"
                 self._log_reason(job, pending)
-                job.state.reason, job.state.dirty = pending, True
+                job.state.reason = pending
+                job.state.schedule.now()
                 return None
             if outcome.quorum is not None:
                 pending = f"quorum change pending, the store is unavailable ({e}): {outcome.decision.reason}"

@@ -246,7 +246,7 @@ class CoordinatorRuntime:
                          "step": record.step, "reason": reason})
         if job.state.restore is not None and job.state.restore.digest == digest:
             job.state.restore = None
-            job.state.dirty = True
+            job.state.schedule.now()
             job.notify()
         self.wake()
 
@@ -303,7 +303,8 @@ class CoordinatorRuntime:
         now = self.clock()
         failed = job.state.agent_event(req.replica_id, req.state, req.restart_count, req.detail, now, req.agent_id)
         if not failed and fail_awaited(job.state.replicas.get(req.replica_id), req.state, now):
-            job.state.dirty = failed = True
+            job.state.schedule.now()
+            failed = True
         state = pb.AgentState.Name(req.state).removeprefix("AGENT_STATE_").lower()
         log.info(
             "job %s: agent of %s (node %d): %s%s",

@@ -6,8 +6,8 @@ others waited for it or a straggler (fthsdp/coordinator/decisions/hang.py), and 
 stuck collective among healthy members, mended by regrouping, probing and
 taking out what cannot be reached (fthsdp/coordinator/decisions/stuck.py; the probes'
 answers, ``reach_report``, let such a replica back). Each marks the replicas
-it judges on their ``ReplicaEntry`` and the job dirty; the next decision
-(fthsdp/coordinator/job/state.py) drops them. Apart from the decisions because
+it judges on their ``ReplicaEntry`` and makes the next decision due at once;
+that decision (fthsdp/coordinator/job/state.py) drops them. Apart from the decisions because
 each check has its own schedule (the decision loop runs them every tick,
 before it asks whether to decide) and its own module of rules: this is
 where those rules meet the table.
@@ -39,7 +39,7 @@ class MemberChecks(JobTable):
         self.checksums_dirty = False
         flagged = checksum_vote.flag(self.quorum, self.replicas, self._members)
         if flagged:
-            self.dirty = True
+            self.schedule.now()
         return flagged
 
     def check_progress(self, now: float) -> tuple[dict[str, str], dict[str, str]]:
@@ -86,14 +86,14 @@ class MemberChecks(JobTable):
         extra = {"event": f"stuck_{action.act.value}", "job": self.name, "quorum_id": self.quorum.id,
                  "reason": action.reason}
         if action.act is Act.REGROUP:
-            self.dirty = True
+            self.schedule.now()
         elif action.act is Act.PROBE:
             self.horizon_moved = True
         for rid, why in action.take_out.items():
             self.replicas[rid].standing.unreachable = why
             self._unreachable.add(rid)
             self.marks_to_store.add(rid)
-            self.dirty = True
+            self.schedule.now()
             log.error("job %s: replica %s taken out: %s", self.name, rid, why,
                       extra={"event": "unreachable", "job": self.name, "replica": rid, "reason": why})
         log.warning("job %s: quorum %d: %s", self.name, self.quorum.id, action.reason, extra=extra)
@@ -118,14 +118,14 @@ class MemberChecks(JobTable):
                  self.name, replica_id, extra={"event": "reachable", "job": self.name, "replica": replica_id})
         entry.standing.unreachable = ""
         self.marks_to_store.add(replica_id)
-        self.dirty = self.joiners_moved = True
+        self.schedule.now()
         return True
 
     def mark_hung(self, replica_id: str, why: str, now: float) -> None:
         """Take a member out (hung, or a straggler): the next decision drops it; its agents are told."""
         inc = self.replicas[replica_id].incarnation
         inc.hung_at, inc.hung_reason, inc.notice = now, why, why
-        self.dirty = True
+        self.schedule.now()
 
     def _live_member(self, rid: str) -> bool:
         e = self.replicas.get(rid)

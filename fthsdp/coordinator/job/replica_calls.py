@@ -7,8 +7,9 @@ reports, and the replica records that registrations and an operator's
 cordon or drain store (``record_needed``, ``admin_record``, ``apply_record``,
 ``mark_records``). Each records what was said on the replica's
 ``ReplicaEntry`` (a registration replaces its incarnation whole; the rest
-set what they were told on it) and marks what the next decision must look at (``dirty``,
-``joiners_moved``, ``checksums_dirty``); none decides anything. Apart from
+set what they were told on it) and marks when the next decision is due
+(``schedule``, fthsdp/coordinator/job/schedule.py) and whether the checksums
+must be looked at (``checksums_dirty``); none decides anything. Apart from
 the decisions (fthsdp/coordinator/job/state.py) because this is the hot path, one
 call per heartbeat of every replica, and the decisions never run in it.
 """
@@ -89,9 +90,10 @@ class ReplicaCalls(JobTable):
             entry = self.replicas[replica_id] = ReplicaEntry(replica_id)
         member = self._members.get(replica_id)
         if member is not None:
-            self.dirty = self.checksums_dirty = True  # a member restarted, or came back after a failover
+            self.checksums_dirty = True  # a member restarted, or came back after a failover
+            self.schedule.now()
         else:
-            self.joiners_moved = True
+            self.schedule.soon()
         session_id = secrets.token_hex(8)
         # A fresh incarnation: nothing of the old one carries over (its standing
         # does: its cordon, mismatch and strikes, its member lease).
@@ -146,9 +148,9 @@ class ReplicaCalls(JobTable):
         if progress is not None:
             self.progress.report(replica_id, 0, progress, now)
         if ready != (inc.ready_since is not None):
-            self.dirty = True
+            self.schedule.now()
         elif replica_id not in self._members:
-            self.joiners_moved = True  # a joiner's progress feeds the decision; members' steps do not
+            self.schedule.soon()  # a joiner's progress feeds the decision; members' steps do not
         if not inc.beating:
             inc.beating, inc.first_heartbeat = True, now
         step = identity.bounded_step(self, replica_id, step)
@@ -161,7 +163,7 @@ class ReplicaCalls(JobTable):
         inc.catch_up_progress, inc.catching_up = catch_up_progress, catching_up
         if wait_for_replicas != inc.wait_for_replicas:
             inc.wait_for_replicas = wait_for_replicas
-            self.dirty = True  # whether its step vouches for an outsider (quorum.py, rule 6)
+            self.schedule.now()  # whether its step vouches for an outsider (quorum.py, rule 6)
         if ready and inc.ready_since is None:
             inc.ready_since = now
         elif not ready:
@@ -224,7 +226,7 @@ class ReplicaCalls(JobTable):
         inc.open_watches = max(0, inc.open_watches - 1)
         if inc.open_watches == 0 and inc.failed_at is None:
             inc.disconnected_at = now
-            self.dirty = True
+            self.schedule.now()
 
     def leave(
         self, replica_id: str, session_id: str, failed: bool, now: float, reason: str = "", step: int = 0
@@ -238,7 +240,8 @@ class ReplicaCalls(JobTable):
         entry = self._session(replica_id, session_id)
         inc = entry.incarnation
         inc.session_id = None
-        self.dirty, self._senders = True, None
+        self.schedule.now()
+        self._senders = None
         if failed or reason.startswith("failed"):
             inc.failed_at, entry.standing.lease_until = now, 0.0  # it commits nothing more
             return False
@@ -267,7 +270,8 @@ class ReplicaCalls(JobTable):
                 and restart_count >= entry.incarnation.restart_count):
             entry.incarnation.failed_at, entry.incarnation.session_id = now, None  # the incarnation ended
             entry.standing.lease_until = 0.0  # its processes are gone: confirmed dead (decisions/lease.py)
-            self.dirty, self._senders = True, None
+            self.schedule.now()
+            self._senders = None
             return True
         return False
 
@@ -299,4 +303,4 @@ class ReplicaCalls(JobTable):
         if entry is not None:
             entry.standing.cordoned, entry.standing.drain_requested = rec.cordoned, rec.drain_requested
             entry.standing.record_revision = revision
-            self.dirty = True
+            self.schedule.now()

@@ -39,17 +39,13 @@ class JobState(ReplicaCalls, MemberChecks):
         10,000 replicas a decision costs tens of milliseconds; this check a
         scan of floats."""
         ran_out = self._ran_out(now)
-        if self.dirty:
-            return True
-        if (self.joiners_moved or self.unsettled) and now >= self.poll_at:
-            return True
         # A member's timeout is decided on at once; anyone else's (a joiner,
         # or a replica whose heartbeats never got through) at the poll time.
         if any(rid in self._members for rid in ran_out):
-            return True
+            return True  # found by this scan, decided on now (the decision counts it out)
         if ran_out:
-            self.joiners_moved = True
-        return self.joiners_moved and now >= self.poll_at
+            self.schedule.soon()
+        return self.schedule.due(now)
 
     def _ran_out(self, now: float) -> list[str]:
         """Replicas whose heartbeat timeout ran out since the last decision
@@ -82,7 +78,7 @@ class JobState(ReplicaCalls, MemberChecks):
         self.lease_s = lease.granted(rules.member_lease, heartbeat_interval)
         if heartbeat_timeout != rules.heartbeat_timeout or join_settle != rules.join_settle:
             self.rules = dataclasses.replace(rules, heartbeat_timeout=heartbeat_timeout, join_settle=join_settle)
-            self.joiners_moved = True
+            self.schedule.soon()
             if heartbeat_timeout < rules.heartbeat_timeout:
                 self._decided_at = float("-inf")
 
@@ -109,8 +105,8 @@ class JobState(ReplicaCalls, MemberChecks):
 
     def evaluate(self, now: float) -> Decision:
         decision = self._decide(now)
-        self.dirty = self.joiners_moved = False
-        self.unsettled, self._decided_at = not decision.settled, now
+        self.schedule.decided(decision.settled)
+        self._decided_at = now
         return decision
 
     def finish_mark(self, decision: Decision, unix_ms: int) -> pb.JobFinished | None:
@@ -137,7 +133,7 @@ class JobState(ReplicaCalls, MemberChecks):
 
     def reopen(self) -> None:
         """Adopt a stored reopen (the ledger holds it): quorums form again, from the replicas there are."""
-        self.dirty = True
+        self.schedule.now()
 
     def apply(self, decision: Decision, quorum: Quorum | None, revision: int) -> None:
         """Adopt a decision once its quorum (if any) is safely in the store."""
@@ -200,4 +196,4 @@ class JobState(ReplicaCalls, MemberChecks):
         loss is over; the next decision forms a quorum of whoever is there."""
         self.committed_step = committed_step
         self.state_lost_step, self.state_lost = 0, ""
-        self.dirty = True
+        self.schedule.now()

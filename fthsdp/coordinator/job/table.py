@@ -21,6 +21,7 @@ from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Member, Quo
 from fthsdp.coordinator.decisions.reach_book import ReachBook
 from fthsdp.coordinator.job import replica_status, watch_events
 from fthsdp.coordinator.job.replica_entry import ReplicaEntry, seed_entries
+from fthsdp.coordinator.job.schedule import DecisionSchedule
 from fthsdp.coordinator.ledger.value import FixedLedger, LedgerView
 from fthsdp.core.errors import NotFound, StaleSession
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -72,20 +73,10 @@ class JobTable:
         """(timeout, t): no heartbeat timeout runs out before t (see needs_decision)."""
         self._silent: set[str] = set()
         """Non-members whose heartbeat timeout ran out (see notice_silent_outsiders)."""
-        self.dirty = True
-        """Something the decision reads changed since it last found the
-        quorum settled. While not dirty, only time (a heartbeat timeout)
-        can change the decision: see ``needs_decision``."""
-        self.joiners_moved = False
-        """A replica outside the quorum registered or heartbeated since the
-        last decision: its progress feeds the next one, not urgently."""
-        self.unsettled = False
-        """The last decision was waiting (for arrivals to settle, joiners to
-        catch up, a timeout): decide again, but not before ``poll_at``."""
-        self.poll_at = float("-inf")
-        """Set by the runtime from what a decision costs: at 10,000 replicas
-        one takes tens of milliseconds, and polling them every tick while
-        joiners arrive starved the coordinator."""
+        self.schedule = DecisionSchedule()
+        """When the quorum is decided next (fthsdp/coordinator/job/schedule.py): at once when
+        something the decision reads changed, at the poll time when only joiners moved, never
+        while it is settled and no heartbeat timeout runs out (``needs_decision``)."""
         self.checksums_dirty = False
         """A checksum arrived (or the members changed) since ``check_checksums`` last looked."""
         self._senders: int | None = None
@@ -207,7 +198,8 @@ class JobTable:
                 del self._quorum_members[old]
         self._ranks = {rid: rank for rank, rid in enumerate(self._members)}  # the list's order
         self._left = {rid: why for rid, why in self._left.items() if rid in self._members}
-        self.dirty = self.checksums_dirty = True
+        self.checksums_dirty = True
+        self.schedule.now()
 
     def of_incarnation(self, replica_id: str, incarnation: str) -> ReplicaEntry:
         """The entry a rank other than 0 speaks for: registered, with the key
