@@ -99,7 +99,7 @@ class DecisionLoop:
                         job.hosts.finish(f"job finished at step {job.state.finished.step}")
                     elif job.state.finished is None and job.hosts.finished:
                         job.hosts.reopen()
-                    job.hosts.tick(self.clock(), self.config.heartbeat_timeout + self.lag.worst(self.clock()))
+                    job.hosts.tick(self.clock(), job.pacer.base.timeout + self.lag.worst(self.clock()))
                     await self.evaluate(job)
                     # After the decision and its push, outside the job's lock (fthsdp/coordinator/engine/committed.py).
                     await committed.sync(job.committed, job.state, self.clock(), int(self.wall() * 1000))

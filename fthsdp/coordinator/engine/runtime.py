@@ -20,19 +20,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fthsdp.coordinator.config import CoordinatorConfig
-from fthsdp.coordinator.decisions import lease
 from fthsdp.coordinator.engine import checkpoints, committed, job_store
 from fthsdp.coordinator.engine.decision_loop import DecisionLoop
 from fthsdp.coordinator.engine.gauges import job_gauges
 from fthsdp.coordinator.engine.loop_lag import PROBE_INTERVAL, LagWindow, probe
 from fthsdp.coordinator.engine.metrics import TAKEN_OUT_REASONS, Metrics
 from fthsdp.coordinator.engine.served_job import ServedJob
+from fthsdp.coordinator.engine.takeover import take_over
 from fthsdp.coordinator.hosts.status import group_statuses
 from fthsdp.coordinator.job import identity
 from fthsdp.coordinator.job.injection import InjectionBook
-from fthsdp.coordinator.job.replica_entry import fail_awaited, grant_reconnect_grace
+from fthsdp.coordinator.job.replica_entry import fail_awaited
 from fthsdp.coordinator.job.watch_events import HEADER, SAME
-from fthsdp.coordinator.ledger.codec import quorum_to_pb
 from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.ledger.writer import Guard, no_guard
 from fthsdp.coordinator.store import Store
@@ -102,49 +101,9 @@ class CoordinatorRuntime:
                     pass
 
     async def _load(self, job: ServedJob) -> None:
-        await asyncio.to_thread(job.ledger.load)
-        job.epoch = await job_store.bump_epoch(job, self.leader, self.wall)
-        quorum, revision = job.ledger.current.quorum, job.ledger.revisions.get(job.keys.quorum, 0)
-        records = job_store.records(job)
-        committed_step = job.committed.load(quorum)
-        now = self.clock()
-        # The longest lease a predecessor could have granted: at the pace its senders (every replica
-        # it recorded, by its ranks) asked for (fthsdp/coordinator/decisions/lease.py presumed).
-        senders = sum(rec.world_size or 1 for rec, _ in records.values())
-        job.state.lease_s = lease.granted(self.config.member_lease, job.pacer.update(senders, now).interval)
-        job.state.load(quorum, revision, records, now, committed_step)
-        # A restore under way goes on: its first quorum still waits for the members (restore_wait.py).
-        job.state.restore = checkpoints.under_way(job.checkpoints, job.committed, quorum)
-        self._grant_grace(job, now)
+        """Take ``job`` over from the store (fthsdp/coordinator/engine/takeover.py)."""
+        await take_over(job, self.leader, self.clock, self.wall)
         self.metrics.epochs.inc(job=job.state.name)
-        job.set_quorum(quorum_to_pb(quorum))
-        if quorum is not None:
-            job.remember(quorum)
-        log.info(
-            "job %s: epoch %d, quorum %s, committed step %d, %d known replicas (store %s)",
-            job.state.name,
-            job.epoch,
-            f"{quorum.id} {list(quorum.member_ids)}" if quorum else "none",
-            committed_step,
-            len(records),
-            self.store.description,
-        )
-        if job.state.finished is not None:
-            log.info("job %s: finished at step %d (stored); no quorum forms until an operator reopens it",
-                     job.state.name, job.state.finished.step)
-
-    def _grant_grace(self, job: ServedJob, now: float) -> None:
-        """Every replica from the store gets a grace to reconnect before it
-        is judged (fthsdp/coordinator/decisions/liveness.py ``lost_at``): a restart or a failover
-        silenced them all, and after a long outage their clients take a while
-        to reconnect. It is what the rules would give silent members in any
-        case: their heartbeat timeout, then the split-brain guard's
-        join_timeout."""
-        grace = self.config.heartbeat_timeout + self.config.join_timeout
-        count = grant_reconnect_grace(job.state.replicas, now + grace)
-        if count:
-            log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
-                     "(sooner once every other member is back)", job.state.name, count, grace)
 
     # ----- lookups -------------------------------------------------------------------
 
