@@ -252,3 +252,49 @@ def test_the_heartbeat_thread_says_once_that_the_lease_ran_out_and_once_that_it_
     assert len(lines) == 2, lines
     assert "member lease lapsed: no answer from the coordinator for 10.0s (lease 4s)" in lines[0]
     assert "member lease renewed after 16.5s without the coordinator" in lines[1]  # since it ran out (50 + 4 - 0.5)
+
+
+def test_a_wait_for_leases_is_logged_once_though_a_replica_registers_during_it(caplog):
+    """r2 fails and quorum 2 is r0 and r1; both go silent holding their
+    leases, so the decision waits them out. r2 registers again during the
+    wait: the reason's summary of the job changes ("0 alive" to "1 alive"),
+    the wait does not, and it is one ``lease_wait`` event, not two."""
+    import asyncio
+
+    from tests.harness.jobs import agent_of
+    from tests.harness.runtimes import joined_runtime
+
+    def waits() -> list:
+        return [r for r in caplog.records if getattr(r, "event", None) == "lease_wait"]
+
+    async def scenario() -> tuple[list, list, str]:
+        runtime, clock, sessions = await joined_runtime(3, member_lease=30.0, heartbeat_timeout=2.0,
+                                                        join_timeout=1.0)
+        job = runtime.jobs["default"]
+        clock.t = 1.0
+        for rid in sessions:  # every member asks for its lease and is granted it
+            runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=sessions[rid], step=3,
+                                                  lease_seq=1, ack=True))
+        runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r2", agent_id=agent_of("r2"),
+                                                 state=pb.AGENT_STATE_FAILED))
+        clock.t = 1.5
+        await runtime.evaluate(job)
+        assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
+        clock.t = 6.0  # r0 and r1 silent past the heartbeat and join timeouts, their leases running
+        await runtime.evaluate(job)
+        first = [r.getMessage() for r in waits()]
+        clock.t = 6.5
+        sessions["r2"] = (await runtime.register(pb.RegisterRequest(
+            job="default", replica_id="r2", address="h2:1", world_size=1,
+            agent_ids=[agent_of("r2")]))).session_id
+        runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id="r2", session_id=sessions["r2"]))
+        for t in (7.0, 7.5, 8.0):
+            clock.t = t
+            await runtime.evaluate(job)
+        return first, [r.getMessage() for r in waits()], job.state.reason
+
+    with caplog.at_level("INFO", logger="fthsdp.coordinator"):
+        first, after, reason = asyncio.run(scenario())
+    assert len(first) == 1 and "r0, r1" in first[0], first
+    assert "member lease" in reason and "1 alive" in reason, reason  # still waiting, the summary changed
+    assert after == first, after

@@ -237,10 +237,7 @@ class DecisionLoop:
             state.restore = outcome.offer  # under way since before a coordinator restart: offered again
         if quorum is not None:
             self._pushed(job, quorum, decision)
-        if decision.leased and decision.reason != job.logged_reason:
-            log.warning("job %s: %s", state.name, decision.reason,
-                        extra={"event": "lease_wait", "job": state.name, "replicas": list(decision.leased)})
-            job.logged_reason = decision.reason
+        self._log_lease_wait(job, decision)
         self._log_reason(job, decision.reason)
         # A new reason alone wakes nobody: at 10,000 watchers every push
         # counts; each event carries the latest reason anyway. A state
@@ -329,6 +326,21 @@ class DecisionLoop:
             log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
                      job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)
             job.notify()
+
+    def _log_lease_wait(self, job: ServedJob, decision: Decision) -> None:
+        """One ``lease_wait`` event per wait: when it begins, and again only
+        if it must wait for a replica it did not name before. Not once per
+        reason text: the reason's summary of the job changes as replicas
+        register or leave during the same wait."""
+        quorum_id = job.state.quorum.id if job.state.quorum is not None else 0
+        if not decision.leased or job.lease_wait[0] != quorum_id:
+            job.lease_wait = (quorum_id, frozenset())
+        if set(decision.leased) <= job.lease_wait[1]:
+            return
+        job.lease_wait = (quorum_id, job.lease_wait[1] | set(decision.leased))
+        log.warning("job %s: %s", job.state.name, decision.reason,
+                    extra={"event": "lease_wait", "job": job.state.name, "replicas": list(decision.leased)})
+        job.logged_reason = decision.reason
 
     def _log_reason(self, job: ServedJob, reason: str) -> None:
         if reason != job.logged_reason:

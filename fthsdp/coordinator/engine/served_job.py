@@ -52,6 +52,9 @@ class ServedJob:
         self.changes = Broadcast()
         """Wakes the watchers, a batch per turn of the loop (fthsdp/coordinator/engine/broadcast.py)."""
         self.logged_reason = ""
+        self.lease_wait: tuple[int, frozenset[str]] = (0, frozenset())
+        """The quorum whose members' leases the decision waits out and the replicas its ``lease_wait`` events
+        named: one event per wait (decision_loop._log_lease_wait)."""
         self.hosts = HostTable(name, RendezvousRules(spare_wait=config.spare_wait))
         """The hosts of the job's groups of several hosts and their rounds (fthsdp/coordinator/hosts/table.py)."""
         self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
