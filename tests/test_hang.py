@@ -3,6 +3,8 @@ how a JobState applies them: pure logic with made-up times, no processes."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,8 +18,10 @@ from fthsdp.coordinator.decisions.hang import (
     straggler_scores,
     straggler_verdict,
 )
+from fthsdp.core.errors import StoreUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.jobs import HANG_RULES, joined_job
+from tests.harness.runtimes import joined_runtime, report
 
 C, A, U, S, N = pb.PHASE_COMPUTE, pb.PHASE_ALLREDUCE, pb.PHASE_UPDATE, pb.PHASE_SECTION, pb.PHASE_UNSPECIFIED
 P = pb.PHASE_STARTING
@@ -328,3 +332,42 @@ def test_straggler_scores_are_each_time_over_the_others_median(times):
     expected = {rid: (t / statistics.median(v for o, v in known.items() if o != rid)
                       if t > 0 and len(known) >= 2 else 0.0) for rid, t in times.items()}
     assert straggler_scores(times) == pytest.approx(expected)
+
+
+def test_a_straggler_is_taken_out_only_once_its_cordon_is_stored(caplog):
+    """The cordon goes to the store with the decision; while etcd is down the
+    straggler stays in (not cordoned, not told), and once etcd is back the
+    cordon is stored and the next decision drops it."""
+
+    async def scenario():
+        runtime, clock, sessions = await joined_runtime(straggler_multiple=2.0, straggler_steps=10)
+        job = runtime.jobs["default"]
+        real, down = job.ledger.store.transact, [True]
+
+        def transact(*args, **kwargs):
+            if down[0]:
+                raise StoreUnavailable("etcd at h:1 is unreachable")
+            return real(*args, **kwargs)
+
+        job.ledger.store.transact = transact  # type: ignore[method-assign]
+        for step in range(1, 30):
+            down[0] = step < 15
+            clock.t += 0.3
+            for rid, compute in (("r0", 0.1), ("r1", 0.1), ("r2", 0.35)):
+                report(runtime, sessions, rid, step, pb.Progress(phase=pb.PHASE_COMPUTE, phase_age_s=0.0, step=step,
+                                                                 step_time_s=0.4, compute_time_s=compute))
+            await runtime.evaluate(job)
+            entry = job.state.replicas["r2"]
+            if step < 15:
+                assert not entry.incarnation.hung_reason and not entry.standing.cordoned, step
+            elif entry.incarnation.hung_reason:
+                break
+        assert entry.standing.cordoned and "r2" in job.state.quorum.member_ids
+        clock.t += 0.1
+        await runtime.evaluate(job)
+        return step, job.state.quorum.member_ids
+
+    with caplog.at_level("WARNING", logger="fthsdp.coordinator"):
+        step, members = asyncio.run(scenario())
+    assert "straggler r2 not taken out, it could not be cordoned: etcd at h:1 is unreachable" in caplog.text
+    assert step == 15 and members == ("r0", "r1")

@@ -12,6 +12,7 @@ import asyncio
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
 from fthsdp.coordinator.store import MemoryStore
+from fthsdp.core.errors import StoreUnavailable
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 CONFIG = CoordinatorConfig(min_replicas=1, heartbeat_interval=1.0, heartbeat_timeout=5.0, join_timeout=10.0,
@@ -119,5 +120,92 @@ def test_an_unreachable_mark_survives_a_coordinator_restart_and_is_cleared_once_
         await second.evaluate(job2)
         assert stored(store, "r2").unreachable == ""
         assert not job2.state.replicas["r2"].standing.unreachable
+
+    asyncio.run(scenario())
+
+
+class Transactions(MemoryStore):
+    """The memory store, keeping what each transaction put (key -> bytes), in order; ``down`` fails them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts: list[dict[str, bytes]] = []
+        self.down = False
+
+    def transact(self, compares, puts, deletes=()):
+        if self.down:
+            raise StoreUnavailable("etcd at h:1 is unreachable")
+        result = super().transact(compares, puts, deletes)
+        if result.succeeded:
+            self.puts.append(dict(puts))
+        return result
+
+
+def first_put_marking(store: Transactions, rid: str) -> dict[str, bytes]:
+    keys = CoordinatorRuntime(CONFIG, store, "x:1").jobs["default"].keys
+    for puts in store.puts:
+        if keys.replica(rid) in puts and pb.ReplicaRecord.FromString(puts[keys.replica(rid)]).unreachable:
+            return puts
+    raise AssertionError(f"{rid}'s unreachable mark was never stored")
+
+
+async def probed(store: MemoryStore, clock: Clock) -> tuple[CoordinatorRuntime, dict[str, str]]:
+    """A stuck collective, probed: r0 and r1 reach each other, nobody reaches r2 (the next decision takes it out)."""
+    runtime = new_runtime(store, clock)
+    job = runtime.jobs["default"]
+    sessions = {rid: await register(runtime, rid) for rid in IDS}
+    beat(runtime, sessions, pb.PHASE_COMPUTE, 0.1)
+    await runtime.evaluate(job)
+    await stuck_until(runtime, sessions, clock, "regrouped")
+    await stuck_until(runtime, sessions, clock, "probing")
+    answer(runtime, "r0", ["r1"], ["r2"])
+    answer(runtime, "r1", ["r0"], ["r2"])
+    answer(runtime, "r2", [], ["r0", "r1"])
+    return runtime, sessions
+
+
+def test_the_unreachable_mark_and_the_quorum_that_takes_the_replica_out_are_one_transaction():
+    """The decision's one transaction: a coordinator that starts next finds
+    either both (r2 kept out) or neither (r2 still a member, no mark)."""
+
+    async def scenario():
+        store, clock = Transactions(), Clock()
+        runtime, sessions = await probed(store, clock)
+        await stuck_until(runtime, sessions, clock, "watching")
+        assert runtime.jobs["default"].state.quorum.member_ids == ("r0", "r1")
+        puts = first_put_marking(store, "r2")
+        keys = runtime.jobs["default"].keys
+        assert keys.quorum in puts, f"the mark was stored apart from the quorum: {sorted(puts)}"
+        assert list(pb.Quorum.FromString(puts[keys.quorum]).members) and all(
+            m.replica_id != "r2" for m in pb.Quorum.FromString(puts[keys.quorum]).members)
+
+    asyncio.run(scenario())
+
+
+def test_a_mark_the_store_did_not_take_goes_with_the_next_decision_and_nothing_is_applied_before():
+    """etcd is down as r2 is taken out: no quorum without r2 is applied and
+    the mark is kept in memory; once etcd is back, mark and quorum go in one
+    transaction."""
+
+    async def scenario():
+        store, clock = Transactions(), Clock()
+        runtime, sessions = await probed(store, clock)
+        job = runtime.jobs["default"]
+        store.down = True
+        quorum_before = job.state.quorum.id
+        for _ in range(3):  # the take-out decided, again and again, and never stored
+            clock.t += 1.0
+            beat(runtime, sessions, pb.PHASE_ALLREDUCE, 3.0)
+            await runtime.evaluate(job)
+        assert job.state.quorum.id == quorum_before and "r2" in job.state.quorum.member_ids, (
+            f"a quorum was applied that the store never took: {job.state.quorum}")
+        assert job.state.replicas["r2"].standing.unreachable, "the in-memory mark stays, to be stored"
+        store.down = False
+        clock.t += 1.0
+        beat(runtime, sessions, pb.PHASE_ALLREDUCE, 3.0)
+        await runtime.evaluate(job)
+        assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
+        puts = first_put_marking(store, "r2")
+        assert job.keys.quorum in puts, sorted(puts)
 
     asyncio.run(scenario())

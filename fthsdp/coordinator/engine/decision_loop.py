@@ -32,15 +32,15 @@ from collections.abc import Callable
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decisions.quorum import names, settle_for
 from fthsdp.coordinator.decisions.quorum_types import Decision, Quorum
-from fthsdp.coordinator.engine import checkpoints, committed, job_store
+from fthsdp.coordinator.engine import checkpoints, committed
 from fthsdp.coordinator.engine.loop_lag import LagWindow, backlog, lag_allowance
 from fthsdp.coordinator.engine.metrics import Metrics
-from fthsdp.coordinator.engine.outcome import Outcome, numbered
+from fthsdp.coordinator.engine.outcome import Checked, Outcome, numbered
 from fthsdp.coordinator.engine.served_job import ServedJob
 from fthsdp.coordinator.ledger.codec import quorum_to_pb
 from fthsdp.coordinator.ledger.writer import LedgerConflict, NotLeading
 from fthsdp.coordinator.store import Store
-from fthsdp.core.errors import LostOwnership, StoreError, StoreUnavailable
+from fthsdp.core.errors import StoreError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -112,18 +112,21 @@ class DecisionLoop:
         async with job.lock:
             if self.stopped:
                 return
-            if not await self._check(job):
+            checked = self._check(job)
+            if checked is None:
                 return
-            outcome = self._decide(job)
+            outcome = dataclasses.replace(self._decide(job), records=checked.records,
+                                          stragglers=checked.stragglers)
             stored = await self._persist(job, outcome)
             if stored is None:
                 return
             self._apply(job, stored)
 
-    async def _check(self, job: ServedJob) -> bool:
+    def _check(self, job: ServedJob) -> Checked | None:
         """What takes members out before a decision (diverged checksums, hangs
-        and stragglers, unreachable marks, stored first), the heartbeat pace,
-        silent outsiders; returns whether a decision is due."""
+        and stragglers, unreachable marks), the heartbeat pace, silent
+        outsiders. Returns None if no decision is due, else the replica
+        records to store with it."""
         for rid, verdict in job.state.check_checksums().items():
             log.warning("job %s: replica %s's state checksum disagrees at step %d: %s; %s", job.state.name, rid,
                         verdict.step, verdict.reason,
@@ -131,12 +134,20 @@ class DecisionLoop:
                         extra={"event": "checksum_mismatch", "job": job.state.name, "replica": rid,
                                "step": verdict.step, "reason": verdict.reason, "strikes": verdict.strikes,
                                "give_up": verdict.give_up})
-        await self._take_out_hung(job)
-        await self._store_marks(job)
+        stragglers = self._take_out_hung(job)
+        # The unreachable marks set or cleared since the last decision, then the
+        # stragglers' cordons: stored with the decision, before the quorum that
+        # takes them out is pushed, so that a coordinator that starts next keeps
+        # a still-cut replica or a straggler out.
+        records = {rec.replica_id: rec for rec, _ in job.state.mark_records()}
+        for rid in stragglers:
+            records[rid] = job.state.admin_record(rid, cordoned=True)[0]
         self._pace(job)
         due = job.state.needs_decision(self.clock())
         self._notice_silent_outsiders(job)
-        return due
+        if not due and not records:
+            return None
+        return Checked(tuple(records.values()), stragglers)
 
     def _decide(self, job: ServedJob) -> Outcome:
         """The decision and what of it is durable: the finished mark, the next
@@ -181,33 +192,43 @@ class DecisionLoop:
             await job.ledger.update(outcome.change)
         except NotLeading as e:
             log.error("job %s: %s", name, e)
+            self._unstage(job, outcome, e)
             return None
         except LedgerConflict as e:
             log.error("job %s: %s; deciding again", name, e)
+            self._unstage(job, outcome, e)
             self._adopt(job, e, mine)
             job.state.schedule.now()
             return None
         except StoreError as e:
-            if outcome.finished is not None:
-                pending = f"the job finished at step {outcome.finished.step}; storing that is pending ({e})"
-                self._log_reason(job, pending)
-                job.state.reason = pending
-                job.state.schedule.now()
-                return None
-            if outcome.quorum is not None:
-                pending = f"quorum change pending, the store is unavailable ({e}): {outcome.decision.reason}"
-                self._log_reason(job, pending)
-                job.state.reason = pending
-                return None
-            assert outcome.restore is not None  # durable: one of the three
-            log.warning("job %s: restoring the checkpoint of step %d is pending: %s", name,
-                        outcome.restore.checkpoint.step, e)
-            return dataclasses.replace(outcome, restore=None)  # the decision itself stored nothing: applied
+            self._unstage(job, outcome, e)
+            return self._pending(job, outcome, e)
         return outcome
+
+    def _pending(self, job: ServedJob, outcome: Outcome, e: StoreError) -> Outcome | None:
+        """An outcome the store could not take: what of it may still be applied (None: nothing)."""
+        if outcome.finished is not None:
+            pending = f"the job finished at step {outcome.finished.step}; storing that is pending ({e})"
+            self._log_reason(job, pending)
+            job.state.reason = pending
+            job.state.schedule.now()
+            return None
+        if outcome.quorum is not None:
+            pending = f"quorum change pending, the store is unavailable ({e}): {outcome.decision.reason}"
+            self._log_reason(job, pending)
+            job.state.reason = pending
+            return None
+        if outcome.restore is not None:
+            log.warning("job %s: restoring the checkpoint of step %d is pending: %s", job.state.name,
+                        outcome.restore.checkpoint.step, e)
+        # The decision itself stored nothing: applied.
+        return dataclasses.replace(outcome, restore=None, records=(), stragglers={})
 
     def _adopt(self, job: ServedJob, conflict: LedgerConflict, mine: pb.CommittedStep | None) -> None:
         """Another coordinator moved the job's keys on: its quorum (so that our
-        next id is above it) and its committed step are taken as they are."""
+        next id is above it) and its committed step are taken as they are; a
+        replica's record keeps their flags (an operator's cordon or drain is
+        the newer intent) and ours are written over it with the next decision."""
         theirs = job.ledger.current.quorum
         if job.keys.quorum in conflict.keys and theirs is not None:
             job.state.set_quorum(theirs, job.ledger.revisions.get(job.keys.quorum, 0))
@@ -215,6 +236,13 @@ class DecisionLoop:
             job.notify()
         if job.keys.committed in conflict.keys:
             committed.adopt(job.state, committed.Adopted(job.ledger.current.committed or pb.CommittedStep(), mine))
+        for rid, rec in job.ledger.current.records.items():
+            entry = job.state.replicas.get(rid)
+            if entry is None or job.keys.replica(rid) not in conflict.keys:
+                continue
+            merged = pb.ReplicaRecord(replica_id=rid, cordoned=entry.standing.cordoned or rec.cordoned,
+                                      drain_requested=entry.standing.drain_requested or rec.drain_requested)
+            job.state.apply_record(merged, job.ledger.revisions.get(job.keys.replica(rid), 0))
 
     def _apply(self, job: ServedJob, outcome: Outcome) -> None:
         """Adopt a stored outcome, log it, and tell the watchers what changed."""
@@ -229,6 +257,7 @@ class DecisionLoop:
         before, lost_before, step_before = state.catch_up, state.state_lost_step, state.committed_step
         revision = job.ledger.revisions.get(job.keys.quorum, 0) if quorum is not None else state.quorum_revision
         state.apply(decision, quorum, revision)
+        self._taken_out(job, outcome)
         if outcome.restore is not None:
             checkpoints.restored(job.committed, state, outcome.restore, self.clock())
             job.notify()
@@ -263,39 +292,43 @@ class DecisionLoop:
         )
         job.logged_reason = decision.reason
 
-    async def _take_out_hung(self, job: ServedJob) -> None:
-        """Members that others waited for past the hang limit, and stragglers
-        (cordoned first, in the store, so that they are not admitted again)."""
+    def _take_out_hung(self, job: ServedJob) -> dict[str, str]:
+        """Members that others waited for past the hang limit, taken out; and
+        the stragglers to take out once their cordons are stored (so that they
+        are not admitted again): returned, with why."""
         hung, stragglers = job.state.check_progress(self.clock())
         for rid, why in hung.items():
             log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
                       extra={"event": "hang", "job": job.state.name, "replica": rid, "reason": why})
             self.metrics.taken_out.inc(job=job.state.name, reason="hung")
-        for rid, why in stragglers.items():
-            try:
-                rec, _ = job.state.admin_record(rid, cordoned=True)
-                job.state.apply_record(rec, await job_store.write_record(job, rec))
-            except (StoreUnavailable, LostOwnership) as e:
-                log.warning("job %s: straggler %s not taken out, it could not be cordoned: %s", job.state.name, rid, e)
-                continue
-            job.state.mark_hung(rid, why, self.clock())
-            log.error("job %s: replica %s taken out: %s", job.state.name, rid, why,
-                      extra={"event": "straggler", "job": job.state.name, "replica": rid, "reason": why})
-            self.metrics.taken_out.inc(job=job.state.name, reason="straggler")
         if job.state.horizon_moved:
             job.notify()  # replicas waiting in the all-reduce wait this long for a verdict
+        return stragglers
 
-    async def _store_marks(self, job: ServedJob) -> None:
-        """Store the unreachable marks set or cleared since the last tick,
-        before the quorum that takes the replica out is published: a
-        coordinator that starts next keeps a still-cut replica out."""
-        for rec, _ in job.state.mark_records():
-            try:
-                job.state.apply_record(rec, await job_store.write_record(job, rec))
-            except (StoreUnavailable, LostOwnership) as e:
-                job.state.marks_to_store.add(rec.replica_id)  # again on the next tick
-                log.warning("job %s: replica %s's unreachable mark is not stored yet: %s", job.state.name,
-                            rec.replica_id, e)
+    def _unstage(self, job: ServedJob, outcome: Outcome, why: Exception) -> None:
+        """The records of an outcome that was not stored: the marks go with the
+        next decision; a straggler stays in (it was not cordoned), and is found
+        again if it stays slow."""
+        for rec in outcome.records:
+            if rec.replica_id in outcome.stragglers:
+                log.warning("job %s: straggler %s not taken out, it could not be cordoned: %s", job.state.name,
+                            rec.replica_id, why)
+            else:
+                job.state.marks_to_store.add(rec.replica_id)
+
+    def _taken_out(self, job: ServedJob, outcome: Outcome) -> None:
+        """The records stored with ``outcome`` applied; its stragglers, cordoned, taken out by the next decision."""
+        state = job.state
+        for rec in outcome.records:
+            state.apply_record(rec, job.ledger.revisions.get(job.keys.replica(rec.replica_id), 0))
+        for rid, why in outcome.stragglers.items():
+            state.mark_hung(rid, why, self.clock())
+            log.error("job %s: replica %s taken out: %s", state.name, rid, why,
+                      extra={"event": "straggler", "job": state.name, "replica": rid, "reason": why})
+            self.metrics.taken_out.inc(job=state.name, reason="straggler")
+        if outcome.stragglers:
+            job.notify()  # their agents are told
+            self.wake()  # the next decision drops them
 
     def _notice_silent_outsiders(self, job: ServedJob) -> None:
         """A stopped joiner's agent is told to end it, as a stopped member's is (fthsdp/coordinator/job/silence.py)."""
