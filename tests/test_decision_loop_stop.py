@@ -16,7 +16,7 @@ from fthsdp.coordinator.engine.decision_loop import DecisionLoop
 
 def _loop() -> DecisionLoop:
     # No jobs: the loop only waits for its wake-ups and ticks.
-    return DecisionLoop(CoordinatorConfig(), store=None, jobs={}, metrics=None, lag=None,  # type: ignore[arg-type]
+    return DecisionLoop(CoordinatorConfig().tick_interval, jobs={}, metrics=None, lag=None,  # type: ignore[arg-type]
                         clock=time.monotonic, wall=time.time)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 
 from fthsdp.coordinator.decisions.hang import HangRules
 from fthsdp.coordinator.decisions.quorum_types import Rules
+from fthsdp.coordinator.hosts.rendezvous import RendezvousRules
 from fthsdp.core.credentials import TlsFiles, read_token_file
 from fthsdp.core.errors import ConfigError
 from fthsdp.core.log_format import check_log_format
@@ -13,6 +14,36 @@ from fthsdp.core.names import MAX_JOB_LEN, name_problem, split_host_port
 from fthsdp.core.settings import DURATION, LIST
 
 DEFAULT_PORT = 29510
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSettings:
+    """What the engine reads of the configuration for each job it serves
+    (``CoordinatorConfig.job_settings``): each setting reaches the rule that
+    uses it by this one route, and nothing past the engine's composition
+    (fthsdp/coordinator/engine/runtime.py) reads the configuration itself."""
+
+    store_prefix: str
+    """Key prefix in the store; the job's keys are under PREFIX/jobs/JOB/ (--store-prefix)."""
+
+    rules: Rules
+    """The quorum decision's rules as configured; the heartbeat timeout and the join settle stretch with the
+    heartbeat pace and the quorum's size from these (fthsdp/coordinator/engine/decision_loop.py ``_pace``)."""
+
+    hang_rules: HangRules
+    """When a member is hung or a straggler (fthsdp/coordinator/decisions/hang.py)."""
+
+    heartbeat_interval: float
+    """The replicas' heartbeat interval before pacing (--heartbeat-interval)."""
+
+    heartbeat_budget: float
+    """Heartbeats per second the pace keeps the job's senders to (--heartbeat-budget; 0: no limit)."""
+
+    rendezvous: RendezvousRules
+    """How the rounds of groups of several hosts wait for spares (fthsdp/coordinator/hosts/rendezvous.py)."""
+
+    auto_restore: bool
+    """Whether a lost state is restored from the newest checkpoint without an operator (--auto-restore)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +249,11 @@ class CoordinatorConfig:
     def hang_rules(self) -> HangRules:
         return HangRules(self.hang_multiple, self.hang_floor, self.hang_ceiling, self.section_timeout,
                          self.straggler_multiple, self.straggler_steps)
+
+    def job_settings(self) -> JobSettings:
+        return JobSettings(store_prefix=self.store_prefix, rules=self.rules, hang_rules=self.hang_rules,
+                           heartbeat_interval=self.heartbeat_interval, heartbeat_budget=self.heartbeat_budget,
+                           rendezvous=RendezvousRules(spare_wait=self.spare_wait), auto_restore=self.auto_restore)
 
     @property
     def rules(self) -> Rules:

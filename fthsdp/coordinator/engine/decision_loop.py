@@ -29,7 +29,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.decisions.quorum import names, settle_for
 from fthsdp.coordinator.decisions.quorum_types import Decision, Quorum
 from fthsdp.coordinator.engine import checkpoints, committed
@@ -39,7 +38,6 @@ from fthsdp.coordinator.engine.outcome import Checked, Outcome, numbered
 from fthsdp.coordinator.engine.served_job import ServedJob
 from fthsdp.coordinator.ledger.codec import quorum_to_pb
 from fthsdp.coordinator.ledger.writer import LedgerConflict, NotLeading
-from fthsdp.coordinator.store import Store
 from fthsdp.core.errors import StoreError
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -58,16 +56,15 @@ class DecisionLoop:
 
     def __init__(
         self,
-        config: CoordinatorConfig,
-        store: Store,
+        tick_interval: float,
         jobs: dict[str, ServedJob],
         metrics: Metrics,
         lag: LagWindow,
         clock: Callable[[], float],
         wall: Callable[[], float],
     ) -> None:
-        self.config = config
-        self.store = store
+        self.tick_interval = tick_interval
+        """Seconds between decisions when nothing wakes the loop (--tick-interval)."""
         self.jobs = jobs
         self.metrics = metrics
         self.lag = lag
@@ -88,7 +85,7 @@ class DecisionLoop:
             # that arrives as the wake-up completes, and the loop would never
             # stop (the coordinator's shutdown waits for it).
             try:
-                async with asyncio.timeout(self.config.tick_interval):
+                async with asyncio.timeout(self.tick_interval):
                     await self._wake.wait()
             except TimeoutError:
                 pass
@@ -171,7 +168,7 @@ class DecisionLoop:
             return Outcome(decision, quorum=numbered(job.state.quorum, decision, job.epoch, job.state.generation,
                                                      unix_ms))
         job.change_since = None
-        if not (self.config.auto_restore and decision.state_lost_step):
+        if not (job.settings.auto_restore and decision.state_lost_step):
             return Outcome(decision)
         record, to_store = checkpoints.to_restore(job.checkpoints, job.committed, decision.state_lost_step)
         if record is None:
@@ -354,10 +351,10 @@ class DecisionLoop:
             job.backlog, job.backlog_at = backlog(job.state.heartbeat_ages(now), pace.interval), now
         timeout = pace.timeout + lag_allowance(max(self.lag.worst(now), job.backlog))
         members = len(job.state.quorum.members) if job.state.quorum else 0
-        job.state.set_pace(timeout, settle_for(members, self.config.join_settle), pace.interval)
+        job.state.set_pace(timeout, settle_for(members, job.settings.rules.join_settle), pace.interval)
         if pace.interval != before.interval:
             log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
-                     job.state.name, pace.interval, pace.timeout, senders, self.config.heartbeat_budget)
+                     job.state.name, pace.interval, pace.timeout, senders, job.pacer.budget)
             job.notify()
 
     def _log_lease_wait(self, job: ServedJob, decision: Decision) -> None:

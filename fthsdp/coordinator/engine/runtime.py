@@ -32,7 +32,6 @@ from fthsdp.coordinator.job import identity
 from fthsdp.coordinator.job.injection import InjectionBook
 from fthsdp.coordinator.job.replica_entry import fail_awaited
 from fthsdp.coordinator.job.watch_events import HEADER, SAME
-from fthsdp.coordinator.ledger.keys import JobKeys
 from fthsdp.coordinator.ledger.writer import Guard, no_guard
 from fthsdp.coordinator.store import Store
 from fthsdp.core.errors import NotLeader, StaleSession, UnknownJob
@@ -58,7 +57,7 @@ class CoordinatorRuntime:
         self.leader = leader
         self.clock = clock
         self.wall = wall
-        self.jobs = {name: ServedJob(name, config, store, guard) for name in config.job}
+        self.jobs = {name: ServedJob(name, config.job_settings(), store, guard) for name in config.job}
         self.injections = {name: InjectionBook() for name in config.job}
         """Faults operators injected, by job (fthsdp/coordinator/job/injection.py)."""
         self.metrics = Metrics()
@@ -71,7 +70,7 @@ class CoordinatorRuntime:
         self._ticker: asyncio.Task | None = None
         self.lag = LagWindow(config.heartbeat_timeout, every=PROBE_INTERVAL)
         """The event loop's recent worst lag: added to the heartbeat timeout (fthsdp/coordinator/engine/loop_lag.py)."""
-        self.decisions = DecisionLoop(config, store, self.jobs, self.metrics, self.lag, clock, wall)
+        self.decisions = DecisionLoop(config.tick_interval, self.jobs, self.metrics, self.lag, clock, wall)
         """Every job's decisions, each tick or when woken (fthsdp/coordinator/engine/decision_loop.py)."""
         self._prober: asyncio.Task | None = None
         self.leading = False
@@ -291,7 +290,7 @@ class CoordinatorRuntime:
             job=name, leader=self.leader_hint, follower=True, jobs=sorted(self.jobs),
             reason=f"this coordinator follows {self.leader_hint or 'nobody yet'}",
         )
-        stored = await job_store.stored_quorum(self.store, JobKeys(self.config.store_prefix, name), name)
+        stored = await job_store.stored_quorum(self.store, self.jobs[name].keys, name)
         if stored is not None:
             response.quorum.CopyFrom(stored)
         return response

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from fthsdp.coordinator.config import CoordinatorConfig
+from fthsdp.coordinator.config import JobSettings
 from fthsdp.coordinator.decisions.heartbeat_pace import HeartbeatPacer
 from fthsdp.coordinator.decisions.quorum_types import Quorum
 from fthsdp.coordinator.engine import checkpoints, committed
 from fthsdp.coordinator.engine.broadcast import Broadcast
-from fthsdp.coordinator.hosts.rendezvous import RendezvousRules
 from fthsdp.coordinator.hosts.table import HostTable
 from fthsdp.coordinator.job.state import JobState
 from fthsdp.coordinator.job.watch_events import WatchEvents
@@ -29,12 +28,15 @@ HISTORY_LENGTH = 200
 class ServedJob:
     """A JobState plus what the runtime keeps beside it."""
 
-    def __init__(self, name: str, config: CoordinatorConfig, store: Store, guard: Guard = no_guard) -> None:
-        self.keys = JobKeys(config.store_prefix, name)
+    def __init__(self, name: str, settings: JobSettings, store: Store, guard: Guard = no_guard) -> None:
+        self.settings = settings
+        """What the engine reads of the configuration for this job (fthsdp/coordinator/config.py)."""
+        self.keys = JobKeys(settings.store_prefix, name)
         self.ledger = LedgerWriter(store, self.keys, guard)
         """What the store holds of the job, and its one writer (fthsdp/coordinator/ledger/writer.py)."""
-        self.state = JobState(name, config.rules, config.hang_rules, ledger=self.ledger)
-        self.pacer = HeartbeatPacer(config.heartbeat_interval, config.heartbeat_timeout, config.heartbeat_budget)
+        self.state = JobState(name, settings.rules, settings.hang_rules, ledger=self.ledger)
+        self.pacer = HeartbeatPacer(settings.heartbeat_interval, settings.rules.heartbeat_timeout,
+                                    settings.heartbeat_budget)
         self.committed = committed.CommittedRecord(self.ledger)
         """The stored committed step (fthsdp/coordinator/engine/committed.py)."""
         self.checkpoints = checkpoints.CheckpointBook(self.ledger)
@@ -55,7 +57,7 @@ class ServedJob:
         self.lease_wait: tuple[int, frozenset[str]] = (0, frozenset())
         """The quorum whose members' leases the decision waits out and the replicas its ``lease_wait`` events
         named: one event per wait (decision_loop._log_lease_wait)."""
-        self.hosts = HostTable(name, RendezvousRules(spare_wait=config.spare_wait))
+        self.hosts = HostTable(name, settings.rendezvous)
         """The hosts of the job's groups of several hosts and their rounds (fthsdp/coordinator/hosts/table.py)."""
         self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)
         """The latest quorums this coordinator formed or loaded: {id, members, reason, time} (unix seconds)."""
