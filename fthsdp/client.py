@@ -57,7 +57,7 @@ CHANNEL_OPTIONS = (
 
 # CANCELLED from a server means it shed the call (gRPC core drops calls that
 # waited too long for an overloaded application): as transient as the others.
-_MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 def parse_addresses(text: str | Sequence[str], what: str = "--coordinator") -> list[str]:
@@ -99,7 +99,9 @@ class CoordinatorClient:
     def stub(self, address: str) -> pb_grpc.CoordinatorStub:
         channel = self._channels.get(address)
         if channel is None:
-            if self._credentials is not None:
+            # A Unix socket is the agent's relay (fthsdp/agent/node/relay/): a local
+            # channel, which TLS would add nothing to; the relay goes on over TLS.
+            if self._credentials is not None and not address.startswith("unix:"):
                 channel = grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
             else:
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
@@ -118,7 +120,7 @@ class CoordinatorClient:
                     request, timeout=timeout or self.timeout, metadata=self._metadata
                 )
             except grpc.RpcError as e:
-                if e.code() in _MOVE_ON:
+                if e.code() in MOVE_ON:
                     errors.append(f"{address}: {e.code().name.lower()}")
                     continue
                 raise RequestRejected(e.code(), f"{address}: {e.details()}") from e

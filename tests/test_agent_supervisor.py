@@ -107,7 +107,8 @@ def test_env_contract_for_two_ranks(tmp_path, agents):
         assert env["TORCHELASTIC_RESTART_COUNT"] == env["FTHSDP_RESTART_COUNT"] == "0"
         assert (env["FTHSDP_JOB"], env["FTHSDP_REPLICA_ID"]) == ("llama", "replica-1")
         assert (env["FTHSDP_REPLICA_RANK"], env["FTHSDP_NUM_REPLICAS"]) == ("1", "3")
-        assert env["FTHSDP_COORDINATOR"].startswith("127.0.0.1:")
+        # The agent's relay, not the coordinator: no rank connects to the coordinator itself.
+        assert env["FTHSDP_COORDINATOR"].startswith("unix:/") and env["FTHSDP_COORDINATOR"].endswith(".sock")
         assert env["pgid"] == env["pid"], "each rank leads its own process group"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
     assert agent.entered("SUCCEEDED", replica="replica-1"), agent.log()

@@ -112,7 +112,9 @@ def advertised_address(config: AgentConfig, env: dict[str, str]) -> str:
 class GroupRendezvous:
     def __init__(self, config: AgentConfig, env: dict[str, str], token: str,
                  link: Callable[..., HostLink] = HostLink, store: Callable[[dict[str, str]], StoreHost] = StoreHost,
-                 incarnation: str = "") -> None:
+                 incarnation: str = "", relay: str = "") -> None:
+        """``relay``: the agent's local relay (fthsdp/agent/node/relay/), which the Host stream goes through;
+        empty: the coordinators themselves."""
         self.config = config
         self.host_id = config.host_id or socket.gethostname()
         self.address = advertised_address(config, env)
@@ -130,7 +132,8 @@ class GroupRendezvous:
         self._joined: tuple[int, str] | None = None
         """The round this host joined last and the store it opened for it."""
         self._ended = ""
-        self._link = link(config.coordinators, token, config.tls, self._hello, self.inbox)
+        self._link = (link([relay], token, None, self._hello, self.inbox) if relay
+                      else link(config.coordinators, token, config.tls, self._hello, self.inbox))
 
     def _hello(self) -> pb.HostHello:
         state = self.state

@@ -30,7 +30,8 @@ def free_port() -> int:
 
 
 def rank_environments(
-    config: AgentConfig, restart_count: int, master_port: int, base: Mapping[str, str], agent_id: str = ""
+    config: AgentConfig, restart_count: int, master_port: int, base: Mapping[str, str], agent_id: str = "",
+    relay: str = "",
 ) -> list[dict[str, str]]:
     """The environment of each local rank, in local-rank order.
 
@@ -39,7 +40,9 @@ def rank_environments(
     plus FTHSDP_* for the fault-tolerant layer above it. ``base`` (the agent's
     own environment) is passed through underneath. ``agent_id``: the id the
     agent drew at start, which binds its reports to the processes it started
-    (``RegisterRequest.agent_id``).
+    (``RegisterRequest.agent_id``). ``relay``: the agent's local relay
+    (fthsdp/agent/node/relay/), which the ranks reach the coordinator
+    through; empty: the coordinators themselves.
     """
     shared = {
         "WORLD_SIZE": str(config.nnodes * config.nproc),
@@ -50,7 +53,7 @@ def rank_environments(
         "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
-        "FTHSDP_COORDINATOR": ",".join(config.coordinators),
+        "FTHSDP_COORDINATOR": relay or ",".join(config.coordinators),
         "FTHSDP_JOB": config.job,
         "FTHSDP_REPLICA_ID": config.replica_id,
         "FTHSDP_REPLICA_RANK": str(config.replica_rank),

@@ -46,6 +46,7 @@ from fthsdp.agent.node.group_round import Phase
 from fthsdp.agent.node.hang_watch import HangWatch
 from fthsdp.agent.node.late_exits import LateExits
 from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
+from fthsdp.agent.node.relay.server import LocalRelay
 from fthsdp.agent.node.reporter import Reporter
 from fthsdp.agent.node.stop_request import StopRequest
 from fthsdp.core.credentials import read_token_file
@@ -121,6 +122,8 @@ class Supervisor:
         self._rendezvous: GroupRendezvous | None = None
         """The group's rounds, with --nnodes above 1 (fthsdp/agent/node/group_rendezvous.py)."""
         self._token = ""
+        self._relay: LocalRelay | None = None
+        """Where the ranks and this agent's clients reach the coordinator (fthsdp/agent/node/relay/)."""
 
     def request_stop(self) -> None:
         """What SIGTERM does: drain the ranks (or skip a pending restart) and exit."""
@@ -130,12 +133,15 @@ class Supervisor:
         """Supervise until SUCCEEDED (returns 0) or GAVE_UP (returns 1)."""
         reporter = None
         self._token = read_token_file(self.config.token_file)
+        # The host's one connection to the coordinator: the ranks and this agent's own clients reach it through
+        # the relay (fthsdp/agent/node/relay/).
+        self._relay = LocalRelay(self.config.coordinators, self._token, self.config.tls).start()
         if self._report is None:
-            reporter = self._report = Reporter(self.config.coordinators, self._token, self.config.tls)
+            reporter = self._report = Reporter([self._relay.address], self._token, None)
             if self.config.replica_id:  # a spare's, once a group adopts it
                 self._watch_hangs()
         if self.config.rendezvous:
-            self._rendezvous = GroupRendezvous(self.config, self.env, self._token)
+            self._rendezvous = GroupRendezvous(self.config, self.env, self._token, relay=self._relay.address)
         self._stop.install()
         try:
             return self._supervise()
@@ -153,12 +159,13 @@ class Supervisor:
                 self._hangs.close()
             if reporter is not None:
                 reporter.close()
+            self._relay.close()  # last: the ranks and the clients above are gone
 
     def _watch_hangs(self) -> None:
         if self._hangs is not None:
             self._hangs.close()
-        self._hangs = HangWatch(self.config.coordinators, self.config.job, self.config.replica_id, self._token,
-                                self.config.tls)
+        assert self._relay is not None  # started first
+        self._hangs = HangWatch([self._relay.address], self.config.job, self.config.replica_id, self._token, None)
 
     def _join_round(self) -> int | None:
         """With a rendezvous: join the group's next round and take its
@@ -264,7 +271,8 @@ class Supervisor:
         # With a rendezvous the ranks reach the round's store as clients, under the round's prefix (torchrun's
         # agent store: torch.distributed's env:// rendezvous reads these two).
         base = self.env if self._rendezvous is None else {**self.env, "TORCHELASTIC_USE_AGENT_STORE": "True"}
-        envs = rank_environments(self.config, self.restart_count, port, base, self.agent_id)
+        assert self._relay is not None  # started first
+        envs = rank_environments(self.config, self.restart_count, port, base, self.agent_id, self._relay.address)
         self._ranks = []
         for local_rank, env in enumerate(envs):
             env = {**env, outcome.ENV: self._outcome_path(self.restart_count, local_rank)}
@@ -276,7 +284,9 @@ class Supervisor:
     def _spawn_standby(self) -> None:
         """Start the next restart's group ahead of need; it waits inside Manager.from_env."""
         self._retire_standby()
-        envs = rank_environments(self.config, self.restart_count + 1, free_port(), self.env, self.agent_id)
+        assert self._relay is not None  # started first
+        envs = rank_environments(self.config, self.restart_count + 1, free_port(), self.env, self.agent_id,
+                                 self._relay.address)
         try:
             for local_rank, env in enumerate(envs):
                 read_end, write_end = os.pipe()
