@@ -173,21 +173,16 @@ class Calls:
             await self._authorize(context)
             index, channel = self.upstream.channel()
             call = channel.stream_stream(method)(requests, metadata=self.upstream.metadata)
-            try:
-                async for item in call:
-                    self.upstream.answered(index)
-                    yield item
-            except grpc.aio.AioRpcError as e:
-                self.upstream.failed(index, e.code())
-                await context.abort(e.code(), e.details() or "")
-            finally:
-                call.cancel()
+            async for item in self._pipe(index, call, context):
+                yield item
         return forward
 
     async def watch(self, request: bytes, context: grpc.aio.ServicerContext):
         await self._authorize(context)
         if not shareable(request):
-            async for item in self._watch_alone(request, context):
+            index, channel = self.upstream.channel()
+            call = channel.unary_stream(SERVICE + "Watch")(request, metadata=self.upstream.metadata)
+            async for item in self._pipe(index, call, context):
                 yield item
             return
         try:
@@ -197,9 +192,8 @@ class Calls:
             if e.code is not grpc.StatusCode.OK:
                 await context.abort(e.code, e.details)
 
-    async def _watch_alone(self, request: bytes, context: grpc.aio.ServicerContext):
-        index, channel = self.upstream.channel()
-        call = channel.unary_stream(SERVICE + "Watch")(request, metadata=self.upstream.metadata)
+    async def _pipe(self, index: int, call, context: grpc.aio.ServicerContext):
+        """The items of an upstream stream ``call`` (to the coordinator at ``index``); its end status, passed on."""
         try:
             async for item in call:
                 self.upstream.answered(index)
