@@ -41,6 +41,9 @@ def main() -> None:
     p.add_argument("--replay-delay", type=float, default=0.0,
                    help="seconds each of the first 10 steps an incarnation replays while catching up takes (a "
                         "catch-up long enough to fail a host during it)")
+    p.add_argument("--end-with", type=int, default=0,
+                   help="train past --steps until a step commits with this many contributors (a test whose last "
+                        "phase needs every replica back, however long that takes)")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds every rank sleeps after each commit (leaves CPU to a test's other processes)")
     args = p.parse_args()
@@ -68,13 +71,15 @@ def main() -> None:
     ft.start(wait_for_replicas=args.wait_for)
     print(json.dumps({"rank": rank, "pid": os.getpid()}), flush=True)
     first_incarnation = os.environ.get("FTHSDP_RESTART_COUNT", "0") == "0"
-    while ft.step < args.steps and not ft.stopped:
+    contributors = 0
+    while (ft.step < args.steps or contributors < args.end_with) and not ft.stopped:
         if first_incarnation and ft.step == args.hang_at and rank == args.hang_rank:
             hang()
         x, y = batch(ft.step, ft.replica_rank * world + rank, args.hidden, args.seed)
         torch.nn.functional.mse_loss(model(x), y).backward()
         result = ft.allreduce_gradients()
         ft.commit()  # the default update: optimizer.step(), zero_grad
+        contributors = result.contributors  # the same on every rank of the replica: the quorum's
         if rank == 0:
             print(json.dumps({"step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
                               "abandoned": result.abandoned, "checksum": ft.checksum,
