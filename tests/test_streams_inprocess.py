@@ -137,9 +137,10 @@ def test_a_quorum_change_reaches_each_watch_stream_once(caplog):
 
 
 def test_a_notify_with_nothing_changed_for_a_replica_sends_it_nothing():
-    """An agent's report wakes every watcher and changes nobody's event; a
-    fault injected for r0 changes r0's only: r0's stream is sent it, once,
-    and no other stream anything."""
+    """An agent's report wakes no watcher (nothing they are sent comes from
+    it); a wake-up with nothing changed changes nobody's event; a fault
+    injected for r0 changes r0's only: r0's stream is sent it, once, and no
+    other stream anything."""
 
     async def scenario():
         runtime, clock = leading_runtime()
@@ -155,6 +156,9 @@ def test_a_notify_with_nothing_changed_for_a_replica_sends_it_nothing():
         for _ in range(3):
             runtime.agent_event(pb.AgentEventRequest(job="default", replica_id="r1", agent_id=agent_of("r1"),
                                                      state=pb.AGENT_STATE_RUNNING))
+        assert job.changes.generation == generation, "an agent's report woke the watchers"
+        for _ in range(3):
+            job.notify()  # a wake-up for something none of them is sent
         runtime.inject(pb.InjectRequest(job="default", replica_id="r0", kind=pb.FAULT_KIND_HANG), "")
         assert job.changes.generation == generation + 4  # every watcher was woken four times
         await last.until(2)  # ... and every stream answered

@@ -276,8 +276,9 @@ class CoordinatorRuntime:
                    "detail": req.detail},
         )
         if failed:
-            self.wake()
-        job.notify()
+            self.wake()  # the decision drops it, and tells the watchers then
+        # Nothing a watcher is sent comes from an agent's report: it wakes nobody (at 12,500 hosts every report
+        # would otherwise be a push to every stream).
 
     # ----- status and admin ----------------------------------------------------------
 
