@@ -64,7 +64,8 @@ def register_request(replica_id: str, **fields) -> pb.RegisterRequest:
     """Replica ``replica_id``'s registration, started by its agent (``agent_of``)."""
     fields.setdefault("agent_ids", [agent_of(replica_id)])
     fields.setdefault("job", "default")
-    return pb.RegisterRequest(replica_id=replica_id, address=f"{replica_id}:1", world_size=1, **fields)
+    fields.setdefault("world_size", 1)
+    return pb.RegisterRequest(replica_id=replica_id, address=f"{replica_id}:1", **fields)
 
 
 async def registered(runtime: CoordinatorRuntime, *replica_ids: str) -> dict[str, str]:

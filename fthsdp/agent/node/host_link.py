@@ -7,14 +7,18 @@ sends (joins, failure reports, a leave) and a heartbeat whenever nothing
 else went out for the coordinator's heartbeat interval. What the
 coordinator pushes lands in ``inbox`` as it comes, for the agent's one
 thread to act on. A broken stream is opened again, on the next
-coordinator address, backing off to ``RETRY_CAP``; what was queued to send
-goes out on the new stream, in order.
+coordinator address, backing off to ``RETRY_CAP`` with jitter (``backoff``:
+after a leader's failover thousands of hosts reconnect, spread out rather
+than in waves); what was queued to send goes out on the new stream, in
+order. The coordinator paces the heartbeats: its welcome names the
+interval, and a ``heartbeat_interval`` push changes it.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +37,11 @@ DEFAULT_BEAT = 1.0
 FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
          grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED)
 """Answers that another try cannot change: the agent is told, as a refusal."""
+
+
+def backoff(delay: float, draw: Callable[[], float] = random.random) -> float:
+    """The wait before the next try: between half of ``delay`` and all of it ("equal jitter")."""
+    return delay * (0.5 + 0.5 * draw())
 
 
 class HostLink:
@@ -78,6 +87,9 @@ class HostLink:
                     self._call = self._client.stub(self._client.current_address()).Host(
                         self._requests(generation), metadata=self._client.metadata)
                 for push in self._call:
+                    if push.WhichOneof("message") == "heartbeat_interval":
+                        self._beat = push.heartbeat_interval if push.heartbeat_interval > 0 else self._beat
+                        continue  # the link's own: nothing for the agent's round to act on
                     if push.WhichOneof("message") == "welcome" and push.welcome.heartbeat_interval > 0:
                         self._beat = push.welcome.heartbeat_interval
                         if failing:
@@ -100,7 +112,7 @@ class HostLink:
                 self._client.advance()
             finally:
                 generation.set()
-            if self._stop.wait(delay):
+            if self._stop.wait(backoff(delay)):
                 return
             delay = min(delay * 2, RETRY_CAP)
 

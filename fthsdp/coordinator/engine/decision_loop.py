@@ -96,7 +96,7 @@ class DecisionLoop:
                         job.hosts.finish(f"job finished at step {job.state.finished.step}")
                     elif job.state.finished is None and job.hosts.finished:
                         job.hosts.reopen()
-                    job.hosts.tick(self.clock(), job.pacer.base.timeout + self.lag.worst(self.clock()))
+                    job.hosts.tick(self.clock(), job.pacer.current.timeout + self.lag.worst(self.clock()))
                     await self.evaluate(job)
                     # After the decision and its push, outside the job's lock (fthsdp/coordinator/engine/committed.py).
                     await committed.sync(job.committed, job.state, self.clock(), int(self.wall() * 1000))
@@ -338,10 +338,11 @@ class DecisionLoop:
             job.notify()
 
     def _pace(self, job: ServedJob) -> None:
-        """Stretch the heartbeat interval (and timeout) to the budget; watchers
-        are told a new interval at once."""
+        """Stretch the heartbeat interval (and timeout) to the budget, for the
+        ranks and the hosts' agents alike; watchers and hosts are told a new
+        interval at once."""
         before = job.pacer.current
-        senders = job.state.senders()
+        senders = job.state.senders() + job.hosts.streams  # every rank, and every host's agent
         now = self.clock()
         pace = job.pacer.update(senders, now)
         # Silence that is the coordinator's own (its loop ran late, or every
@@ -356,6 +357,7 @@ class DecisionLoop:
             log.info("job %s: heartbeat every %.3gs, timeout %.3gs (%d senders, budget %g/s)",
                      job.state.name, pace.interval, pace.timeout, senders, job.pacer.budget)
             job.notify()
+            job.hosts.pace(pace.interval)
 
     def _log_lease_wait(self, job: ServedJob, decision: Decision) -> None:
         """One ``lease_wait`` event per wait: when it begins, and again only

@@ -53,6 +53,8 @@ class HostIndex:
         self._by_group: dict[str, dict[str, None]] = {}
         self._spare_ids: dict[str, None] = {}
         self._links: dict[str, Link] = {}
+        self._streams = 0
+        """Links of an open stream (``connection`` set), kept as they come and go: read every tick."""
         self._silent = Due(strict=True)
         """Streams by when their host was last heard (at the time of the entry): lost once silent past the
         heartbeat timeout (``now - last_seen > timeout``, strictly, as before)."""
@@ -77,7 +79,7 @@ class HostIndex:
             self._unindex(host)
             link = self._links.get(host_id)
             if link is not None and not link.connection:
-                del self._links[host_id]
+                self._unlink(host_id)
         return host
 
     def _unindex(self, host: Host) -> None:
@@ -92,11 +94,16 @@ class HostIndex:
 
     def _link(self, host_id: str, link: Link) -> None:
         """``link`` is the host's stream from now: its silence is watched from ``link.last_seen``."""
+        self._unlink(host_id)
         self._links[host_id] = link
+        self._streams += bool(link.connection)
         self._silent.add(link.last_seen, host_id, link)
 
     def _unlink(self, host_id: str) -> Link | None:
-        return self._links.pop(host_id, None)
+        link = self._links.pop(host_id, None)
+        if link is not None:
+            self._streams -= bool(link.connection)
+        return link
 
     def _members(self, group: str) -> list[Host]:
         """The hosts of ``group`` (counted as visited)."""
@@ -117,6 +124,17 @@ class HostIndex:
         link = self._links.get(host_id)
         if link is not None:
             link.push(message)
+
+    @property
+    def streams(self) -> int:
+        """Host streams open: each a heartbeat sender, counted in the job's heartbeat budget."""
+        return self._streams
+
+    def pace(self, interval: float) -> None:
+        """Tell every connected host its heartbeat interval from now on (the pace changed: rare, in steps)."""
+        for link in self._links.values():
+            if link.connection:
+                link.push(pb.HostPush(heartbeat_interval=interval))
 
     # ----- status ---------------------------------------------------------------------
 

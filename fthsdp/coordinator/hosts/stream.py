@@ -84,11 +84,10 @@ async def serve(runtime, requests: AsyncIterator, check,
     job = runtime.job(hello.job)
     table = job.hosts
     out: asyncio.Queue = asyncio.Queue()
-    interval = job.pacer.base.interval  # hosts are few beside ranks: the configured pace
-
     def push(message: pb.HostPush | None) -> None:
         if message is not None and message.WhichOneof("message") == "welcome":
-            message.welcome.heartbeat_interval = interval
+            # The pace of every sender, hosts included; a change is pushed (HostIndex.pace).
+            message.welcome.heartbeat_interval = job.pacer.current.interval
         out.put_nowait(message)
 
     try:

@@ -826,7 +826,7 @@ class GroupRoster(_message.Message):
     def __init__(self, round: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HostPush(_message.Message):
-    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused", "released", "roster")
+    __slots__ = ("welcome", "joined", "complete", "ended", "adopted", "gave_up", "refused", "released", "roster", "heartbeat_interval")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -836,6 +836,7 @@ class HostPush(_message.Message):
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     ROSTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     welcome: HostWelcome
     joined: int
     complete: RoundComplete
@@ -845,7 +846,8 @@ class HostPush(_message.Message):
     refused: str
     released: str
     roster: GroupRoster
-    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ..., released: _Optional[str] = ..., roster: _Optional[_Union[GroupRoster, _Mapping]] = ...) -> None: ...
+    heartbeat_interval: float
+    def __init__(self, welcome: _Optional[_Union[HostWelcome, _Mapping]] = ..., joined: _Optional[int] = ..., complete: _Optional[_Union[RoundComplete, _Mapping]] = ..., ended: _Optional[_Union[RoundEnded, _Mapping]] = ..., adopted: _Optional[_Union[SpareAdopted, _Mapping]] = ..., gave_up: _Optional[str] = ..., refused: _Optional[str] = ..., released: _Optional[str] = ..., roster: _Optional[_Union[GroupRoster, _Mapping]] = ..., heartbeat_interval: _Optional[float] = ...) -> None: ...
 
 class ReplicaRecord(_message.Message):
     __slots__ = ("replica_id", "address", "world_size", "cordoned", "drain_requested", "registered_unix_ms", "unreachable", "agent_ids", "restart_count")
