@@ -12,6 +12,7 @@ agents, one connection each.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import re
 import subprocess
@@ -21,6 +22,7 @@ import grpc
 import pytest
 
 from fthsdp.agent.node.launch import free_port
+from fthsdp.agent.node.relay.pings import Pinger
 from fthsdp.agent.node.relay.server import LocalRelay
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.config import CoordinatorConfig
@@ -198,3 +200,92 @@ def test_ranks_under_the_agent_hold_no_connection_to_the_coordinator(tmp_path):
         for a in agents:
             a.stop()
         c.stop()
+
+
+# ----- the ranks' pings, coalesced --------------------------------------------------------
+
+
+def ping(shard_rank: int, age: float = 0.0, replica_id: str = "r0", incarnation: str = "inc-1",
+         step: int = 3) -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(job="default", replica_id=replica_id, shard_rank=shard_rank, step=step,
+                               incarnation=incarnation, progress=pb.Progress(phase=pb.PHASE_COMPUTE,
+                                                                             phase_age_s=age, step=step))
+
+
+def test_a_batch_holds_each_ranks_latest_ping_with_the_wait_added_to_its_phase_age():
+    async def scenario() -> pb.PingBatch:
+        pinger = Pinger(upstream=None, window=0.05)  # type: ignore[arg-type] - batches only, nothing sent
+        pinger._put(ping(1, age=1.0, step=3))
+        pinger._put(ping(2, age=0.0, step=3))
+        pinger._put(ping(1, age=1.5, step=4))  # rank 1's later ping replaces its first
+        return pb.PingBatch.FromString(await anext(pinger._batches()))
+
+    batch = asyncio.run(scenario())
+    got = {p.shard_rank: (p.step, p.progress.phase_age_s) for p in batch.pings}
+    assert set(got) == {1, 2} and got[1][0] == 4
+    assert 1.55 <= got[1][1] < 2.5 and 0.05 <= got[2][1] < 1.0, got  # waited the window, at least
+
+
+class Pinging:
+    """One rank's local ping stream through the relay, on a thread: its pings, its end status."""
+
+    def __init__(self, relay: LocalRelay, **fields) -> None:
+        self.client = CoordinatorClient([relay.address], token=JOB_TOKEN)
+        self.out: queue.Queue = queue.Queue()
+        self.call = self.client.stub(relay.address).HeartbeatStream(iter(self.out.get, None),
+                                                                    metadata=self.client.metadata)
+        self.fields = fields
+        self.ended: grpc.StatusCode | None = None
+        self.details = ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def send(self, **more) -> None:
+        self.out.put(ping(**{**self.fields, **more}))
+
+    def _read(self) -> None:
+        try:
+            for _ in self.call:
+                pass
+            self.ended = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            self.ended, self.details = e.code(), e.details()
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.call.cancel()
+        self.client.close()
+
+
+def test_a_hosts_ranks_ping_as_one_stream_and_a_refused_ping_ends_its_ranks_stream_alone(coordinator):
+    """r0 has 4 ranks: ranks 1-3 ping through the relay, each on its own local
+    stream; the coordinator records each rank's ping, in fewer batches than
+    pings. A ping of an ended incarnation is refused: that rank's stream ends
+    with the status, the others go on."""
+    runtime = coordinator.running.runtime
+    with LocalRelay([coordinator.address], JOB_TOKEN, None) as relay:
+        with CoordinatorClient([relay.address], token=JOB_TOKEN) as client:
+            client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="r0:1", world_size=4,
+                                                       agent_ids=["agent-of-r0"], incarnation="inc-1"))
+        ranks = {k: Pinging(relay, shard_rank=k) for k in (1, 2, 3)}
+        stale = Pinging(relay, shard_rank=1, incarnation="inc-0")  # a rank of the incarnation before
+        for round_ in range(3):
+            for rank in ranks.values():
+                rank.send(step=round_)
+        entry = runtime.jobs["default"].state.replicas["r0"]
+        wait_until(lambda: all(entry.incarnation.rank_heartbeats.get(k, 0) > 0 for k in (1, 2, 3))
+                   and 3 in runtime.jobs["default"].state.progress.reports.get("r0", {}), DEADLINE,
+                   message="every rank's ping recorded")
+        stale.send()
+        wait_until(lambda: stale.ended is not None, DEADLINE, message="the stale rank's stream ended")
+        sent = relay.pinger.pings
+        for rank in ranks.values():
+            rank.send(step=9)
+        wait_until(lambda: relay.pinger.pings >= sent + 3, DEADLINE, message="the others' pings still go")
+        wait_until(lambda: all(runtime.jobs["default"].state.progress.reports["r0"][k].step == 9
+                               for k in (1, 2, 3)), DEADLINE, message="the others' pings recorded")
+        assert relay.pinger.batches < relay.pinger.pings
+        assert all(rank.ended is None for rank in ranks.values())
+        for rank in [*ranks.values(), stale]:
+            rank.close()
+    assert stale.ended in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION), (stale.ended,
+                                                                                            stale.details)

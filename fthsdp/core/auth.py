@@ -65,6 +65,7 @@ METHOD_ACCESS: Mapping[str, Access] = MappingProxyType({
     "Register": Access.REPLICA,
     "Heartbeat": Access.REPLICA,
     "HeartbeatStream": Access.REPLICA,
+    "Pings": Access.REPLICA,
     "Session": Access.REPLICA,
     "Leave": Access.REPLICA,
     "ReportAgentEvent": Access.REPLICA,

@@ -198,6 +198,27 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         finally:
             reader.cancel()
 
+    async def Pings(self, request_iterator, context):
+        # A host's ranks' pings, coalesced by its agent's relay: each taken as
+        # a HeartbeatStream message is; a refused one is answered alone (its
+        # rank's local stream ends with the status) and the others go on.
+        async for batch in request_iterator:
+            try:
+                _check_request(batch, self.max_request_bytes)
+            except FthsdpError as e:
+                await context.abort(status_code_for(e), str(e))
+            for ping in batch.pings:
+                try:
+                    validation.check_job_field(ping.job, allow_empty=True)
+                    validation.check_heartbeat(ping)
+                    if ping.ack:
+                        raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
+                    self.runtime.heartbeat(ping)
+                except FthsdpError as e:
+                    yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
+                                         incarnation=ping.incarnation, code=status_code_for(e).value[0],
+                                         details=str(e))
+
     async def Session(self, request_iterator, context):
         # fthsdp/coordinator/serving/session_stream.py
         async for item in self._relay(session_stream.serve, request_iterator, context):

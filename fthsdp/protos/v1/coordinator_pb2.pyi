@@ -187,6 +187,26 @@ class StepChecksum(_message.Message):
     inputs: str
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
+class PingBatch(_message.Message):
+    __slots__ = ("pings",)
+    PINGS_FIELD_NUMBER: _ClassVar[int]
+    pings: _containers.RepeatedCompositeFieldContainer[HeartbeatRequest]
+    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ...) -> None: ...
+
+class PingRefused(_message.Message):
+    __slots__ = ("replica_id", "shard_rank", "incarnation", "code", "details")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_RANK_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    shard_rank: int
+    incarnation: str
+    code: int
+    details: str
+    def __init__(self, replica_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., incarnation: _Optional[str] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left", "lease_seq", "incarnation")
     JOB_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class CoordinatorStub:
                 request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.Pings = channel.stream_stream(
+                '/fthsdp.v1.Coordinator/Pings',
+                request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingBatch.SerializeToString,
+                response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingRefused.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/fthsdp.v1.Coordinator/Session',
                 request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.SessionRequest.SerializeToString,
@@ -138,6 +143,16 @@ class CoordinatorServicer:
         coordinator's CPU per heartbeat of the unary call (benchmarks/README.md).
         Answers only heartbeats with `ack` set; quorum changes and drain requests
         come on Watch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pings(self, request_iterator, context):
+        """Pings of a host's ranks, coalesced by its agent's relay
+        (fthsdp/agent/node/relay/pings.py): one stream per host, one message
+        for many ranks. Each ping is taken as a HeartbeatStream message is; a
+        ping that is refused is answered alone and the stream goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -258,6 +273,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.HeartbeatStream,
                     request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'Pings': grpc.stream_stream_rpc_method_handler(
+                    servicer.Pings,
+                    request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingBatch.FromString,
+                    response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingRefused.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -407,6 +427,33 @@ class Coordinator:
             '/fthsdp.v1.Coordinator/HeartbeatStream',
             fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
             fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pings(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.Coordinator/Pings',
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingBatch.SerializeToString,
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingRefused.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,8 +9,10 @@ forwarded as bytes (nothing is parsed but a Watch request, to share it):
   they are unreachable, within the caller's deadline;
 * the Watch of a replica through ``WatchFanout`` (one upstream stream per
   host);
-* the other streams (Session, HeartbeatStream, Host) one upstream stream
-  each, over the agent's one connection.
+* the ranks' pings (a HeartbeatStream that asks for no answers) through
+  ``Pinger``: one upstream Pings stream per host, a batch per window;
+* the other streams (Session, a HeartbeatStream that asks for answers,
+  Host) one upstream stream each, over the agent's one connection.
 
 A caller must present the job's token, as it would to the coordinator. The
 operators' calls (Drain, Cordon, Inject, ...) are not forwarded: they need
@@ -32,6 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from fthsdp.agent.node.relay.fanout import UpstreamEnded, WatchFanout, shareable
+from fthsdp.agent.node.relay.pings import CODES, Pinger
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
 from fthsdp.core.auth import METHOD_ACCESS, Access
@@ -69,6 +72,7 @@ class LocalRelay:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="fthsdp-relay", daemon=True)
         self.fanout: WatchFanout | None = None
+        self.pinger: Pinger | None = None
 
     def start(self) -> LocalRelay:
         self._thread.start()
@@ -104,7 +108,9 @@ class LocalRelay:
         self._stopped = asyncio.Event()
         upstream = Upstream(self._coordinators, self._token, self._tls)
         self.fanout = WatchFanout(upstream)
-        calls = Calls(upstream, self.fanout, bearer_metadata(self._token))
+        self.pinger = Pinger(upstream)
+        self.pinger.start()
+        calls = Calls(upstream, self.fanout, self.pinger, bearer_metadata(self._token))
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((calls.handler(),))
         server.add_insecure_port(self.address)
@@ -113,17 +119,28 @@ class LocalRelay:
         try:
             await self._stopped.wait()
         finally:
+            await self.pinger.close()
             await self.fanout.close()
             await server.stop(grace=0.5)
             await upstream.close()
 
 
+def parsed(raw: bytes) -> pb.HeartbeatRequest | None:
+    """A ping as sent, or None if it does not parse (forwarded as it is: the coordinator answers)."""
+    try:
+        return pb.HeartbeatRequest.FromString(raw)
+    except Exception:  # noqa: BLE001 - not ours to judge
+        return None
+
+
 class Calls:
     """The forwarding of each kind of call (on the relay's event loop)."""
 
-    def __init__(self, upstream: Upstream, fanout: WatchFanout, expected: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, upstream: Upstream, fanout: WatchFanout, pinger: Pinger,
+                 expected: tuple[tuple[str, str], ...]) -> None:
         self.upstream = upstream
         self.fanout = fanout
+        self.pinger = pinger
         self._expected = dict(expected).get("authorization", "")
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -132,6 +149,8 @@ class Calls:
             method = SERVICE + name
             if name == "Watch":
                 handlers[name] = grpc.unary_stream_rpc_method_handler(self.watch)
+            elif name == "HeartbeatStream":
+                handlers[name] = grpc.stream_stream_rpc_method_handler(self.heartbeat_stream)
             elif client_streaming or server_streaming:
                 assert client_streaming and server_streaming, f"{name}: the relay forwards bidirectional streams"
                 handlers[name] = grpc.stream_stream_rpc_method_handler(self._stream(method))
@@ -177,6 +196,28 @@ class Calls:
                 yield item
         return forward
 
+    async def heartbeat_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext):
+        """A rank's pings (no answers asked) go with the host's others (``Pinger``); a stream that asks for
+        answers is forwarded as it is."""
+        await self._authorize(context)
+        raw = await anext(aiter(requests), None)
+        if raw is None:
+            return
+        first = parsed(raw)
+        if first is None or first.ack:
+            async def again() -> AsyncIterator[bytes]:
+                yield raw
+                async for rest in requests:
+                    yield rest
+            index, channel = self.upstream.channel()
+            call = channel.stream_stream(SERVICE + "HeartbeatStream")(again(), metadata=self.upstream.metadata)
+            async for item in self._pipe(index, call, context):
+                yield item
+            return
+        refusal = await self.pinger.follow(first, requests)
+        if refusal is not None:
+            await context.abort(CODES.get(refusal.code, grpc.StatusCode.UNKNOWN), refusal.details)
+
     async def watch(self, request: bytes, context: grpc.aio.ServicerContext):
         await self._authorize(context)
         if not shareable(request):
@@ -185,12 +226,15 @@ class Calls:
             async for item in self._pipe(index, call, context):
                 yield item
             return
+        events = self.fanout.watch(request)
         try:
-            async for event in self.fanout.watch(request):
+            async for event in events:
                 yield event
         except UpstreamEnded as e:
             if e.code is not grpc.StatusCode.OK:
                 await context.abort(e.code, e.details)
+        finally:
+            await events.aclose()
 
     async def _pipe(self, index: int, call, context: grpc.aio.ServicerContext):
         """The items of an upstream stream ``call`` (to the coordinator at ``index``); its end status, passed on."""
