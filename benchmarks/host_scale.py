@@ -111,7 +111,8 @@ class Job:
                                                   step=step, progress=progress(step, 0.3)))
             for k in range(1, self.per_group * self.ranks):
                 runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, shard_rank=k, step=step,
-                                                      incarnation=f"inc-{g}", progress=progress(step, 0.3)))
+                                                      incarnation=f"inc-{g}", progress=progress(step, 0.3)),
+                                  batched=True)  # in its host's batch, as the relay sends it
             for n in range(self.per_group):
                 self.job.hosts.beat(self.host(g, n), now)
             count += self.per_group * self.ranks + self.per_group

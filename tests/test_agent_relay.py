@@ -259,8 +259,9 @@ class Pinging:
 def test_a_hosts_ranks_ping_as_one_stream_and_a_refused_ping_ends_its_ranks_stream_alone(coordinator):
     """r0 has 4 ranks: ranks 1-3 ping through the relay, each on its own local
     stream; the coordinator records each rank's ping, in fewer batches than
-    pings. A ping of an ended incarnation is refused: that rank's stream ends
-    with the status, the others go on."""
+    pings, and counts the replica as two heartbeat senders (rank 0 and the
+    host's batch). A ping of an ended incarnation is refused: that rank's
+    stream ends with the status, the others go on."""
     runtime = coordinator.running.runtime
     with LocalRelay([coordinator.address], JOB_TOKEN, None) as relay:
         with CoordinatorClient([relay.address], token=JOB_TOKEN) as client:
@@ -275,6 +276,8 @@ def test_a_hosts_ranks_ping_as_one_stream_and_a_refused_ping_ends_its_ranks_stre
         wait_until(lambda: all(entry.incarnation.rank_heartbeats.get(k, 0) > 0 for k in (1, 2, 3))
                    and 3 in runtime.jobs["default"].state.progress.reports.get("r0", {}), DEADLINE,
                    message="every rank's ping recorded")
+        # Its 4 ranks ping as its rank 0 and one host's batch: 2 heartbeat senders to the pace, not 4
+        assert runtime.jobs["default"].state.senders() == 2
         stale.send()
         wait_until(lambda: stale.ended is not None, DEADLINE, message="the stale rank's stream ended")
         sent = relay.pinger.pings

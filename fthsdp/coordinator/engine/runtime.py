@@ -157,7 +157,7 @@ class CoordinatorRuntime:
             response.quorum.CopyFrom(job.events.header)  # the members come on Watch
         return response
 
-    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+    def heartbeat(self, req: pb.HeartbeatRequest, batched: bool = False) -> pb.HeartbeatResponse:
         job = self.job(req.job)
         entry = job.state.replicas.get(req.replica_id)
         was_ready = entry is not None and entry.incarnation.ready_since is not None
@@ -168,7 +168,7 @@ class CoordinatorRuntime:
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
             req.progress if req.HasField("progress") else None, inputs, req.wait_for_replicas, req.left,
-            req.lease_seq if req.ack else 0, req.incarnation,
+            req.lease_seq if req.ack else 0, req.incarnation, batched,
         )
         if req.shard_rank == 0 and req.HasField("checkpoint"):
             # The sealer's, once its session is known good (above), if it is of the job's lineage.

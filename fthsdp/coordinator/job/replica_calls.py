@@ -137,12 +137,14 @@ class ReplicaCalls(JobTable):
         left: bool = False,
         lease_seq: int = 0,
         incarnation: str = "",
+        batched: bool = False,
     ) -> pb.HeartbeatResponse:
         """Record a heartbeat; its answer renews the member lease when it asks
         (``lease_seq``) and the replica is a member held to be training
-        (fthsdp/coordinator/decisions/lease.py)."""
+        (fthsdp/coordinator/decisions/lease.py). ``batched``: a rank's ping
+        that came in its host's batch (the Pings call)."""
         if shard_rank > 0:
-            return self._rank_ping(replica_id, shard_rank, now, progress, left, incarnation)
+            return self._rank_ping(replica_id, shard_rank, now, progress, left, incarnation, batched)
         entry = self._session(replica_id, session_id)
         inc = entry.incarnation
         if progress is not None:
@@ -193,13 +195,15 @@ class ReplicaCalls(JobTable):
 
     def _rank_ping(
         self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False,
-        incarnation: str = "",
+        incarnation: str = "", batched: bool = False,
     ) -> pb.HeartbeatResponse:
         entry = self.of_incarnation(replica_id, incarnation)
         inc = entry.incarnation
         if shard_rank >= inc.world_size:
             raise InvalidRequest(
                 f"shard_rank {shard_rank} is outside replica {replica_id!r}'s {inc.world_size} ranks")
+        if batched and not inc.pings_batched:
+            inc.pings_batched, self._senders = True, None  # counted by its hosts from now on
         if left:
             # Its group leaves cleanly; rank 0 may still be writing or sealing a checkpoint,
             # and is judged alone until its Leave (a late ping of this rank changes nothing).

@@ -81,6 +81,9 @@ class Incarnation:
     """Last ping of each rank other than 0 of a multi-rank replica group."""
     ranks_left: set[int] = dataclasses.field(default_factory=set)
     """Ranks other than 0 that said they left cleanly with their group: no longer awaited."""
+    pings_batched: bool = False
+    """Its ranks ping through their agents' relays, a batch per host (the Pings call): as heartbeat senders
+    they count one per host, not one per rank (``JobTable.senders``)."""
     open_watches: int = 0
     disconnected_at: float | None = None
     failed_at: float | None = None

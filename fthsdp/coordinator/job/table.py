@@ -153,10 +153,13 @@ class JobTable:
         ]
 
     def senders(self) -> int:
-        """Processes that heartbeat: every rank of every registered replica."""
+        """What heartbeats, as the pace counts it: every rank of every registered
+        replica, or, where its ranks' pings come batched per host, its rank 0
+        and one batch per host (its agents)."""
         if self._senders is None:
-            self._senders = sum(e.incarnation.world_size for e in self.replicas.values()
-                                if e.incarnation.session_id is not None)
+            self._senders = sum(1 + len(e.incarnation.agent_ids) if e.incarnation.pings_batched
+                                else e.incarnation.world_size
+                                for e in self.replicas.values() if e.incarnation.session_id is not None)
         return self._senders
 
     def is_member(self, replica_id: str) -> bool:

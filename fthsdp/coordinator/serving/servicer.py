@@ -213,7 +213,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     validation.check_heartbeat(ping)
                     if ping.ack:
                         raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
-                    self.runtime.heartbeat(ping)
+                    self.runtime.heartbeat(ping, batched=True)
                 except FthsdpError as e:
                     yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
                                          incarnation=ping.incarnation, code=status_code_for(e).value[0],

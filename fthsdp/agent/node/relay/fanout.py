@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import grpc
 
@@ -71,7 +71,7 @@ class WatchFanout:
         """Upstream Watch streams open now."""
         return len(self._subscriptions)
 
-    async def watch(self, request: bytes) -> AsyncIterator[bytes]:
+    async def watch(self, request: bytes) -> AsyncGenerator[bytes, None]:
         """The events of ``request`` for one local watcher; UpstreamEnded when the upstream stream ends."""
         sub = self._subscriptions.get(request)
         if sub is None:
