@@ -26,6 +26,7 @@ SMOKE = {
                     "--pairs", "1", "--restore-mib", "8"], 600),
     "coordinator_scale": (["--replicas", "20", "--clients", "1", "--seconds", "2"], 300),
     "host_scale": (["--hosts", "32", "--seconds", "1"], 300),
+    "relay_pings": (["--hosts", "5", "--seconds", "2"], 300),
     "goodput_sim": (["--failures", "3", "--gpus", "1000", "--png", ""], 300),
     "accuracy": (["--samples", "1920", "--eval-every", "40", "--spread-seed", "-1", "--png", ""], 1200),
 }
