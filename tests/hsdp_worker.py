@@ -44,6 +44,8 @@ def main() -> None:
     p.add_argument("--end-with", type=int, default=0,
                    help="train past --steps until a step commits with this many contributors (a test whose last "
                         "phase needs every replica back, however long that takes)")
+    p.add_argument("--every-rank-prints", action="store_true",
+                   help="every rank prints its step lines (with its rank), not only rank 0")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds every rank sleeps after each commit (leaves CPU to a test's other processes)")
     args = p.parse_args()
@@ -80,10 +82,11 @@ def main() -> None:
         result = ft.allreduce_gradients()
         ft.commit()  # the default update: optimizer.step(), zero_grad
         contributors = result.contributors  # the same on every rank of the replica: the quorum's
-        if rank == 0:
+        if rank == 0 or args.every_rank_prints:
             print(json.dumps({"step": ft.step, "quorum": result.quorum_id, "contributors": result.contributors,
                               "abandoned": result.abandoned, "checksum": ft.checksum,
-                              "overlapped": result.overlapped, "time": time.time()}), flush=True)
+                              "overlapped": result.overlapped, "time": time.time(),
+                              **({"from_rank": rank} if args.every_rank_prints else {})}), flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective: every rank

@@ -99,7 +99,9 @@ class LocalRelay:
     def _run(self) -> None:
         try:
             asyncio.run(self._serve())
-        except BaseException as e:  # noqa: BLE001 - start() reports it
+        except BaseException as e:  # noqa: BLE001 - start() reports it, or the log once it served
+            if self._ready.is_set():
+                log.exception("the agent's relay to the coordinator stopped; its ranks cannot reach the coordinator")
             self._error = e
             self._ready.set()
 
