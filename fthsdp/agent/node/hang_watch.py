@@ -6,7 +6,8 @@ process): its state is lost either way, and its ranks, still running, would
 never end on their own. The agent follows the replica's Watch stream (as an
 observer: the stream keeps nothing alive) and, on a notice for the
 incarnation it runs now, fails the group: the ranks get SIGTERM (their
-stack dumps are already in their logs: fthsdp/agent/training/session/hang_notice.py), SIGKILL after
+stack dumps, each rank told of the same verdict on its own stream, land in
+their logs within the grace: fthsdp/agent/training/session/hang_notice.py), SIGKILL after
 --hang-grace, and the group restarts and catches up like after a crash.
 
 The same stream carries the coordinator's other verdicts on the replica:
