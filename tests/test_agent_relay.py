@@ -206,10 +206,10 @@ def test_ranks_under_the_agent_hold_no_connection_to_the_coordinator(tmp_path):
 
 
 def ping(shard_rank: int, age: float = 0.0, replica_id: str = "r0", incarnation: str = "inc-1",
-         step: int = 3) -> pb.HeartbeatRequest:
+         step: int = 3, **fields) -> pb.HeartbeatRequest:
     return pb.HeartbeatRequest(job="default", replica_id=replica_id, shard_rank=shard_rank, step=step,
                                incarnation=incarnation, progress=pb.Progress(phase=pb.PHASE_COMPUTE,
-                                                                             phase_age_s=age, step=step))
+                                                                             phase_age_s=age, step=step), **fields)
 
 
 def test_a_batch_holds_each_ranks_latest_ping_with_the_wait_added_to_its_phase_age():

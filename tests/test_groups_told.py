@@ -9,9 +9,10 @@ Real coordinator, agents (--nnodes 2, the hosts meet through the
 coordinator) and FSDP2 ranks (tests/hsdp_worker.py, every rank printing
 its steps). The bounds are generous, a check that the news arrives at all
 by the path it must take: a kill is reported by the dead rank's agent at
-once; a hang is found when the hung rank's pings stop (the heartbeat
-timeout); a host dropped when its Host stream and its ranks' connections
-close. The measured times are printed, not asserted tight: figures belong
+once; a hang (the rank's process stopped) when its pings to its own agent
+stop (--rank-silence 2s), long before the coordinator's heartbeat timeout
+(30 s here, as the pace stretches it at thousands of hosts); a host dropped
+when its Host stream closes. The measured times are printed, not asserted tight: figures belong
 in benchmarks/ (benchmarks/README.md).
 """
 
@@ -29,8 +30,9 @@ from tests.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-HEARTBEAT_TIMEOUT = 2.0
-BOUND = {"kill": 10.0, "hang": HEARTBEAT_TIMEOUT + 15.0, "host": HEARTBEAT_TIMEOUT + 15.0}
+HEARTBEAT_TIMEOUT = 30.0
+RANK_SILENCE = 2.0
+BOUND = {"kill": 10.0, "hang": RANK_SILENCE + 15.0, "host": 15.0}
 """Seconds within which every rank of the other group must have committed in the new quorum."""
 RANKS = 4
 """Ranks of a group: 2 hosts of 2."""
@@ -40,7 +42,7 @@ def group_host(tmp_path, address: str, group: str, rank: int, host_id: str) -> A
     a = AgentProcess(tmp_path, address, group, rank, 2, "--hidden", "32", "--wait-for", "2", "--steps", "1000000",
                      "--every-rank-prints", "--step-sleep", "0.02",
                      agent_args=("--nproc", "2", "--nnodes", "2", "--host-id", host_id, "--max-restarts", "10",
-                                 "--hang-grace", "1s"),
+                                 "--hang-grace", "1s", "--rank-silence", f"{RANK_SILENCE:g}s"),
                      worker="tests.hsdp_worker")
     a.log_path = tmp_path / f"agent-{host_id}.log"
     return a
@@ -111,7 +113,7 @@ def test_every_rank_of_the_other_group_is_told_of_a_killed_rank_a_hung_rank_and_
         times["kill"] = told(survivors, quorum_without(log, "r1", since), since, BOUND["kill"])
         together_again(log, survivors, time.time())
 
-        # 2. A rank of r1 hung (stopped): its pings stop; its agent ends it once told.
+        # 2. A rank of r1 hung (stopped): its pings to its agent stop; the agent ends the group's ranks.
         stopped = rank_pid(hosts["h-c"])
         since = time.time()
         os.kill(stopped, signal.SIGSTOP)
@@ -138,6 +140,8 @@ def test_every_rank_of_the_other_group_is_told_of_a_killed_rank_a_hung_rank_and_
     print("every rank of r0 committing in the quorum without r1, seconds after the fault:", times)
     for fault, seconds in times.items():
         assert seconds <= BOUND[fault], f"{fault}: {seconds:.2f}s > {BOUND[fault]}s"
+    # The stopped rank was found by its own agent, not by the coordinator's timeout.
+    assert "sent its agent no ping" in hosts["h-c"].log_path.read_text()
     for rank in range(RANKS):  # r0 never lost or repeated a step
         steps = [line["step"] for line in steps_of(survivors) if line["from_rank"] == rank]
         assert steps == list(range(steps[0], steps[0] + len(steps))), f"r0's rank {rank} skipped or repeated a step"

@@ -90,6 +90,8 @@ MAX_RECENT_CHECKSUMS = 16
 
 
 def check_heartbeat(req) -> None:
+    if req.local_only:
+        raise InvalidRequest("local_only: a ping for the node agent's relay alone, never for the coordinator")
     if not 0 <= req.shard_rank < MAX_WORLD_SIZE:
         raise InvalidRequest(f"shard_rank must be between 0 and {MAX_WORLD_SIZE - 1}, got {req.shard_rank}")
     if req.shard_rank == 0:

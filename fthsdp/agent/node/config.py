@@ -19,6 +19,7 @@ from fthsdp.core.errors import ConfigError
 from fthsdp.core.every import Every
 from fthsdp.core.log_format import check_log_format
 from fthsdp.core.names import MAX_JOB_LEN, MAX_REPLICA_ID_LEN, name_problem, split_host_port
+from fthsdp.core.relay_address import LOCAL_PING_EVERY as LOCAL_EVERY
 from fthsdp.core.settings import DURATION, EVERY, load_toml, resolve
 
 MAX_BACKOFF = 30.0
@@ -150,6 +151,12 @@ class AgentConfig:
     after SIGTERM
     before SIGKILL; their stack dumps are written as the notice arrives."""
 
+    rank_silence: float = dataclasses.field(default=10.0, metadata=DURATION)
+    """How long a local rank may send this agent no ping before the agent calls it stopped or hung and ends its group's
+    ranks, as after a crash. Every rank pings its agent once a second, whatever the coordinator's pace (at thousands
+    of hosts the coordinator's own heartbeat timeout stretches to most of a minute). A loop hung while its threads
+    run is the coordinator's progress verdict (--hang-grace)."""
+
     checkpoint_dir: str = ""
     """Folder for durable checkpoints of the committed state, on a filesystem every node of the job shares (passed to
     the ranks as FTHSDP_CHECKPOINT_DIR); each replica writes 1/R of each checkpoint. Empty: no checkpoints."""
@@ -268,6 +275,9 @@ class AgentConfig:
         for name in ("restart_backoff", "stop_timeout", "standby_delay", "hang_grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
+        if self.rank_silence <= LOCAL_EVERY:
+            raise ConfigError(f"--rank-silence must be longer than the ranks' ping period ({LOCAL_EVERY:g}s), got "
+                              f"{self.rank_silence:g}")
         if self.monitor_interval <= 0:
             raise ConfigError(f"--monitor-interval must be positive, got {self.monitor_interval}")
         if self.log_level not in ("debug", "info", "warning", "error"):

@@ -46,6 +46,7 @@ from fthsdp.agent.node.group_round import Phase
 from fthsdp.agent.node.hang_watch import HangWatch
 from fthsdp.agent.node.late_exits import LateExits
 from fthsdp.agent.node.launch import Rank, describe_exit, free_port, rank_environments, stop_ranks
+from fthsdp.agent.node.relay.liveness import Silence
 from fthsdp.agent.node.relay.server import LocalRelay
 from fthsdp.agent.node.reporter import Reporter
 from fthsdp.agent.node.stop_request import StopRequest
@@ -135,7 +136,8 @@ class Supervisor:
         self._token = read_token_file(self.config.token_file)
         # The host's one connection to the coordinator: the ranks and this agent's own clients reach it through
         # the relay (fthsdp/agent/node/relay/).
-        self._relay = LocalRelay(self.config.coordinators, self._token, self.config.tls).start()
+        self._relay = LocalRelay(self.config.coordinators, self._token, self.config.tls,
+                                 rank_silence=self.config.rank_silence).start()
         if self._report is None:
             reporter = self._report = Reporter([self._relay.address], self._token, None)
             if self.config.replica_id:  # a spare's, once a group adopts it
@@ -357,6 +359,10 @@ class Supervisor:
             if hung is not None:
                 log.error("the coordinator took replica %s out: %s; ending its ranks", self.config.replica_id, hung)
                 return f"taken out by the coordinator ({hung})"
+            silence = self._relay.silent() if self._relay is not None else None
+            if silence is not None and self._runs(silence):
+                log.error("replica %s: %s; ending its ranks", self.config.replica_id, silence.reason())
+                return silence.reason()
             codes = [rank.poll() for rank in self._ranks]
             for rank, code in zip(self._ranks, codes, strict=True):
                 if code is not None and code != 0 and not self._exited_after_leaving(rank, code):
@@ -400,6 +406,11 @@ class Supervisor:
                 return 1
         self._transition(AgentState.SUCCEEDED, "drained: " + self._late.how_ranks_ended(""))
         return 0
+
+    def _runs(self, silence: Silence) -> bool:
+        """Whether a silent rank is one of this agent's (its replica's; a past incarnation's processes,
+        ended, closed their streams)."""
+        return silence.replica_id == self.config.replica_id
 
     def _exited_after_leaving(self, rank: Rank, code: int) -> bool:
         """Whether ``rank``, which exited with ``code`` (not 0), had left the job for good first."""

@@ -208,7 +208,7 @@ class PingRefused(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., incarnation: _Optional[str] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left", "lease_seq", "incarnation")
+    __slots__ = ("job", "replica_id", "session_id", "step", "ready", "state_checksum", "checksum_step", "recent_checksums", "shard_rank", "catch_up_bytes", "catch_up_total_bytes", "catching_up", "ack", "progress", "checkpoint", "refused_checkpoint", "refused_checkpoint_reason", "wait_for_replicas", "left", "lease_seq", "incarnation", "local_only")
     JOB_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,7 @@ class HeartbeatRequest(_message.Message):
     LEFT_FIELD_NUMBER: _ClassVar[int]
     LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     job: str
     replica_id: str
     session_id: str
@@ -251,7 +252,8 @@ class HeartbeatRequest(_message.Message):
     left: bool
     lease_seq: int
     incarnation: str
-    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ..., left: _Optional[bool] = ..., lease_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., step: _Optional[int] = ..., ready: _Optional[bool] = ..., state_checksum: _Optional[str] = ..., checksum_step: _Optional[int] = ..., recent_checksums: _Optional[_Iterable[_Union[StepChecksum, _Mapping]]] = ..., shard_rank: _Optional[int] = ..., catch_up_bytes: _Optional[int] = ..., catch_up_total_bytes: _Optional[int] = ..., catching_up: _Optional[bool] = ..., ack: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., refused_checkpoint: _Optional[str] = ..., refused_checkpoint_reason: _Optional[str] = ..., wait_for_replicas: _Optional[int] = ..., left: _Optional[bool] = ..., lease_seq: _Optional[int] = ..., incarnation: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "phase_age_s", "step", "step_time_s", "compute_time_s", "section", "section_timeout_s")

@@ -10,6 +10,11 @@ takes one message where it took one per rank. A ping that waited in the
 relay has that wait added to its progress's phase age, so that the
 coordinator works out the same phase start as from the rank itself.
 
+Every ping, and the rank's pings for the relay alone (``local_only``,
+every second), also tell the host's ``Liveness`` that the rank is alive
+(fthsdp/agent/node/relay/liveness.py): a rank silent past its limit is handed
+to ``on_silent``, on the relay's loop.
+
 A ping the coordinator refuses (a rank of an ended incarnation, a replica
 it does not know yet) is answered alone: that rank's local stream ends
 with the status, as its own stream would have, and the others go on. A
@@ -23,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -34,6 +40,8 @@ from fthsdp.protos.v1 import coordinator_pb2 as pb
 WINDOW = 0.2
 """Seconds the relay gathers pings before sending them (a rank's ping waits at most this long)."""
 RETRY_FIRST, RETRY_CAP = 0.2, 2.0
+SILENCE_CHECK = 0.25
+"""Seconds between two looks for silent ranks."""
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 Key = tuple[str, str, int]
@@ -47,13 +55,17 @@ def key_of(ping: pb.HeartbeatRequest | pb.PingRefused) -> Key:
 class Pinger:
     """The host's pings upstream (on the relay's event loop): ``start()``, then ``follow`` each local stream."""
 
-    def __init__(self, upstream: Upstream, window: float = WINDOW) -> None:
+    def __init__(self, upstream: Upstream, window: float = WINDOW, liveness: Liveness | None = None,
+                 on_silent: Callable[[Silence], None] | None = None) -> None:
         self.upstream = upstream
         self.window = window
+        self.liveness = liveness
+        self._on_silent = on_silent
         self._pending: dict[Key, tuple[pb.HeartbeatRequest, float]] = {}
         self._ready = asyncio.Event()
         self._refusals: dict[Key, set[asyncio.Future]] = {}
         self._task: asyncio.Task | None = None
+        self._silence_task: asyncio.Task | None = None
         self.batches = 0
         """Batches sent so far."""
         self.pings = 0
@@ -61,18 +73,32 @@ class Pinger:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
+        if self.liveness is not None:
+            self._silence_task = asyncio.create_task(self._look_for_silence(self.liveness))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, self._silence_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _look_for_silence(self, liveness: Liveness) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SILENCE_CHECK)
+            for silence in liveness.silent(loop.time()):
+                if self._on_silent is not None:
+                    self._on_silent(silence)
 
     async def follow(self, first: pb.HeartbeatRequest, rest: AsyncIterator[bytes]) -> pb.PingRefused | None:
         """Send ``first``, then each ping of one local stream, until the rank
         closes it (None) or the coordinator refuses one of its pings (the refusal)."""
         key = key_of(first)
-        refused: asyncio.Future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        refused: asyncio.Future = loop.create_future()
         self._refusals.setdefault(key, set()).add(refused)
+        if self.liveness is not None:
+            self.liveness.opened(key, loop.time())
         self._put(first)
         reader = asyncio.create_task(self._read(rest))
         try:
@@ -82,6 +108,8 @@ class Pinger:
             return refused.result() if refused in done else None
         finally:
             reader.cancel()
+            if self.liveness is not None:
+                self.liveness.closed(key)
             waiting = self._refusals.get(key)
             if waiting is not None:
                 waiting.discard(refused)
@@ -93,7 +121,15 @@ class Pinger:
             self._put(pb.HeartbeatRequest.FromString(raw))
 
     def _put(self, ping: pb.HeartbeatRequest) -> None:
-        self._pending[key_of(ping)] = (ping, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        if self.liveness is not None:
+            if ping.left:
+                self.liveness.forget(key_of(ping))  # its group leaves cleanly: it stops pinging
+            else:
+                self.liveness.heard(key_of(ping), now)
+        if ping.local_only:
+            return  # for this host alone
+        self._pending[key_of(ping)] = (ping, now)
         self._ready.set()
 
     async def _batches(self) -> AsyncIterator[bytes]:

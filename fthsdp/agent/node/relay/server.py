@@ -10,7 +10,9 @@ forwarded as bytes (nothing is parsed but a Watch request, to share it):
 * the Watch of a replica through ``WatchFanout`` (one upstream stream per
   host);
 * the ranks' pings (a HeartbeatStream that asks for no answers) through
-  ``Pinger``: one upstream Pings stream per host, a batch per window;
+  ``Pinger``: one upstream Pings stream per host, a batch per window; the
+  pings for the relay alone tell it each rank is alive (``silent()``:
+  fthsdp/agent/node/relay/liveness.py);
 * the other streams (Session, a HeartbeatStream that asks for answers,
   Host) one upstream stream each, over the agent's one connection.
 
@@ -26,6 +28,7 @@ import asyncio
 import hmac
 import logging
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -34,6 +37,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from fthsdp.agent.node.relay.fanout import UpstreamEnded, WatchFanout, shareable
+from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.pings import CODES, Pinger
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
@@ -58,8 +62,13 @@ def _kinds() -> dict[str, tuple[bool, bool]]:
 class LocalRelay:
     """The agent's relay: ``start()``, hand ``address`` to the ranks, ``close()``."""
 
-    def __init__(self, coordinators: Sequence[str], token: str, tls: TlsFiles | None) -> None:
+    def __init__(self, coordinators: Sequence[str], token: str, tls: TlsFiles | None,
+                 rank_silence: float | None = None) -> None:
+        """``rank_silence``: follow each local rank's liveness, and call one silent after this many
+        seconds without a ping (``silent()``); None: not followed."""
         self._coordinators = list(coordinators)
+        self._rank_silence = rank_silence
+        self._silences: queue.SimpleQueue[Silence] = queue.SimpleQueue()
         self._token = token
         self._tls = tls
         self._folder = tempfile.mkdtemp(prefix="fthsdp-relay-")  # 0700: only the agent's user enters
@@ -81,6 +90,13 @@ class LocalRelay:
         if self._error is not None:
             raise RuntimeError(f"the agent's relay could not start on {self.path}: {self._error}") from self._error
         return self
+
+    def silent(self) -> Silence | None:
+        """A local rank that stopped pinging, if any (each once, in the order seen)."""
+        try:
+            return self._silences.get_nowait()
+        except queue.Empty:
+            return None
 
     def close(self) -> None:
         if self._loop is not None and self._stopped is not None and self._thread.is_alive():
@@ -110,7 +126,8 @@ class LocalRelay:
         self._stopped = asyncio.Event()
         upstream = Upstream(self._coordinators, self._token, self._tls)
         self.fanout = WatchFanout(upstream)
-        self.pinger = Pinger(upstream)
+        liveness = Liveness(self._rank_silence) if self._rank_silence is not None else None
+        self.pinger = Pinger(upstream, liveness=liveness, on_silent=self._silences.put)
         self.pinger.start()
         calls = Calls(upstream, self.fanout, self.pinger, bearer_metadata(self._token))
         server = grpc.aio.server()

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.client import SessionCall, open_session
 from fthsdp.agent.training.session.lease import MemberLease
+from fthsdp.agent.training.session.local_pings import LocalPings
 from fthsdp.agent.training.session.pushes import Listener, Pushes, WatchFollower, start_thread
 from fthsdp.agent.training.session.report import ReplicaReport, Reporting
 from fthsdp.client import CoordinatorClient
@@ -95,6 +96,8 @@ class Membership:
         self._call: SessionCall | None = None
         """The Session of this incarnation."""
         self._member_list = member_list
+        self._local = LocalPings(self.client, job, replica_id, 0, incarnation)
+        """Its liveness for its node agent, under one (fthsdp/agent/training/session/local_pings.py)."""
         self._watch = WatchFollower(self.client, pb.WatchRequest(job=job, replica_id=replica_id, member_list=True),
                                     self.pushes.deliver, self._stop) if member_list else None
         """A tool's view: the member list, on a Watch stream of its own."""
@@ -132,6 +135,7 @@ class Membership:
                 self._stop.wait(0.2)
         self._threads = [start_thread(self._heartbeat_loop, f"fthsdp-heartbeat-{self.replica_id}"),
                          start_thread(self._session_loop, f"fthsdp-session-{self.replica_id}")]
+        self._local.start()
         if self._watch is not None:
             self._threads.append(start_thread(self._watch.run, f"fthsdp-members-{self.replica_id}"))
 
@@ -149,6 +153,7 @@ class Membership:
 
     def close(self) -> None:
         self._stop.set()
+        self._local.close()
         self.reporting.beat_now.set()
         if self._call is not None:
             self._call.close()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.heartbeat import HeartbeatSender
+from fthsdp.agent.training.session.local_pings import LocalPings
 from fthsdp.agent.training.session.pushes import Listener, Pushes, WatchFollower, start_thread
 from fthsdp.agent.training.session.report import ReplicaReport, Reporting
 from fthsdp.client import CoordinatorClient
@@ -46,6 +47,8 @@ class Observer:
         self._watch = WatchFollower(client, pb.WatchRequest(job=job, replica_id=replica_id), self.pushes.deliver,
                                     self._stop)
         self._threads: list[threading.Thread] = []
+        self._local = LocalPings(client, job, replica_id, shard_rank, incarnation)
+        """Its liveness for its node agent, under one (fthsdp/agent/training/session/local_pings.py)."""
 
     @property
     def report(self) -> ReplicaReport:
@@ -58,6 +61,7 @@ class Observer:
         """Follow the quorum and ping, each on a thread of its own."""
         self._threads = [start_thread(self._watch.run, f"fthsdp-observe-{self.replica_id}"),
                          start_thread(self._ping_loop, f"fthsdp-ping-{self.replica_id}")]
+        self._local.start()
 
     def _ping_loop(self) -> None:
         while True:
@@ -104,6 +108,7 @@ class Observer:
 
     def close(self) -> None:
         self._stop.set()
+        self._local.close()
         self._watch.cancel()
         for t in self._threads:
             t.join(timeout=5)
