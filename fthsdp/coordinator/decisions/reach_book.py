@@ -20,6 +20,7 @@ from fthsdp.coordinator.decisions.stuck import (
     Stage,
     escalate,
     merge_reports,
+    probe_targets,
     reaches_all,
 )
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -29,9 +30,27 @@ Answers = dict[str, dict[int, tuple[frozenset[str], frozenset[str]]]]
 
 @dataclasses.dataclass
 class _Probe:
-    request: pb.ReachProbe
+    """One probe: its id, whom it probes, and the answers so far."""
+
+    id: int
     sent: float
+    targets: tuple[str, ...]
+    """Sorted: the members, or for a replica kept out the members it must reach."""
+    addresses: Mapping[str, Sequence[str]]
+    ring: bool
+    """The members' probe: each probes its neighbours only (fthsdp/coordinator/decisions/stuck.py ``probe_targets``)."""
     answers: Answers = dataclasses.field(default_factory=dict)
+    _requests: dict[str, pb.ReachProbe] = dataclasses.field(default_factory=dict)
+
+    def request_for(self, replica_id: str) -> pb.ReachProbe:
+        """What ``replica_id`` is asked to probe: its own targets, with their addresses (built once)."""
+        request = self._requests.get(replica_id)
+        if request is None:
+            targets = probe_targets(self.targets, replica_id) if self.ring else self.targets
+            request = pb.ReachProbe(id=self.id, targets=[
+                pb.ReachTarget(replica_id=rid, addresses=list(self.addresses.get(rid, ()))) for rid in targets])
+            self._requests[replica_id] = request
+        return request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +72,10 @@ class ReachBook:
         """The probe each replica kept out as unreachable answers, by replica."""
         self._next_id = 0
 
-    def _new_probe(self, targets: Sequence[str], addresses: Mapping[str, Sequence[str]], now: float) -> _Probe:
+    def _new_probe(self, targets: Sequence[str], addresses: Mapping[str, Sequence[str]], now: float,
+                   ring: bool = False) -> _Probe:
         self._next_id += 1
-        request = pb.ReachProbe(id=self._next_id, targets=[
-            pb.ReachTarget(replica_id=rid, addresses=list(addresses.get(rid, ()))) for rid in sorted(targets)])
-        return _Probe(request, now)
+        return _Probe(self._next_id, now, tuple(sorted(targets)), addresses, ring)
 
     # ----- the members' stuck collective ---------------------------------------------
 
@@ -67,7 +85,7 @@ class ReachBook:
     ) -> Remedy:
         """One step of the escalation (fthsdp/coordinator/decisions/stuck.py) with what is known now."""
         probe = self._members_probe
-        if probe is not None and probe.request.id == self.escalation.probe_id:
+        if probe is not None and probe.id == self.escalation.probe_id:
             reach, reported = merge_reports(probe.answers, world_sizes)
         else:
             reach, reported = {}, frozenset()
@@ -76,8 +94,8 @@ class ReachBook:
         if action.act is Act.REGROUP:
             self.regroup = action.reason
         elif action.act is Act.PROBE:
-            self._members_probe = self._new_probe(members, addresses, now)
-            self.escalation = dataclasses.replace(self.escalation, probe_id=self._members_probe.request.id)
+            self._members_probe = self._new_probe(members, addresses, now, ring=True)
+            self.escalation = dataclasses.replace(self.escalation, probe_id=self._members_probe.id)
         elif action.act in (Act.TAKE_OUT, Act.KEEP):
             self._members_probe = None
         return action
@@ -85,7 +103,7 @@ class ReachBook:
     def quorum_changed(self) -> None:
         """A new quorum is in place: a regroup asked for is done (or moot), a members' probe is over."""
         self.regroup = ""
-        if self._members_probe is not None and self.escalation.probe_id != self._members_probe.request.id:
+        if self._members_probe is not None and self.escalation.probe_id != self._members_probe.id:
             self._members_probe = None
 
     # ----- replicas kept out -----------------------------------------------------------
@@ -111,7 +129,7 @@ class ReachBook:
             probe = self._members_probe
         else:
             probe = self._marked.get(replica_id)
-        return probe.request if probe is not None else None
+        return probe.request_for(replica_id) if probe is not None else None
 
     def answer(self, replica_id: str, shard_rank: int, probe_id: int, reached: Sequence[str],
                unreached: Sequence[str], world_size: int) -> Readmission | None:
@@ -120,17 +138,17 @@ class ReachBook:
         probes no longer asked are ignored."""
         row = (frozenset(reached), frozenset(unreached))
         members = self._members_probe
-        if members is not None and members.request.id == probe_id:
+        if members is not None and members.id == probe_id:
             members.answers.setdefault(replica_id, {})[shard_rank] = row
             return None
         probe = self._marked.get(replica_id)
-        if probe is None or probe.request.id != probe_id:
+        if probe is None or probe.id != probe_id:
             return None
         probe.answers.setdefault(replica_id, {})[shard_rank] = row
         reach, complete = merge_reports(probe.answers, {replica_id: world_size})
         if replica_id not in complete:
             return None
-        targets = [t.replica_id for t in probe.request.targets]
+        targets = probe.targets
         row_of = reach.get(replica_id, {})
         unreached_now = tuple(t for t in targets if row_of.get(t) is not True)
         return Readmission(replica_id, reaches_all(row_of, targets, True), unreached_now)

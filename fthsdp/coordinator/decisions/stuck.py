@@ -11,12 +11,18 @@ stages:
 1. Regroup. The same members form a new quorum, so a new group with new
    connections; the members leave the stuck collective at once and redo the
    step from their intact gradients. That mends a transient fault.
-2. Probe. If the regrouped collective is stuck too, every member probes
-   every other over the data path (a TCP connect to the address its
-   collectives use, fthsdp/agent/training/session/reach_probe.py) and reports what it reached. The
-   coordinator keeps the largest set of members that all reach one another
-   (``largest_clique``) and takes out the rest, each "unreachable from" the
-   ones it could not reach. If every member reaches every other, the
+2. Probe. If the regrouped collective is stuck too, the members probe each
+   other over the data path (a TCP connect to the address its collectives
+   use, fthsdp/agent/training/session/reach_probe.py) and report what they
+   reached. Up to ``PROBE_ALL_UP_TO`` members every member probes every
+   other; above, each probes its neighbours on a ring (``probe_targets``:
+   at most 8, so the probes and their answers grow with the members, not
+   with their square, and each member is sent only its own targets). The
+   coordinator keeps the largest set of members with no cut between them
+   reported (``largest_clique``; a pair nobody probed counts as linked) and
+   takes out the rest, each "unreachable from" the ones it could not
+   reach. A cut that the ring's pairs miss leaves the collective stuck: the
+   next round, in the smaller quorum, probes other pairs. If every member reaches every other, the
    collective is slow, not cut: nobody is taken out (a degraded link that
    still moves is the straggler policy's business), and the cycle starts
    again after another limit.
@@ -32,8 +38,10 @@ table-driven); fthsdp/coordinator/job/member_checks.py applies the actions to th
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
+import math
 from collections.abc import Mapping, Sequence
 
 from fthsdp.coordinator.decisions.hang import Stuck
@@ -144,6 +152,27 @@ def escalate(
         return (Escalation(Stage.WATCHING, probe_id=esc.probe_id),
                 Remedy(Act.TAKE_OUT, f"keeping {', '.join(keep)}, which all reach one another{unheard}", out))
     return esc, NOTHING
+
+
+PROBE_ALL_UP_TO = 16
+"""Members up to which every member probes every other (120 pairs at 16)."""
+
+
+def probe_targets(members: Sequence[str], replica_id: str) -> tuple[str, ...]:
+    """Whom ``replica_id`` probes, sorted: every member (itself included; a
+    prober skips its own id) up to ``PROBE_ALL_UP_TO``; above, its neighbours
+    on the ring of the sorted members at offsets 1, 2, about the square root
+    of their number, and half of it, both ways. One failed node is then
+    reported by each of its neighbours; a cut between two parts of the job
+    (two racks, two halves) crosses the long offsets, which join members far
+    apart in the order."""
+    ids = sorted(members)
+    n = len(ids)
+    if n <= PROBE_ALL_UP_TO or replica_id not in ids:
+        return tuple(ids)
+    i = bisect.bisect_left(ids, replica_id)
+    offsets = {1, 2, math.isqrt(n - 1) + 1, n // 2}
+    return tuple(sorted({ids[(i + sign * o) % n] for o in offsets for sign in (1, -1)} - {replica_id}))
 
 
 def merge_reports(
