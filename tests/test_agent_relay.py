@@ -292,3 +292,28 @@ def test_a_hosts_ranks_ping_as_one_stream_and_a_refused_ping_ends_its_ranks_stre
             rank.close()
     assert stale.ended in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION), (stale.ended,
                                                                                             stale.details)
+
+
+def test_a_malformed_ping_in_a_batch_is_refused_alone_and_only_the_taken_ones_are_counted(coordinator):
+    """A batch is checked ping by ping (each name once per batch): a ping naming a malformed replica id is
+    answered INVALID_ARGUMENT; the others are recorded, and the heartbeat counter counts them alone."""
+    runtime = coordinator.running.runtime
+    with CoordinatorClient([coordinator.address], token=JOB_TOKEN) as client:
+        client.call("Register", pb.RegisterRequest(job="default", replica_id="r0", address="r0:1", world_size=4,
+                                                   agent_ids=["agent-of-r0"], incarnation="inc-1"))
+        counted = heartbeats_counted(runtime)
+        batch = pb.PingBatch(pings=[ping(1), ping(2, replica_id="bad id!"), ping(3), ping(2, replica_id="bad id!")])
+        call = client.stub(coordinator.address).Pings(iter([batch]), metadata=client.metadata)
+        refusals = list(call)
+    assert [(r.replica_id, r.code) for r in refusals] == [("bad id!", grpc.StatusCode.INVALID_ARGUMENT.value[0])] * 2
+    reports = runtime.jobs["default"].state.progress.reports["r0"]
+    assert set(reports) == {1, 3}
+    assert heartbeats_counted(runtime) - counted == 2
+
+
+def heartbeats_counted(runtime) -> float:
+    """fthsdp_heartbeats_total of the default job, as /metrics shows it."""
+    for line in runtime.metrics.render().splitlines():
+        if line.startswith('fthsdp_heartbeats_total{job="default"}'):
+            return float(line.split()[-1])
+    return 0.0

@@ -89,7 +89,9 @@ def check_session(req) -> None:
 MAX_RECENT_CHECKSUMS = 16
 
 
-def check_heartbeat(req) -> None:
+def check_heartbeat(req, names_checked: set[str] | None = None) -> None:
+    """``names_checked``: replica ids found well-formed already (a host's batch names its group a hundred
+    times): checked once, and added."""
     if req.local_only:
         raise InvalidRequest("local_only: a ping for the node agent's relay alone, never for the coordinator")
     if not 0 <= req.shard_rank < MAX_WORLD_SIZE:
@@ -97,7 +99,10 @@ def check_heartbeat(req) -> None:
     if req.shard_rank == 0:
         check_session(req)
     else:
-        check_replica_id(req.replica_id)
+        if names_checked is None or req.replica_id not in names_checked:
+            check_replica_id(req.replica_id)
+            if names_checked is not None:
+                names_checked.add(req.replica_id)
         _short("session_id", req.session_id)
     _non_negative("step", req.step)
     _non_negative("checksum_step", req.checksum_step)

@@ -157,13 +157,20 @@ class CoordinatorRuntime:
             response.quorum.CopyFrom(job.events.header)  # the members come on Watch
         return response
 
-    def heartbeat(self, req: pb.HeartbeatRequest, batched: bool = False) -> pb.HeartbeatResponse:
+    def heartbeat(self, req: pb.HeartbeatRequest, batched: bool = False, counted: bool = True) -> pb.HeartbeatResponse:
+        """``batched``: a rank's ping in its host's batch; ``counted``: False when the caller counts
+        the heartbeats itself (``count_heartbeats``, once per batch)."""
         job = self.job(req.job)
+        if counted:
+            self.metrics.heartbeats.inc(job=job.state.name)
+        if req.shard_rank > 0:  # a rank's liveness and progress, the bulk of them: nothing else to look at
+            return job.state.rank_ping(req.replica_id, req.shard_rank, self.clock(),
+                                       req.progress if req.HasField("progress") else None, req.left,
+                                       req.incarnation, batched)
         entry = job.state.replicas.get(req.replica_id)
         was_ready = entry is not None and entry.incarnation.ready_since is not None
         recent = {c.step: c.checksum for c in req.recent_checksums}
         inputs = {c.step: c.inputs for c in req.recent_checksums if c.inputs}
-        self.metrics.heartbeats.inc(job=job.state.name)
         response = job.state.heartbeat(
             req.replica_id, req.session_id, req.step, req.ready, req.state_checksum, req.checksum_step, self.clock(),
             recent, req.shard_rank, (req.catch_up_bytes, req.catch_up_total_bytes), req.catching_up,
@@ -191,6 +198,10 @@ class CoordinatorRuntime:
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
         return response
+
+    def count_heartbeats(self, job: str, n: int) -> None:
+        """``n`` heartbeats of ``job`` taken with ``counted=False``."""
+        self.metrics.heartbeats.inc(n, job=self.job(job).state.name)
 
     def _refused(self, job: ServedJob, replica_id: str, digest: str, reason: str) -> None:
         """A replica could not restore a recorded checkpoint: drop it, so that a restore takes the one before."""

@@ -144,7 +144,7 @@ class ReplicaCalls(JobTable):
         (fthsdp/coordinator/decisions/lease.py). ``batched``: a rank's ping
         that came in its host's batch (the Pings call)."""
         if shard_rank > 0:
-            return self._rank_ping(replica_id, shard_rank, now, progress, left, incarnation, batched)
+            return self.rank_ping(replica_id, shard_rank, now, progress, left, incarnation, batched)
         entry = self._session(replica_id, session_id)
         inc = entry.incarnation
         if progress is not None:
@@ -193,10 +193,11 @@ class ReplicaCalls(JobTable):
             entry.standing.lease_until = max(entry.standing.lease_until, lease.lapses_at(now, self.lease_s))
         return response
 
-    def _rank_ping(
+    def rank_ping(
         self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False,
         incarnation: str = "", batched: bool = False,
     ) -> pb.HeartbeatResponse:
+        """A rank other than 0 pings: its liveness and progress (``batched``: in its host's batch)."""
         entry = self.of_incarnation(replica_id, incarnation)
         inc = entry.incarnation
         if shard_rank >= inc.world_size:

@@ -207,17 +207,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 _check_request(batch, self.max_request_bytes)
             except FthsdpError as e:
                 await context.abort(status_code_for(e), str(e))
+            names: set[str] = set()  # checked once per batch: a host's ranks name the same job and group
+            counted: dict[str, int] = {}
             for ping in batch.pings:
                 try:
-                    validation.check_job_field(ping.job, allow_empty=True)
-                    validation.check_heartbeat(ping)
+                    if ping.job not in names:
+                        validation.check_job_field(ping.job, allow_empty=True)
+                        names.add(ping.job)
+                    validation.check_heartbeat(ping, names)
                     if ping.ack:
                         raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
-                    self.runtime.heartbeat(ping, batched=True)
+                    self.runtime.heartbeat(ping, batched=True, counted=False)
+                    counted[ping.job] = counted.get(ping.job, 0) + 1
                 except FthsdpError as e:
                     yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
                                          incarnation=ping.incarnation, code=status_code_for(e).value[0],
                                          details=str(e))
+            for job, n in counted.items():
+                self.runtime.count_heartbeats(job, n)
 
     async def Session(self, request_iterator, context):
         # fthsdp/coordinator/serving/session_stream.py
