@@ -16,6 +16,7 @@ import math
 
 from benchmarks.goodput import calibration as cal
 from fthsdp.coordinator.decisions.hang import HangRules, job_limit
+from fthsdp.coordinator.decisions.heartbeat_pace import HeartbeatPacer, Pace
 
 GB = 1e9
 MIN = 60.0
@@ -113,8 +114,13 @@ class Workload:
     hang_multiple: float = 5.0
     """The coordinator's --hang-multiple: the hang limit is this x the median step, at least the floor."""
     heartbeat_interval_s: float = 1.0
-    """The coordinator's --heartbeat-interval: a live hang is seen about two
-    intervals after the limit (the waiter's and the hung member's reports)."""
+    """The coordinator's --heartbeat-interval, before its pacing stretches it (``pace_at``): a live
+    hang is seen about three intervals after the limit (the waiter's and the hung member's
+    reports, and the agent's relay holding a ping for its host's batch)."""
+    heartbeat_budget: float = 5000.0
+    """The coordinator's --heartbeat-budget: above it the interval and the timeout stretch."""
+    gpus_per_host: int = 8
+    """GPUs (ranks) per host: a replica of ``replica_gpus`` spans replica_gpus / gpus_per_host hosts."""
     replacement_s: float = 10 * MIN
     """Failure -> the replica's replacement process registers (a healthy host found,
     the process started): not measured; taken as the synchronous restart's 10 min."""
@@ -157,9 +163,17 @@ class Workload:
 
     @property
     def live_hang_detect_s(self) -> float:
-        """A live loop's hang -> the coordinator's verdict: the hang limit at this step time, plus two intervals."""
+        """A live loop's hang -> the coordinator's verdict, at the configured interval (``live_hang_detect_at``)."""
+        return self.live_hang_detect_at(self.heartbeat_interval_s)
+
+    def live_hang_detect_at(self, interval: float) -> float:
+        """The hang limit at this step time, plus three heartbeat intervals of ``interval``."""
         limit = job_limit(self.step_s, HangRules(multiple=self.hang_multiple, floor=self.hang_floor_s))
-        return limit + 2 * self.heartbeat_interval_s
+        return limit + 3 * interval
+
+    @property
+    def hosts_per_replica(self) -> int:
+        return max(1, self.replica_gpus // self.gpus_per_host)
 
     @property
     def snapshot_per_gpu(self) -> float:
@@ -252,6 +266,15 @@ def published_costs() -> RecoveryCosts:
     )
 
 
+def pace_at(w: Workload, replicas: int) -> Pace:
+    """The heartbeat interval and timeout the shipped pacer (fthsdp/coordinator/decisions/heartbeat_pace.py)
+    sets for ``replicas`` groups under the agent: each group's rank 0, each host's ping batch and, for
+    groups of several hosts, each host's Host stream count as a sender."""
+    hosts = replicas * w.hosts_per_replica
+    senders = replicas + hosts + (hosts if w.hosts_per_replica > 1 else 0)
+    return HeartbeatPacer(w.heartbeat_interval_s, w.heartbeat_timeout_s, w.heartbeat_budget).update(senders, 0.0)
+
+
 def allreduce_s(w: Workload, replicas: int) -> float:
     """One ring all-reduce of a GPU's gradient shard across the replicas."""
     return 2 * (replicas - 1) / max(replicas, 1) * w.grad_per_gpu / w.nic_bytes_s
@@ -274,7 +297,10 @@ def fthsdp_costs(replicas: int, w: Workload = Workload(), m: Measured = Measured
     all-reduce among them, moving a 405B model's state at the NIC's rate)."""
     redo = allreduce_s(w, replicas)
     shrink = m.fanout_s(replicas) + redo + w.comm_rebuild_s
-    hang = m.hang_stall_s + (w.heartbeat_timeout_s - m.hang_timeout_s)
+    pace = pace_at(w, replicas)
+    # A stopped node (its agent too) is seen at the heartbeat timeout as the pacer stretches it.
+    hang = m.hang_stall_s + (pace.timeout - m.hang_timeout_s)
+    live_detect = w.live_hang_detect_at(pace.interval)
     transfer = transfer_s(w, m)
     log_per_step = w.grad_per_gpu / w.nic_bytes_s
     ratio = w.admission_step_ratio if w.admission_step_ratio is not None else m.admission_step_ratio
@@ -285,16 +311,16 @@ def fthsdp_costs(replicas: int, w: Workload = Workload(), m: Measured = Measured
         hang_fraction=w.hang_fraction,
         # The survivors wait in the all-reduce until the verdict (failover.py, "loop hung":
         # the stall was the limit plus 0.2-0.8 s at a 0.2 s heartbeat interval).
-        live_hang_stall_s=w.live_hang_detect_s + shrink,
+        live_hang_stall_s=live_detect + shrink,
         live_hang_share=w.live_hang_share,
-        live_hang_detect_s=w.live_hang_detect_s,
+        live_hang_detect_s=live_detect,
         restart_s=w.replacement_s,
         # The snapshot, then each replayed step costs a step (waiting for the boundary).
         catch_up_s=transfer + m.steps_replayed * w.step_s,
         # Conservatively the source's all-reduce waits for the whole transfer.
         serve_stall_s=transfer + m.steps_replayed * log_per_step + w.catchup_slowdown_steps * w.step_s,
         admission_stall_s=max(0.0, ratio - 1) * w.step_s,
-        heartbeat_timeout_s=w.heartbeat_timeout_s,
+        heartbeat_timeout_s=pace.timeout,
         # The cross-replica all-reduce overlaps the backward pass bucket by bucket, as a
         # synchronous job's does; what fthsdp's step leaves exposed beyond that is its steady cost.
         steady_factor=1 + exposed * redo / w.step_s,
@@ -315,15 +341,20 @@ def input_rows(replicas: int, w: Workload = Workload(), m: Measured = Measured()
         ("FT-HSDP replica out / replicas", f"{cal.PUBLISHED_FTHSDP_OUT_MIN:g} min / {cal.PUBLISHED_FTHSDP_REPLICAS}",
          "inferred (calibration.py): fits 80%"),
         ("crash: survivors' stall", f"{m.crash_stall_s:.2f} s", "failover.py, rank killed"),
+        ("heartbeat interval / timeout at this size", f"{pace_at(w, replicas).interval:g} s / "
+         f"{pace_at(w, replicas).timeout:g} s", f"the shipped pacer: {w.heartbeat_interval_s:g} s / "
+         f"{w.heartbeat_timeout_s:g} s configured, budget {w.heartbeat_budget:g}/s, "
+         f"{replicas * (1 + 2 * w.hosts_per_replica)} senders"),
         ("hang: survivors' stall", f"{m.hang_stall_s:.2f} s at {m.hang_timeout_s:g} s timeout -> "
-         f"{c.hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s at {w.heartbeat_timeout_s:g} s",
+         f"{c.hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s at {c.heartbeat_timeout_s:g} s",
          "failover.py, node hung; + (timeout - 1 s)"),
         ("share of failures that hang", f"{w.hang_fraction:.0%}", "assumed"),
         ("share of hangs in a live loop (heartbeats go on)", f"{w.live_hang_share:.0%}",
          "assumed (no source splits stopped nodes from live loops)"),
         ("live loop hung: survivors' stall", f"{c.live_hang_stall_s - (c.crash_stall_s - m.crash_stall_s):.2f} s",
          f"hang limit max({w.hang_floor_s:g} s, {w.hang_multiple:g} x {w.step_s:g} s step) "
-         f"+ 2 x {w.heartbeat_interval_s:g} s heartbeat (failover.py, loop hung: the limit + 0.2-0.8 s at 0.2 s)"),
+         f"+ 3 x {pace_at(w, replicas).interval:g} s heartbeat (failover.py, loop hung: the limit + 0.2-0.8 s at "
+         "0.2 s; one more for the relay's batch)"),
         (f"failure -> all survivors told, {replicas} replicas", f"{m.fanout_s(replicas) * 1000:.0f} ms",
          f"coordinator_scale.py: {m.fanout_100_s * 1000:.0f} ms @100, {m.fanout_1000_s * 1000:.0f} ms @1,000; "
          "power law"),
