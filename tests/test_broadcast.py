@@ -80,3 +80,26 @@ def test_waiters_after_a_notify_wait_for_the_next():
 def test_batch_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
         Broadcast(batch=0)
+
+
+def test_one_future_waits_on_two_broadcasts_and_the_first_to_fire_resolves_it():
+    async def scenario():
+        job, own = Broadcast(batch=2), Broadcast(batch=2)
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+        job.add(job.generation, woken)
+        own.add(own.generation, woken)
+        own.notify()
+        await asyncio.wait_for(woken, 1.0)
+        job.notify()  # the same future, done already: nothing more happens
+        # A future added after a notify it did not see resolves at once.
+        late = loop.create_future()
+        job.add(0, late)
+        assert late.done()
+        # Futures another broadcast resolved are not kept past a batch's worth.
+        for _ in range(10):
+            f = loop.create_future()
+            job.add(job.generation, f)
+            f.set_result(None)
+        assert len(job._waiters) <= job.batch + 1
+    asyncio.run(scenario())

@@ -55,7 +55,9 @@ class QuorumView:
                 for old in sorted(self._places)[:-KEEP_PLACES]:
                     del self._places[old]
                     self._generations.pop(old, None)
-            if self.quorum is None or event.quorum.id > self.quorum.id:
+            # A quorum that lists this replica with its place withheld (its rank 0 not back with a
+            # coordinator that restarted) is not taken as pushed yet: the place follows.
+            if (self.quorum is None or event.quorum.id > self.quorum.id) and not event.place_withheld:
                 self.quorum = event.quorum
             self.cond.notify_all()
 

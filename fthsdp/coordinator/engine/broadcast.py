@@ -42,6 +42,17 @@ class Broadcast:
         self._waiters.append(future)
         await future
 
+    def add(self, seen: int, future: asyncio.Future) -> None:
+        """Resolve ``future`` at the next ``notify`` after generation ``seen`` (at once if one already
+        came): one future can wait on several broadcasts, the first to fire resolves it."""
+        if self.generation != seen:
+            if not future.done():
+                future.set_result(None)
+            return
+        if len(self._waiters) >= self.batch:  # futures the other broadcast resolved: not kept forever
+            self._waiters = [f for f in self._waiters if not f.done()]
+        self._waiters.append(future)
+
     def notify(self) -> None:
         """Start waking everyone waiting now, a batch per turn of the loop."""
         self.generation += 1

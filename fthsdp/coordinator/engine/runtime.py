@@ -145,6 +145,8 @@ class CoordinatorRuntime:
                  req.quorum_id)
         if job.state.is_member(req.replica_id):
             self.wake()  # a restarted member must leave the quorum now
+            # Or one back after a coordinator restart: its watchers (its other ranks) get their place.
+            job.notify_replica(req.replica_id)
         # Anyone else is looked at on the next tick: a job starting registers
         # thousands at once, and a decision per registration would starve them.
         response = pb.RegisterResponse(
@@ -231,9 +233,11 @@ class CoordinatorRuntime:
         lists = not req.replica_id or req.member_list
         last, sent_quorum = None, 0  # sent_quorum: the quorum whose member list this stream holds
         last_own = b""  # the watcher's own fields in the last event sent
+        own_changes = job.follow_replica(req.replica_id) if req.replica_id else None
         try:
             while True:
                 seen = job.changes.generation
+                seen_own = own_changes.generation if own_changes is not None else 0
                 events = job.events
                 current = events.quorum_id
                 sees = lists and (not req.replica_id or job.state.is_member(req.replica_id))
@@ -250,8 +254,16 @@ class CoordinatorRuntime:
                     yield event
                     last, last_own = event, own_bytes
                     sent_quorum = 0 if kind == HEADER else current
-                await job.changes.wait(seen)
+                if own_changes is None:
+                    await job.changes.wait(seen)
+                else:
+                    woken = asyncio.get_running_loop().create_future()
+                    job.changes.add(seen, woken)
+                    own_changes.add(seen_own, woken)
+                    await woken
         finally:
+            if req.replica_id:
+                job.unfollow_replica(req.replica_id)
             if session:
                 job.state.watch_closed(req.replica_id, req.session_id, self.clock())
                 self.wake()

@@ -53,6 +53,9 @@ class ServedJob:
         """When a decision first said the membership must change (for the formation latency)."""
         self.changes = Broadcast()
         """Wakes the watchers, a batch per turn of the loop (fthsdp/coordinator/engine/broadcast.py)."""
+        self._replica_changes: dict[str, tuple[Broadcast, int]] = {}
+        """Wakes one replica's watchers alone (``notify_replica``), by replica id while it has any:
+        the broadcast and how many watchers follow it."""
         self.logged_reason = ""
         self.lease_wait: tuple[int, frozenset[str]] = (0, frozenset())
         """The quorum whose members' leases the decision waits out and the replicas its ``lease_wait`` events
@@ -76,3 +79,23 @@ class ServedJob:
     def notify(self) -> None:
         """Wake every watcher."""
         self.changes.notify()
+
+    def notify_replica(self, replica_id: str) -> None:
+        """Wake the watchers of ``replica_id`` alone: something of its own changed (its place)."""
+        followed = self._replica_changes.get(replica_id)
+        if followed is not None:
+            followed[0].notify()
+
+    def follow_replica(self, replica_id: str) -> Broadcast:
+        """A watcher of ``replica_id`` opens: the broadcast that wakes its watchers alone."""
+        broadcast, count = self._replica_changes.get(replica_id, (None, 0))
+        broadcast = broadcast or Broadcast()
+        self._replica_changes[replica_id] = (broadcast, count + 1)
+        return broadcast
+
+    def unfollow_replica(self, replica_id: str) -> None:
+        broadcast, count = self._replica_changes[replica_id]
+        if count > 1:
+            self._replica_changes[replica_id] = (broadcast, count - 1)
+        else:
+            del self._replica_changes[replica_id]

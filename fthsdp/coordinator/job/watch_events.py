@@ -127,6 +127,10 @@ def own_event(state: WatcherView, replica_id: str, leader: str) -> pb.WatchEvent
     inc = entry.incarnation if entry is not None else None
     if rank is not None and inc is not None and inc.session_id is not None and not inc.restarted:
         event.place.rank = rank
+    elif rank is not None and (inc is None or inc.session_id is None):
+        # Listed, its incarnation not back yet (a coordinator restarted): its ranks wait for the
+        # place rather than count themselves out (fthsdp/agent/training/quorum_view.py).
+        event.place_withheld = True
     event.hang_limit_s = state.hang_horizon
     if state.finished is not None:
         event.finished.CopyFrom(state.finished)

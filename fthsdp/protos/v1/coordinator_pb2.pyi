@@ -316,7 +316,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., session_id: _Optional[str] = ..., member_list: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence", "probe", "unreachable", "injections", "restore")
+    __slots__ = ("quorum", "catch_up", "drain_requested", "leader", "reason", "heartbeat_interval_s", "delta", "place", "state_lost_step", "hang", "hang_limit_s", "finished", "divergence", "probe", "unreachable", "injections", "restore", "place_withheld")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +334,7 @@ class WatchEvent(_message.Message):
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     INJECTIONS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    PLACE_WITHHELD_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     catch_up: CatchUp
     drain_requested: bool
@@ -351,7 +352,8 @@ class WatchEvent(_message.Message):
     unreachable: str
     injections: _containers.RepeatedCompositeFieldContainer[FaultInjection]
     restore: CheckpointRecord
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ..., probe: _Optional[_Union[ReachProbe, _Mapping]] = ..., unreachable: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ..., restore: _Optional[_Union[CheckpointRecord, _Mapping]] = ...) -> None: ...
+    place_withheld: bool
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., drain_requested: _Optional[bool] = ..., leader: _Optional[str] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., delta: _Optional[_Union[QuorumDelta, _Mapping]] = ..., place: _Optional[_Union[QuorumPlace, _Mapping]] = ..., state_lost_step: _Optional[int] = ..., hang: _Optional[_Union[HangNotice, _Mapping]] = ..., hang_limit_s: _Optional[float] = ..., finished: _Optional[_Union[JobFinished, _Mapping]] = ..., divergence: _Optional[_Union[Divergence, _Mapping]] = ..., probe: _Optional[_Union[ReachProbe, _Mapping]] = ..., unreachable: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[FaultInjection, _Mapping]]] = ..., restore: _Optional[_Union[CheckpointRecord, _Mapping]] = ..., place_withheld: _Optional[bool] = ...) -> None: ...
 
 class FaultInjection(_message.Message):
     __slots__ = ("id", "replica_id", "kind", "seconds", "steps", "restart_count", "requested_by", "peer", "unix_ms", "step")
