@@ -63,6 +63,8 @@ STEP_TIME = 1.0
 ACK_SHARE = 0.1
 RETRY_FIRST, RETRY_CAP = 0.2, 2.0
 """The agents' reconnect back-off (fthsdp/agent/node/host_link.py): equal jitter, doubling to the cap."""
+MOVE_ON = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+"""What makes an agent try the next coordinator (fthsdp/client.py MOVE_ON)."""
 
 
 # ----- a client process: many hosts ---------------------------------------------------------
@@ -94,7 +96,8 @@ class Host:
         self.welcomed: list[tuple[float, int]] = []
         """(time, coordinator index) of each welcome on the Host stream."""
         self.ended: list[float] = []
-        self.channel = None
+        self.channels: dict[int, object] = {}
+        """One connection per coordinator, opened on first use (the relay's Upstream)."""
         self.tasks: list[asyncio.Task] = []
 
     @property
@@ -103,37 +106,41 @@ class Host:
         return range(max(1, self.node * per), (self.node + 1) * per)
 
     async def run(self) -> None:
-        grpc, delay = self.sim.grpc, RETRY_FIRST
+        """Each stream on its own, as the agent's host link and relay keep them: one that ends opens
+        again after a jittered back-off, at the next coordinator if this one did not answer."""
+        self.tasks = [asyncio.create_task(self._keep(opener)) for opener in
+                      (self._host_stream, self._watch, self._pings)]
+        if self.node == 0:
+            self.tasks.append(asyncio.create_task(self._keep(self._session)))
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _channel(self, index: int):
+        channel = self.channels.get(index)
+        if channel is None:
+            channel = self.channels[index] = self.sim.grpc.aio.insecure_channel(
+                self.sim.addresses[index], options=[("grpc.use_local_subchannel_pool", 1)])
+        return channel
+
+    async def _keep(self, opener) -> None:
+        loop, delay = asyncio.get_running_loop(), RETRY_FIRST
         while not self.lost:
-            self.channel = grpc.aio.insecure_channel(
-                self.sim.addresses[self.address], options=[("grpc.use_local_subchannel_pool", 1)])
-            broken = asyncio.Event()
-            self.tasks = [asyncio.create_task(self._guard(coro, broken)) for coro in
-                          (self._host_stream(), self._watch(), self._pings())]
-            if self.node == 0:
-                self.tasks.append(asyncio.create_task(self._guard(self._session(), broken)))
-            await broken.wait()
-            for task in self.tasks:
-                task.cancel()
-            await self.channel.close()
-            if self.lost:
-                return
-            self.sim.reconnects += 1
-            self.address = (self.address + 1) % len(self.sim.addresses)
+            index, opened = self.address, loop.time()
+            try:
+                await opener(self._channel(index))
+                code = "ENDED"
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - what ended the stream decides where it opens again
+                code = e.code().name if hasattr(e, "code") else type(e).__name__
+                self.sim.details.setdefault(f"{opener.__name__} {code}", str(e)[:300])
+            self.sim.errors[code] = self.sim.errors.get(code, 0) + 1
+            if code in MOVE_ON and index == self.address:  # the first of its streams to find out moves them all
+                self.address = (index + 1) % len(self.sim.addresses)
+                self.sim.reconnects += 1
+            if loop.time() - opened > 5 * RETRY_CAP:
+                delay = RETRY_FIRST  # it had been working: this is a new outage
             await asyncio.sleep(delay * (0.5 + 0.5 * random.random()))
             delay = min(2 * delay, RETRY_CAP)
-            if self.welcomed and time.monotonic() - self.welcomed[-1][0] > 5 * RETRY_CAP:
-                delay = RETRY_FIRST
-
-    async def _guard(self, coro, broken: asyncio.Event) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the connection broke (a coordinator died, or follows): reconnect
-            code = e.code().name if hasattr(e, "code") else type(e).__name__
-            self.sim.errors[code] = self.sim.errors.get(code, 0) + 1
-        broken.set()
 
     def _hello(self):
         pb = self.sim.pb
@@ -146,7 +153,7 @@ class Host:
     def _store(self) -> str:
         return f"10.{self.group // 250}.{self.group % 250}.{self.node}:7000"
 
-    async def _host_stream(self) -> None:
+    async def _host_stream(self, channel) -> None:
         pb = self.sim.pb
         queue: asyncio.Queue = asyncio.Queue()
         queue.put_nowait(pb.HostRequest(hello=self._hello()))
@@ -161,7 +168,7 @@ class Host:
                 queue.put_nowait(pb.HostRequest(heartbeat=True))
                 self.sim.sent += 1
 
-        call = self.sim.stub(self.channel, "Host", pb.HostRequest, pb.HostPush)(requests())
+        call = self.sim.stub(channel, "Host", pb.HostRequest, pb.HostPush)(requests())
         beating = asyncio.create_task(beats())
         try:
             async for push in call:
@@ -186,9 +193,9 @@ class Host:
             beating.cancel()
         raise ConnectionError("the Host stream ended")
 
-    async def _watch(self) -> None:
+    async def _watch(self, channel) -> None:
         pb = self.sim.pb
-        call = self.sim.stub(self.channel, "Watch", pb.WatchRequest, None, stream_in=False)(
+        call = self.sim.stub(channel, "Watch", pb.WatchRequest, None, stream_in=False)(
             pb.WatchRequest(job="default", replica_id=self.rid))
         async for data in call:
             event = pb.WatchEvent.FromString(data)
@@ -198,7 +205,7 @@ class Host:
                                 event.HasField("place"), len(data)))
         raise ConnectionError("the Watch ended")
 
-    async def _pings(self) -> None:
+    async def _pings(self, channel) -> None:
         pb = self.sim.pb
 
         async def batches():
@@ -215,12 +222,12 @@ class Host:
                     yield batch
                 await asyncio.sleep(self.interval)
 
-        call = self.sim.stub(self.channel, "Pings", pb.PingBatch, pb.PingRefused)(batches())
+        call = self.sim.stub(channel, "Pings", pb.PingBatch, pb.PingRefused)(batches())
         async for _ in call:
             self.sim.refused += 1
         raise ConnectionError("the Pings stream ended")
 
-    async def _session(self) -> None:
+    async def _session(self, channel) -> None:
         pb = self.sim.pb
         while not self.running:
             await asyncio.sleep(0.05)
@@ -250,7 +257,7 @@ class Host:
                 self.sim.sent += 1
                 await asyncio.sleep(self.interval)
 
-        call = self.sim.stub(self.channel, "Session", pb.SessionRequest, pb.SessionEvent)(requests())
+        call = self.sim.stub(channel, "Session", pb.SessionRequest, pb.SessionEvent)(requests())
         self.sim.sessions[self.host_id] = queue
         beating = None
         try:
@@ -271,10 +278,12 @@ class Host:
         raise ConnectionError("the Session ended")
 
     def lose(self) -> None:
-        """The host is gone: its connection closes, nothing more is sent."""
+        """The host is gone: its connections close, nothing more is sent."""
         self.lost = True
         for task in self.tasks:
             task.cancel()
+        for channel in self.channels.values():
+            asyncio.ensure_future(channel.close())
 
 
 class Client:
@@ -288,6 +297,8 @@ class Client:
         self.hosts = [Host(self, g, n) for g in range(first, first + count) for n in range(per_group)]
         self.sent = self.refused = self.reconnects = 0
         self.errors: dict[str, int] = {}
+        self.details: dict[str, str] = {}
+        """A sample of each kind of error, by stream and code."""
         self.latencies: list[tuple[float, float]] = []
         self.sessions: dict[str, asyncio.Queue] = {}
 
@@ -307,6 +318,7 @@ class Client:
     def report(self) -> dict:
         return {
             "sent": self.sent, "refused": self.refused, "reconnects": self.reconnects, "errors": self.errors,
+            "details": self.details,
             "latencies": self.latencies,
             "hosts": {h.host_id: {"group": h.group, "events": h.events, "welcomed": h.welcomed, "ended": h.ended}
                       for h in self.hosts},
@@ -362,11 +374,13 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
 
 
-def start_coordinator(store: str, timeout: str, env: dict) -> tuple[subprocess.Popen, str, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0",
-         "--store", store, "--min-replicas", "1", "--heartbeat-timeout", timeout, "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+def start_coordinator(store: str, timeout: str, env: dict, log: Path | None) -> tuple[subprocess.Popen, str, str]:
+    with open(log, "w") if log else open(os.devnull, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fthsdp", "coordinator", "--bind", "127.0.0.1:0", "--metrics-port", "0",
+             "--store", store, "--min-replicas", "1", "--heartbeat-timeout", timeout,
+             "--log-level", "info" if log else "warning"],
+            stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=ROOT)
     line = proc.stdout.readline()
     return proc, line.split("listening on ")[1].split()[0], line.split("metrics on ")[1].split()[0]
 
@@ -397,14 +411,15 @@ def wait_until(what, deadline: float, every: float = 0.5) -> bool:
 
 
 def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, timeout: str,
-        start_rate: float) -> dict:
+        start_rate: float, logs: Path | None = None) -> dict:
     from fthsdp.testing.local_etcd import EtcdServer
 
     groups = max(2, hosts // per_group)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     etcd = EtcdServer()
     etcd.start()
-    coordinators = [start_coordinator(etcd.url, timeout, env) for _ in range(2)]
+    coordinators = [start_coordinator(etcd.url, timeout, env, logs / f"coordinator-{hosts}-{k}.log" if logs else None)
+                    for k in range(2)]
     procs: list[subprocess.Popen] = []
     try:
         leader = leader_of(coordinators, time.monotonic() + 30)
@@ -512,6 +527,7 @@ def summarize(results: list[dict], groups: int, per_group: int, ranks: int, vict
         "reconnects": sum(r["reconnects"] for r in results),
         "errors": {k: sum(r["errors"].get(k, 0) for r in results) for r in results for k in r["errors"]},
         "refused_pings": sum(r["refused"] for r in results),
+        "error_samples": {k: v for r in results for k, v in r["details"].items()},
         "client_lag_s": max(r["loop_lag"] for r in results),
     }
 
@@ -525,6 +541,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--heartbeat-timeout", default="10s")
     p.add_argument("--json", default="")
+    p.add_argument("--coordinator-logs", type=Path, help="write each coordinator's log (level info) to DIR")
     p.add_argument("--start-rate", type=float, default=2000.0,
                    help="hosts started per second, all clients together (default 2000)")
     p.add_argument("--client", nargs=7, help=argparse.SUPPRESS)
@@ -537,7 +554,7 @@ def main() -> None:
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
         row = run(hosts, args.hosts_per_group, args.ranks, args.clients, args.seconds, args.heartbeat_timeout,
-                  args.start_rate)
+                  args.start_rate, args.coordinator_logs)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()

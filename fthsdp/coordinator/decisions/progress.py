@@ -98,12 +98,17 @@ class ProgressBook:
         self.median_step = median_step_time(first)
         self.limit = job_limit(self.median_step, self.rules)
         reports = {rid: self.reports[rid] for rid in members}
-        hung = find_hung(reports, self.limit, self.rules, quorum_since=self._waits_since)
-        self.stuck = None if hung else find_stuck(reports, self.limit, self._waits_since)
+        oldest_wait, shortest, longest = self._scan(reports)
         # The longest any member may now go without progress: what a replica
         # waiting in the all-reduce waits at least, for a verdict, before it gives up.
-        self.horizon = max([self.limit] + [limit_for(r, self.limit, self.rules)
-                                           for ranks in reports.values() for r in ranks.values()])
+        self.horizon = longest
+        if now - oldest_wait < shortest:
+            # Nobody has waited in an all-reduce as long as any limit: nobody can be hung or stuck yet.
+            # One cheap pass instead of the verdicts' (at 100,000 ranks, most of the coordinator's time).
+            hung, self.stuck = {}, None
+        else:
+            hung = find_hung(reports, self.limit, self.rules, quorum_since=self._waits_since)
+            self.stuck = None if hung else find_stuck(reports, self.limit, self._waits_since)
         self.scores = straggler_scores({rid: r.compute_time for rid, r in first.items()})
         stragglers = {}
         for rid, score in self.scores.items():
@@ -115,6 +120,20 @@ class ProgressBook:
             if why and rid not in hung:
                 stragglers[rid] = why
         return hung, stragglers
+
+    def _scan(self, reports: dict[str, dict[int, Report]]) -> tuple[float, float, float]:
+        """One pass over the members' reports: the earliest start of a wait in an all-reduce (inf:
+        none), and the shortest and the longest limit any process is held to (a marked section's own,
+        else the job's)."""
+        oldest, shortest, longest = float("inf"), self.limit, self.limit
+        for ranks in reports.values():
+            for r in ranks.values():
+                if r.phase == pb.PHASE_ALLREDUCE:
+                    oldest = min(oldest, r.received - r.age)
+                elif r.phase == pb.PHASE_SECTION:
+                    own = limit_for(r, self.limit, self.rules)
+                    shortest, longest = min(shortest, own), max(longest, own)
+        return oldest, shortest, longest
 
     def low_step(self, members: Iterable[str]) -> int:
         """The lowest step among the members' latest reports (any rank): past
