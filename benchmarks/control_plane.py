@@ -349,6 +349,10 @@ async def client_main(addresses: list[str], first: int, count: int, groups: int,
             print(json.dumps({"lost_at": time.monotonic()}), flush=True)
         elif line == "sent":
             print(json.dumps({"sent": sim.sent}), flush=True)
+        elif line.startswith("back "):  # hosts welcomed again since the time given (a failover)
+            since = float(line.split()[1])
+            back = sum(1 for h in sim.hosts if not h.lost and any(t > since for t, _ in h.welcomed))
+            print(json.dumps({"back": back, "of": sum(1 for h in sim.hosts if not h.lost)}), flush=True)
         elif line == "stop":
             break
     stopping = True
@@ -369,8 +373,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def scrape(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        lines = r.read().decode().splitlines()
+    """The metrics at ``url``; nothing while the coordinator does not answer (it died, or is too busy)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            lines = r.read().decode().splitlines()
+    except OSError as e:
+        print(f"  (no metrics from {url}: {e})", file=sys.stderr, flush=True)
+        return {}
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line and not line.startswith("#")}
 
 
@@ -463,8 +472,12 @@ def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, ti
         coordinators[leader][0].wait()
         other = coordinators[1 - leader][2]
         wait_until(lambda: leads(other), killed_at + 60)
-        wait_until(lambda: scrape(other).get(healthy, 0) >= groups - 1, killed_at + 60 + hosts / 20, 1.0)
-        time.sleep(max(5.0, 3 * interval))
+
+        def every_host_back() -> bool:
+            counts = [command(p, f"back {killed_at}") for p in procs]
+            return sum(c["back"] for c in counts) >= sum(c["of"] for c in counts) - per_group  # the lost group's
+        wait_until(every_host_back, killed_at + 60 + hosts / 20, 1.0)
+        time.sleep(max(5.0, 3 * interval))  # then any group the new leader drops would show
         after = scrape(other)
         taken_after = sum(v for k, v in after.items() if k.startswith("fthsdp_replicas_taken_out_total"))
         results = [command(p, "stop") for p in procs]
