@@ -4,16 +4,11 @@ Every rank of a replica but its rank 0 pings the coordinator at the
 heartbeat interval (a HeartbeatStream that asks for no answers): its step
 and progress, which the coordinator's liveness and hang checks read rank by
 rank. Under the agent the ranks ping the relay, and the relay keeps each
-rank's latest ping and sends them as one ``PingBatch`` on one upstream
-``Pings`` stream per host: the coordinator takes one message where it took
-one per rank. The ranks ping at phases of their own, so a batch waits
-until every rank known to ping has pinged again, or the shortest gap seen
-between a rank's pings has passed (``batch_due``): one batch per
-interval, each ping held at most about an interval, which the coordinator's
-timeouts (five intervals and more) allow for. A rank's first ping, and its last (it
-left), go at once. A ping that waited in the relay has that wait added to
-its progress's phase age, so that the coordinator works out the same phase
-start as from the rank itself.
+rank's latest ping and sends what came within ``WINDOW`` as one
+``PingBatch`` on one upstream ``Pings`` stream per host: the coordinator
+takes one message where it took one per rank. A ping that waited in the
+relay has that wait added to its progress's phase age, so that the
+coordinator works out the same phase start as from the rank itself.
 
 Every ping, and the rank's pings for the relay alone (``local_only``,
 every second), also tell the host's ``Liveness`` that the rank is alive
@@ -33,8 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -53,27 +47,6 @@ CODES = {code.value[0]: code for code in grpc.StatusCode}
 Key = tuple[str, str, int]
 """A pinging rank: its replica, its incarnation, its shard rank."""
 
-HOLD_CAP = 30.0
-"""The longest a ping waits for its host's others, whatever gaps were seen."""
-
-
-def batch_due(pending: Mapping[Key, float], expected: AbstractSet[Key], urgent: bool, gaps: Mapping[Key, float],
-              now: float, window: float) -> float:
-    """Seconds until the pending pings (by rank: when each came) are due upstream; 0 or less: now.
-    ``expected``: the ranks known to ping (``Pinger._known``); ``urgent``: a pending ping is a rank's
-    first or last; ``gaps``: each rank's latest gap between two pings. At least ``window`` after the
-    oldest, so that pings that come together go together; at most the shortest gap after it."""
-    if not pending:
-        return float("inf")
-    oldest = min(pending.values())
-    if urgent or expected <= pending.keys():
-        return oldest + window - now
-    seen = [gaps[key] for key in expected if key in gaps]
-    # The shortest gap: the pace the ranks are told. A rank late (a busy host) is not waited for longer,
-    # so that the others' pings reach the coordinator within two of their intervals, as its timeouts allow.
-    hold = min(HOLD_CAP, max(window, min(seen))) if seen else window
-    return oldest + hold - now
-
 
 def key_of(ping: pb.HeartbeatRequest | pb.PingRefused) -> Key:
     return ping.replica_id, ping.incarnation, ping.shard_rank
@@ -89,11 +62,6 @@ class Pinger:
         self.liveness = liveness
         self._on_silent = on_silent
         self._pending: dict[Key, tuple[pb.HeartbeatRequest, float]] = {}
-        self._known: set[Key] = set()
-        """The ranks that pinged upstream and still have a stream open: a batch waits for each of them."""
-        self._urgent = False
-        self._last_put: dict[Key, float] = {}
-        self._gaps: dict[Key, float] = {}
         self._ready = asyncio.Event()
         self._refusals: dict[Key, set[asyncio.Future]] = {}
         self._task: asyncio.Task | None = None
@@ -140,9 +108,6 @@ class Pinger:
             return refused.result() if refused in done else None
         finally:
             reader.cancel()
-            self._known.discard(key)
-            self._last_put.pop(key, None)
-            self._gaps.pop(key, None)
             if self.liveness is not None:
                 self.liveness.closed(key)
             waiting = self._refusals.get(key)
@@ -164,33 +129,16 @@ class Pinger:
                 self.liveness.heard(key_of(ping), now)
         if ping.local_only:
             return  # for this host alone
-        key = key_of(ping)
-        last = self._last_put.get(key)
-        if last is not None:
-            self._gaps[key] = now - last
-        self._last_put[key] = now
-        if ping.left:  # its last: it is waited for no more
-            self._urgent = True
-            self._known.discard(key)
-        elif key not in self._known:  # its first
-            self._urgent = True
-            self._known.add(key)
-        self._pending[key] = (ping, now)
+        self._pending[key_of(ping)] = (ping, now)
         self._ready.set()
 
     async def _batches(self) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         while True:
             await self._ready.wait()
-            while (wait := batch_due({k: came for k, (_, came) in self._pending.items()}, self._known,
-                                     self._urgent, self._gaps, loop.time(), self.window)) > 0:
-                self._ready.clear()
-                try:  # a ping that comes meanwhile may make it due sooner
-                    await asyncio.wait_for(self._ready.wait(), wait)
-                except TimeoutError:
-                    pass
+            await asyncio.sleep(self.window)
             self._ready.clear()
-            taken, self._pending, self._urgent = self._pending, {}, False
+            taken, self._pending = self._pending, {}
             if not taken:
                 continue
             now = loop.time()
