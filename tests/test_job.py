@@ -258,3 +258,33 @@ def test_a_shorter_timeout_finds_members_that_ran_out_before_the_last_decision()
     job.schedule.poll_after(10.0)
     job.set_pace(heartbeat_timeout=9.0, join_settle=RULES.join_settle)  # longer: nothing urgent
     assert not job.needs_decision(3.7) and job.needs_decision(10.0)
+
+
+def test_stored_replicas_still_coming_back_keep_the_grace_of_those_not_back_yet():
+    """A new leader's grace for the replicas in its store lasts while they
+    keep returning: at thousands of hosts their reconnections queue longer
+    than any fixed grace, and a member still in that queue is not silent."""
+    from fthsdp.coordinator.decisions.quorum_types import Member, Quorum
+    from fthsdp.coordinator.job.replica_entry import grant_reconnect_grace
+
+    job = JobState("j", RULES)
+    stored = Quorum(3, tuple(Member(i, f"{i}:1", 1, 10, 1) for i in ("a", "b", "c", "d")), step=10)
+    job.load(stored, 1, {}, now=100.0, committed_step=10)
+    grant_reconnect_grace(job.replicas, 115.0)  # the heartbeat timeout 5 s + join_timeout 10 s
+    a = registered(job, "a", "a:1", 1, 10, 3, now=101.0)
+    for t in (105.0, 109.0):
+        job.heartbeat("a", a, 10, False, "", 0, now=t)
+    b = registered(job, "b", "b:1", 1, 10, 3, now=113.0)
+    assert job.replicas["b"].view().returned
+    registered(job, "j", "j:1", 1, 0, 0, now=114.5)  # a fresh joiner, found in no store
+    assert not job.replicas["j"].view().returned
+    for rid, session in (("a", a), ("b", b)):
+        job.heartbeat(rid, session, 10, False, "", 0, now=113.5)
+        job.heartbeat(rid, session, 10, False, "", 0, now=117.0)
+    # The grace (115) is over, but b came back at 113: c and d wait until 118.
+    assert job.evaluate(117.9).members is None
+    assert job.replica_state(job.replicas["c"], 117.9, job.last_return()) != pb.REPLICA_STATE_FAILED
+    decision = job.evaluate(118.0)
+    assert decision.members is not None and {m.replica_id for m in decision.members} == {"a", "b"}
+    assert "c (not reconnected since the coordinator started)" in decision.reason
+    assert job.replica_state(job.replicas["c"], 118.0, job.last_return()) == pb.REPLICA_STATE_FAILED

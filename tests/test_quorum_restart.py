@@ -63,6 +63,23 @@ RESTART_CASES = [
     Case("no joiner is admitted while a member is not back: its step is not known",
          quorum("a", "b"), table(alive("a", step=0), awaited("b", 2, step=0), alive("j", 0, registered_at=NOW - 1)),
          None, "quorum 7 unchanged"),
+    # Thousands of hosts coming back to a new leader take longer than any fixed
+    # grace: while those found in the store keep returning, the graces last.
+    Case("the grace over, but a stored replica came back within a heartbeat timeout: still awaited",
+         quorum("a", "b", "c", "d"),
+         table(alive("a"), alive("b", registered_at=NOW - 4.9, returned=True), awaited("c", GRACE + 30),
+               awaited("d", GRACE + 30)),
+         None, "quorum 7 unchanged"),
+    Case("... and judged a heartbeat timeout after the last return",
+         quorum("a", "b", "c", "d"),
+         table(alive("a"), alive("b", registered_at=NOW - 5.0, returned=True), awaited("c", GRACE + 30),
+               awaited("d", GRACE + 30)),
+         ("a", "b"), f"c ({NOT_BACK}), d ({NOT_BACK})"),
+    Case("a replica that joined fresh, not one found in the store, extends no grace",
+         quorum("a", "b", "c", "d"),
+         table(alive("a"), alive("b", registered_at=NOW - 4.9), awaited("c", GRACE + 30),
+               awaited("d", GRACE + 30), alive("j", 0, registered_at=NOW - 0.1)),
+         ("a", "b"), f"c ({NOT_BACK}), d ({NOT_BACK})", catch_up={"j": "a"}),
     Case("members coming back keep their place, the same quorum (fast path)",
          quorum("a", "b"), table(alive("a"), alive("b", registered_at=NOW - 0.2)), None, "quorum 7 unchanged"),
 ]

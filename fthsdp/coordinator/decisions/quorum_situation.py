@@ -93,7 +93,7 @@ def classify(
     # After a coordinator (re)start, members not yet back are judged only
     # once every other member is (lost_at).
     awaited = Awaited.of(prev, replicas)
-    alive = {i: r for i, r in replicas.items() if lost_at(r, now, rules, awaited.others_back_at(i)) is None}
+    alive = {i: r for i, r in replicas.items() if awaited.lost_at(i, r, now, rules) is None}
     # While a restore is under way no member holds the state: one a restarted
     # coordinator has not heard from since is presumed lost with it (rule 9), not training on.
     gone = awaited.ids if restoring is not None else frozenset()
@@ -121,7 +121,7 @@ def _departures(leaving: Sequence[str], replicas: Mapping[str, ReplicaView], awa
     silent = []
     for i in leaving:
         r = replicas.get(i)
-        loss = lost_at(r, now, rules, awaited.others_back_at(i)) if r is not None else (now, "left", True)
+        loss = awaited.lost_at(i, r, now, rules) if r is not None else (now, "left", True)
         if loss is None:
             assert r is not None  # a replica without a view is lost ("left"), never None
             why[i] = ("restarted" if r.restarted else "not back, its state lost" if i in gone

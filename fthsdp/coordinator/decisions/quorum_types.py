@@ -125,6 +125,10 @@ class ReplicaView:
     """Set while the replica has not reconnected since this coordinator
     started (it was loaded from the store): the end of its grace to
     reconnect (``lost_at``). ``last_heartbeat`` is then the coordinator's start."""
+    returned: bool = False
+    """It registered while this coordinator awaited it (loaded from the store,
+    within its grace): while such returns go on, the others' graces last
+    (``liveness.Awaited.last_return``)."""
     lease_until: float = 0.0
     """Until when it may still commit steps under the last member lease
     granted to it, cut from the coordinator or not (fthsdp/coordinator/decisions/lease.py);

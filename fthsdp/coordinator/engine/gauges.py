@@ -41,9 +41,9 @@ def job_gauges(jobs: Iterable, lag, now: float, wall: float = 0.0) -> Iterator[t
                "The heartbeat timeout in force: stretched with the interval, plus the event loop's recent lag, by job.",
                {"job": name}, job.state.rules.heartbeat_timeout)
         counts = dict.fromkeys(pb.ReplicaState.keys()[1:], 0)
-        watches = 0
+        watches, returned_at = 0, job.state.last_return()
         for entry in job.state.replicas.values():
-            counts[pb.ReplicaState.Name(job.state.replica_state(entry, now))] += 1
+            counts[pb.ReplicaState.Name(job.state.replica_state(entry, now, returned_at))] += 1
             watches += entry.incarnation.open_watches
         for state, n in counts.items():
             label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")

@@ -35,11 +35,12 @@ async def take_over(job: ServedJob, leader: str, clock: Callable[[], float], wal
     # The longest lease a predecessor could have granted: at the pace its senders (every replica
     # it recorded, by its ranks) asked for (fthsdp/coordinator/decisions/lease.py presumed).
     senders = sum(rec.world_size or 1 for rec, _ in records.values())
-    job.state.lease_s = lease.granted(job.state.rules.member_lease, job.pacer.update(senders, now).interval)
+    pace = job.pacer.update(senders, now)
+    job.state.lease_s = lease.granted(job.state.rules.member_lease, pace.interval)
     job.state.load(quorum, revision, records, now, committed_step)
     # A restore under way goes on: its first quorum still waits for the members (restore_wait.py).
     job.state.restore = checkpoints.under_way(job.checkpoints, job.committed, quorum)
-    _grant_grace(job, now)
+    _grant_grace(job, now, pace.timeout)
     job.set_quorum(quorum_to_pb(quorum))
     if quorum is not None:
         job.remember(quorum)
@@ -57,16 +58,17 @@ async def take_over(job: ServedJob, leader: str, clock: Callable[[], float], wal
                  job.state.name, job.state.finished.step)
 
 
-def _grant_grace(job: ServedJob, now: float) -> None:
+def _grant_grace(job: ServedJob, now: float, timeout: float) -> None:
     """Every replica from the store gets a grace to reconnect before it
     is judged (fthsdp/coordinator/decisions/liveness.py ``lost_at``): a restart or a failover
     silenced them all, and after a long outage their clients take a while
     to reconnect. It is what the rules would give silent members in any
-    case: their heartbeat timeout, then the split-brain guard's
-    join_timeout."""
-    rules = job.state.rules
-    grace = rules.heartbeat_timeout + rules.join_timeout
+    case: their heartbeat timeout (``timeout``, as paced for as many
+    senders as the store lists: at thousands of hosts it is longer than the
+    configured one), then the split-brain guard's join_timeout. While they
+    keep coming back the grace lasts longer (fthsdp/coordinator/decisions/liveness.py)."""
+    grace = timeout + job.state.rules.join_timeout
     count = grant_reconnect_grace(job.state.replicas, now + grace)
     if count:
         log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
-                 "(sooner once every other member is back)", job.state.name, count, grace)
+                 "(sooner once every other member is back; longer while replicas keep coming back)", job.state.name, count, grace)

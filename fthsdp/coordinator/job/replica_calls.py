@@ -95,6 +95,7 @@ class ReplicaCalls(JobTable):
         else:
             self.schedule.soon()
         session_id = secrets.token_hex(8)
+        before = entry.incarnation
         # A fresh incarnation: nothing of the old one carries over (its standing
         # does: its cordon, mismatch and strikes, its member lease).
         entry.incarnation = Incarnation(
@@ -106,6 +107,7 @@ class ReplicaCalls(JobTable):
             # of the registration, or the group counts as silent.
             rank_heartbeats={rank: now for rank in range(1, world_size)},
             restarted=member is not None and quorum_id < member.joined_quorum_id,
+            returned=not before.heard_from and before.reconnect_by is not None,
         )
         self._senders = None
         self.progress.forget(replica_id)

@@ -68,6 +68,9 @@ class Incarnation:
     """Loaded from the store by a coordinator that just started: the end of
     its grace to reconnect (``grant_reconnect_grace``); it counts only until
     the replica is heard from."""
+    returned: bool = False
+    """It registered while this coordinator awaited it after a start (the
+    incarnation before was loaded from the store, within its grace)."""
     step: int = 0
     registered_at: float = 0.0
     last_heartbeat: float = 0.0
@@ -156,6 +159,7 @@ class ReplicaEntry:
             hung=inc.hung_reason,
             unreachable=standing.unreachable,
             reconnect_by=None if inc.heard_from else inc.reconnect_by,
+            returned=inc.returned,
             lease_until=standing.lease_until,
         )
 

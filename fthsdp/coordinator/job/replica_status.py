@@ -31,8 +31,17 @@ class JobView(Protocol):
     def is_member(self, replica_id: str) -> bool: ...
 
 
-def state_of(job: JobView, entry: ReplicaEntry, now: float) -> pb.ReplicaState:
-    if lost_at(entry.view(), now, job.rules) is not None:
+def last_return(job: JobView) -> float:
+    """``liveness.Awaited.last_return`` of the job's replicas: how long the
+    graces of those not back yet last."""
+    return max((e.incarnation.registered_at for e in job.replicas.values()
+                if e.incarnation.returned or (e.incarnation.reconnect_by is not None and not e.incarnation.heard_from)),
+               default=0.0)
+
+
+def state_of(job: JobView, entry: ReplicaEntry, now: float, returned_at: float = 0.0) -> pb.ReplicaState:
+    """``returned_at``: ``last_return(job)``, read once for many entries."""
+    if lost_at(entry.view(), now, job.rules, last_return=returned_at) is not None:
         return pb.REPLICA_STATE_FAILED
     if entry.standing.drain_requested:
         return pb.REPLICA_STATE_DRAINING
@@ -45,6 +54,7 @@ def state_of(job: JobView, entry: ReplicaEntry, now: float) -> pb.ReplicaState:
 
 def statuses(job: JobView, now: float) -> list[pb.ReplicaStatus]:
     out = []
+    returned_at = last_return(job)
     for rid in sorted(job.replicas):
         e = job.replicas[rid]
         inc = e.incarnation
@@ -52,7 +62,7 @@ def statuses(job: JobView, now: float) -> list[pb.ReplicaStatus]:
         agent_state, restarts, agent_detail = job.agents.get(rid, (pb.AGENT_STATE_UNSPECIFIED, 0, ""))
         status = pb.ReplicaStatus(
             replica_id=rid,
-            state=state_of(job, e, now),
+            state=state_of(job, e, now, returned_at),
             step=inc.step,
             heartbeat_age_s=round(now - inc.last_heartbeat, 3) if inc.heard_from else -1.0,
             address=inc.address,

@@ -128,8 +128,12 @@ class JobTable:
 
     # ----- views ---------------------------------------------------------------------
 
-    def replica_state(self, entry: ReplicaEntry, now: float) -> int:
-        return replica_status.state_of(self, entry, now)
+    def replica_state(self, entry: ReplicaEntry, now: float, returned_at: float = 0.0) -> int:
+        """``returned_at``: ``replica_status.last_return``, read once for many entries."""
+        return replica_status.state_of(self, entry, now, returned_at)
+
+    def last_return(self) -> float:
+        return replica_status.last_return(self)
 
     def replica_statuses(self, now: float) -> list[pb.ReplicaStatus]:
         return replica_status.statuses(self, now)
