@@ -149,3 +149,54 @@ def test_an_agent_reporting_a_failure_of_a_member_not_back_yet_ends_its_grace():
         assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
         assert "r2 (reported failed)" in job.state.quorum.reason
     asyncio.run(scenario())
+
+
+def test_the_grace_is_paced_for_as_many_senders_as_the_store_lists(caplog):
+    """At thousands of hosts the pace stretches the heartbeat timeout; a
+    grace from the configured one would end before the replicas are even
+    expected to have heartbeated once."""
+    import dataclasses
+
+    async def scenario():
+        clock = Clock()
+        store = MemoryStore()
+        config = dataclasses.replace(CONFIG, heartbeat_budget=1.0)  # 3 senders at most 1 a second: a 3 s interval
+        first = CoordinatorRuntime(config, store, "coord:1", clock=clock, wall=lambda: 1000.0)
+        first.leading = True
+        for rid in IDS:
+            await register(first, rid)
+        clock.t = 0.5
+        await first.evaluate(first.jobs["default"])
+        clock.t = 100.0
+        second = CoordinatorRuntime(config, store, "coord:1", clock=clock, wall=lambda: 1100.0)
+        with caplog.at_level(logging.INFO, logger="fthsdp.coordinator"):
+            await second._load(second.jobs["default"])
+    asyncio.run(scenario())
+    paced = 3 * CONFIG.heartbeat_timeout + CONFIG.join_timeout  # the timeout stretched with the interval
+    assert f"job default: 3 replicas from the store; each has {paced:g}s to reconnect" in caplog.text
+
+
+def test_the_grace_lasts_while_replicas_from_the_store_keep_coming_back():
+    async def scenario():
+        clock = Clock()
+        runtime, qid = await trained_then_restarted(clock)
+        job = runtime.jobs["default"]
+        clock.t = 100.0 + GRACE - 1.0
+        await register(runtime, "r0", qid, 40)  # r1 and r2 still in the queue
+        for t in (100.0 + GRACE + 1.0, 100.0 + GRACE + CONFIG.heartbeat_timeout - 1.5):
+            clock.t = t
+            beat(runtime, "r0")
+            await runtime.evaluate(job)
+            assert job.state.quorum.id == qid, job.state.reason  # past the grace, within r0's return + timeout
+        await register(runtime, "r1", qid, 40)
+        back = clock.t
+        clock.t = back + CONFIG.heartbeat_timeout - 0.5
+        for rid in ("r0", "r1"):
+            beat(runtime, rid)
+        await runtime.evaluate(job)
+        assert job.state.quorum.id == qid, job.state.reason
+        clock.t = back + CONFIG.heartbeat_timeout
+        await runtime.evaluate(job)
+        assert job.state.quorum.member_ids == ("r0", "r1"), job.state.reason
+        assert "r2 (not reconnected since the coordinator started)" in job.state.quorum.reason
+    asyncio.run(scenario())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from fthsdp.coordinator.decisions.liveness import Awaited, lost_at
+from fthsdp.coordinator.decisions.liveness import Awaited
 from fthsdp.coordinator.decisions.quorum_types import Quorum, ReplicaView, Restoring, Rules
 
 

@@ -71,4 +71,5 @@ def _grant_grace(job: ServedJob, now: float, timeout: float) -> None:
     count = grant_reconnect_grace(job.state.replicas, now + grace)
     if count:
         log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
-                 "(sooner once every other member is back; longer while replicas keep coming back)", job.state.name, count, grace)
+                 "(sooner once every other member is back; longer while replicas keep coming back)",
+                 job.state.name, count, grace)
