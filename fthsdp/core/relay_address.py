@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Sequence
 
 LOCAL_PING_EVERY = 1.0
@@ -12,3 +14,22 @@ agent sees a stopped rank in seconds whatever the coordinator's pace (fthsdp/age
 def through_relay(addresses: Sequence[str]) -> bool:
     """Whether these are a node agent's relay (a Unix socket) rather than coordinators."""
     return any(address.startswith("unix:") for address in addresses)
+
+
+def ping_phase(relay: str) -> float:
+    """Where in each heartbeat interval the ranks behind the relay at ``relay`` ping, as a share of it
+    (0 to 1). The same for every rank of one agent (its relay's address is drawn at random per agent), so
+    their pings come together and the relay sends them upstream as one batch; spread over the interval
+    across hosts, so that thousands of hosts do not send at the same instant."""
+    digest = hashlib.blake2b(relay.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def until_next_ping(now: float, interval: float, phase: float) -> float:
+    """Seconds from ``now`` (a clock every process of the host shares: ``time.monotonic``) to the next
+    instant at ``phase`` of an ``interval``: in (0, interval]."""
+    if interval <= 0:
+        raise ValueError(f"interval must be positive, got {interval}")
+    offset = phase * interval
+    slot = math.floor((now - offset) / interval) + 1
+    return max(slot * interval + offset - now, 0.0) or interval

@@ -6,7 +6,10 @@ and progress, which the coordinator's liveness and hang checks read rank by
 rank. Under the agent the ranks ping the relay, and the relay keeps each
 rank's latest ping and sends what came within ``WINDOW`` as one
 ``PingBatch`` on one upstream ``Pings`` stream per host: the coordinator
-takes one message where it took one per rank. A ping that waited in the
+takes one message where it took one per rank. The ranks of one host ping
+at the same phase of each interval (fthsdp/core/relay_address.py
+``ping_phase``), so that their pings of one interval come within one
+window and go as one batch. A ping that waited in the
 relay has that wait added to its progress's phase age, so that the
 coordinator works out the same phase start as from the rank itself.
 

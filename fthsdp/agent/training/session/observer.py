@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from fthsdp.agent.training.quorum_view import QuorumView
@@ -21,6 +22,7 @@ from fthsdp.agent.training.session.pushes import Listener, Pushes, WatchFollower
 from fthsdp.agent.training.session.report import ReplicaReport, Reporting
 from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import CoordinatorUnavailable, FthsdpError, RequestRejected
+from fthsdp.core.relay_address import ping_phase, through_relay, until_next_ping
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.membership")
@@ -49,6 +51,10 @@ class Observer:
         self._threads: list[threading.Thread] = []
         self._local = LocalPings(client, job, replica_id, shard_rank, incarnation)
         """Its liveness for its node agent, under one (fthsdp/agent/training/session/local_pings.py)."""
+        self._phase = ping_phase(client.addresses[0]) if through_relay(client.addresses) else None
+        """Under a node agent: where in each interval its pings go, the same for every rank of the host, so
+        that the relay sends them upstream as one batch (fthsdp/agent/node/relay/pings.py); None: every
+        interval from its own start."""
 
     @property
     def report(self) -> ReplicaReport:
@@ -75,6 +81,8 @@ class Observer:
                 log.debug("rank %d ping: %s", self.shard_rank, e)
             event = self.view.latest
             interval = event.heartbeat_interval_s if event is not None and event.heartbeat_interval_s else 0.5
+            if self._phase is not None:
+                interval = until_next_ping(time.monotonic(), interval, self._phase)
             if self._stop.wait(interval):
                 return
 
