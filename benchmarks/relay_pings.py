@@ -2,6 +2,7 @@
 host (the agent's relay), measured in the same run.
 
     python benchmarks/relay_pings.py [--hosts 100,400] [--ranks 8] [--seconds 10] [--interval 1]
+    python benchmarks/relay_pings.py --fit 2,8,32,128 [--hosts 300]
 
 One coordinator process (embedded store). A client process registers
 ``hosts`` replicas of ``ranks`` ranks each (one host each) and, for
@@ -17,6 +18,13 @@ with progress, at random phases per host:
 The coordinator's CPU (user + system, from /proc) over the window, as a
 share of one core, and its ratio batched / per rank. Rank 0's session and
 the Host streams are left out: they are the same either way.
+
+``--fit``: batched only, ``hosts`` batches a second of each size in turn
+(the pings of 2, 8, 32, 128 ranks: a host, or a group's hosts gathered by
+one of them), and the least-squares line through the coordinator's CPU per
+batch: a cost per message (gRPC's, the event loop's) and a cost per ping
+(recording it). Whether gathering a group's pings into one message pays
+is read from the two.
 """
 
 from __future__ import annotations
@@ -149,7 +157,12 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--fit", default="", help="batch sizes (pings per message) to fit a cost per message and per "
+                                               "ping to, batched only, at the first of --hosts")
     args = p.parse_args()
+    if args.fit:
+        fit(int(args.hosts.split(",")[0]), [int(n) for n in args.fit.split(",")], args.seconds, args.interval)
+        return
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
         pair = {mode: run(hosts, args.ranks, args.seconds, args.interval, mode) for mode in ("per-rank", "batched")}
@@ -165,6 +178,28 @@ def main() -> None:
         ratio = b["coordinator_cores"] / a["coordinator_cores"] if a["coordinator_cores"] else float("nan")
         print(f"| {a['hosts']} | {a['ranks']} | {a['pings_per_s']} | {a['coordinator_cores']:.3f} | "
               f"{b['coordinator_cores']:.3f} | {ratio:.2f} | {a['refused'] + b['refused']} |")
+
+
+def fit(hosts: int, sizes: list[int], seconds: float, interval: float) -> None:
+    rows = []
+    for n in sizes:
+        row = run(hosts, n + 1, seconds, interval, "batched")  # rank 0 pings on its session: n others
+        per_batch = row["coordinator_cores"] * interval / hosts
+        rows.append((n, per_batch, row))
+        print(json.dumps({**row, "pings_per_batch": n, "cpu_per_batch_us": round(per_batch * 1e6, 1)}), flush=True)
+    xs, ys = [float(n) for n, _, _ in rows], [y for _, y, _ in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - slope * mx
+    print()
+    print(f"{hosts} batches a second, {seconds:g} s each:")
+    print()
+    print("| pings per batch | coordinator CPU (cores) | CPU per batch | fit: per message + per ping |")
+    print("|---:|---:|---:|---:|")
+    for n, y, row in rows:
+        print(f"| {n} | {row['coordinator_cores']:.3f} | {y * 1e6:.0f} µs | {(fixed + slope * n) * 1e6:.0f} µs |")
+    print()
+    print(f"per message {fixed * 1e6:.0f} µs, per ping {slope * 1e6:.1f} µs")
 
 
 if __name__ == "__main__":
