@@ -64,8 +64,11 @@ async def client(address: str, hosts: int, ranks: int, seconds: float, interval:
     channel = grpc.aio.insecure_channel(address)
     stub = pb_grpc.CoordinatorStub(channel)
     for h in range(hosts):
-        await stub.Register(pb.RegisterRequest(job="default", replica_id=f"h{h}", address=f"h{h}:1",
-                                               world_size=ranks, incarnation=f"inc-{h}"))
+        session = (await stub.Register(pb.RegisterRequest(job="default", replica_id=f"h{h}", address=f"h{h}:1",
+                                                          world_size=ranks, incarnation=f"inc-{h}"))).session_id
+        # One heartbeat of rank 0: the replica is admitted and the quorum settles, so that the decision
+        # loop idles through the window instead of polling for a rank 0 that never speaks.
+        await stub.Heartbeat(pb.HeartbeatRequest(job="default", replica_id=f"h{h}", session_id=session))
     stop = time.monotonic() + seconds + 2.0  # the parent measures the last ``seconds``
     sent = {"messages": 0, "pings": 0, "refused": 0}
 
