@@ -174,6 +174,7 @@ def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, ti
         time.sleep(max(5.0, 3 * interval))  # then any group the new leader drops would show
         after = scrape(other)
         taken_after = sum(v for k, v in after.items() if k.startswith("fthsdp_replicas_taken_out_total"))
+        settled_at = time.monotonic()  # stopping the clients next closes their streams: groups leave then
         results = [command(p, "stop") for p in procs]
     finally:
         for p in procs:
@@ -184,7 +185,7 @@ def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, ti
         etcd.stop()
     return summarize(results, groups, per_group, ranks, victim_group, started, join_time, joined,
                      (t0, t1, c1 - c0, k1 - k0, sent1 - sent0), lost_at, killed_at, interval,
-                     (taken_before, taken_after, after.get(healthy, 0)))
+                     (taken_before, taken_after, after.get(healthy, 0), settled_at))
 
 
 def summarize(results: list[dict], groups: int, per_group: int, ranks: int, victim_group: int, started: float,
@@ -209,7 +210,8 @@ def summarize(results: list[dict], groups: int, per_group: int, ranks: int, vict
     # Every host back on the new leader: its first welcome after the kill.
     survivors = [h for h in hosts.values() if h["group"] != victim_group]
     back = [min((t for t, _ in h["welcomed"] if t > killed_at), default=float("inf")) - killed_at for h in survivors]
-    shrank = [e for h in survivors for e in h["events"] if e[0] > killed_at and e[2] and e[2] < groups - 1]
+    # A quorum without a healthy group, from the kill until the measurement ended (not the clients' stop).
+    shrank = [e for h in survivors for e in h["events"] if killed_at < e[0] < taken[3] and e[2] and e[2] < groups - 1]
     n = len(survivors)
     # Joined: every host's Watch shows a quorum of every group (the healthy gauge polled above says when to go on).
     first_full = [min((e[0] for e in h["events"] if e[2] == groups and e[0] < lost_at), default=float("inf"))
