@@ -16,7 +16,8 @@ OPERATIONS = DOCS / "operations.md"
 PAGES = (README, *sorted(DOCS.glob("*.md")))
 """The README and every docs page: their links and flags are checked."""
 SCRIPTS = (ROOT / "fthsdp" / "examples" / "gpt" / "train.py", ROOT / "examples" / "nanogpt" / "train.py",
-           ROOT / "benchmarks" / "goodput_sim.py", ROOT / "benchmarks" / "accuracy.py")
+           ROOT / "benchmarks" / "goodput_sim.py", ROOT / "benchmarks" / "accuracy.py",
+           ROOT / "benchmarks" / "relay_pings.py")
 """Scripts whose own flags the docs may name (`python -m fthsdp.examples.gpt.train --fail-at-step 100`)."""
 SUBCOMMAND = re.compile(
     r"\bfthsdp (coordinator|agent|status|drain|cordon|uncordon|give-up-state|reopen-job|demo)\b(.*?)(?:`|$| -- )")
