@@ -231,6 +231,17 @@ def _store(store: str) -> None:
         raise InvalidRequest(str(e)) from e
 
 
+def check_ping_batch(batch) -> None:
+    """A PingBatch's own fields (its pings are checked one by one, each refused alone)."""
+    check_job_field(batch.job, allow_empty=True)
+    if len(batch.hosts) > MAX_NODES:
+        raise InvalidRequest(f"a ping batch speaks for {len(batch.hosts)} hosts; a group has at most {MAX_NODES}")
+    for host_id in batch.hosts:
+        problem = name_problem("hosts entry", host_id, MAX_REPLICA_ID_LEN)
+        if problem:
+            raise InvalidRequest(problem)
+
+
 def check_host_request(req) -> None:
     """A Host stream's message after the hello."""
     which = req.WhichOneof("message")

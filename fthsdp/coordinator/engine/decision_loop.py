@@ -342,7 +342,8 @@ class DecisionLoop:
         ranks and the hosts' agents alike; watchers and hosts are told a new
         interval at once."""
         before = job.pacer.current
-        senders = job.state.senders() + job.hosts.streams  # every rank, and every host's agent
+        # Every rank or its batches' streams, and every host's agent whose heartbeats no batch carries.
+        senders = job.state.senders() + job.ping_streams + job.hosts.streams - job.hosts.carried
         now = self.clock()
         pace = job.pacer.update(senders, now)
         # Silence that is the coordinator's own (its loop ran late, or every

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.engine import checkpoints, committed, job_store
@@ -200,6 +200,13 @@ class CoordinatorRuntime:
         if req.shard_rank == 0 and req.ready != was_ready:
             self.wake()
         return response
+
+    def hosts_beat(self, job: str, hosts: Iterable[str]) -> None:
+        """A ping batch speaks for ``hosts`` of ``job`` (PingBatch.hosts): each counts as a heartbeat on its
+        Host stream."""
+        table, now = self.job(job).hosts, self.clock()
+        for host_id in hosts:
+            table.beat(host_id, now, carried=True)
 
     def count_heartbeats(self, job: str, n: int) -> None:
         """``n`` heartbeats of ``job`` taken with ``counted=False``."""

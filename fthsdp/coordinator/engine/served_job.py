@@ -60,6 +60,9 @@ class ServedJob:
         self.lease_wait: tuple[int, frozenset[str]] = (0, frozenset())
         """The quorum whose members' leases the decision waits out and the replicas its ``lease_wait`` events
         named: one event per wait (decision_loop._log_lease_wait)."""
+        self.ping_streams = 0
+        """Pings streams open that carry this job's pings (a host's relay, or a group's host 0 for its hosts):
+        each a heartbeat sender of one batch per interval, counted in the heartbeat budget."""
         self.hosts = HostTable(name, settings.rendezvous)
         """The hosts of the job's groups of several hosts and their rounds (fthsdp/coordinator/hosts/table.py)."""
         self.history: deque[dict] = deque(maxlen=HISTORY_LENGTH)

@@ -40,6 +40,9 @@ class Link:
     """The agent's own id (HostHello.incarnation): only it may say hello as this host while the stream is open."""
     address: str = ""
     since: float = 0.0
+    carried: bool = False
+    """Its heartbeats come in ping batches (PingBatch.hosts), not on its stream: it is no heartbeat sender
+    of its own (``HostIndex.carried``)."""
 
 
 class HostIndex:
@@ -55,6 +58,8 @@ class HostIndex:
         self._links: dict[str, Link] = {}
         self._streams = 0
         """Links of an open stream (``connection`` set), kept as they come and go: read every tick."""
+        self._carried = 0
+        """Of those, the links whose heartbeats come in ping batches (``Link.carried``)."""
         self._silent = Due(strict=True)
         """Streams by when their host was last heard (at the time of the entry): lost once silent past the
         heartbeat timeout (``now - last_seen > timeout``, strictly, as before)."""
@@ -97,13 +102,21 @@ class HostIndex:
         self._unlink(host_id)
         self._links[host_id] = link
         self._streams += bool(link.connection)
+        self._carried += bool(link.connection and link.carried)
         self._silent.add(link.last_seen, host_id, link)
 
     def _unlink(self, host_id: str) -> Link | None:
         link = self._links.pop(host_id, None)
         if link is not None:
             self._streams -= bool(link.connection)
+            self._carried -= bool(link.connection and link.carried)
         return link
+
+    def _carry(self, link: Link, carried: bool) -> None:
+        """The host's heartbeats come in ping batches from now (``carried``), or on its stream again."""
+        if link.connection and link.carried != carried:
+            self._carried += 1 if carried else -1
+        link.carried = carried
 
     def _members(self, group: str) -> list[Host]:
         """The hosts of ``group`` (counted as visited)."""
@@ -127,8 +140,14 @@ class HostIndex:
 
     @property
     def streams(self) -> int:
-        """Host streams open: each a heartbeat sender, counted in the job's heartbeat budget."""
+        """Host streams open."""
         return self._streams
+
+    @property
+    def carried(self) -> int:
+        """Host streams open whose heartbeats come in ping batches: the others are heartbeat senders of their
+        own, counted in the job's heartbeat budget (``streams - carried``)."""
+        return self._carried
 
     def pace(self, interval: float) -> None:
         """Tell every connected host its heartbeat interval from now on (the pace changed: rare, in steps)."""

@@ -88,6 +88,7 @@ async def serve(runtime, requests: AsyncIterator, check,
         if message is not None and message.WhichOneof("message") == "welcome":
             # The pace of every sender, hosts included; a change is pushed (HostIndex.pace).
             message.welcome.heartbeat_interval = job.pacer.current.interval
+            message.welcome.beats_in_batches = True  # PingBatch.hosts: fthsdp/coordinator/serving/servicer.py
         out.put_nowait(message)
 
     try:

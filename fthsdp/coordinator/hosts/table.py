@@ -175,8 +175,15 @@ class HostTable(GroupRounds):
                 self._remove(member.host_id)
             group.reason = f"round {group.current.number}: every host left ({reason})"
 
-    def beat(self, host_id: str, now: float) -> None:
-        self._known(host_id, now)
+    def beat(self, host_id: str, now: float, carried: bool = False) -> None:
+        """The host is alive: a heartbeat on its stream, or its id in a ping batch (``carried``: its stream
+        sends no heartbeats of its own while batches carry it). A batch speaks only for a host whose stream
+        is open: one known only from the others' hellos must come back itself."""
+        link = self._links.get(host_id)
+        if link is None or (carried and not link.connection):
+            return
+        link.last_seen = now
+        self._carry(link, carried)
 
     def closed(self, host_id: str, connection: int, now: float) -> None:
         """The stream of connection ``connection`` ended; a host that did not

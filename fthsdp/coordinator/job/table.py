@@ -158,11 +158,10 @@ class JobTable:
 
     def senders(self) -> int:
         """What heartbeats, as the pace counts it: every rank of every registered
-        replica, or, where its ranks' pings come batched per host, its rank 0
-        and one batch per host (its agents)."""
+        replica, or, where its ranks' pings come batched, its rank 0 alone (the
+        batches are counted as the Pings streams that carry them: ``ServedJob.ping_streams``)."""
         if self._senders is None:
-            self._senders = sum(1 + len(e.incarnation.agent_ids) if e.incarnation.pings_batched
-                                else e.incarnation.world_size
+            self._senders = sum(1 if e.incarnation.pings_batched else e.incarnation.world_size
                                 for e in self.replicas.values() if e.incarnation.session_id is not None)
         return self._senders
 

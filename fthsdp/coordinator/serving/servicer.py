@@ -201,30 +201,48 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def Pings(self, request_iterator, context):
         # A host's ranks' pings, coalesced by its agent's relay: each taken as
         # a HeartbeatStream message is; a refused one is answered alone (its
-        # rank's local stream ends with the status) and the others go on.
-        async for batch in request_iterator:
-            try:
-                _check_request(batch, self.max_request_bytes)
-            except FthsdpError as e:
-                await context.abort(status_code_for(e), str(e))
-            names: set[str] = set()  # checked once per batch: a host's ranks name the same job and group
-            counted: dict[str, int] = {}
-            for ping in batch.pings:
+        # rank's local stream ends with the status) and the others go on. The
+        # hosts a batch names are heartbeats of their Host streams. The stream
+        # is one heartbeat sender of each job it carries, while it is open.
+        senders: set[str] = set()
+        try:
+            async for batch in request_iterator:
                 try:
-                    if ping.job not in names:
-                        validation.check_job_field(ping.job, allow_empty=True)
-                        names.add(ping.job)
-                    validation.check_heartbeat(ping, names)
-                    if ping.ack:
-                        raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
-                    self.runtime.heartbeat(ping, batched=True, counted=False)
-                    counted[ping.job] = counted.get(ping.job, 0) + 1
+                    _check_request(batch, self.max_request_bytes)
+                    validation.check_ping_batch(batch)
                 except FthsdpError as e:
-                    yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
-                                         incarnation=ping.incarnation, code=status_code_for(e).value[0],
-                                         details=str(e))
-            for job, n in counted.items():
-                self.runtime.count_heartbeats(job, n)
+                    await context.abort(status_code_for(e), str(e))
+                if batch.hosts:
+                    self._send_for(batch.job, senders)
+                    self.runtime.hosts_beat(batch.job, batch.hosts)
+                names: set[str] = set()  # checked once per batch: a host's ranks name the same job and group
+                counted: dict[str, int] = {}
+                for ping in batch.pings:
+                    try:
+                        if ping.job not in names:
+                            validation.check_job_field(ping.job, allow_empty=True)
+                            names.add(ping.job)
+                            self._send_for(ping.job, senders)
+                        validation.check_heartbeat(ping, names)
+                        if ping.ack:
+                            raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
+                        self.runtime.heartbeat(ping, batched=True, counted=False)
+                        counted[ping.job] = counted.get(ping.job, 0) + 1
+                    except FthsdpError as e:
+                        yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
+                                             incarnation=ping.incarnation, code=status_code_for(e).value[0],
+                                             details=str(e))
+                for job, n in counted.items():
+                    self.runtime.count_heartbeats(job, n)
+        finally:
+            for job in senders:
+                self.runtime.job(job).ping_streams -= 1
+
+    def _send_for(self, job: str, senders: set[str]) -> None:
+        """The Pings stream carries ``job``'s heartbeats: one sender more for its pace (once per stream)."""
+        if job not in senders:
+            self.runtime.job(job).ping_streams += 1
+            senders.add(job)
 
     async def Session(self, request_iterator, context):
         # fthsdp/coordinator/serving/session_stream.py

@@ -188,10 +188,14 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class PingBatch(_message.Message):
-    __slots__ = ("pings",)
+    __slots__ = ("pings", "job", "hosts")
     PINGS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
     pings: _containers.RepeatedCompositeFieldContainer[HeartbeatRequest]
-    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ...) -> None: ...
+    job: str
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ..., job: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PingRefused(_message.Message):
     __slots__ = ("replica_id", "shard_rank", "incarnation", "code", "details")
@@ -798,14 +802,16 @@ class HostRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[HostHello, _Mapping]] = ..., join: _Optional[_Union[HostJoin, _Mapping]] = ..., failure: _Optional[_Union[HostFailure, _Mapping]] = ..., leave: _Optional[_Union[HostLeave, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
 class HostWelcome(_message.Message):
-    __slots__ = ("host_id", "heartbeat_interval", "round")
+    __slots__ = ("host_id", "heartbeat_interval", "round", "beats_in_batches")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    BEATS_IN_BATCHES_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     heartbeat_interval: float
     round: int
-    def __init__(self, host_id: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
+    beats_in_batches: bool
+    def __init__(self, host_id: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., round: _Optional[int] = ..., beats_in_batches: _Optional[bool] = ...) -> None: ...
 
 class RoundComplete(_message.Message):
     __slots__ = ("round", "node_rank", "store", "hosts")

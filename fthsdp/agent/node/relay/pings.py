@@ -11,7 +11,10 @@ at the same phase of each interval (fthsdp/core/relay_address.py
 ``ping_phase``), so that their pings of one interval come within one
 window and go as one batch. A ping that waited in the
 relay has that wait added to its progress's phase age, so that the
-coordinator works out the same phase start as from the rank itself.
+coordinator works out the same phase start as from the rank itself. Each
+batch also names the host, whose Host stream then leaves out its own
+heartbeats (fthsdp/agent/node/relay/host_beats.py): one message per host per
+interval.
 
 Every ping, and the rank's pings for the relay alone (``local_only``,
 every second), also tell the host's ``Liveness`` that the rank is alive
@@ -35,6 +38,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from fthsdp.agent.node.relay.host_beats import CarriedBeats
 from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
@@ -64,6 +68,8 @@ class Pinger:
         self.window = window
         self.liveness = liveness
         self._on_silent = on_silent
+        self.beats = CarriedBeats()
+        """The hosts the batches speak for (their Host streams' heartbeats: fthsdp/agent/node/relay/host_beats.py)."""
         self._pending: dict[Key, tuple[pb.HeartbeatRequest, float]] = {}
         self._ready = asyncio.Event()
         self._refusals: dict[Key, set[asyncio.Future]] = {}
@@ -150,6 +156,7 @@ class Pinger:
                 if ping.HasField("progress"):
                     ping.progress.phase_age_s += now - came  # the phase began as long ago as the rank said
                 batch.pings.append(ping)
+            self.beats.name(batch, now)
             self.batches += 1
             self.pings += len(taken)
             yield batch.SerializeToString()

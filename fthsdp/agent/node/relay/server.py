@@ -14,7 +14,9 @@ forwarded as bytes (nothing is parsed but a Watch request, to share it):
   pings for the relay alone tell it each rank is alive (``silent()``:
   fthsdp/agent/node/relay/liveness.py);
 * the other streams (Session, a HeartbeatStream that asks for answers,
-  Host) one upstream stream each, over the agent's one connection.
+  Host) one upstream stream each, over the agent's one connection; the
+  Host stream less the heartbeats that the ping batches carried
+  (fthsdp/agent/node/relay/host_beats.py).
 
 A caller must present the job's token, as it would to the coordinator. The
 operators' calls (Drain, Cordon, Inject, ...) are not forwarded: they need
@@ -37,6 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from fthsdp.agent.node.relay.fanout import UpstreamEnded, WatchFanout, shareable
+from fthsdp.agent.node.relay.host_beats import HostStream
 from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.pings import CODES, Pinger
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
@@ -170,6 +173,8 @@ class Calls:
                 handlers[name] = grpc.unary_stream_rpc_method_handler(self.watch)
             elif name == "HeartbeatStream":
                 handlers[name] = grpc.stream_stream_rpc_method_handler(self.heartbeat_stream)
+            elif name == "Host":
+                handlers[name] = grpc.stream_stream_rpc_method_handler(self.host_stream)
             elif client_streaming or server_streaming:
                 assert client_streaming and server_streaming, f"{name}: the relay forwards bidirectional streams"
                 handlers[name] = grpc.stream_stream_rpc_method_handler(self._stream(method))
@@ -214,6 +219,19 @@ class Calls:
             async for item in self._pipe(index, call, context):
                 yield item
         return forward
+
+    async def host_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext):
+        """The agent's Host stream, less the heartbeats its host's ping batches carried."""
+        await self._authorize(context)
+        stream = HostStream(self.pinger.beats, asyncio.get_running_loop().time)
+        index, channel = self.upstream.channel()
+        call = channel.stream_stream(SERVICE + "Host")(stream.requests(requests), metadata=self.upstream.metadata)
+        try:
+            async for item in self._pipe(index, call, context):
+                stream.pushed(item)
+                yield item
+        finally:
+            stream.close()
 
     async def heartbeat_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext):
         """A rank's pings (no answers asked) go with the host's others (``Pinger``); a stream that asks for
