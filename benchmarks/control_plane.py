@@ -1,7 +1,8 @@
 """The control plane at the real shape, over gRPC: groups of hosts of 8 ranks, as the agents' relays speak.
 
     python benchmarks/control_plane.py [--hosts 1000,4000,12500] [--hosts-per-group 16] [--ranks 8]
-        [--clients 3] [--seconds 20] [--heartbeat-timeout 10s] [--start-rate 2000] [--json FILE]
+        [--clients 3] [--seconds 20] [--heartbeat-timeout 10s] [--start-rate 2000]
+        [--shape host|folded|tree] [--json FILE]
 
 Two coordinator processes on one private etcd (one leads, one follows), and
 ``--clients`` processes that simulate the hosts. Each simulated host does
@@ -9,7 +10,8 @@ what a host's agent and its relay (fthsdp/agent/node/relay/) send upstream,
 on one connection of its own:
 
 * a Host stream: hello, a join of each round, a heartbeat at the interval
-  the coordinator sets (fthsdp/agent/node/host_link.py);
+  the coordinator sets (fthsdp/agent/node/host_link.py), left out while a
+  batch names the host (``--shape``: fthsdp/agent/node/relay/host_beats.py);
 * one Watch, shared by its ranks (the relay's fan-out): every event parsed;
 * one Pings stream: its ranks' pings with their progress, one batch per
   heartbeat interval (fthsdp/agent/node/relay/pings.py);
@@ -57,6 +59,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.control_plane_hosts import SHAPES  # noqa: E402 - after the path
 
 # ----- the parent ------------------------------------------------------------------------
 
@@ -114,7 +118,7 @@ def wait_until(what, deadline: float, every: float = 0.5) -> bool:
 
 
 def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, timeout: str,
-        start_rate: float, logs: Path | None = None) -> dict:
+        start_rate: float, logs: Path | None = None, shape: str = "folded") -> dict:
     from fthsdp.testing.local_etcd import EtcdServer
 
     groups = max(2, hosts // per_group)
@@ -132,7 +136,7 @@ def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, ti
         for count in per:
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--client", addresses, str(first), str(count), str(groups),
-                 str(per_group), str(ranks), str(start_rate / clients)],
+                 str(per_group), str(ranks), str(start_rate / clients), shape],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
             first += count
         for p in procs:
@@ -253,32 +257,37 @@ def main() -> None:
     p.add_argument("--coordinator-logs", type=Path, help="write each coordinator's log (level info) to DIR")
     p.add_argument("--start-rate", type=float, default=2000.0,
                    help="hosts started per second, all clients together (default 2000)")
-    p.add_argument("--client", nargs=7, help=argparse.SUPPRESS)
+    p.add_argument("--shape", default="folded", help="how a host's heartbeats go: " + "; ".join(
+        f"{name}: {what}" for name, what in SHAPES.items()) + " (default folded, as the agents send them)")
+    p.add_argument("--client", nargs=8, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
-        addresses, first, count, groups, per_group, ranks, rate = args.client
+        addresses, first, count, groups, per_group, ranks, rate, shape = args.client
         from benchmarks.control_plane_hosts import client_main
 
         asyncio.run(client_main(addresses.split(","), int(first), int(count), int(groups), int(per_group),
-                                int(ranks), float(rate)))
+                                int(ranks), float(rate), shape))
         return
+    if args.shape not in SHAPES:
+        p.error(f"--shape {args.shape!r}: one of {', '.join(SHAPES)}")
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
         row = run(hosts, args.hosts_per_group, args.ranks, args.clients, args.seconds, args.heartbeat_timeout,
-                  args.start_rate, args.coordinator_logs)
+                  args.start_rate, args.coordinator_logs, args.shape)
+        row["shape"] = args.shape
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
-    print("| hosts | groups | ranks | join | interval | coordinator cores | clients' cores | messages/s | "
+    print("| shape | hosts | groups | ranks | join | interval | coordinator cores | clients' cores | messages/s | "
           "heartbeat p50 / p99 | host lost → every surviving host told | → its group stopped | bytes per host | "
           "failover: every host back | healthy groups dropped | clients' worst lag |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         def secs(v, n=None, of=None):
             return f"{v:.2f} s" if v is not None else f"{n} of {of}"
         dropped = int(r["groups"] - 1 - r["failover_healthy"])
         joined = "" if r["joined"] else " (not all)"
-        print(f"| {r['hosts']} | {r['groups']} | {r['ranks']} | {r['join_s']:.0f} s{joined}"
+        print(f"| {r['shape']} | {r['hosts']} | {r['groups']} | {r['ranks']} | {r['join_s']:.0f} s{joined}"
               f" | {r['interval_s']:g} s | {r['cores']:.2f} | {r['client_cores']:.2f} | {r['messages_per_s']} | "
               f"{r['p50_ms']} / {r['p99_ms']} ms | {secs(r['told_s'], r['told'], r['survivors'])} | "
               f"{secs(r['group_stopped_s'])} | {r['bytes_per_host']} | "

@@ -6,7 +6,7 @@ its ranks' progress, and for node rank 0 its group's Session; each stream
 on its own connection to the coordinator it talks to, reopened on its own
 after a jittered back-off, at the next coordinator when this one did not
 answer. The ranks are counters stepping in lockstep on the shared
-CLOCK_MONOTONIC. The parent process drives it with lines on stdin
+CLOCK_MONOTONIC. ``shape`` is how a host's heartbeats go (``SHAPES``). The parent process drives it with lines on stdin
 (``lose HOST``, ``sent``, ``back T``, ``stop``), answered in JSON on stdout.
 """
 
@@ -24,6 +24,14 @@ RETRY_FIRST, RETRY_CAP = 0.2, 2.0
 """The agents' reconnect back-off (fthsdp/agent/node/host_link.py): equal jitter, doubling to the cap."""
 MOVE_ON = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 """What makes an agent try the next coordinator (fthsdp/client.py MOVE_ON)."""
+CARRIED_FOR = 1.5
+"""A heartbeat is left out while a batch named the host this many intervals ago (relay/host_beats.py)."""
+SHAPES = {
+    "host": "each host its Host heartbeat and its ping batch: two messages per host per interval",
+    "folded": "the heartbeat in the batch (PingBatch.hosts), as the relay sends them: one message per host",
+    "tree": "a group's host 0 sends its group's pings and names its hosts: one message per group; the others "
+            "send their own batches only while their host 0 is lost",
+}
 
 
 
@@ -57,6 +65,10 @@ class Host:
         self.channels: dict[int, object] = {}
         """One connection per coordinator, opened on first use (the relay's Upstream)."""
         self.tasks: list[asyncio.Task] = []
+        self.carried_at = float("-inf")
+        """When a batch last named this host (shapes other than "host")."""
+        self.beats_in_batches = False
+        """The coordinator's welcome said it takes heartbeats from batches."""
 
     @property
     def ranks(self) -> range:
@@ -123,6 +135,8 @@ class Host:
         async def beats():
             while True:
                 await asyncio.sleep(self.interval * random.uniform(0.9, 1.0))
+                if self.beats_in_batches and time.monotonic() - self.carried_at < CARRIED_FOR * self.interval:
+                    continue  # a batch named the host: the relay leaves its heartbeat out
                 queue.put_nowait(pb.HostRequest(heartbeat=True))
                 self.sim.sent += 1
 
@@ -133,6 +147,7 @@ class Host:
                 which = push.WhichOneof("message")
                 if which == "welcome":
                     self.welcomed.append((time.monotonic(), self.address))
+                    self.beats_in_batches = self.sim.shape != "host" and push.welcome.beats_in_batches
                     if push.welcome.heartbeat_interval > 0:
                         self.interval = push.welcome.heartbeat_interval
                     if not self.running or push.welcome.round > self.round:
@@ -170,12 +185,18 @@ class Host:
             await asyncio.sleep(random.random() * self.interval)
             while True:
                 now = time.monotonic()
-                if self.running:
+                speaks_for = self._speaks_for()
+                if speaks_for:
                     batch = pb.PingBatch()
-                    for rank in self.ranks:
-                        batch.pings.append(pb.HeartbeatRequest(
-                            job="default", replica_id=self.rid, shard_rank=rank, step=0,
-                            incarnation=f"{self.rid}-{self.round}", progress=progress(pb, now, self.compute)))
+                    for host in speaks_for:
+                        for rank in host.ranks:
+                            batch.pings.append(pb.HeartbeatRequest(
+                                job="default", replica_id=self.rid, shard_rank=rank, step=0,
+                                incarnation=f"{self.rid}-{self.round}", progress=progress(pb, now, host.compute)))
+                        if self.sim.shape != "host" and host.beats_in_batches:
+                            batch.job = "default"
+                            batch.hosts.append(host.host_id)
+                            host.carried_at = now
                     self.sim.sent += 1
                     yield batch
                 await asyncio.sleep(self.interval)
@@ -184,6 +205,17 @@ class Host:
         async for _ in call:
             self.sim.refused += 1
         raise ConnectionError("the Pings stream ended")
+
+    def _speaks_for(self) -> list[Host]:
+        """The hosts whose pings (and heartbeats) this host's next batch carries."""
+        if not self.running:
+            return []
+        if self.sim.shape != "tree":
+            return [self]
+        group = self.sim.by_group[self.group]
+        if self.node == 0:
+            return [h for h in group if h.running and not h.lost]
+        return [] if not group[0].lost and group[0].running else [self]  # its host 0 gone: its own, direct
 
     async def _session(self, channel) -> None:
         pb = self.sim.pb
@@ -245,14 +277,19 @@ class Host:
 
 
 class Client:
-    def __init__(self, addresses: list[str], first: int, count: int, groups: int, per_group: int, ranks: int) -> None:
+    def __init__(self, addresses: list[str], first: int, count: int, groups: int, per_group: int, ranks: int,
+                 shape: str = "folded") -> None:
         import grpc
 
         from fthsdp.protos.v1 import coordinator_pb2 as pb
 
         self.grpc, self.pb = grpc, pb
         self.addresses, self.groups, self.per_group, self.ranks = addresses, groups, per_group, ranks
+        self.shape = shape
         self.hosts = [Host(self, g, n) for g in range(first, first + count) for n in range(per_group)]
+        self.by_group: dict[int, list[Host]] = {}
+        for host in self.hosts:
+            self.by_group.setdefault(host.group, []).append(host)
         self.sent = self.refused = self.reconnects = 0
         self.errors: dict[str, int] = {}
         self.details: dict[str, str] = {}
@@ -284,10 +321,10 @@ class Client:
 
 
 async def client_main(addresses: list[str], first: int, count: int, groups: int, per_group: int, ranks: int,
-                      start_rate: float) -> None:
+                      start_rate: float, shape: str = "folded") -> None:
     from fthsdp.coordinator.engine.loop_lag import LagWindow, probe
 
-    sim = Client(addresses, first, count, groups, per_group, ranks)
+    sim = Client(addresses, first, count, groups, per_group, ranks, shape)
     lag = LagWindow(1e9)
     lag_probe = asyncio.create_task(probe(lag))
     loop = asyncio.get_running_loop()

@@ -29,6 +29,8 @@ SMOKE = {
     "relay_pings": (["--hosts", "5", "--seconds", "2"], 300),
     "relay_pings:fit": (["--fit", "2,8", "--hosts", "5", "--seconds", "2"], 300),
     "control_plane": (["--hosts", "32", "--hosts-per-group", "4", "--clients", "1", "--seconds", "2"], 300),
+    "control_plane:tree": (["--hosts", "32", "--hosts-per-group", "4", "--clients", "1", "--seconds", "2",
+                            "--shape", "tree"], 300),
     "goodput_sim": (["--failures", "3", "--gpus", "1000", "--png", ""], 300),
     "accuracy": (["--samples", "1920", "--eval-every", "40", "--spread-seed", "-1", "--png", ""], 1200),
 }

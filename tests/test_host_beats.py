@@ -57,12 +57,14 @@ def test_a_batch_does_not_speak_for_a_host_without_an_open_stream():
 def test_a_heartbeat_is_left_out_only_while_a_batch_named_the_host_within_an_interval_and_a_half():
     beats, stream, newer = CarriedBeats(), object(), object()
     batch = pb.PingBatch()
-    beats.name(batch, 10.0)
+    beats.sent(beats.name(batch), 10.0)
     assert list(batch.hosts) == [] and not beats.carried("a", 10.5, 1.0)  # nobody spoken for yet
     beats.speak_for("job", "a", stream)
     batch = pb.PingBatch()
-    beats.name(batch, 10.0)
+    named = beats.name(batch)
     assert (batch.job, list(batch.hosts)) == ("job", ["a"])
+    assert not beats.carried("a", 10.5, 1.0)  # named, not sent yet (to a group's host 0: not passed on yet)
+    beats.sent(named, 10.0)
     assert beats.carried("a", 11.4, 1.0) and not beats.carried("a", 11.6, 1.0)
     beats.speak_for("job", "a", newer)  # the host's stream reopened: the old one's end changes nothing
     beats.stop("a", stream)

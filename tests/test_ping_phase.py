@@ -1,6 +1,7 @@
-"""The ranks of one host ping at the same phase of each heartbeat interval, so
-that their node agent's relay sends their pings of an interval upstream as one
-batch (fthsdp/core/relay_address.py ``ping_phase``, ``until_next_ping``;
+"""The ranks of one group ping at the same phase of each heartbeat interval (on
+the hosts' shared wall clock), so that their node agent's relay sends their
+pings of an interval upstream as one batch, and the group's host 0 its hosts'
+(fthsdp/agent/node/relay/tree.py) (fthsdp/core/relay_address.py ``ping_phase``, ``until_next_ping``;
 fthsdp/agent/training/session/observer.py): the pure timing table-tested, then
 three real Observers started at different moments behind a real relay."""
 
@@ -33,16 +34,16 @@ def test_the_next_ping_is_at_the_hosts_phase_of_the_interval(now, interval, phas
 
 
 def test_ranks_that_read_the_clock_at_different_moments_ping_at_the_same_instants():
-    phase = ping_phase("unix:/tmp/fthsdp-relay-x/coordinator.sock")
+    phase = ping_phase("default/r7")
     instants = [t + until_next_ping(t, 0.6, phase) for t in (3.01, 3.2, 3.37, 3.55, 9.9)]
     assert {round(i % 0.6, 6) % 0.6 for i in instants} == {round(phase * 0.6, 6)}
 
 
-def test_the_phase_is_the_agents_own_and_spread_across_agents():
-    phases = [ping_phase(f"unix:/tmp/fthsdp-relay-{k}/coordinator.sock") for k in range(1000)]
+def test_the_phase_is_the_groups_own_and_spread_across_groups():
+    phases = [ping_phase(f"default/group-{k}") for k in range(1000)]
     assert all(0.0 <= p < 1.0 for p in phases)
-    assert ping_phase("unix:/tmp/fthsdp-relay-7/coordinator.sock") == phases[7]
-    # Spread: every tenth of the interval holds some 100 agents' pings, none a crowd.
+    assert ping_phase("default/group-7") == phases[7]
+    # Spread: every tenth of the interval holds some 100 groups' pings, none a crowd.
     counts = [sum(int(p * 10) == k for p in phases) for k in range(10)]
     assert max(counts) < 150 and min(counts) > 50, counts
 

@@ -223,8 +223,8 @@ def check_host_hello(req) -> None:
         _store(req.store)
 
 
-def _store(store: str) -> None:
-    _short("store", store, MAX_ADDRESS_LEN)
+def _store(store: str, field: str = "store") -> None:
+    _short(field, store, MAX_ADDRESS_LEN)
     try:
         split_host_port(store)
     except ValueError as e:
@@ -252,6 +252,8 @@ def check_host_request(req) -> None:
         if not req.join.store:
             raise InvalidRequest("join.store is empty; give the HOST:PORT of the store this host opened")
         _store(req.join.store)
+        if req.join.pings:
+            _store(req.join.pings, "join.pings")
     elif which in ("failure", "leave"):
         message = getattr(req, which)
         _non_negative("round", message.round)

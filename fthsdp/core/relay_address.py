@@ -16,18 +16,19 @@ def through_relay(addresses: Sequence[str]) -> bool:
     return any(address.startswith("unix:") for address in addresses)
 
 
-def ping_phase(relay: str) -> float:
-    """Where in each heartbeat interval the ranks behind the relay at ``relay`` ping, as a share of it
-    (0 to 1). The same for every rank of one agent (its relay's address is drawn at random per agent), so
-    their pings come together and the relay sends them upstream as one batch; spread over the interval
-    across hosts, so that thousands of hosts do not send at the same instant."""
-    digest = hashlib.blake2b(relay.encode(), digest_size=8).digest()
+def ping_phase(group: str) -> float:
+    """Where in each heartbeat interval the ranks of ``group`` (its job and replica id) ping under node
+    agents, as a share of it (0 to 1). The same for every rank of a group, so that the pings of a host come
+    together and its relay sends them upstream as one batch, and the group's host 0 sends its hosts' as one
+    (fthsdp/agent/node/relay/tree.py); spread over the interval across groups, so that thousands of hosts
+    do not send at the same instant."""
+    digest = hashlib.blake2b(group.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 
 def until_next_ping(now: float, interval: float, phase: float) -> float:
-    """Seconds from ``now`` (a clock every process of the host shares: ``time.monotonic``) to the next
-    instant at ``phase`` of an ``interval``: in (0, interval]."""
+    """Seconds from ``now`` (a clock every host shares: ``time.time``, NTP-synced) to the next instant at
+    ``phase`` of an ``interval``: in (0, interval]."""
     if interval <= 0:
         raise ValueError(f"interval must be positive, got {interval}")
     offset = phase * interval

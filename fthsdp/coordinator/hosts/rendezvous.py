@@ -66,6 +66,8 @@ class Host:
     """The round it joined last (0: none)."""
     store: str = ""
     """HOST:PORT of the store it opened when it joined that round."""
+    pings: str = ""
+    """HOST:PORT where its relay takes its group's ping batches (HostJoin.pings, of its last join; '': none)."""
     lost_since: float | None = None
     """When its heartbeats stopped; None while it is alive."""
     failed_round: int = 0

@@ -223,6 +223,13 @@ class GroupRounds(HostIndex):
         decision, _ = self._decide(group, bucket, now)
         return decision.reason if decision.action is Action.WAIT else group.reason
 
+    def completed(self, done: Round, rank: int) -> pb.RoundComplete:
+        """What the host of node rank ``rank`` is pushed of the complete round ``done``: with where its node
+        rank 0 takes the group's ping batches (fthsdp/agent/node/relay/tree.py)."""
+        first = self.hosts.get(done.ranks[0])
+        return pb.RoundComplete(round=done.number, node_rank=rank, store=done.store, hosts=done.ranks,
+                                pings=first.pings if first is not None and first.joined_round == done.number else "")
+
     def _apply(self, group: Group, decision: Decision, now: float) -> None:
         log.info("job %s: %s: %s", self.job, group.replica_id, decision.reason,
                  extra={"event": "rendezvous", "job": self.job, "group": group.replica_id,
@@ -238,9 +245,7 @@ class GroupRounds(HostIndex):
             if not group.fixed_in:
                 self._fix_shape(group, members, decision.round.number)
             for rank, host_id in enumerate(decision.round.ranks):
-                self._push(host_id, pb.HostPush(complete=pb.RoundComplete(
-                    round=decision.round.number, node_rank=rank, store=decision.round.store,
-                    hosts=decision.round.ranks)))
+                self._push(host_id, pb.HostPush(complete=self.completed(decision.round, rank)))
         elif decision.action is Action.END:
             ended = group.current.number
             self._open(group, decision.round)

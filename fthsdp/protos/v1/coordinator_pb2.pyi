@@ -188,14 +188,24 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class PingBatch(_message.Message):
-    __slots__ = ("pings", "job", "hosts")
+    __slots__ = ("pings", "job", "hosts", "seq")
     PINGS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     pings: _containers.RepeatedCompositeFieldContainer[HeartbeatRequest]
     job: str
     hosts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ..., job: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+    seq: int
+    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ..., job: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class GroupPingsReply(_message.Message):
+    __slots__ = ("forwarded", "refused")
+    FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    forwarded: int
+    refused: PingRefused
+    def __init__(self, forwarded: _Optional[int] = ..., refused: _Optional[_Union[PingRefused, _Mapping]] = ...) -> None: ...
 
 class PingRefused(_message.Message):
     __slots__ = ("replica_id", "shard_rank", "incarnation", "code", "details")
@@ -764,12 +774,14 @@ class HostHello(_message.Message):
     def __init__(self, job: _Optional[str] = ..., host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., nnodes: _Optional[int] = ..., nproc: _Optional[int] = ..., rendezvous_timeout: _Optional[float] = ..., round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., num_replicas: _Optional[int] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., hosts_round: _Optional[int] = ...) -> None: ...
 
 class HostJoin(_message.Message):
-    __slots__ = ("round", "store")
+    __slots__ = ("round", "store", "pings")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    PINGS_FIELD_NUMBER: _ClassVar[int]
     round: int
     store: str
-    def __init__(self, round: _Optional[int] = ..., store: _Optional[str] = ...) -> None: ...
+    pings: str
+    def __init__(self, round: _Optional[int] = ..., store: _Optional[str] = ..., pings: _Optional[str] = ...) -> None: ...
 
 class HostFailure(_message.Message):
     __slots__ = ("round", "reason")
@@ -814,16 +826,18 @@ class HostWelcome(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., round: _Optional[int] = ..., beats_in_batches: _Optional[bool] = ...) -> None: ...
 
 class RoundComplete(_message.Message):
-    __slots__ = ("round", "node_rank", "store", "hosts")
+    __slots__ = ("round", "node_rank", "store", "hosts", "pings")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PINGS_FIELD_NUMBER: _ClassVar[int]
     round: int
     node_rank: int
     store: str
     hosts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+    pings: str
+    def __init__(self, round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., pings: _Optional[str] = ...) -> None: ...
 
 class RoundEnded(_message.Message):
     __slots__ = ("round", "reason")

@@ -814,3 +814,87 @@ class Coordinator:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class GroupPingsStub:
+    """A group's host 0 relay takes its other hosts' ping batches and sends them
+    on as one (fthsdp/agent/node/relay/tree.py): the coordinator takes one
+    message per group per interval instead of one per host. Its callers
+    present the job's token, as to the coordinator.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Pings = channel.stream_stream(
+                '/fthsdp.v1.GroupPings/Pings',
+                request_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingBatch.SerializeToString,
+                response_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GroupPingsReply.FromString,
+                _registered_method=True)
+
+
+class GroupPingsServicer:
+    """A group's host 0 relay takes its other hosts' ping batches and sends them
+    on as one (fthsdp/agent/node/relay/tree.py): the coordinator takes one
+    message per group per interval instead of one per host. Its callers
+    present the job's token, as to the coordinator.
+    """
+
+    def Pings(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GroupPingsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Pings': grpc.stream_stream_rpc_method_handler(
+                    servicer.Pings,
+                    request_deserializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingBatch.FromString,
+                    response_serializer=fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GroupPingsReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fthsdp.v1.GroupPings', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fthsdp.v1.GroupPings', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class GroupPings:
+    """A group's host 0 relay takes its other hosts' ping batches and sends them
+    on as one (fthsdp/agent/node/relay/tree.py): the coordinator takes one
+    message per group per interval instead of one per host. Its callers
+    present the job's token, as to the coordinator.
+    """
+
+    @staticmethod
+    def Pings(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.GroupPings/Pings',
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.PingBatch.SerializeToString,
+            fthsdp_dot_protos_dot_v1_dot_coordinator__pb2.GroupPingsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

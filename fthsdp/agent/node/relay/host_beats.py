@@ -21,8 +21,12 @@ On the relay's event loop only: no lock.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from fthsdp.agent.node.relay.tree import PeerServer, Route
 
 CARRIED_FOR = 1.5
 """A heartbeat is left out while a batch named the host less than this many heartbeat intervals ago."""
@@ -35,6 +39,8 @@ class CarriedBeats:
         self._speaking: dict[str, tuple[str, object]] = {}
         """Host id -> (its job, the Host stream that asked): a newer stream of the host replaces an older one."""
         self._named_at: dict[str, float] = {}
+        self.interval = 1.0
+        """The heartbeat interval the coordinator gave the host, last (fthsdp/agent/node/host_link.py's start)."""
 
     def speak_for(self, job: str, host_id: str, stream: object) -> None:
         """The coordinator behind ``stream`` (a Host stream's own token) takes ``host_id``'s heartbeats from
@@ -47,12 +53,19 @@ class CarriedBeats:
             del self._speaking[host_id]
             self._named_at.pop(host_id, None)
 
-    def name(self, batch: pb.PingBatch, now: float) -> None:
-        """Name in ``batch`` every host spoken for (a relay serves one job's agent), sent at ``now``."""
+    def name(self, batch: pb.PingBatch) -> list[str]:
+        """Name in ``batch`` every host spoken for (a relay serves one job's agent); the hosts named. They
+        count as carried once the batch went on (``sent``)."""
         for host_id, (job, _) in self._speaking.items():
             batch.job = job
             batch.hosts.append(host_id)
-            self._named_at[host_id] = now
+        return list(self._speaking)
+
+    def sent(self, hosts: list[str], now: float) -> None:
+        """A batch naming ``hosts`` went to the coordinator (or its group's host 0 passed it on) at ``now``."""
+        for host_id in hosts:
+            if host_id in self._speaking:
+                self._named_at[host_id] = now
 
     def carried(self, host_id: str, now: float, interval: float) -> bool:
         """Whether a batch named ``host_id`` recently enough for its heartbeat at ``now`` to be left out."""
@@ -61,16 +74,23 @@ class CarriedBeats:
 
 
 class HostStream:
-    """One Host stream through the relay: its requests less the heartbeats a batch carried (``requests``),
-    its pushes looked at for the welcome and the pace (``pushed``), ``close()`` when it ends."""
+    """One Host stream through the relay: its requests less the heartbeats a batch carried, its joins with
+    where this relay takes its group's pings (``requests``); its pushes looked at for the welcome, the pace
+    and the round, which says where the batches go (``pushed``); ``close()`` when it ends."""
 
-    def __init__(self, beats: CarriedBeats, clock: Callable[[], float]) -> None:
+    def __init__(self, beats: CarriedBeats, route: Route, peers: PeerServer | None,
+                 clock: Callable[[], float]) -> None:
         self._beats = beats
+        self._route_of = route
+        self._peers = peers
         self._clock = clock
         self._hello: tuple[str, str] | None = None
         """(job, host id) of the hello: what a welcome lets the batches speak for."""
         self._interval = 0.0
         """The heartbeat interval the coordinator gave the host (0: none yet: nothing is left out)."""
+        self._pings = ""
+        """Where this relay takes its group's pings (fthsdp/agent/node/relay/tree.py); '': it does not."""
+        self._routed = False
         self.left_out = 0
         """Heartbeats left out so far."""
 
@@ -81,15 +101,21 @@ class HostStream:
                 which = request.WhichOneof("message")
                 if which == "hello":
                     self._hello = (request.hello.job, request.hello.host_id)
+                    if self._peers is not None:
+                        self._pings = await self._peers.listen(request.hello.address)
                 elif (which == "heartbeat" and self._hello is not None
                       and self._beats.carried(self._hello[1], self._clock(), self._interval)):
                     self.left_out += 1
                     continue  # a batch named the host within the last interval or so
+                elif which == "join" and self._pings and not request.join.pings:
+                    request.join.pings = self._pings
+                    raw = request.SerializeToString()
             yield raw
 
     def pushed(self, raw: bytes) -> None:
         """A push down the stream: a welcome that says the coordinator takes heartbeats from batches starts
-        them (every welcome says it again, after each reconnect); the pace is followed."""
+        them (every welcome says it again, after each reconnect); the pace is followed; a complete round
+        says where the batches go, until it ends."""
         if self._hello is None:
             return
         push = _parsed_push(raw)
@@ -98,14 +124,27 @@ class HostStream:
         which = push.WhichOneof("message")
         if which == "welcome":
             self._interval = push.welcome.heartbeat_interval
+            if self._interval > 0:
+                self._beats.interval = self._interval
             if push.welcome.beats_in_batches:
                 self._beats.speak_for(*self._hello, stream=self)
         elif which == "heartbeat_interval":
-            self._interval = push.heartbeat_interval
+            self._interval = self._beats.interval = push.heartbeat_interval
+        elif which == "complete":
+            first = push.complete.hosts[0] if push.complete.hosts else ""
+            self._route(push.complete.pings if push.complete.node_rank > 0 else "", first)
+        elif which in ("ended", "gave_up", "released", "refused"):
+            self._route("")
+
+    def _route(self, aggregator: str, host_id: str = "") -> None:
+        self._route_of.to(aggregator, host_id)
+        self._routed = bool(aggregator)
 
     def close(self) -> None:
         if self._hello is not None:
             self._beats.stop(self._hello[1], self)
+        if self._routed:
+            self._route("")
 
 
 def _parsed(raw: bytes) -> pb.HostRequest | None:

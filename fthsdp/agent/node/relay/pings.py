@@ -40,12 +40,18 @@ import grpc
 
 from fthsdp.agent.node.relay.host_beats import CarriedBeats
 from fthsdp.agent.node.relay.liveness import Liveness, Silence
+from fthsdp.agent.node.relay.tree import GROUP_PINGS, Feed, Route, ack_wait, peer_channel
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
+from fthsdp.core.credentials import TlsFiles
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 WINDOW = 0.2
 """Seconds the relay gathers pings before sending them (a rank's ping waits at most this long)."""
+PEER_WINDOW = 0.05
+"""The same, for a batch to the group's host 0: short, so that it reaches host 0 within host 0's window."""
+ACK_CHECK = 0.25
+"""Seconds between two looks for a batch the group's host 0 did not pass on."""
 RETRY_FIRST, RETRY_CAP = 0.2, 2.0
 SILENCE_CHECK = 0.25
 """Seconds between two looks for silent ranks."""
@@ -63,14 +69,25 @@ class Pinger:
     """The host's pings upstream (on the relay's event loop): ``start()``, then ``follow`` each local stream."""
 
     def __init__(self, upstream: Upstream, window: float = WINDOW, liveness: Liveness | None = None,
-                 on_silent: Callable[[Silence], None] | None = None) -> None:
+                 on_silent: Callable[[Silence], None] | None = None, tls: TlsFiles | None = None) -> None:
         self.upstream = upstream
         self.window = window
         self.liveness = liveness
         self._on_silent = on_silent
+        self._tls = tls
         self.beats = CarriedBeats()
         """The hosts the batches speak for (their Host streams' heartbeats: fthsdp/agent/node/relay/host_beats.py)."""
+        self.route = Route()
+        """Where the batches go: the coordinator, or the group's host 0 (fthsdp/agent/node/relay/tree.py)."""
         self._pending: dict[Key, tuple[pb.HeartbeatRequest, float]] = {}
+        self._feeds: dict[Key, Feed] = {}
+        """As the group's host 0: the other hosts' pings pending or sent, by the stream they came on."""
+        self._peer_hosts: dict[str, str] = {}
+        """As the group's host 0: the other hosts the next batch names (host id -> job)."""
+        self._acks: list[tuple[Feed, int]] = []
+        """As the group's host 0: the other hosts' batches the next batch passes on."""
+        self._seq = 0
+        self._peer_channels: dict[str, grpc.aio.Channel] = {}
         self._ready = asyncio.Event()
         self._refusals: dict[Key, set[asyncio.Future]] = {}
         self._task: asyncio.Task | None = None
@@ -90,6 +107,27 @@ class Pinger:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in self._peer_channels.values():
+            await channel.close()
+
+    def take(self, batch: pb.PingBatch, feed: Feed) -> None:
+        """As the group's host 0: another host's batch, passed on in this host's next one."""
+        now = asyncio.get_running_loop().time()
+        for ping in batch.pings:
+            key = key_of(ping)
+            self._pending[key] = (ping, now)
+            self._feeds[key] = feed
+            feed.keys.add(key)
+        for host_id in batch.hosts:
+            self._peer_hosts[host_id] = batch.job
+        self._acks.append((feed, batch.seq))
+        self._ready.set()
+
+    def forget(self, feed: Feed) -> None:
+        """Another host's stream ended: its refusals have nowhere to go."""
+        for key in feed.keys:
+            if self._feeds.get(key) is feed:
+                del self._feeds[key]
 
     async def _look_for_silence(self, liveness: Liveness) -> None:
         loop = asyncio.get_running_loop()
@@ -141,14 +179,19 @@ class Pinger:
         self._pending[key_of(ping)] = (ping, now)
         self._ready.set()
 
-    async def _batches(self) -> AsyncIterator[bytes]:
+    async def _batches(self, numbered: dict[int, tuple[float, list, list[str]]] | None = None
+                       ) -> AsyncIterator[bytes]:
+        """The batches, a window after the first ping of each; ``numbered``: to the group's host 0, each
+        numbered and kept there until host 0 passes it on (sent at, its pings, the hosts it names)."""
         loop = asyncio.get_running_loop()
         while True:
             await self._ready.wait()
-            await asyncio.sleep(self.window)
+            await asyncio.sleep(self.window if numbered is None else min(self.window, PEER_WINDOW))
             self._ready.clear()
             taken, self._pending = self._pending, {}
-            if not taken:
+            acks, self._acks = self._acks, []
+            peer_hosts, self._peer_hosts = self._peer_hosts, {}
+            if not taken and not peer_hosts:
                 continue
             now = loop.time()
             batch = pb.PingBatch()
@@ -156,34 +199,127 @@ class Pinger:
                 if ping.HasField("progress"):
                     ping.progress.phase_age_s += now - came  # the phase began as long ago as the rank said
                 batch.pings.append(ping)
-            self.beats.name(batch, now)
+            own = self.beats.name(batch)
+            for host_id, job in peer_hosts.items():
+                batch.job = job
+                batch.hosts.append(host_id)
+            if numbered is None:
+                self.beats.sent(own, now)
+            else:
+                self._seq += 1
+                batch.seq = self._seq
+                numbered[self._seq] = (now, [ping for ping, _ in taken.values()], own)
+            for feed, seq in acks:
+                feed.replies.put_nowait(pb.GroupPingsReply(forwarded=seq))
             self.batches += 1
             self.pings += len(taken)
             yield batch.SerializeToString()
+
+    def _refused(self, refusal: pb.PingRefused) -> None:
+        """A ping the coordinator refused: its rank's local stream ends, or it goes back to the host it came from."""
+        key = key_of(refusal)
+        for waiter in self._refusals.get(key, ()):
+            if not waiter.done():
+                waiter.set_result(refusal)
+        feed = self._feeds.get(key)
+        if feed is not None:
+            feed.replies.put_nowait(pb.GroupPingsReply(refused=refusal))
 
     async def _run(self) -> None:
         delay, loop = RETRY_FIRST, asyncio.get_running_loop()
         while True:
             opened = loop.time()
-            index, channel = self.upstream.channel()
-            call = channel.stream_stream(SERVICE + "Pings")(self._batches(), metadata=self.upstream.metadata)
-            try:
-                async for raw in call:
-                    refusal = pb.PingRefused.FromString(raw)
-                    code = CODES.get(refusal.code, grpc.StatusCode.UNKNOWN)
-                    if code in MOVE_ON:
-                        self.upstream.failed(index, code)
-                        break
-                    self.upstream.answered(index)
-                    delay = RETRY_FIRST
-                    for waiter in self._refusals.get(key_of(refusal), ()):
-                        if not waiter.done():
-                            waiter.set_result(refusal)
-            except grpc.aio.AioRpcError as e:
-                self.upstream.failed(index, e.code())
-            finally:
-                call.cancel()
+            self.route.changed.clear()
+            aggregator = self.route.target(opened)
+            if aggregator and await self._via_group(aggregator):
+                continue  # the route changed, or host 0 did not pass a batch on: at once, the new way
+            if not aggregator and await self._direct():
+                continue
             if loop.time() - opened > 5 * RETRY_CAP:
                 delay = RETRY_FIRST  # it had been working: this is a new outage
             await asyncio.sleep(delay * (0.5 + 0.5 * random.random()))
             delay = min(delay * 2, RETRY_CAP)
+
+    async def _until_changed(self, reading: asyncio.Task) -> bool:
+        """Wait for ``reading`` to end (False) or the route to change (True, ``reading`` cancelled)."""
+        changed = asyncio.create_task(self.route.changed.wait())
+        try:
+            done, _ = await asyncio.wait({reading, changed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+        if reading in done:
+            reading.result()
+            return False
+        reading.cancel()
+        return True
+
+    async def _direct(self) -> bool:
+        """One Pings call to the coordinator, until it ends (False) or the route changes (True)."""
+        index, channel = self.upstream.channel()
+        call = channel.stream_stream(SERVICE + "Pings")(self._batches(), metadata=self.upstream.metadata)
+
+        async def read() -> None:
+            async for raw in call:
+                refusal = pb.PingRefused.FromString(raw)
+                code = CODES.get(refusal.code, grpc.StatusCode.UNKNOWN)
+                if code in MOVE_ON:
+                    self.upstream.failed(index, code)
+                    return
+                self.upstream.answered(index)
+                self._refused(refusal)
+
+        try:
+            return await self._until_changed(asyncio.create_task(read()))
+        except grpc.aio.AioRpcError as e:
+            self.upstream.failed(index, e.code())
+            return False
+        finally:
+            call.cancel()
+
+    async def _via_group(self, address: str) -> bool:
+        """Batches to the group's host 0 at ``address``, until the route changes or host 0 does not pass one
+        on in time: then the coordinator, directly, for a while (True either way: no back-off)."""
+        loop = asyncio.get_running_loop()
+        channel = self._peer_channels.get(address)
+        if channel is None:
+            channel = self._peer_channels[address] = peer_channel(address, self.route.host_id, self._tls)
+        sent: dict[int, tuple[float, list, list[str]]] = {}
+        call = channel.stream_stream(GROUP_PINGS)(self._batches(sent), metadata=self.upstream.metadata)
+
+        async def read() -> None:
+            async for raw in call:
+                reply = pb.GroupPingsReply.FromString(raw)
+                if reply.WhichOneof("message") == "forwarded":
+                    passed = sent.pop(reply.forwarded, None)
+                    if passed is not None:
+                        self.beats.sent(passed[2], loop.time())
+                elif reply.WhichOneof("message") == "refused":
+                    self._refused(reply.refused)
+
+        reading = asyncio.create_task(read())
+        changed = asyncio.create_task(self.route.changed.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait({reading, changed}, timeout=ACK_CHECK,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if changed in done:
+                    return True
+                if reading in done:
+                    break  # host 0's stream ended: it is gone, or going
+                wait = ack_wait(self.beats.interval)
+                if any(loop.time() - at > wait for at, _, _ in sent.values()):
+                    break
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            reading.cancel()
+            changed.cancel()
+            await asyncio.gather(reading, changed, return_exceptions=True)
+            call.cancel()
+        self.route.failed(loop.time())
+        for at, pings, _ in sent.values():  # not passed on: they go to the coordinator, unless newer ones do
+            for ping in pings:
+                self._pending.setdefault(key_of(ping), (ping, at))
+        if self._pending:
+            self._ready.set()
+        return True

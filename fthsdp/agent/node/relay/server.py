@@ -16,7 +16,9 @@ forwarded as bytes (nothing is parsed but a Watch request, to share it):
 * the other streams (Session, a HeartbeatStream that asks for answers,
   Host) one upstream stream each, over the agent's one connection; the
   Host stream less the heartbeats that the ping batches carried
-  (fthsdp/agent/node/relay/host_beats.py).
+  (fthsdp/agent/node/relay/host_beats.py), its joins naming where this
+  relay takes its group's pings, should it be the group's host 0
+  (fthsdp/agent/node/relay/tree.py).
 
 A caller must present the job's token, as it would to the coordinator. The
 operators' calls (Drain, Cordon, Inject, ...) are not forwarded: they need
@@ -42,6 +44,7 @@ from fthsdp.agent.node.relay.fanout import UpstreamEnded, WatchFanout, shareable
 from fthsdp.agent.node.relay.host_beats import HostStream
 from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.pings import CODES, Pinger
+from fthsdp.agent.node.relay.tree import PeerServer
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
 from fthsdp.core.auth import METHOD_ACCESS, Access
@@ -85,6 +88,9 @@ class LocalRelay:
         self._thread = threading.Thread(target=self._run, name="fthsdp-relay", daemon=True)
         self.fanout: WatchFanout | None = None
         self.pinger: Pinger | None = None
+        self.peers: PeerServer | None = None
+        """Where the group's other hosts send their pings, should this host be its host 0
+        (fthsdp/agent/node/relay/tree.py)."""
 
     def start(self) -> LocalRelay:
         self._thread.start()
@@ -130,9 +136,10 @@ class LocalRelay:
         upstream = Upstream(self._coordinators, self._token, self._tls)
         self.fanout = WatchFanout(upstream)
         liveness = Liveness(self._rank_silence) if self._rank_silence is not None else None
-        self.pinger = Pinger(upstream, liveness=liveness, on_silent=self._silences.put)
+        self.pinger = Pinger(upstream, liveness=liveness, on_silent=self._silences.put, tls=self._tls)
         self.pinger.start()
-        calls = Calls(upstream, self.fanout, self.pinger, bearer_metadata(self._token))
+        self.peers = PeerServer(self.pinger, self._token, self._tls)
+        calls = Calls(upstream, self.fanout, self.pinger, bearer_metadata(self._token), self.peers)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((calls.handler(),))
         server.add_insecure_port(self.address)
@@ -141,6 +148,7 @@ class LocalRelay:
         try:
             await self._stopped.wait()
         finally:
+            await self.peers.close()
             await self.pinger.close()
             await self.fanout.close()
             await server.stop(grace=0.5)
@@ -159,10 +167,11 @@ class Calls:
     """The forwarding of each kind of call (on the relay's event loop)."""
 
     def __init__(self, upstream: Upstream, fanout: WatchFanout, pinger: Pinger,
-                 expected: tuple[tuple[str, str], ...]) -> None:
+                 expected: tuple[tuple[str, str], ...], peers: PeerServer | None = None) -> None:
         self.upstream = upstream
         self.fanout = fanout
         self.pinger = pinger
+        self.peers = peers
         self._expected = dict(expected).get("authorization", "")
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -223,7 +232,7 @@ class Calls:
     async def host_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext):
         """The agent's Host stream, less the heartbeats its host's ping batches carried."""
         await self._authorize(context)
-        stream = HostStream(self.pinger.beats, asyncio.get_running_loop().time)
+        stream = HostStream(self.pinger.beats, self.pinger.route, self.peers, asyncio.get_running_loop().time)
         index, channel = self.upstream.channel()
         call = channel.stream_stream(SERVICE + "Host")(stream.requests(requests), metadata=self.upstream.metadata)
         try:

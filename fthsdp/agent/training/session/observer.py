@@ -51,10 +51,10 @@ class Observer:
         self._threads: list[threading.Thread] = []
         self._local = LocalPings(client, job, replica_id, shard_rank, incarnation)
         """Its liveness for its node agent, under one (fthsdp/agent/training/session/local_pings.py)."""
-        self._phase = ping_phase(client.addresses[0]) if through_relay(client.addresses) else None
-        """Under a node agent: where in each interval its pings go, the same for every rank of the host, so
-        that the relay sends them upstream as one batch (fthsdp/agent/node/relay/pings.py); None: every
-        interval from its own start."""
+        self._phase = ping_phase(f"{job}/{replica_id}") if through_relay(client.addresses) else None
+        """Under a node agent: where in each interval its pings go, the same for every rank of the group, so
+        that its host's relay sends them upstream as one batch (fthsdp/agent/node/relay/pings.py), and the
+        group's host 0 its hosts' (fthsdp/agent/node/relay/tree.py); None: every interval from its own start."""
 
     @property
     def report(self) -> ReplicaReport:
@@ -82,7 +82,8 @@ class Observer:
             event = self.view.latest
             interval = event.heartbeat_interval_s if event is not None and event.heartbeat_interval_s else 0.5
             if self._phase is not None:
-                interval = until_next_ping(time.monotonic(), interval, self._phase)
+                # The hosts' shared clock (NTP-synced wall time), so that a group's hosts ping together.
+                interval = until_next_ping(time.time(), interval, self._phase)
             if self._stop.wait(interval):
                 return
 
