@@ -20,8 +20,9 @@ def group_hello(host_id: str) -> pb.HostRequest:
 
 
 def test_host_heartbeats_count_in_the_budget_and_a_new_pace_is_pushed_to_every_host():
-    """Two replicas of 2 ranks (4 senders) and four hosts' streams, against a
-    budget of 4 heartbeats a second: 8 senders stretch the interval; a host
+    """Two replicas of 2 ranks started by agents (their rank 0s: 2 senders; the
+    others ping in batches) and three hosts' streams, against a budget of 4
+    heartbeats a second: 5 senders stretch the interval; a host
     that says hello later is welcomed at the stretched pace, and every host
     connected is pushed the new interval once when it changes."""
 
@@ -47,7 +48,7 @@ def test_host_heartbeats_count_in_the_budget_and_a_new_pace_is_pushed_to_every_h
 
     welcomes, paced, pushed, late_welcome = asyncio.run(scenario())
     assert welcomes == [0.5, 0.5, 0.5]  # before the loop decided: the configured pace
-    assert paced > 0.5, "4 ranks and 3 hosts are 7 senders: past a budget of 4 a second"
+    assert paced > 0.5, "2 rank 0s and 3 hosts are 5 senders: past a budget of 4 a second"
     assert pushed == {"a": [paced], "b": [paced], "c": [paced]}
     assert late_welcome == paced
 

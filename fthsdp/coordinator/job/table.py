@@ -159,9 +159,13 @@ class JobTable:
     def senders(self) -> int:
         """What heartbeats, as the pace counts it: every rank of every registered
         replica, or, where its ranks' pings come batched, its rank 0 alone (the
-        batches are counted as the Pings streams that carry them: ``ServedJob.ping_streams``)."""
+        batches are counted as the Pings streams that carry them: ``ServedJob.ping_streams``).
+        A replica started by node agents (``agent_ids``) counts so from its registration: its ranks ping
+        through their agents' relays, and counting its every rank until its first batch came stretched
+        the pace for a moment whenever thousands registered at once (a failover)."""
         if self._senders is None:
-            self._senders = sum(1 if e.incarnation.pings_batched else e.incarnation.world_size
+            self._senders = sum(1 if e.incarnation.pings_batched or e.incarnation.agent_ids
+                                else e.incarnation.world_size
                                 for e in self.replicas.values() if e.incarnation.session_id is not None)
         return self._senders
 

@@ -76,10 +76,11 @@ class Route:
             self.changed.set()
 
     def failed(self, now: float) -> None:
-        """Host 0 did not forward a batch: the coordinator, directly, for a while."""
+        """Host 0 did not forward a batch: the coordinator, directly, for a while (then host 0 again)."""
         log.warning("the group's host 0 (%s) did not pass this host's pings on; sending them to the coordinator "
                     "for %gs", self.aggregator, FALLBACK_FOR)
         self._failed_until = now + FALLBACK_FOR
+        asyncio.get_running_loop().call_later(FALLBACK_FOR, self.changed.set)
 
     def target(self, now: float) -> str:
         """Where to send now: host 0's relay, or '' for the coordinator."""
