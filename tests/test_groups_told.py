@@ -13,7 +13,11 @@ once; a hang (the rank's process stopped) when its pings to its own agent
 stop (--rank-silence 2s), long before the coordinator's heartbeat timeout
 (30 s here, as the pace stretches it at thousands of hosts); a host dropped
 when its Host stream closes. The measured times are printed, not asserted tight: figures belong
-in benchmarks/ (benchmarks/README.md).
+in benchmarks/ (benchmarks/README.md). Each group sends its pings as one
+stream, through its host 0 (fthsdp/agent/node/relay/tree.py), with its
+hosts' heartbeats in it: the coordinator's metrics show 2 ping streams
+and 4 hosts whose heartbeats ride in batches, at the start and once the
+dropped host is back.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pytest
 from tests.harness.events import JsonLog
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 from tests.harness.waiting import wait_until
+from tests.test_metrics import scrape
 
 pytestmark = pytest.mark.slow
 
@@ -92,9 +97,19 @@ def rank_pid(agent: AgentProcess) -> int:
     return agent.read_until(lambda line: "pid" in line and "rank" in line and alive(line["pid"]), 60)["pid"]
 
 
+def one_stream_per_group(url: str) -> None:
+    """Each group's pings come on one stream, its host 0's, carrying its 2 hosts' heartbeats."""
+    def streams() -> tuple[float | None, float | None]:
+        m = scrape(url)
+        carried = 'fthsdp_host_streams{beats="in-batches",job="default"}'
+        return m.get('fthsdp_ping_streams{job="default"}'), m.get(carried)
+    wait_until(lambda: streams() == (2, 4), 30, message="one ping stream per group, every host's heartbeats in it")
+
+
 def test_every_rank_of_the_other_group_is_told_of_a_killed_rank_a_hung_rank_and_a_dropped_host(tmp_path):
     c = CoordinatorProcess(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s",
-                           "--heartbeat-interval", "200ms", "--spare-wait", "60s", "--log-format", "json").start()
+                           "--heartbeat-interval", "200ms", "--spare-wait", "60s", "--log-format", "json",
+                           "--metrics-port", "0").start()
     log = JsonLog(c.log_path)
     hosts = {h: group_host(tmp_path, c.address, g, k, h)
              for g, k, pair in (("r0", 0, ("h-a", "h-b")), ("r1", 1, ("h-c", "h-d"))) for h in pair}
@@ -105,6 +120,7 @@ def test_every_rank_of_the_other_group_is_told_of_a_killed_rank_a_hung_rank_and_
         for a in hosts.values():
             a.start()
         together_again(log, survivors, 0.0)
+        one_stream_per_group(c.metrics_url)
 
         # 1. A rank of r1 killed: its agent reports it at once.
         victim = rank_pid(hosts["h-d"])
@@ -128,6 +144,7 @@ def test_every_rank_of_the_other_group_is_told_of_a_killed_rank_a_hung_rank_and_
         back.log_path = tmp_path / "agent-h-d-again.log"
         hosts["h-d-again"] = back.start()
         together_again(log, survivors, time.time())
+        one_stream_per_group(c.metrics_url)
     finally:
         if stopped is not None:
             try:

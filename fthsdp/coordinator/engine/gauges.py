@@ -49,6 +49,13 @@ def job_gauges(jobs: Iterable, lag, now: float, wall: float = 0.0) -> Iterator[t
             label = state.removeprefix("REPLICA_STATE_").lower().replace("_", "-")
             yield "fthsdp_replicas", "Known replicas by state, by job.", {"job": name, "state": label}, n
         yield "fthsdp_watch_streams", "Open Watch streams of replicas, by job.", {"job": name}, watches
+        yield ("fthsdp_ping_streams", "Open Pings streams carrying the job's rank pings: one per host, or one per "
+               "group where its host 0 sends its hosts' (fthsdp/agent/node/relay/tree.py), by job.",
+               {"job": name}, job.ping_streams)
+        yield ("fthsdp_host_streams", "Open Host streams of the job's hosts, and of them those whose heartbeats "
+               "ride in ping batches, by job.", {"job": name, "beats": "own"}, job.hosts.streams - job.hosts.carried)
+        yield ("fthsdp_host_streams", "Open Host streams of the job's hosts, and of them those whose heartbeats "
+               "ride in ping batches, by job.", {"job": name, "beats": "in-batches"}, job.hosts.carried)
         yield from _progress_gauges(job.state)
     yield ("fthsdp_event_loop_lag_seconds",
            "The coordinator's worst event-loop lag over the last heartbeat timeout: how late it runs when overloaded.",

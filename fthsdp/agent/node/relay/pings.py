@@ -43,7 +43,6 @@ from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.tree import GROUP_PINGS, Feed, Route, ack_wait, peer_channel
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
-from fthsdp.core.credentials import TlsFiles
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 WINDOW = 0.2
@@ -69,12 +68,11 @@ class Pinger:
     """The host's pings upstream (on the relay's event loop): ``start()``, then ``follow`` each local stream."""
 
     def __init__(self, upstream: Upstream, window: float = WINDOW, liveness: Liveness | None = None,
-                 on_silent: Callable[[Silence], None] | None = None, tls: TlsFiles | None = None) -> None:
+                 on_silent: Callable[[Silence], None] | None = None) -> None:
         self.upstream = upstream
         self.window = window
         self.liveness = liveness
         self._on_silent = on_silent
-        self._tls = tls
         self.beats = CarriedBeats()
         """The hosts the batches speak for (their Host streams' heartbeats: fthsdp/agent/node/relay/host_beats.py)."""
         self.route = Route()
@@ -282,7 +280,7 @@ class Pinger:
         loop = asyncio.get_running_loop()
         channel = self._peer_channels.get(address)
         if channel is None:
-            channel = self._peer_channels[address] = peer_channel(address, self.route.host_id, self._tls)
+            channel = self._peer_channels[address] = peer_channel(address)
         sent: dict[int, tuple[float, list, list[str]]] = {}
         call = channel.stream_stream(GROUP_PINGS)(self._batches(sent), metadata=self.upstream.metadata)
 

@@ -136,7 +136,7 @@ class LocalRelay:
         upstream = Upstream(self._coordinators, self._token, self._tls)
         self.fanout = WatchFanout(upstream)
         liveness = Liveness(self._rank_silence) if self._rank_silence is not None else None
-        self.pinger = Pinger(upstream, liveness=liveness, on_silent=self._silences.put, tls=self._tls)
+        self.pinger = Pinger(upstream, liveness=liveness, on_silent=self._silences.put)
         self.pinger.start()
         self.peers = PeerServer(self.pinger, self._token, self._tls)
         calls = Calls(upstream, self.fanout, self.pinger, bearer_metadata(self._token), self.peers)

@@ -27,9 +27,10 @@ target size. With it a group of 16 to 128 hosts sends one
 * A round that ends, or a host whose stream closes, goes back to sending
   its own batches.
 
-With TLS the peers' connections are mutual TLS with the agents' own
-certificates (a host's names its host id, which the caller checks against
-the round's node rank 0); a caller presents the job's token either way.
+A caller presents the job's token. With TLS there is no tree yet: the
+agents' certificates are client certificates (deploy/make-certs.sh), which
+cannot serve, and name no host; each host sends its own batches, its
+heartbeat folded in (fthsdp/agent/node/relay/host_beats.py).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Route:
         self.aggregator = ""
         """HOST:PORT of the round's host 0 relay; '': none (this host is host 0, or no round runs)."""
         self.host_id = ""
-        """Host 0's host id: what its certificate names, with TLS."""
+        """Host 0's host id."""
         self._failed_until = 0.0
         self.changed = asyncio.Event()
         """Set when the route changes: the open upstream call ends, and the next opens where it says."""
@@ -107,27 +108,22 @@ class PeerServer:
         """HOST:PORT it serves on; '' until it does."""
 
     async def listen(self, host: str) -> str:
-        """Serve on ``host`` (a free port), once; '' if it cannot (the hosts of the group send their own)."""
+        """Serve on ``host`` (a free port), once; '' if it does not (the hosts of the group send their own)."""
         if self._server is not None or not host:
             return self.address
-        server = grpc.aio.server()
+        server = self._server = grpc.aio.server()
+        if self._tls is not None and self._tls.enabled:
+            log.info("TLS: this host's relay takes no other host's pings; each host of the group sends its own")
+            return ""
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             "fthsdp.v1.GroupPings", {"Pings": grpc.stream_stream_rpc_method_handler(self.pings)}),))
         bind = f"[{host}]:0" if ":" in host else f"{host}:0"
         try:
-            if self._tls is not None and self._tls.enabled:
-                credentials = grpc.ssl_server_credentials(
-                    [(self._tls.read("key"), self._tls.read("cert"))], root_certificates=self._tls.read("ca"),
-                    require_client_auth=True)
-                port = server.add_secure_port(bind, credentials)
-            else:
-                port = server.add_insecure_port(bind)
+            port = server.add_insecure_port(bind)
             await server.start()
-        except Exception as e:  # noqa: BLE001 - the tree is an optimisation: each host sends its own then
+        except Exception as e:  # noqa: BLE001 - the tree saves the coordinator work: each host sends its own then
             log.warning("the relay cannot take its group's pings on %s (%s); each host sends its own", bind, e)
-            self._server = server
             return ""
-        self._server = server
         self.address = f"{bind.rsplit(':', 1)[0]}:{port}"
         return self.address
 
@@ -159,11 +155,6 @@ class PeerServer:
             self._pinger.forget(feed)
 
 
-def peer_channel(address: str, host_id: str, tls: TlsFiles | None) -> grpc.aio.Channel:
-    """A channel to the group's host 0 relay at ``address``; with TLS its certificate must name ``host_id``."""
-    if tls is not None and tls.enabled:
-        credentials = grpc.ssl_channel_credentials(root_certificates=tls.read("ca"), private_key=tls.read("key"),
-                                                   certificate_chain=tls.read("cert"))
-        named = (("grpc.ssl_target_name_override", host_id),) if host_id else ()
-        return grpc.aio.secure_channel(address, credentials, options=(*CHANNEL_OPTIONS, *named))
+def peer_channel(address: str) -> grpc.aio.Channel:
+    """A channel to the group's host 0 relay at ``address`` (no TLS: see the module's note)."""
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
