@@ -27,6 +27,7 @@ SMOKE = {
     "coordinator_scale": (["--replicas", "20", "--clients", "1", "--seconds", "2"], 300),
     "host_scale": (["--hosts", "32", "--seconds", "1"], 300),
     "relay_pings": (["--hosts", "5", "--seconds", "2"], 300),
+    "ping_cost": (["--batches", "20", "--trials", "1"], 300),
     "relay_pings:fit": (["--fit", "2,8", "--hosts", "5", "--seconds", "2"], 300),
     "control_plane": (["--hosts", "32", "--hosts-per-group", "4", "--clients", "1", "--seconds", "2"], 300),
     "control_plane:tree": (["--hosts", "32", "--hosts-per-group", "4", "--clients", "1", "--seconds", "2",

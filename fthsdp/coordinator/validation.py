@@ -118,6 +118,23 @@ def check_heartbeat(req, names_checked: set[str] | None = None) -> None:
         _short("recent_checksums.inputs", item.inputs, MAX_STEP_INPUTS)
 
 
+def check_rank_ping(req, replicas_checked: set[str]) -> None:
+    """A batched ping of a rank other than 0: only what such a ping is read for (its replica, rank, step,
+    progress, whether it left) is checked, and its replica id once per batch (``replicas_checked``); the
+    rank-0 fields it may carry are never read (fthsdp/coordinator/job/replica_calls.py ``rank_ping``)."""
+    if req.local_only:
+        raise InvalidRequest("local_only: a ping for the node agent's relay alone, never for the coordinator")
+    if not 0 < req.shard_rank < MAX_WORLD_SIZE:
+        raise InvalidRequest(f"shard_rank must be between 0 and {MAX_WORLD_SIZE - 1}, got {req.shard_rank}")
+    if req.replica_id not in replicas_checked:
+        check_replica_id(req.replica_id)
+        replicas_checked.add(req.replica_id)
+    if req.step < 0:
+        _non_negative("step", req.step)
+    if req.ack:
+        raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
+
+
 def check_watch(req) -> None:
     if req.session_id:
         check_session(req)

@@ -201,6 +201,13 @@ class CoordinatorRuntime:
             self.wake()
         return response
 
+    def batched_rank_ping(self, req: pb.HeartbeatRequest) -> None:
+        """A rank's ping (shard rank above 0) in a batch: its liveness and progress, nothing answered, not
+        counted (the caller counts the batch's: ``count_heartbeats``)."""
+        self.job(req.job).state.rank_pinged(req.replica_id, req.shard_rank, self.clock(),
+                                            req.progress if req.HasField("progress") else None, req.left,
+                                            req.incarnation, batched=True)
+
     def hosts_beat(self, job: str, hosts: Iterable[str]) -> None:
         """A ping batch speaks for ``hosts`` of ``job`` (PingBatch.hosts): each counts as a heartbeat on its
         Host stream."""

@@ -199,7 +199,16 @@ class ReplicaCalls(JobTable):
         self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False,
         incarnation: str = "", batched: bool = False,
     ) -> pb.HeartbeatResponse:
-        """A rank other than 0 pings: its liveness and progress (``batched``: in its host's batch)."""
+        """A rank other than 0 pings: its liveness and progress (``batched``: in its host's batch), answered."""
+        entry = self.rank_pinged(replica_id, shard_rank, now, progress, left, incarnation, batched)
+        return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0,
+                                    drain_requested=entry.standing.drain_requested)
+
+    def rank_pinged(
+        self, replica_id: str, shard_rank: int, now: float, progress: pb.Progress | None, left: bool = False,
+        incarnation: str = "", batched: bool = False,
+    ) -> ReplicaEntry:
+        """``rank_ping`` without its answer (a ping in a batch asks for none): the replica's entry."""
         entry = self.of_incarnation(replica_id, incarnation)
         inc = entry.incarnation
         if shard_rank >= inc.world_size:
@@ -216,8 +225,7 @@ class ReplicaCalls(JobTable):
             inc.rank_heartbeats[shard_rank] = now
         if progress is not None and not left:
             self.progress.report(replica_id, shard_rank, progress, now)
-        return pb.HeartbeatResponse(quorum_id=self.quorum.id if self.quorum else 0,
-                                    drain_requested=entry.standing.drain_requested)
+        return entry
 
     def watch_opened(self, replica_id: str, session_id: str) -> None:
         entry = self._session(replica_id, session_id)

@@ -210,23 +210,30 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 try:
                     _check_request(batch, self.max_request_bytes)
                     validation.check_ping_batch(batch)
+                    if batch.hosts:  # a follower, or a job it does not serve: the stream ends with the status
+                        self._send_for(batch.job, senders)
+                        self.runtime.hosts_beat(batch.job, batch.hosts)
                 except FthsdpError as e:
                     await context.abort(status_code_for(e), str(e))
-                if batch.hosts:
-                    self._send_for(batch.job, senders)
-                    self.runtime.hosts_beat(batch.job, batch.hosts)
-                names: set[str] = set()  # checked once per batch: a host's ranks name the same job and group
+                # Names checked once per batch: a host's or a group's ranks name the same job and group.
+                jobs: set[str] = set()
+                replicas: set[str] = set()
                 counted: dict[str, int] = {}
                 for ping in batch.pings:
                     try:
-                        if ping.job not in names:
+                        if ping.job not in jobs:
                             validation.check_job_field(ping.job, allow_empty=True)
-                            names.add(ping.job)
+                            jobs.add(ping.job)
                             self._send_for(ping.job, senders)
-                        validation.check_heartbeat(ping, names)
-                        if ping.ack:
-                            raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
-                        self.runtime.heartbeat(ping, batched=True, counted=False)
+                        if ping.shard_rank > 0:  # nearly all of them: a rank's liveness and progress alone
+                            validation.check_rank_ping(ping, replicas)
+                            self.runtime.batched_rank_ping(ping)
+                        else:
+                            validation.check_heartbeat(ping, replicas)
+                            if ping.ack:
+                                raise InvalidRequest("a batched ping asks for no answer (ack): send it on "
+                                                     "HeartbeatStream")
+                            self.runtime.heartbeat(ping, batched=True, counted=False)
                         counted[ping.job] = counted.get(ping.job, 0) + 1
                     except FthsdpError as e:
                         yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
