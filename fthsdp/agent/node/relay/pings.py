@@ -14,7 +14,10 @@ relay has that wait added to its progress's phase age, so that the
 coordinator works out the same phase start as from the rank itself. Each
 batch also names the host, whose Host stream then leaves out its own
 heartbeats (fthsdp/agent/node/relay/host_beats.py): one message per host per
-interval.
+interval. In a group of several hosts the batches of every host but the
+round's node rank 0 go to that host's relay (``route``), which sends them
+on in its own, and answers each once it did (``take``): one message per
+group per interval (fthsdp/agent/node/relay/tree.py).
 
 Every ping, and the rank's pings for the relay alone (``local_only``,
 every second), also tell the host's ``Liveness`` that the rank is alive
