@@ -2,7 +2,7 @@
 
     python benchmarks/control_plane.py [--hosts 1000,4000,12500] [--hosts-per-group 16] [--ranks 8]
         [--clients 3] [--seconds 20] [--heartbeat-timeout 10s] [--start-rate 2000]
-        [--shape host|folded|tree] [--json FILE]
+        [--shape host|folded|tree] [--pings digest|whole] [--json FILE]
 
 Two coordinator processes on one private etcd (one leads, one follows), and
 ``--clients`` processes that simulate the hosts. Each simulated host does
@@ -14,7 +14,8 @@ on one connection of its own:
   batch names the host (``--shape``: fthsdp/agent/node/relay/host_beats.py);
 * one Watch, shared by its ranks (the relay's fan-out): every event parsed;
 * one Pings stream: its ranks' pings with their progress, one batch per
-  heartbeat interval (fthsdp/agent/node/relay/pings.py);
+  heartbeat interval (fthsdp/agent/node/relay/pings.py), in columns
+  (``--pings digest``, fthsdp/core/rank_digest.py) or a HeartbeatRequest each;
 * node rank 0 only: its group's rank 0 Session (register, heartbeats with
   progress, a tenth of them asking for an answer: the heartbeat latency).
 
@@ -118,7 +119,7 @@ def wait_until(what, deadline: float, every: float = 0.5) -> bool:
 
 
 def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, timeout: str,
-        start_rate: float, logs: Path | None = None, shape: str = "folded") -> dict:
+        start_rate: float, logs: Path | None = None, shape: str = "folded", pings: str = "digest") -> dict:
     from fthsdp.testing.local_etcd import EtcdServer
 
     groups = max(2, hosts // per_group)
@@ -136,7 +137,7 @@ def run(hosts: int, per_group: int, ranks: int, clients: int, seconds: float, ti
         for count in per:
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--client", addresses, str(first), str(count), str(groups),
-                 str(per_group), str(ranks), str(start_rate / clients), shape],
+                 str(per_group), str(ranks), str(start_rate / clients), shape, pings],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT))
             first += count
         for p in procs:
@@ -259,22 +260,26 @@ def main() -> None:
                    help="hosts started per second, all clients together (default 2000)")
     p.add_argument("--shape", default="folded", help="how a host's heartbeats go: " + "; ".join(
         f"{name}: {what}" for name, what in SHAPES.items()) + " (default folded, as the agents send them)")
-    p.add_argument("--client", nargs=8, help=argparse.SUPPRESS)
+    p.add_argument("--pings", default="digest", help="how a batch carries its ranks' pings: digest (in columns, "
+                   "fthsdp/core/rank_digest.py, as the relays send them) or whole (a HeartbeatRequest each)")
+    p.add_argument("--client", nargs=9, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
-        addresses, first, count, groups, per_group, ranks, rate, shape = args.client
+        addresses, first, count, groups, per_group, ranks, rate, shape, pings = args.client
         from benchmarks.control_plane_hosts import client_main
 
         asyncio.run(client_main(addresses.split(","), int(first), int(count), int(groups), int(per_group),
-                                int(ranks), float(rate), shape))
+                                int(ranks), float(rate), shape, pings))
         return
     if args.shape not in SHAPES:
         p.error(f"--shape {args.shape!r}: one of {', '.join(SHAPES)}")
+    if args.pings not in ("digest", "whole"):
+        p.error(f"--pings {args.pings!r}: digest or whole")
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
         row = run(hosts, args.hosts_per_group, args.ranks, args.clients, args.seconds, args.heartbeat_timeout,
-                  args.start_rate, args.coordinator_logs, args.shape)
-        row["shape"] = args.shape
+                  args.start_rate, args.coordinator_logs, args.shape, args.pings)
+        row["shape"] = f"{args.shape}, {args.pings}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()

@@ -18,6 +18,8 @@ import random
 import sys
 import time
 
+from fthsdp.core import rank_digest
+
 STEP_TIME = 1.0
 ACK_SHARE = 0.1
 RETRY_FIRST, RETRY_CAP = 0.2, 2.0
@@ -197,6 +199,11 @@ class Host:
                             batch.job = "default"
                             batch.hosts.append(host.host_id)
                             host.carried_at = now
+                    if self.sim.pings == "digest":  # as the relay sends them to a coordinator that reads digests
+                        digests, whole = rank_digest.encode(batch.pings)
+                        del batch.pings[:]
+                        batch.pings.extend(whole)
+                        batch.digests.extend(digests)
                     self.sim.sent += 1
                     yield batch
                 await asyncio.sleep(self.interval)
@@ -278,14 +285,14 @@ class Host:
 
 class Client:
     def __init__(self, addresses: list[str], first: int, count: int, groups: int, per_group: int, ranks: int,
-                 shape: str = "folded") -> None:
+                 shape: str = "folded", pings: str = "digest") -> None:
         import grpc
 
         from fthsdp.protos.v1 import coordinator_pb2 as pb
 
         self.grpc, self.pb = grpc, pb
         self.addresses, self.groups, self.per_group, self.ranks = addresses, groups, per_group, ranks
-        self.shape = shape
+        self.shape, self.pings = shape, pings
         self.hosts = [Host(self, g, n) for g in range(first, first + count) for n in range(per_group)]
         self.by_group: dict[int, list[Host]] = {}
         for host in self.hosts:
@@ -321,10 +328,10 @@ class Client:
 
 
 async def client_main(addresses: list[str], first: int, count: int, groups: int, per_group: int, ranks: int,
-                      start_rate: float, shape: str = "folded") -> None:
+                      start_rate: float, shape: str = "folded", pings: str = "digest") -> None:
     from fthsdp.coordinator.engine.loop_lag import LagWindow, probe
 
-    sim = Client(addresses, first, count, groups, per_group, ranks, shape)
+    sim = Client(addresses, first, count, groups, per_group, ranks, shape, pings)
     lag = LagWindow(1e9)
     lag_probe = asyncio.create_task(probe(lag))
     loop = asyncio.get_running_loop()

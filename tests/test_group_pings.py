@@ -110,6 +110,7 @@ def test_the_groups_pings_go_as_one_batch_through_its_host_0_and_a_host_goes_dir
         wait_until(lambda: all(entry.incarnation.rank_heartbeats.get(k, 0) > heard.get(k, 0) for k in (1, 2, 3)),
                    DEADLINE, message="every rank's ping recorded, b's passed on by a")
         assert b.relay.pinger.route.target(0.0) == a.relay.peers.address
+        assert a.relay.pinger.digests > 0 and b.relay.pinger.digests == 0, "columns to the coordinator only"
         carried = beats.count(True)
         wait_until(lambda: beats.count(True) >= carried + 10, DEADLINE, message="10 more carried beats")
         assert job.ping_streams == 1 and job.hosts.carried == 2
@@ -130,6 +131,7 @@ def test_the_groups_pings_go_as_one_batch_through_its_host_0_and_a_host_goes_dir
         assert job.hosts.hosts["b"].alive and job.hosts.hosts["a"].alive
         assert "r1" in job.state.replicas and entry.incarnation.failed_at is None
         assert not b.relay.pinger.route.target(b.relay._loop.time())  # for a while: FALLBACK_FOR
+        assert b.relay.pinger.digests > 0, "b's ranks in columns, now that b speaks to the coordinator"
     finally:
         for host in (a, b):
             host.close()

@@ -135,6 +135,34 @@ def check_rank_ping(req, replicas_checked: set[str]) -> None:
         raise InvalidRequest("a batched ping asks for no answer (ack): send it on HeartbeatStream")
 
 
+DIGEST_PHASES = frozenset(pb.Phase.values()) - {pb.PHASE_SECTION}
+"""A rank in a marked section sends its section's name and timeout: a whole HeartbeatRequest, not a digest."""
+
+
+def check_rank_digest(digest, replicas_checked: set[str]) -> None:
+    """A ``RankDigest``: its names (the replica once per batch), ranks above 0 and none twice, columns of one
+    length, steps not negative, phases known and outside a section."""
+    if digest.replica_id not in replicas_checked:
+        check_replica_id(digest.replica_id)
+        replicas_checked.add(digest.replica_id)
+    ranks = digest.ranks
+    n = len(ranks)
+    if any(len(column) != n for column in (digest.phases, digest.phase_ages_s, digest.steps, digest.step_times_s,
+                                           digest.compute_times_s)):
+        raise InvalidRequest(f"a rank digest of replica {digest.replica_id!r} has columns of different lengths "
+                             f"({n} ranks)")
+    if n and not (0 < min(ranks) and max(ranks) < MAX_WORLD_SIZE):
+        raise InvalidRequest(f"a rank digest's ranks must be between 1 and {MAX_WORLD_SIZE - 1}, got "
+                             f"{min(ranks)} to {max(ranks)}")
+    if len(set(ranks)) != n:
+        raise InvalidRequest(f"a rank digest of replica {digest.replica_id!r} names a rank twice")
+    if n and min(digest.steps) < 0:
+        _non_negative("steps", min(digest.steps))
+    if not DIGEST_PHASES.issuperset(digest.phases):
+        raise InvalidRequest(f"a rank digest's phases must be phases outside a section, got "
+                             f"{sorted(set(digest.phases) - DIGEST_PHASES)}")
+
+
 def check_watch(req) -> None:
     if req.session_id:
         check_session(req)

@@ -116,12 +116,17 @@ class Aborted(Exception):
 
 class FakeContext:
     """The little of a grpc.aio ``ServicerContext`` the servicer uses: ``abort``
-    (recorded, then raises ``Aborted`` as grpc.aio's does), ``peer``, and
-    ``auth_context`` (a client certificate's names under mutual TLS)."""
+    (recorded, then raises ``Aborted`` as grpc.aio's does), ``peer``,
+    ``auth_context`` (a client certificate's names under mutual TLS) and
+    ``send_initial_metadata`` (recorded)."""
 
     def __init__(self, peer: str = "ipv4:10.0.0.9:5000", auth: dict | None = None) -> None:
         self._peer, self._auth = peer, auth or {}
         self.aborts: list[tuple[object, str]] = []
+        self.initial_metadata: tuple = ()
+
+    async def send_initial_metadata(self, metadata) -> None:
+        self.initial_metadata = tuple(metadata)
 
     async def abort(self, code, details: str = "") -> None:
         self.aborts.append((code, details))

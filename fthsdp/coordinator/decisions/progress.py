@@ -65,6 +65,15 @@ class ProgressBook:
         self.reports.setdefault(replica_id, {})[shard_rank] = Report.of(progress, now)
         self._fresh = True
 
+    def report_digest(self, replica_id: str, digest: pb.RankDigest, now: float) -> None:
+        """The progress of a digest's ranks (``RankDigest``: checked, its columns of equal length)."""
+        reports = self.reports.setdefault(replica_id, {})
+        for rank, phase, age, step, step_time, compute_time in zip(
+                digest.ranks, digest.phases, digest.phase_ages_s, digest.steps, digest.step_times_s,
+                digest.compute_times_s, strict=True):
+            reports[rank] = Report(phase, age, step, now, step_time, compute_time)
+        self._fresh = True
+
     def rank0(self, replica_id: str) -> Report | None:
         return self.reports.get(replica_id, {}).get(0)
 

@@ -208,6 +208,10 @@ class CoordinatorRuntime:
                                             req.progress if req.HasField("progress") else None, req.left,
                                             req.incarnation, batched=True)
 
+    def batched_rank_digest(self, digest: pb.RankDigest) -> None:
+        """``batched_rank_ping`` for each rank of a digest (checked: validation.check_rank_digest)."""
+        self.job(digest.job).state.digest_pinged(digest, self.clock())
+
     def hosts_beat(self, job: str, hosts: Iterable[str]) -> None:
         """A ping batch speaks for ``hosts`` of ``job`` (PingBatch.hosts): each counts as a heartbeat on its
         Host stream."""

@@ -223,8 +223,27 @@ class ReplicaCalls(JobTable):
             inc.rank_heartbeats.pop(shard_rank, None)
         elif shard_rank not in inc.ranks_left:
             inc.rank_heartbeats[shard_rank] = now
-        if progress is not None and not left:
-            self.progress.report(replica_id, shard_rank, progress, now)
+            if progress is not None:
+                self.progress.report(replica_id, shard_rank, progress, now)
+        return entry
+
+    def digest_pinged(self, digest: pb.RankDigest, now: float) -> ReplicaEntry:
+        """``rank_pinged`` for each rank of a ``RankDigest`` (checked: ranks above 0, none twice, columns of
+        equal length), at once: none of them has left or is in a marked section."""
+        entry = self.of_incarnation(digest.replica_id, digest.incarnation)
+        inc = entry.incarnation
+        if digest.ranks and max(digest.ranks) >= inc.world_size:
+            raise InvalidRequest(f"shard_rank {max(digest.ranks)} is outside replica {digest.replica_id!r}'s "
+                                 f"{inc.world_size} ranks")
+        if not inc.pings_batched:
+            inc.pings_batched, self._senders = True, None  # counted by its hosts from now on
+        beats, left = inc.rank_heartbeats, inc.ranks_left
+        for rank in digest.ranks:
+            if rank not in left:
+                beats[rank] = now
+        if left:
+            digest = _without(digest, left)
+        self.progress.report_digest(digest.replica_id, digest, now)
         return entry
 
     def watch_opened(self, replica_id: str, session_id: str) -> None:
@@ -319,3 +338,13 @@ class ReplicaCalls(JobTable):
             entry.standing.cordoned, entry.standing.drain_requested = rec.cordoned, rec.drain_requested
             entry.standing.record_revision = revision
             self.schedule.now()
+
+
+def _without(digest: pb.RankDigest, ranks: set[int]) -> pb.RankDigest:
+    """``digest`` without ``ranks`` (ranks whose group left cleanly: a late ping of one changes nothing)."""
+    kept = [i for i, rank in enumerate(digest.ranks) if rank not in ranks]
+    return pb.RankDigest(
+        job=digest.job, replica_id=digest.replica_id, incarnation=digest.incarnation,
+        ranks=[digest.ranks[i] for i in kept], phases=[digest.phases[i] for i in kept],
+        phase_ages_s=[digest.phase_ages_s[i] for i in kept], steps=[digest.steps[i] for i in kept],
+        step_times_s=[digest.step_times_s[i] for i in kept], compute_times_s=[digest.compute_times_s[i] for i in kept])

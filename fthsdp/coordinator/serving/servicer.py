@@ -31,6 +31,7 @@ from fthsdp.core.errors import (
     StateNotLost,
     StoreUnavailable,
 )
+from fthsdp.core.rank_digest import RANK_DIGESTS
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from fthsdp.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -205,6 +206,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         # hosts a batch names are heartbeats of their Host streams. The stream
         # is one heartbeat sender of each job it carries, while it is open.
         senders: set[str] = set()
+        await context.send_initial_metadata(((RANK_DIGESTS, "1"),))  # it reads PingBatch.digests
         try:
             async for batch in request_iterator:
                 try:
@@ -221,10 +223,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 counted: dict[str, int] = {}
                 for ping in batch.pings:
                     try:
-                        if ping.job not in jobs:
-                            validation.check_job_field(ping.job, allow_empty=True)
-                            jobs.add(ping.job)
-                            self._send_for(ping.job, senders)
+                        self._batch_job(ping.job, jobs, senders)
                         if ping.shard_rank > 0:  # nearly all of them: a rank's liveness and progress alone
                             validation.check_rank_ping(ping, replicas)
                             self.runtime.batched_rank_ping(ping)
@@ -239,11 +238,29 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                         yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
                                              incarnation=ping.incarnation, code=status_code_for(e).value[0],
                                              details=str(e))
+                for digest in batch.digests:
+                    try:
+                        self._batch_job(digest.job, jobs, senders)
+                        validation.check_rank_digest(digest, replicas)
+                        self.runtime.batched_rank_digest(digest)
+                        counted[digest.job] = counted.get(digest.job, 0) + len(digest.ranks)
+                    except FthsdpError as e:
+                        for rank in digest.ranks:  # each rank's local stream ends with the status
+                            yield pb.PingRefused(replica_id=digest.replica_id, shard_rank=rank,
+                                                 incarnation=digest.incarnation, code=status_code_for(e).value[0],
+                                                 details=str(e))
                 for job, n in counted.items():
                     self.runtime.count_heartbeats(job, n)
         finally:
             for job in senders:
                 self.runtime.job(job).ping_streams -= 1
+
+    def _batch_job(self, job: str, jobs: set[str], senders: set[str]) -> None:
+        """A job named in a batch: checked once per batch (``jobs``), and the stream one of its senders."""
+        if job not in jobs:
+            validation.check_job_field(job, allow_empty=True)
+            jobs.add(job)
+            self._send_for(job, senders)
 
     def _send_for(self, job: str, senders: set[str]) -> None:
         """The Pings stream carries ``job``'s heartbeats: one sender more for its pace (once per stream)."""

@@ -188,16 +188,40 @@ class StepChecksum(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checksum: _Optional[str] = ..., inputs: _Optional[str] = ...) -> None: ...
 
 class PingBatch(_message.Message):
-    __slots__ = ("pings", "job", "hosts", "seq")
+    __slots__ = ("pings", "job", "hosts", "seq", "digests")
     PINGS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
     pings: _containers.RepeatedCompositeFieldContainer[HeartbeatRequest]
     job: str
     hosts: _containers.RepeatedScalarFieldContainer[str]
     seq: int
-    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ..., job: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., seq: _Optional[int] = ...) -> None: ...
+    digests: _containers.RepeatedCompositeFieldContainer[RankDigest]
+    def __init__(self, pings: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ..., job: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., seq: _Optional[int] = ..., digests: _Optional[_Iterable[_Union[RankDigest, _Mapping]]] = ...) -> None: ...
+
+class RankDigest(_message.Message):
+    __slots__ = ("job", "replica_id", "incarnation", "ranks", "phases", "phase_ages_s", "steps", "step_times_s", "compute_times_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    PHASE_AGES_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIMES_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TIMES_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    replica_id: str
+    incarnation: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    phases: _containers.RepeatedScalarFieldContainer[Phase]
+    phase_ages_s: _containers.RepeatedScalarFieldContainer[float]
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    step_times_s: _containers.RepeatedScalarFieldContainer[float]
+    compute_times_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, job: _Optional[str] = ..., replica_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., phases: _Optional[_Iterable[_Union[Phase, str]]] = ..., phase_ages_s: _Optional[_Iterable[float]] = ..., steps: _Optional[_Iterable[int]] = ..., step_times_s: _Optional[_Iterable[float]] = ..., compute_times_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GroupPingsReply(_message.Message):
     __slots__ = ("forwarded", "refused")

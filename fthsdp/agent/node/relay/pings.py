@@ -46,6 +46,7 @@ from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.tree import GROUP_PINGS, Feed, Route, ack_wait, peer_channel
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
 from fthsdp.client import MOVE_ON
+from fthsdp.core import rank_digest
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 WINDOW = 0.2
@@ -88,6 +89,8 @@ class Pinger:
         self._acks: list[tuple[Feed, int]] = []
         """As the group's host 0: the other hosts' batches the next batch passes on."""
         self._seq = 0
+        self._digests_read = False
+        """The coordinator of the open Pings call reads ``PingBatch.digests`` (fthsdp/core/rank_digest.py)."""
         self._peer_channels: dict[str, grpc.aio.Channel] = {}
         self._ready = asyncio.Event()
         self._refusals: dict[Key, set[asyncio.Future]] = {}
@@ -97,6 +100,8 @@ class Pinger:
         """Batches sent so far."""
         self.pings = 0
         """Pings sent so far, in those batches."""
+        self.digests = 0
+        """Rank digests sent so far, in those batches (fthsdp/core/rank_digest.py)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -199,7 +204,13 @@ class Pinger:
             for ping, came in taken.values():
                 if ping.HasField("progress"):
                     ping.progress.phase_age_s += now - came  # the phase began as long ago as the rank said
-                batch.pings.append(ping)
+            if numbered is None and self._digests_read:
+                digests, whole = rank_digest.encode(ping for ping, _ in taken.values())
+                batch.digests.extend(digests)
+                batch.pings.extend(whole)
+                self.digests += len(digests)
+            else:
+                batch.pings.extend(ping for ping, _ in taken.values())
             own = self.beats.name(batch)
             for host_id, job in peer_hosts.items():
                 batch.job = job
@@ -257,9 +268,12 @@ class Pinger:
     async def _direct(self) -> bool:
         """One Pings call to the coordinator, until it ends (False) or the route changes (True)."""
         index, channel = self.upstream.channel()
+        self._digests_read = False
         call = channel.stream_stream(SERVICE + "Pings")(self._batches(), metadata=self.upstream.metadata)
 
         async def read() -> None:
+            said = await call.initial_metadata()
+            self._digests_read = any(key == rank_digest.RANK_DIGESTS for key, _ in said or ())
             async for raw in call:
                 refusal = pb.PingRefused.FromString(raw)
                 code = CODES.get(refusal.code, grpc.StatusCode.UNKNOWN)
