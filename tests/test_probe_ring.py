@@ -91,9 +91,9 @@ def test_400_members_probe_through_the_book_each_sent_its_own_targets_and_the_fa
     sizes = {m: 2 for m in members}
     stuck = Stuck(step=40, rank=0, waited=12.0)
     book = ReachBook()
-    assert book.look(stuck, members, 7, 40, sizes, addresses, NOW, 10.0).act is Act.REGROUP
+    assert book.look(stuck, members, 7, lambda: 40, sizes, addresses, NOW, 10.0).act is Act.REGROUP
     book.quorum_changed()
-    assert book.look(stuck, members, 8, 40, sizes, addresses, NOW + 11, 10.0).act is Act.PROBE
+    assert book.look(stuck, members, 8, lambda: 40, sizes, addresses, NOW + 11, 10.0).act is Act.PROBE
     sent = []
     for m in members:
         request = book.probe_for(m, is_member=True)
@@ -105,5 +105,5 @@ def test_400_members_probe_through_the_book_each_sent_its_own_targets_and_the_fa
             reached = [t for t in targets if "r0200" not in (m, t)]
             book.answer(m, rank, request.id, reached, sorted(set(targets) - set(reached)), 2)
     assert max(sent) < 8 * 40  # bytes per member bounded by the ring's degree, not by the members
-    action = book.look(stuck, members, 8, 40, sizes, addresses, NOW + 12, 10.0)
+    action = book.look(stuck, members, 8, lambda: 40, sizes, addresses, NOW + 12, 10.0)
     assert action.act is Act.TAKE_OUT and set(action.take_out) == {"r0200"}, action

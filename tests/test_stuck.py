@@ -152,19 +152,27 @@ def test_reach_book_from_stuck_to_take_out_and_back() -> None:
     book = ReachBook()
     sizes = {m: 1 for m in MEMBERS}
     addresses = {m: (f"{m}:1",) for m in MEMBERS}
-    assert book.look(STUCK, MEMBERS, 7, 40, sizes, addresses, NOW, 10.0).act is Act.REGROUP
+    reads: list[int] = []
+
+    def low_step() -> int:  # a pass over every rank's report: read only once an escalation is under way
+        reads.append(40)
+        return 40
+
+    assert book.look(STUCK, MEMBERS, 7, low_step, sizes, addresses, NOW, 10.0).act is Act.REGROUP
+    assert reads == [], "not read while watching"
     assert "regrouping them" in book.regroup
     book.quorum_changed()
     assert book.regroup == ""
-    assert book.look(STUCK, MEMBERS, 8, 40, sizes, addresses, NOW + 11, 10.0).act is Act.PROBE
+    assert book.look(STUCK, MEMBERS, 8, low_step, sizes, addresses, NOW + 11, 10.0).act is Act.PROBE
     probe = book.probe_for("r0", is_member=True)
     assert [t.replica_id for t in probe.targets] == list(MEMBERS) and probe.targets[2].addresses == ["r2:1"]
     book.answer("r0", 0, probe.id, ["r1"], ["r2"], 1)
     book.answer("r1", 0, probe.id, ["r0"], ["r2"], 1)
     book.answer("r2", 0, probe.id, [], ["r0", "r1"], 1)
     book.answer("r2", 0, probe.id + 99, ["r0", "r1"], [], 1)  # a stale or made-up probe id counts for nothing
-    action = book.look(STUCK, MEMBERS, 8, 40, sizes, addresses, NOW + 12, 10.0)
+    action = book.look(STUCK, MEMBERS, 8, low_step, sizes, addresses, NOW + 12, 10.0)
     assert action.act is Act.TAKE_OUT and set(action.take_out) == {"r2"}
+    assert len(reads) == 2
     assert book.probe_for("r0", is_member=True) is None
     # r2, kept out, is asked to probe the members now and then; it is let back once it reaches them all.
     members = ["r0", "r1"]

@@ -23,6 +23,7 @@ from fthsdp.coordinator.decisions.hang import (
     straggler_scores,
     straggler_verdict,
 )
+from fthsdp.coordinator.decisions.wait_index import WaitIndex
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 CHECK_EVERY = 0.25
@@ -36,6 +37,8 @@ class ProgressBook:
     def __init__(self, rules: HangRules) -> None:
         self.rules = rules
         self.reports: dict[str, dict[int, Report]] = {}
+        self.waits = WaitIndex()
+        """Where the reports say processes wait, kept as they come: a look reads it, not every report."""
         self.scores: dict[str, float] = {}
         """Straggler scores of the members at the last look (fthsdp/coordinator/decisions/hang.py)."""
         self.median_step = 0.0
@@ -58,20 +61,27 @@ class ProgressBook:
     def forget(self, replica_id: str) -> None:
         """A new incarnation registered: its predecessor's reports say nothing of it."""
         self.reports.pop(replica_id, None)
+        self.waits.forget(replica_id)
         self._slow_since.pop(replica_id, None)
         self.scores.pop(replica_id, None)
 
     def report(self, replica_id: str, shard_rank: int, progress: pb.Progress, now: float) -> None:
-        self.reports.setdefault(replica_id, {})[shard_rank] = Report.of(progress, now)
+        report = self.reports.setdefault(replica_id, {})[shard_rank] = Report.of(progress, now)
+        self.waits.saw(replica_id, shard_rank, report)
         self._fresh = True
 
     def report_digest(self, replica_id: str, digest: pb.RankDigest, now: float) -> None:
-        """The progress of a digest's ranks (``RankDigest``: checked, its columns of equal length)."""
-        reports = self.reports.setdefault(replica_id, {})
+        """The progress of a digest's ranks (``RankDigest``: checked, its columns of equal length; no rank of
+        it is in a section)."""
+        reports, waits = self.reports.setdefault(replica_id, {}), self.waits
         for rank, phase, age, step, step_time, compute_time in zip(
                 digest.ranks, digest.phases, digest.phase_ages_s, digest.steps, digest.step_times_s,
                 digest.compute_times_s, strict=True):
-            reports[rank] = Report(phase, age, step, now, step_time, compute_time)
+            report = reports[rank] = Report(phase, age, step, now, step_time, compute_time)
+            if phase == pb.PHASE_ALLREDUCE:
+                waits.waiting(replica_id, rank, report)
+        if waits.sections:
+            waits.left_sections(replica_id, digest.ranks)
         self._fresh = True
 
     def rank0(self, replica_id: str) -> Report | None:
@@ -107,7 +117,7 @@ class ProgressBook:
         self.median_step = median_step_time(first)
         self.limit = job_limit(self.median_step, self.rules)
         reports = {rid: self.reports[rid] for rid in members}
-        oldest_wait, shortest, longest = self._scan(reports)
+        oldest_wait, shortest, longest = self._bounds(set(members))
         # The longest any member may now go without progress: what a replica
         # waiting in the all-reduce waits at least, for a verdict, before it gives up.
         self.horizon = longest
@@ -130,19 +140,16 @@ class ProgressBook:
                 stragglers[rid] = why
         return hung, stragglers
 
-    def _scan(self, reports: dict[str, dict[int, Report]]) -> tuple[float, float, float]:
-        """One pass over the members' reports: the earliest start of a wait in an all-reduce (inf:
-        none), and the shortest and the longest limit any process is held to (a marked section's own,
-        else the job's)."""
-        oldest, shortest, longest = float("inf"), self.limit, self.limit
-        for ranks in reports.values():
-            for r in ranks.values():
-                if r.phase == pb.PHASE_ALLREDUCE:
-                    oldest = min(oldest, r.received - r.age)
-                elif r.phase == pb.PHASE_SECTION:
-                    own = limit_for(r, self.limit, self.rules)
-                    shortest, longest = min(shortest, own), max(longest, own)
-        return oldest, shortest, longest
+    def _bounds(self, members: set[str]) -> tuple[float, float, float]:
+        """The earliest start of a wait in an all-reduce (inf: none; any process's, a member's or not: it
+        errs early), and the shortest and the longest limit any member's process is held to (a marked
+        section's own, else the job's). From the wait index, not a pass over every report."""
+        shortest = longest = self.limit
+        for (rid, _), r in self.waits.sections.items():
+            if rid in members:
+                own = limit_for(r, self.limit, self.rules)
+                shortest, longest = min(shortest, own), max(longest, own)
+        return self.waits.oldest(self.reports), shortest, longest
 
     def low_step(self, members: Iterable[str]) -> int:
         """The lowest step among the members' latest reports (any rank): past

@@ -9,7 +9,7 @@ Part of a ``JobState``, like ``ProgressBook``: no I/O, the time passed in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fthsdp.coordinator.decisions.hang import Stuck
 from fthsdp.coordinator.decisions.stuck import (
@@ -80,16 +80,18 @@ class ReachBook:
     # ----- the members' stuck collective ---------------------------------------------
 
     def look(
-        self, stuck: Stuck | None, members: Sequence[str], quorum_id: int, low_step: int,
+        self, stuck: Stuck | None, members: Sequence[str], quorum_id: int, low_step: Callable[[], int],
         world_sizes: Mapping[str, int], addresses: Mapping[str, Sequence[str]], now: float, limit: float,
     ) -> Remedy:
-        """One step of the escalation (fthsdp/coordinator/decisions/stuck.py) with what is known now."""
+        """One step of the escalation (fthsdp/coordinator/decisions/stuck.py) with what is known now.
+        ``low_step`` (a pass over every rank's report) is read only while an escalation is under way."""
         probe = self._members_probe
         if probe is not None and probe.id == self.escalation.probe_id:
             reach, reported = merge_reports(probe.answers, world_sizes)
         else:
             reach, reported = {}, frozenset()
-        self.escalation, action = escalate(self.escalation, stuck, members, quorum_id, low_step, reach, reported,
+        low = low_step() if self.escalation.stage is not Stage.WATCHING else -1
+        self.escalation, action = escalate(self.escalation, stuck, members, quorum_id, low, reach, reported,
                                            now, limit)
         if action.act is Act.REGROUP:
             self.regroup = action.reason

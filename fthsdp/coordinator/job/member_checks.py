@@ -79,7 +79,7 @@ class MemberChecks(JobTable):
         if len(live) < len(self._members):
             return  # a member is being taken out anyway: the next quorum redoes the step without it
         sizes = {rid: self.replicas[rid].incarnation.world_size for rid in live}
-        action = self.reach.look(self.progress.stuck, live, self.quorum.id, self.progress.low_step(live),
+        action = self.reach.look(self.progress.stuck, live, self.quorum.id, lambda: self.progress.low_step(live),
                                  sizes, self._addresses(), now, self.progress.limit)
         if action.act is Act.NOTHING:
             return
