@@ -18,8 +18,6 @@ import random
 import sys
 import time
 
-from fthsdp.core import rank_digest
-
 STEP_TIME = 1.0
 ACK_SHARE = 0.1
 RETRY_FIRST, RETRY_CAP = 0.2, 2.0
@@ -36,6 +34,17 @@ SHAPES = {
 }
 
 
+
+
+def add_columns(digest, ranks: range, progress) -> None:
+    """``ranks``, all at ``progress``, in a RankDigest's columns."""
+    n = len(ranks)
+    digest.ranks.extend(ranks)
+    digest.phases.extend([progress.phase] * n)
+    digest.phase_ages_s.extend([progress.phase_age_s] * n)
+    digest.steps.extend([progress.step] * n)
+    digest.step_times_s.extend([progress.step_time_s] * n)
+    digest.compute_times_s.extend([progress.compute_time_s] * n)
 
 
 def progress(pb, now: float, compute: float):
@@ -190,20 +199,24 @@ class Host:
                 speaks_for = self._speaks_for()
                 if speaks_for:
                     batch = pb.PingBatch()
+                    incarnation = f"{self.rid}-{self.round}"
+                    # In columns, as the relay sends them to a coordinator that reads digests
+                    # (fthsdp/core/rank_digest.py): built as columns here, the harness's cheapest way.
+                    digest = pb.RankDigest(job="default", replica_id=self.rid, incarnation=incarnation)
                     for host in speaks_for:
-                        for rank in host.ranks:
-                            batch.pings.append(pb.HeartbeatRequest(
-                                job="default", replica_id=self.rid, shard_rank=rank, step=0,
-                                incarnation=f"{self.rid}-{self.round}", progress=progress(pb, now, host.compute)))
+                        if self.sim.pings == "digest":
+                            add_columns(digest, host.ranks, progress(pb, now, host.compute))
+                        else:
+                            for rank in host.ranks:
+                                batch.pings.append(pb.HeartbeatRequest(
+                                    job="default", replica_id=self.rid, shard_rank=rank, step=0,
+                                    incarnation=incarnation, progress=progress(pb, now, host.compute)))
                         if self.sim.shape != "host" and host.beats_in_batches:
                             batch.job = "default"
                             batch.hosts.append(host.host_id)
                             host.carried_at = now
-                    if self.sim.pings == "digest":  # as the relay sends them to a coordinator that reads digests
-                        digests, whole = rank_digest.encode(batch.pings)
-                        del batch.pings[:]
-                        batch.pings.extend(whole)
-                        batch.digests.extend(digests)
+                    if digest.ranks:
+                        batch.digests.append(digest)
                     self.sim.sent += 1
                     yield batch
                 await asyncio.sleep(self.interval)

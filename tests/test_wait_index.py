@@ -69,6 +69,9 @@ def test_the_index_agrees_with_a_pass_over_every_report(seed, monkeypatch):
                                                            step=1, section_timeout_s=rng.random() * 20), now)
         if rng.random() < 0.1:
             oldest, sections = scan(book.reports)
+            before = now - rng.random() * 5
+            seen = book.waits.oldest(book.reports, before)
+            assert seen == oldest if oldest <= before else before < seen <= oldest
             assert book.waits.oldest(book.reports) == oldest
             assert set(book.waits.sections) == sections
     book.waits.oldest(book.reports)

@@ -117,7 +117,7 @@ class ProgressBook:
         self.median_step = median_step_time(first)
         self.limit = job_limit(self.median_step, self.rules)
         reports = {rid: self.reports[rid] for rid in members}
-        oldest_wait, shortest, longest = self._bounds(set(members))
+        oldest_wait, shortest, longest = self._bounds(set(members), now)
         # The longest any member may now go without progress: what a replica
         # waiting in the all-reduce waits at least, for a verdict, before it gives up.
         self.horizon = longest
@@ -140,16 +140,17 @@ class ProgressBook:
                 stragglers[rid] = why
         return hung, stragglers
 
-    def _bounds(self, members: set[str]) -> tuple[float, float, float]:
-        """The earliest start of a wait in an all-reduce (inf: none; any process's, a member's or not: it
-        errs early), and the shortest and the longest limit any member's process is held to (a marked
-        section's own, else the job's). From the wait index, not a pass over every report."""
+    def _bounds(self, members: set[str], now: float) -> tuple[float, float, float]:
+        """The shortest and the longest limit any member's process is held to (a marked section's own,
+        else the job's), and the earliest start of a wait in an all-reduce (any process's, a member's or
+        not: it errs early), exact only if it is at least the shortest limit ago. From the wait index, not
+        a pass over every report."""
         shortest = longest = self.limit
         for (rid, _), r in self.waits.sections.items():
             if rid in members:
                 own = limit_for(r, self.limit, self.rules)
                 shortest, longest = min(shortest, own), max(longest, own)
-        return self.waits.oldest(self.reports), shortest, longest
+        return self.waits.oldest(self.reports, now - shortest), shortest, longest
 
     def low_step(self, members: Iterable[str]) -> int:
         """The lowest step among the members' latest reports (any rank): past

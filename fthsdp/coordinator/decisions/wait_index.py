@@ -62,8 +62,11 @@ class WaitIndex:
         for key in [key for key in self.sections if key[0] == replica_id]:
             del self.sections[key]
 
-    def oldest(self, reports: Mapping[str, Mapping[int, Report]]) -> float:
-        """The earliest start of a wait that is still some process's latest report (``reports``); inf: none."""
+    def oldest(self, reports: Mapping[str, Mapping[int, Report]], before: float = float("inf")) -> float:
+        """The earliest start of a wait that is still some process's latest report (``reports``; inf: none),
+        exact if it is ``before`` or earlier; otherwise a start after ``before``, at most the earliest. Stale
+        entries are read only when they might matter: in the steady state, where every wait is short, a
+        look pops nothing."""
         heap = self._heap
         if len(heap) > self._compact_at:
             heap[:] = [entry for entry in heap if reports.get(entry[2], {}).get(entry[3]) is entry[4]]
@@ -71,7 +74,7 @@ class WaitIndex:
             self._compact_at = 2 * len(heap) + COMPACT_SLACK
         while heap:
             start, _, replica_id, rank, report = heap[0]
-            if reports.get(replica_id, {}).get(rank) is report:
+            if start > before or reports.get(replica_id, {}).get(rank) is report:
                 return start
             heapq.heappop(heap)
         return float("inf")
