@@ -103,3 +103,27 @@ def test_one_future_waits_on_two_broadcasts_and_the_first_to_fire_resolves_it():
             f.set_result(None)
         assert len(job._waiters) <= job.batch + 1
     asyncio.run(scenario())
+
+
+def test_thousands_of_waiters_are_kept_without_a_pass_over_all_of_them_at_every_add():
+    """A new leader's reconnecting hosts add thousands of waiters between two changes: the list is
+    compacted once it doubled (amortised constant work an add), it holds no more than twice the live
+    waiters, and every live one wakes at the next notify."""
+    async def scenario():
+        job = Broadcast(batch=4)
+        loop = asyncio.get_running_loop()
+        live, passes = [], 0
+        for k in range(4000):
+            f = loop.create_future()
+            before = job._waiters
+            job.add(job.generation, f)
+            passes += job._waiters is not before  # a compaction builds a new list
+            if k % 2:
+                f.set_result(None)  # resolved by another broadcast the stream also waits on
+            else:
+                live.append(f)
+            assert len(job._waiters) <= 2 * (len(live) + 1) + job.batch
+        assert passes <= 20, f"{passes} passes over the waiters for 4,000 adds"  # logarithmic: 17
+        job.notify()
+        await asyncio.wait_for(asyncio.gather(*live), 5.0)
+    asyncio.run(scenario())

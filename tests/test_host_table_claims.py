@@ -76,6 +76,31 @@ def test_after_a_restart_a_host_lost_meanwhile_is_known_from_the_others_and_a_sp
     assert (complete.round, complete.node_rank, list(complete.hosts)) == (4, 1, ["a", "s"])
 
 
+def test_after_a_takeover_no_host_is_lost_for_its_silence_before_the_grace_ends():
+    """A new leader holds every host's silence for the replicas' reconnect grace (HostTable.hold): the hosts
+    of thousands of agents come back over many seconds. A host back and silent, and one named only by the
+    others' hellos, are lost once the grace ends, not a heartbeat timeout after; a stream that closes is a
+    loss at once, whatever the grace."""
+    h = Hosts(spare_wait=10.0)
+    h.table.hold(20.0)
+    h.hello("a", now=0.0, round=3, node_rank=0, store="a:7003", hosts=["a", "b"], hosts_round=3)
+    h.hello("c", group="r2", now=0.5, round=2, node_rank=0, store="c:7002", hosts=["c", "d"], hosts_round=2)
+    h.hello("d", group="r2", now=0.6, round=2, node_rank=1, store="d:7002", hosts=["c", "d"], hosts_round=2)
+    beat(h, 12.0, "c")  # a and d silent, b not back: all past the heartbeat timeout
+    assert all("ended" not in kinds(h, host) for host in ("a", "c", "d")), "held: the grace runs"
+    assert not h.table.hosts["d"].lost_since and h.table.groups["r1"].current.complete
+    beat(h, 20.0, "a", "c")  # the grace is over: b never came back, d stopped
+    assert h.table.hosts["d"].lost_since == 20.0
+    kind, ended = h.last("a")
+    assert kind == "ended" and "node rank 1 (b): host lost" in ended.reason
+    assert h.last("c")[0] == "ended"
+    h2 = Hosts()
+    h2.table.hold(20.0)
+    running(h2, 0.0)
+    h2.table.closed("b", h2.connection["b"], 1.0)
+    assert h2.table.hosts["b"].lost_since == 1.0, "a closed stream is no silence: lost at once"
+
+
 def test_after_a_restart_a_gathering_round_waits_for_the_hosts_named_and_a_spare_takes_a_lost_ones_place():
     h = Hosts(spare_wait=10.0)
     h.hello("a", now=0.0, round=4, hosts=["a", "b"], hosts_round=3)  # it gathers round 4; round 3 ran on a, b

@@ -288,3 +288,28 @@ def test_stored_replicas_still_coming_back_keep_the_grace_of_those_not_back_yet(
     assert decision.members is not None and {m.replica_id for m in decision.members} == {"a", "b"}
     assert "c (not reconnected since the coordinator started)" in decision.reason
     assert job.replica_state(job.replicas["c"], 118.0, job.last_return()) == pb.REPLICA_STATE_FAILED
+
+
+def test_a_member_back_after_a_takeover_has_until_the_grace_ends_for_its_other_ranks_pings():
+    """Rank 0 of a group comes back on its Session before its hosts' Pings streams do (each reopens after
+    its own back-off, thousands at once): its other ranks are judged silent from the grace's end, not a
+    heartbeat timeout after the registration. A group registered afresh has the heartbeat timeout."""
+    from fthsdp.coordinator.decisions.quorum_types import Member, Quorum
+    from fthsdp.coordinator.job.replica_entry import grant_reconnect_grace
+
+    job = JobState("j", RULES)
+    stored = Quorum(3, tuple(Member(i, f"{i}:1", 1, 10, 1) for i in ("a", "b")), step=10)
+    job.load(stored, 1, {}, now=100.0, committed_step=10)
+    grant_reconnect_grace(job.replicas, 130.0)  # a long grace: thousands of hosts coming back
+    sessions = {rid: registered(job, rid, f"{rid}:1", 4, 10, 3, now=101.0) for rid in ("a", "b")}
+    fresh = registered(job, "j", "j:1", 4, 0, 0, now=101.0)
+    for t in (104.0, 108.0, 112.0, 116.0, 120.0, 124.0, 128.0):
+        for rid, session in (*sessions.items(), ("j", fresh)):
+            job.heartbeat(rid, session, 10 if rid != "j" else 0, False, "", 0, now=t)
+        if t <= 112.0:
+            job.rank_pinged("b", 1, t, None)
+            job.rank_pinged("b", 2, t, None)
+            job.rank_pinged("b", 3, t, None)
+    assert job.replicas["a"].view_heartbeat() == 125.0, "a's ranks: silent only from the grace's end"
+    assert job.replicas["j"].view_heartbeat() == 101.0, "a fresh group: from its registration"
+    assert job.replicas["b"].view_heartbeat() == 112.0, "ranks heard from: their own pings count"

@@ -32,6 +32,7 @@ class Broadcast:
         self.generation = 0
         """Grows by one at every ``notify``."""
         self._waiters: list[asyncio.Future] = []
+        self._compact_at = batch
         self._releases: set[asyncio.Task] = set()
 
     async def wait(self, seen: int) -> None:
@@ -49,8 +50,11 @@ class Broadcast:
             if not future.done():
                 future.set_result(None)
             return
-        if len(self._waiters) >= self.batch:  # futures the other broadcast resolved: not kept forever
+        if len(self._waiters) >= self._compact_at:  # futures the other broadcast resolved: not kept forever
+            # Once the list doubled, not at every add: thousands of streams waiting at once (a new
+            # leader's reconnecting hosts) would each pay a pass over all the others.
             self._waiters = [f for f in self._waiters if not f.done()]
+            self._compact_at = max(self.batch, 2 * len(self._waiters))
         self._waiters.append(future)
 
     def notify(self) -> None:

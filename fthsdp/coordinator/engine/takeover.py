@@ -66,9 +66,11 @@ def _grant_grace(job: ServedJob, now: float, timeout: float) -> None:
     case: their heartbeat timeout (``timeout``, as paced for as many
     senders as the store lists: at thousands of hosts it is longer than the
     configured one), then the split-brain guard's join_timeout. While they
-    keep coming back the grace lasts longer (fthsdp/coordinator/decisions/liveness.py)."""
+    keep coming back the grace lasts longer (fthsdp/coordinator/decisions/liveness.py). The hosts of
+    their groups get the same grace, once (``HostTable.hold``)."""
     grace = timeout + job.state.rules.join_timeout
     count = grant_reconnect_grace(job.state.replicas, now + grace)
+    job.hosts.hold(now + grace)  # and their hosts the same (fthsdp/coordinator/hosts/table.py)
     if count:
         log.info("job %s: %d replicas from the store; each has %gs to reconnect before it is judged "
                  "(sooner once every other member is back; longer while replicas keep coming back)",

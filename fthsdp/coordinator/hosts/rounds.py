@@ -97,6 +97,8 @@ class GroupRounds(HostIndex):
         gathers): the round gives up once ``now - opened_at >= rendezvous_timeout``, exactly as decided."""
         self._learning = Due(strict=True)
         """Groups learned from their hosts' hellos by when the first came: done a heartbeat timeout after."""
+        self._held_until = float("-inf")
+        """After a takeover: no host is judged silent, and no group learned, before then (``hold``)."""
         self._waiting: dict[str, None] = {}
         """Groups with a lost host past its spare wait and no spare yet (as of their last decision): a spare
         that comes is offered to these."""

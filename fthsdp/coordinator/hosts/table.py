@@ -17,8 +17,8 @@ It is not stored: after a coordinator restart the agents reconnect and say
 which round they run, with which node rank and store, and the group's hosts
 by node rank as they last heard them; the table is rebuilt from that
 (``hello``), as torchft's lighthouse rebuilds its quorum from its replicas.
-A host named by the others but not back within a heartbeat timeout is lost
-like any host whose heartbeats stopped, and a spare takes its place after
+A host named by the others but not back within a heartbeat timeout (after
+a takeover's grace: ``hold``) is lost like any host whose heartbeats stopped, and a spare takes its place after
 the spare wait. What a hello may claim (its host id, its round, its node
 rank) is checked first (fthsdp/coordinator/hosts/claims.py): a refused hello
 changes nothing. One owner: the coordinator's event loop calls every
@@ -206,14 +206,26 @@ class HostTable(GroupRounds):
         the table's to decide alone a heartbeat timeout after, and groups
         whose spare wait or rendezvous timeout came are decided again. The
         timeout may differ from tick to tick (the event loop's lag is in
-        it): each deadline is checked with the one given now."""
-        while (due := self._silent.pop(now, heartbeat_timeout)) is not None:
-            self._silence(due.key, due.since, due.token, now)
-        while (due := self._learning.pop(now, heartbeat_timeout)) is not None:
-            group = self.groups.get(due.key)
-            if group is not None and group.learning_since == due.since:
-                group.learning_since = None  # every host that lives has said hello: the table decides alone now
+        it): each deadline is checked with the one given now. While a
+        takeover's hold lasts (``hold``), silence waits."""
+        if now >= self._held_until:
+            while (due := self._silent.pop(now, heartbeat_timeout)) is not None:
+                self._silence(due.key, due.since, due.token, now)
+            while (due := self._learning.pop(now, heartbeat_timeout)) is not None:
+                group = self.groups.get(due.key)
+                if group is not None and group.learning_since == due.since:
+                    group.learning_since = None  # every host that lives has said hello: the table decides alone
         self._decide_due(now)
+
+    def hold(self, until: float) -> None:
+        """A new leader took over: every host's agent lost its streams at once and comes back after its
+        jittered back-off, thousands of them to a coordinator that takes them one by one. Until ``until``
+        (the replicas' reconnect grace: fthsdp/coordinator/engine/takeover.py) no host is lost for its
+        silence, whether it said hello again or is known only from the others' hellos, and no learned
+        group is decided alone; a host whose stream closes, or that its group reports failed, is lost at
+        once as ever. Without it, hosts still in their back-off a heartbeat timeout after the takeover
+        were lost and their healthy groups dropped (benchmarks/README.md, the failover at 4,000 hosts)."""
+        self._held_until = max(self._held_until, until)
 
     def _silence(self, host_id: str, since: float, link: object, now: float) -> None:
         """The stream ``link`` of ``host_id``, last heard at ``since``, is

@@ -96,6 +96,12 @@ class ReplicaCalls(JobTable):
             self.schedule.soon()
         session_id = secrets.token_hex(8)
         before = entry.incarnation
+        grace_end = None if before.heard_from else before.reconnect_by
+        returned = grace_end is not None
+        # Every other rank of the group must ping within a heartbeat timeout of the registration, or the
+        # group counts as silent; within the grace's end for a member back after a takeover, whose other
+        # ranks ping on their hosts' own streams, which thousands of hosts reopen at once.
+        ranks_from = now if grace_end is None else max(now, grace_end - self.rules.heartbeat_timeout)
         # A fresh incarnation: nothing of the old one carries over (its standing
         # does: its cordon, mismatch and strikes, its member lease).
         entry.incarnation = Incarnation(
@@ -103,11 +109,9 @@ class ReplicaCalls(JobTable):
             agent_ids=agent_ids, restart_count=restart_count, heard_from=True, step=step,
             registered_at=now, last_heartbeat=now, step_since=now, wait_for_replicas=wait_for_replicas,
             catch_up_addresses=tuple(catch_up_addresses), catch_up_fingerprints=tuple(catch_up_fingerprints),
-            # Every other rank of the group must ping within a heartbeat timeout
-            # of the registration, or the group counts as silent.
-            rank_heartbeats={rank: now for rank in range(1, world_size)},
+            rank_heartbeats=dict.fromkeys(range(1, world_size), ranks_from),
             restarted=member is not None and quorum_id < member.joined_quorum_id,
-            returned=not before.heard_from and before.reconnect_by is not None,
+            returned=returned,
         )
         self._senders = None
         self.progress.forget(replica_id)
