@@ -17,7 +17,9 @@ heartbeats (fthsdp/agent/node/relay/host_beats.py): one message per host per
 interval. In a group of several hosts the batches of every host but the
 round's node rank 0 go to that host's relay (``route``), which sends them
 on in its own, and answers each once it did (``take``): one message per
-group per interval (fthsdp/agent/node/relay/tree.py).
+group per interval (fthsdp/agent/node/relay/tree.py). To a coordinator
+that says on the Pings call that it reads them, the ranks' pings go in
+columns, one ``RankDigest`` per replica incarnation (fthsdp/core/rank_digest.py).
 
 Every ping, and the rank's pings for the relay alone (``local_only``,
 every second), also tell the host's ``Liveness`` that the rank is alive
