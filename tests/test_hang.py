@@ -99,6 +99,28 @@ def test_find_hung(what, members, hung):
         assert "no progress at step 7" in verdict[rid] or "alone in" in verdict[rid]
 
 
+# c was cut from the coordinator: its lease ran out before its update of step 7 and it paused there,
+# while a, whose lease held a moment longer, went on into the all-reduce of step 8 and waited for it.
+# Reports received at 10.0; limit 5 s.
+HEARD_AGAIN_CASES = [
+    ("heard again just now: what a waited before was a wait for the coordinator",
+     {"a": {0: r(A, 6.0, 8)}, "c": {0: r(U, 6.0, 7)}}, {"c": 9.9}, set()),
+    ("... every rank of it (the others wait for rank 0 at the step boundary)",
+     {"a": {0: r(A, 6.0, 8), 1: r(A, 6.0, 8)}, "c": {0: r(U, 6.0, 7), 1: r(U, 6.0, 7)}}, {"c": 9.9}, set()),
+    ("... until a has waited past the limit since it was",
+     {"a": {0: r(A, 12.0, 8)}, "c": {0: r(U, 12.0, 7)}}, {"c": 4.9}, {"c"}),
+    ("another member heard again excuses nobody else",
+     {"a": {0: r(A, 6.0, 8)}, "c": {0: r(U, 6.0, 7)}}, {"a": 9.9}, {"c"}),
+]
+
+
+@pytest.mark.parametrize("what, members, heard_again, hung", HEARD_AGAIN_CASES,
+                         ids=[c[0] for c in HEARD_AGAIN_CASES])
+def test_find_hung_counts_a_wait_from_when_a_member_cut_from_the_coordinator_was_heard_again(
+        what, members, heard_again, hung):
+    assert set(find_hung(members, 5.0, HANG_RULES, heard_again=heard_again)) == hung
+
+
 # A take-out and the survivors' redo: c was taken out as hung while a and b
 # waited in the all-reduce of step 7; the new quorum of a and b (and, in some
 # cases, j, a joiner admitted with it) formed at 10.0 - `since_quorum`. The
@@ -213,6 +235,42 @@ def test_a_job_takes_out_the_hung_member_and_tells_its_watchers():
     # A new incarnation starts clean.
     job.register("r2", "h:2", 1, 0, 0, 11.0, restart_count=3)
     assert not job.watch_event("r2", "leader").HasField("hang")
+
+
+def test_a_member_back_from_a_cut_its_lease_ran_out_in_is_not_blamed_for_its_pause():
+    """The failure of a real run (tests/test_one_lineage_netns.py): cut from the
+    coordinator, r2 paused before its update of step 7 (its lease ran out) while r0
+    and r1 went on into the all-reduce of step 8; healed, r2's first heartbeat says
+    it has been in its update for 6 s, while the others waited 6 s for it. It was
+    waiting for the coordinator: not hung, unless it stays there past the limit."""
+    job, s = joined_job()
+    assert job.lease_s <= 6.0
+
+    def r2_beats(t, age, seq):  # r2 holds a member lease: its heartbeats ask for one
+        job.heartbeat("r2", s["r2"], 7, False, "", 0, t, progress=progress(U, age, 7, step_time_s=0.2), lease_seq=seq)
+
+    for seq, t in enumerate((1.0, 2.0, 3.0, 4.0), 1):
+        r2_beats(t, t - 1.0, seq)
+    report_all(job, s, 10.0, A, 6.0, step=8, ids=("r0", "r1"))
+    r2_beats(10.0, 9.0, 5)
+    assert job.check_progress(10.0) == ({}, {})
+    # Still in its update past the limit since it was heard again: hung after all.
+    r2_beats(11.0, 10.0, 6)
+    r2_beats(12.0, 11.0, 7)
+    report_all(job, s, 12.5, A, 8.5, step=8, ids=("r0", "r1"))
+    r2_beats(12.5, 11.5, 8)
+    hung, _ = job.check_progress(12.5)
+    assert set(hung) == {"r2"} and "r0 waited 2.5s" in hung["r2"]
+
+
+def test_a_member_heard_from_every_interval_is_judged_on_the_whole_wait():
+    job, s = joined_job()
+    for seq, t in enumerate((1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0), 1):
+        report_all(job, s, t, A, t - 4.0, step=8, ids=("r0", "r1"))
+        job.heartbeat("r2", s["r2"], 7, False, "", 0, t, progress=progress(U, t - 1.0, 7, step_time_s=0.2),
+                      lease_seq=seq)
+    hung, _ = job.check_progress(10.0)
+    assert set(hung) == {"r2"}
 
 
 def test_the_survivors_redo_after_a_take_out_blames_none_of_them():

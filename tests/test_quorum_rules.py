@@ -17,7 +17,7 @@ from fthsdp.coordinator.decisions import quorum_rules as rule
 from fthsdp.coordinator.decisions.quorum import ORDER, decide
 from fthsdp.coordinator.decisions.quorum_outcome import catch_up_sources, new_members
 from fthsdp.coordinator.decisions.quorum_situation import Situation, classify
-from fthsdp.coordinator.decisions.quorum_types import Decision, Quorum, ReplicaView, Restoring, Rules
+from fthsdp.coordinator.decisions.quorum_types import Decision, Outage, Quorum, ReplicaView, Restoring, Rules
 from tests.harness.quorum_cases import NOW, RULES, alive, awaited, quorum, silent, table
 
 PASSES = "passes"
@@ -38,10 +38,11 @@ class Row:
     regroup: str = ""
     restoring: Restoring | None = None
     prev_catch_up: dict[str, str] = dataclasses.field(default_factory=dict)
+    outage: Outage | None = None
 
     def situation(self) -> Situation:
         return classify(self.prev, self.views, self.now, self.rules, self.prev_catch_up, self.committed,
-                        self.regroup, self.restoring)
+                        self.regroup, self.restoring, self.outage)
 
 
 def asked(applies: rule.Rule, row: Row) -> Decision | None:
@@ -162,14 +163,72 @@ SPLIT_BRAIN_MEMBERS = [
     row("explicit failures are no silence: passes", quorum("a", "b", "c"),
         table(alive("a"), alive("b", failed_at=NOW - 1), alive("c", failed_at=NOW - 1)), PASSES),
     row("members that left are no silence: passes", quorum("a", "b", "c"), table(alive("a")), PASSES),
+    row("1 of 3 silent, another quiet for over half the timeout: a cut's timeouts run out one by one, wait",
+        quorum("a", "b", "c"), table(alive("a"), alive("b", last_heartbeat=NOW - 3), silent("c")), None,
+        "split-brain guard: 1 of 3 members went silent and 1 more have been quiet for over half the heartbeat "
+        "timeout; waiting up to join_timeout 10s"),
+    row("... not one quiet for less: passes", quorum("a", "b", "c"),
+        table(alive("a"), alive("b", last_heartbeat=NOW - 2), silent("c")), PASSES),
     row("nobody leaving: passes", quorum("a", "b", "c"), trio(), PASSES),
     row("no quorum yet: passes", None, table(alive("a"), silent("b"), silent("c")), PASSES),
+    row("most of an outage back: the rest of it waits", quorum("a", "b", "c"),
+        table(alive("a"), alive("b"), silent("c")), None,
+        "split-brain guard: 3 of 3 members went silent at once and 2 are back; waiting up to join_timeout 10s "
+        "past the latest silence for c before shrinking without them.",
+        outage=Outage(7, frozenset("abc"), NOW + 4)),
+    row("an outage's wait over: passes", quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")), PASSES,
+        outage=Outage(7, frozenset("abc"), NOW)),
+    row("a silence outside the outage: passes", quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")),
+        PASSES, outage=Outage(7, frozenset("ab"), NOW + 4)),
+    row("another quorum's outage: passes", quorum("a", "b", "c"), table(alive("a"), alive("b"), silent("c")),
+        PASSES, outage=Outage(6, frozenset("abc"), NOW + 4)),
+    row("an outage's members back, one drains: passes", quorum("a", "b", "c"),
+        table(alive("a"), alive("b"), alive("c", drain_requested=True)), PASSES,
+        outage=Outage(7, frozenset("abc"), NOW + 4)),
 ]
 
 
 @pytest.mark.parametrize("case", SPLIT_BRAIN_MEMBERS)
 def test_rule_4_split_brain_guard_on_members(case: Row):
     asked(rule.split_brain_members, case)
+
+
+def test_rule_4_remembers_who_went_silent_and_until_when():
+    """The guard's answer carries its wait to the next decision: every member
+    silent now, those of a wait already under way, and the later end."""
+    d = asked(rule.split_brain_members, Row(quorum("a", "b", "c"), table(alive("a"), silent("b", since=3),
+                                                                           silent("c", since=1)), None))
+    assert d is not None and d.outage == Outage(7, frozenset("bc"), NOW - 1 + RULES.join_timeout)
+    d = asked(rule.split_brain_members, Row(quorum("a", "b", "c"), table(alive("a"), silent("b", since=3),
+                                                                           silent("c", since=1)), None,
+                                            outage=Outage(7, frozenset("ab"), NOW + 20)))
+    assert d is not None and d.outage == Outage(7, frozenset("abc"), NOW + 20)
+    # Members only quiet are no outage yet: if they beat again, the silent one alone is dropped.
+    d = asked(rule.split_brain_members, Row(quorum("a", "b", "c"), table(alive("a"), alive("b", last_heartbeat=NOW - 3),
+                                                                           silent("c")), None))
+    assert d is not None and d.outage is None
+
+
+def test_a_healed_cut_keeps_the_member_a_moment_behind():
+    """Through ``decide`` as the coordinator runs it, each decision's outage
+    passed to the next: all three members silent, two back, the third back
+    a second later: the quorum never changes. Without the wait passed on,
+    the third is dropped the moment the other two are back."""
+    prev = quorum("a", "b", "c")
+    cut = table(silent("a"), silent("b"), silent("c"))
+    first = decide(prev, cut, NOW, RULES)
+    assert first.members is None and first.outage is not None
+    two_back = table(alive("a"), alive("b"), silent("c"))
+    assert decide(prev, two_back, NOW + 1, RULES).members is not None  # the wait forgotten: c dropped
+    second = decide(prev, two_back, NOW + 1, RULES, outage=first.outage)
+    assert second.members is None and second.outage == first.outage, second.reason
+    end = first.outage.until
+    heard = {"last_heartbeat": end - 1}
+    third = decide(prev, table(alive("a", **heard), alive("b", **heard), silent("c")), end, RULES,
+                   outage=second.outage)
+    assert third.members is not None and [m.replica_id for m in third.members] == ["a", "b"], third.reason
+    back = decide(prev, trio(), NOW + 2, RULES, outage=second.outage)
+    assert back.members is None and back.outage is None and "unchanged" in back.reason
 
 
 SPLIT_BRAIN_FIRST = [

@@ -133,7 +133,7 @@ def _lowest_other_steps(processes: list[tuple[str, Report]]) -> dict[str, int]:
 
 def find_hung(
     members: Mapping[str, Mapping[int, Report]], limit: float, rules: HangRules,
-    quorum_since: float = float("-inf"),
+    quorum_since: float = float("-inf"), heard_again: Mapping[str, float] | None = None,
 ) -> dict[str, str]:
     """The members that others have waited for longer than the limit, with why.
 
@@ -153,6 +153,13 @@ def find_hung(
     the waiter waited in an older quorum, for other members (the survivors
     of a take-out redo the step without re-entering the all-reduce, so
     their reports count from their first arrival).
+
+    ``heard_again`` (coordinator-monotonic, by member): when a member whose
+    heartbeats had stopped long enough for its member lease to run out was
+    heard from again. Cut from the coordinator, it paused before its update
+    (fthsdp/agent/training/session/lease.py): what others waited for it then
+    was a wait for the coordinator, so a wait counts against it from then at
+    the earliest.
 
     Processes that report no phase (an older replica) are never judged.
     Linear in the processes (10,000 members wait at once in a large job):
@@ -197,6 +204,8 @@ def find_hung(
             if not waits:
                 continue
             start, wid, w = min(waits, key=lambda v: v[0])
+            if heard_again and rid in heard_again:
+                start = max(start, heard_again[rid])
             waited, own_limit = x.received - start, limit_for(x, limit, rules)
             if waited < own_limit or x.age < own_limit:
                 continue  # not waited for long enough, or it moved on to its phase lately: it makes progress

@@ -52,6 +52,8 @@ class ProgressBook:
         """When they last changed: a wait counts from then (fthsdp/coordinator/decisions/hang.py find_hung).
         Before any change was seen (a new coordinator's first look), the waits count whole."""
         self._slow_since: dict[str, int] = {}
+        self._heard_again: dict[str, float] = {}
+        """Members heard from again after a silence their lease ran out in (``heard_again``)."""
         self._fresh = False
         self._next_look = float("-inf")
         self.stuck: Stuck | None = None
@@ -60,6 +62,7 @@ class ProgressBook:
 
     def forget(self, replica_id: str) -> None:
         """A new incarnation registered: its predecessor's reports say nothing of it."""
+        self._heard_again.pop(replica_id, None)
         self.reports.pop(replica_id, None)
         self.waits.forget(replica_id)
         self._slow_since.pop(replica_id, None)
@@ -83,6 +86,11 @@ class ProgressBook:
         if waits.sections:
             waits.left_sections(replica_id, digest.ranks)
         self._fresh = True
+
+    def heard_again(self, replica_id: str, now: float) -> None:
+        """A member's heartbeats had stopped for long enough that its member lease ran out: it
+        paused for the coordinator, not hung, until now (fthsdp/coordinator/decisions/hang.py find_hung)."""
+        self._heard_again[replica_id] = now
 
     def rank0(self, replica_id: str) -> Report | None:
         return self.reports.get(replica_id, {}).get(0)
@@ -112,6 +120,8 @@ class ProgressBook:
                 # longer than it lasted in the quorum it is waited in.
                 self._waits_since = now
             self._waited_among = among
+            for rid in [rid for rid in self._heard_again if rid not in among[1]]:
+                del self._heard_again[rid]  # no longer a member: nothing waits for it
         members = [rid for rid in members if rid in self.reports]
         first = {rid: self.reports[rid][0] for rid in members if 0 in self.reports[rid]}
         self.median_step = median_step_time(first)
@@ -126,7 +136,8 @@ class ProgressBook:
             # One cheap pass instead of the verdicts' (at 100,000 ranks, most of the coordinator's time).
             hung, self.stuck = {}, None
         else:
-            hung = find_hung(reports, self.limit, self.rules, quorum_since=self._waits_since)
+            hung = find_hung(reports, self.limit, self.rules, quorum_since=self._waits_since,
+                             heard_again=self._heard_again)
             self.stuck = None if hung else find_stuck(reports, self.limit, self._waits_since)
         self.scores = straggler_scores({rid: r.compute_time for rid, r in first.items()})
         stragglers = {}

@@ -52,7 +52,9 @@ The rules, by number (``ORDER`` below says in which order they are tried):
    timeout or stream loss rather than an explicit failure, drain or restart),
    that looks more like the coordinator being cut off from them than like that
    many failures at once; the coordinator waits ``join_timeout`` before
-   shrinking to the minority. The same guard keeps a first quorum from forming
+   shrinking to the minority. It waits for all of them (``Outage``): those
+   back first do not end the wait for the others, a moment behind as a
+   healed cut reaches their connections one by one. The same guard keeps a first quorum from forming
    out of a minority of the live replicas (torchft's rule). Silences that are
    the coordinator's own (members not back yet after its start) are no
    evidence either way: they do not count until judged (rule 1), and then
@@ -118,7 +120,7 @@ from collections.abc import Mapping
 from fthsdp.coordinator.decisions import quorum_rules as rule
 from fthsdp.coordinator.decisions.quorum_outcome import _assign_sources as _assign_sources
 from fthsdp.coordinator.decisions.quorum_situation import classify, holds_state
-from fthsdp.coordinator.decisions.quorum_types import Decision, Quorum, ReplicaView, Restoring, Rules
+from fthsdp.coordinator.decisions.quorum_types import Decision, Outage, Quorum, ReplicaView, Restoring, Rules
 from fthsdp.coordinator.decisions.quorum_types import names as names
 
 ORDER: tuple[rule.Rule, ...] = (
@@ -150,6 +152,7 @@ def decide(
     committed_step: int = 0,
     regroup: str = "",
     restoring: Restoring | None = None,
+    outage: Outage | None = None,
 ) -> Decision:
     """Decide the next quorum; see the module docstring for the rules.
 
@@ -161,8 +164,10 @@ def decide(
     fthsdp/coordinator/decisions/stuck.py); "" for none.
     ``restoring``: the committed state is being restored from a checkpoint,
     and which replicas its first quorum waits for (rule 9); None: it is not.
+    ``outage``: the split-brain guard's wait under way (rule 4), as the
+    previous decision left it (``Decision.outage``); None: none.
     """
-    situation = classify(prev, replicas, now, rules, prev_catch_up, committed_step, regroup, restoring)
+    situation = classify(prev, replicas, now, rules, prev_catch_up, committed_step, regroup, restoring, outage)
     for applies in ORDER:
         decision = applies(situation)
         if decision is not None:

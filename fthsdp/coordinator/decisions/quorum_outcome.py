@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from fthsdp.coordinator.decisions.quorum_situation import Situation
-from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Decision, Member, Quorum, ReplicaView
+from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Decision, Member, Outage, Quorum, ReplicaView
 
 
 def outcome(s: Situation, ids: Sequence[str] | None, reason: str, settled: bool = False, lost: str = "",
-            regrouped: bool = False, leased: tuple[str, ...] = ()) -> Decision:
+            regrouped: bool = False, leased: tuple[str, ...] = (), outage: Outage | None = None) -> Decision:
     """The decision to form a quorum of ``ids`` (None: keep the current one)
     because of ``reason``; the other arguments are ``Decision``'s."""
     members = new_members(s, ids) if ids is not None else None
@@ -24,7 +24,7 @@ def outcome(s: Situation, ids: Sequence[str] | None, reason: str, settled: bool 
     detail = _summary(s.prev, s.alive, s.replicas, s.pending, catch_up)
     lost_step = s.committed_step if lost else 0
     return Decision(members, f"{reason} {detail}".strip(), s.head, catch_up, settled, lost_step, lost, s.ended,
-                    regrouped, leased)
+                    regrouped, leased, outage)
 
 
 def new_members(s: Situation, ids: Sequence[str]) -> tuple[Member, ...]:

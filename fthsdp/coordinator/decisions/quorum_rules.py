@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from fthsdp.coordinator.decisions.lease import unlapsed
 from fthsdp.coordinator.decisions.quorum_outcome import outcome
 from fthsdp.coordinator.decisions.quorum_situation import Situation
-from fthsdp.coordinator.decisions.quorum_types import Decision, ReplicaView, names
+from fthsdp.coordinator.decisions.quorum_types import Decision, Outage, ReplicaView, names
 from fthsdp.coordinator.decisions.restore_wait import RestoreWait, restore_wait
 
 Rule = Callable[[Situation], Decision | None]
@@ -54,13 +54,38 @@ def split_brain_members(s: Situation) -> Decision | None:
     """Rule 4, the members: more than half of them went silent at once, which
     looks more like this coordinator cut off from them than like that many
     failures: wait ``join_timeout`` from the latest silence before shrinking
-    to the rest."""
-    if s.prev is None or not s.leaving:
+    to the rest.
+
+    "At once" is as seen through heartbeats: after a cut, the members'
+    timeouts run out one by one, spread over a heartbeat interval, so the
+    members quiet for over half the timeout count with the silent ones (if
+    they beat again, they were not cut). And the wait is for every member
+    that went silent then (``Outage``): once most are back, the others are
+    likely a moment behind on the same cut's heal, not dead; it ends with
+    the first of ``until`` and their return."""
+    if s.prev is None or not s.leaving or not s.silent:
         return None
-    if len(s.silent) * 2 <= len(s.prev_ids) or s.now - max(s.silent) >= s.rules.join_timeout:
+    timeout, prior, count = s.rules.join_timeout, s.outage, len(s.prev_ids)
+    quiet = [i for i in s.staying if s.now - s.replicas[i].last_heartbeat > s.rules.heartbeat_timeout / 2]
+    if (len(s.silent) + len(quiet)) * 2 > count:
+        until = max(s.silent.values()) + timeout
+        if prior is not None:
+            until = max(until, prior.until)
+        if s.now >= until:
+            return None
+        outage, more = prior, f" and {len(quiet)} more have been quiet for over half the heartbeat timeout"
+        if len(s.silent) * 2 > count:
+            members = frozenset(s.silent) | (prior.members if prior is not None else frozenset())
+            outage, more = Outage(s.prev.id, members, until), " at once"
+        return outcome(s, None, f"split-brain guard: {len(s.silent)} of {count} members went silent{more}; "
+                                f"waiting up to join_timeout {timeout:g}s before shrinking to the rest.",
+                       outage=outage)
+    if prior is None or s.now >= prior.until or not prior.members.issuperset(s.silent):
         return None
-    return outcome(s, None, f"split-brain guard: {len(s.silent)} of {len(s.prev_ids)} members went silent at once; "
-                            f"waiting up to join_timeout {s.rules.join_timeout:g}s before shrinking to the rest.")
+    back = len(prior.members) - len(s.silent)
+    return outcome(s, None, f"split-brain guard: {len(prior.members)} of {count} members went silent at "
+                            f"once and {back} are back; waiting up to join_timeout {timeout:g}s past the latest "
+                            f"silence for {names(sorted(s.silent))} before shrinking without them.", outage=prior)
 
 
 def member_leases(s: Situation) -> Decision | None:

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from fthsdp.coordinator.decisions.liveness import Awaited
-from fthsdp.coordinator.decisions.quorum_types import Quorum, ReplicaView, Restoring, Rules
+from fthsdp.coordinator.decisions.quorum_types import Outage, Quorum, ReplicaView, Restoring, Rules
 
 
 def holds_state(r: ReplicaView, committed_step: int) -> bool:
@@ -58,9 +58,11 @@ class Situation:
     """Members of ``prev`` not staying (rule 3)."""
     why: Mapping[str, str]
     """Why each of ``leaving`` leaves, for the reason."""
-    silent: Sequence[float]
+    silent: Mapping[str, float]
     """When each of ``leaving`` that went silent (rather than failed,
     drained or restarted) did (rule 4)."""
+    outage: Outage | None
+    """The split-brain guard's wait for ``prev``'s members, if one is under way (rule 4)."""
     guarded: bool
     """No member carries the committed state on: only holders may (rule 8)."""
     ended: bool
@@ -88,6 +90,7 @@ def classify(
     committed_step: int = 0,
     regroup: str = "",
     restoring: Restoring | None = None,
+    outage: Outage | None = None,
 ) -> Situation:
     """Sort the replicas for the rules (the arguments are ``decide``'s)."""
     # After a coordinator (re)start, members not yet back are judged only
@@ -109,16 +112,18 @@ def classify(
                                                      committed_step)
     eligible, by_step, ready, pending = _outsiders(prev, alive, awaited, continuing, guarded, ended, head,
                                                    committed_step)
+    if outage is not None and (prev is None or outage.quorum_id != prev.id):
+        outage = None  # another quorum's: its wait ended with it
     return Situation(prev, replicas, now, rules, prev_catch_up or {}, committed_step, regroup, restoring,
-                     awaited, alive, gone, prev_ids, continuing, staying, leaving, why, silent,
+                     awaited, alive, gone, prev_ids, continuing, staying, leaving, why, silent, outage,
                      guarded, ended, holders, head, eligible, by_step, ready, pending)
 
 
 def _departures(leaving: Sequence[str], replicas: Mapping[str, ReplicaView], awaited: Awaited,
-                gone: frozenset[str], now: float, rules: Rules) -> tuple[dict[str, str], list[float]]:
+                gone: frozenset[str], now: float, rules: Rules) -> tuple[dict[str, str], dict[str, float]]:
     """Why each leaving member leaves, and when those that went silent did."""
     why = {}
-    silent = []
+    silent = {}
     for i in leaving:
         r = replicas.get(i)
         loss = awaited.lost_at(i, r, now, rules) if r is not None else (now, "left", True)
@@ -130,7 +135,7 @@ def _departures(leaving: Sequence[str], replicas: Mapping[str, ReplicaView], awa
             continue
         why[i] = loss[1]
         if not loss[2]:
-            silent.append(loss[0])
+            silent[i] = loss[0]
     return why, silent
 
 

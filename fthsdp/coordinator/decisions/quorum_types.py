@@ -154,6 +154,23 @@ class Restoring:
 
 
 @dataclasses.dataclass(frozen=True)
+class Outage:
+    """More than half of a quorum's members went silent at once (rule 4):
+    the split-brain guard's wait, remembered from one decision to the next
+    (``Decision.outage``, passed back to ``decide``). Those of ``members``
+    back early do not end it for the others: a cut that heals reaches the
+    members' connections one by one, and a member a moment behind the
+    others is as likely cut as they were, not dead."""
+
+    quorum_id: int
+    """The quorum whose members went silent: the wait ends with it."""
+    members: frozenset[str]
+    """Those that went silent at once, back since or not."""
+    until: float
+    """``join_timeout`` past the latest of their silences (coordinator-monotonic)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class CatchUpSource:
     replica_id: str
     address: str
@@ -188,6 +205,8 @@ class Decision:
     """Members of the last quorum whose leases the decision waits out
     (fthsdp/coordinator/decisions/lease.py): no member carries on, and these may still
     commit steps, cut from the coordinator."""
+    outage: Outage | None = None
+    """The split-brain guard's wait under way (rule 4), for the next decision."""
 
     @property
     def changes_quorum(self) -> bool:

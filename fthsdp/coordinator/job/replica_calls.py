@@ -165,6 +165,12 @@ class ReplicaCalls(JobTable):
         if step != inc.step:
             # a loaded checkpoint is held from here (fthsdp/coordinator/decisions/restore_wait.py)
             inc.step_since = now
+        if (entry.standing.lease_until and now - inc.last_heartbeat >= self.lease_s / 2 and inc.heard_from
+                and replica_id in self._members):
+            # A member with a lease, silent for half of one at least (an answer comes every interval, a
+            # lease lasts several): its lease may have run out, and it paused for the coordinator, not
+            # hung (fthsdp/coordinator/decisions/hang.py find_hung).
+            self.progress.heard_again(replica_id, now)
         inc.last_heartbeat, inc.heard_from, inc.step = now, True, step
         if step > self.committed_step and replica_id in self._members and not inc.restarted:
             self.committed_step, self.trained = step, self.quorum

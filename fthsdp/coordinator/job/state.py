@@ -90,7 +90,7 @@ class JobState(ReplicaCalls, MemberChecks):
         views = {rid: e.view() for rid, e in self.replicas.items()}
         current_sources = {rid: c.replica_id for rid, c in self.catch_up.items()}
         return decide(self.quorum, views, now, self.rules, current_sources, self.committed_step, self.reach.regroup,
-                      restoring=self._restoring())
+                      restoring=self._restoring(), outage=self.outage)
 
     def _restoring(self) -> Restoring | None:
         """While a restore is under way: the replicas its first quorum waits
@@ -154,6 +154,7 @@ class JobState(ReplicaCalls, MemberChecks):
             if entry is not None:
                 entry.incarnation.caught_up = True  # behind the members: what it trains on comes from a catch-up
         self.state_lost_step, self.state_lost = decision.state_lost_step, decision.state_lost
+        self.outage = decision.outage
         restore = self.restore
         if restore is not None and self.committed_step > restore.step:
             self.restore = None  # restored: a quorum trains on from it (a replica behind copies a member now)

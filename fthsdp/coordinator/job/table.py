@@ -17,7 +17,7 @@ from __future__ import annotations
 from fthsdp.coordinator.decisions import lease
 from fthsdp.coordinator.decisions.hang import HangRules
 from fthsdp.coordinator.decisions.progress import ProgressBook
-from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Member, Quorum, Rules
+from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Member, Outage, Quorum, Rules
 from fthsdp.coordinator.decisions.reach_book import ReachBook
 from fthsdp.coordinator.job import replica_status, watch_events
 from fthsdp.coordinator.job.replica_entry import ReplicaEntry, seed_entries
@@ -101,6 +101,8 @@ class JobTable:
         self.lease_s = rules.member_lease
         """The member lease an answer grants now (fthsdp/coordinator/decisions/lease.py ``granted``: stretched with
         the pace)."""
+        self.outage: Outage | None = None
+        """From the latest decision: the split-brain guard's wait under way (quorum rule 4), passed to the next."""
         self._left: dict[str, str] = {}
         """Why each member of the current quorum that left on purpose left ("finished", "drained")."""
 
