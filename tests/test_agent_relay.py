@@ -17,6 +17,7 @@ import queue
 import re
 import subprocess
 import threading
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -214,7 +215,7 @@ def ping(shard_rank: int, age: float = 0.0, replica_id: str = "r0", incarnation:
 
 def test_a_batch_holds_each_ranks_latest_ping_with_the_wait_added_to_its_phase_age():
     async def scenario() -> pb.PingBatch:
-        pinger = Pinger(upstream=None, window=0.05)  # type: ignore[arg-type] - batches only, nothing sent
+        pinger = Pinger(upstream=SimpleNamespace(secure=False), window=0.05)  # type: ignore[arg-type] - batches only
         pinger._put(ping(1, age=1.0, step=3))
         pinger._put(ping(2, age=0.0, step=3))
         pinger._put(ping(1, age=1.5, step=4))  # rank 1's later ping replaces its first

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from fthsdp.agent.node.relay.tree import Route
 from fthsdp.coordinator import validation
 from fthsdp.core.errors import InvalidRequest
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -59,3 +60,40 @@ def test_a_batchs_own_fields(batch, refused):
         return
     with pytest.raises(InvalidRequest, match=refused):
         validation.check_ping_batch(batch)
+
+
+CERT = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(("join", "refused"), [
+    pytest.param(pb.HostJoin(round=1, store="10.0.0.1:5"), "", id="no relay"),
+    pytest.param(pb.HostJoin(round=1, store="10.0.0.1:5", pings="10.0.0.1:6"), "", id="a plain relay"),
+    pytest.param(pb.HostJoin(round=1, store="10.0.0.1:5", pings="10.0.0.1:6", pings_cert=CERT), "",
+                 id="a relay under TLS"),
+    pytest.param(pb.HostJoin(round=1, store="10.0.0.1:5", pings_cert=CERT), "without join.pings",
+                 id="a certificate without its address"),
+    pytest.param(pb.HostJoin(round=1, store="10.0.0.1:5", pings="10.0.0.1:6", pings_cert=b"x" * 100),
+                 "not a PEM certificate", id="not a certificate"),
+    pytest.param(pb.HostJoin(round=1, store="10.0.0.1:5", pings="10.0.0.1:6", pings_cert=CERT + b"x" * 5000),
+                 "more than 4096", id="too long"),
+])
+def test_a_joins_relay_certificate_is_checked(join, refused):
+    """What a host's join says of its relay (fthsdp/agent/node/relay/tree.py): the coordinator passes the
+    certificate on to every other host of the round, so it is checked before it is kept."""
+    request = pb.HostRequest(join=join)
+    if not refused:
+        validation.check_host_request(request)
+        return
+    with pytest.raises(InvalidRequest, match=refused):
+        validation.check_host_request(request)
+
+
+def test_under_tls_a_host_sends_nothing_to_a_host_0_without_a_certificate():
+    secure = Route(secure=True)
+    secure.to("10.0.0.1:6", "h0")  # host 0 serves plain gRPC (an older agent): the token would go in the clear
+    assert secure.target(0.0) == ""
+    secure.to("10.0.0.1:6", "h0", CERT)
+    assert secure.target(0.0) == "10.0.0.1:6" and secure.cert == CERT
+    plain = Route()
+    plain.to("10.0.0.1:6", "h0")
+    assert plain.target(0.0) == "10.0.0.1:6"

@@ -287,6 +287,22 @@ def check_ping_batch(batch) -> None:
             raise InvalidRequest(problem)
 
 
+MAX_PINGS_CERT = 4096
+"""Bytes of a relay's certificate (HostJoin.pings_cert): a P-256 one is about 600."""
+
+
+def _pings_cert(join) -> None:
+    cert = join.pings_cert
+    if not cert:
+        return
+    if not join.pings:
+        raise InvalidRequest("join.pings_cert without join.pings: a certificate goes with the address it serves on")
+    if len(cert) > MAX_PINGS_CERT:
+        raise InvalidRequest(f"join.pings_cert is {len(cert)} bytes, more than {MAX_PINGS_CERT}")
+    if not cert.startswith(b"-----BEGIN CERTIFICATE-----"):
+        raise InvalidRequest("join.pings_cert is not a PEM certificate")
+
+
 def check_host_request(req) -> None:
     """A Host stream's message after the hello."""
     which = req.WhichOneof("message")
@@ -299,6 +315,7 @@ def check_host_request(req) -> None:
         _store(req.join.store)
         if req.join.pings:
             _store(req.join.pings, "join.pings")
+        _pings_cert(req.join)
     elif which in ("failure", "leave"):
         message = getattr(req, which)
         _non_negative("round", message.round)

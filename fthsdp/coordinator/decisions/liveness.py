@@ -13,7 +13,7 @@ not import the decision, and the per-replica judgment reads on its own.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from fthsdp.coordinator.decisions.quorum_types import Quorum, ReplicaView, Rules
 
@@ -59,6 +59,14 @@ def lost_at(
     return None
 
 
+def latest_return(replicas: Iterable[ReplicaView]) -> float:
+    """The latest registration of a replica found in the store that came back
+    to its grace (``ReplicaView.returned``), or of one still awaited (its
+    registration: the coordinator's start): while they keep coming back,
+    every grace lasts (``lost_at``'s ``last_return``)."""
+    return max((r.registered_at for r in replicas if r.reconnect_by is not None or r.returned), default=0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Awaited:
     """After a coordinator start: the members of the current quorum not back
@@ -81,8 +89,7 @@ class Awaited:
         members = prev.member_ids if prev is not None else ()
         ids = frozenset(i for i in members if (r := replicas.get(i)) is not None and r.reconnect_by is not None
                         and r.failed_at is None)
-        last_return = max((r.registered_at for r in replicas.values() if r.reconnect_by is not None or r.returned),
-                          default=0.0)
+        last_return = latest_return(replicas.values())
         if not ids:
             return cls(last_return=last_return)
         blocked, last_back = False, 0.0

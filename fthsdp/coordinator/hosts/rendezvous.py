@@ -68,6 +68,8 @@ class Host:
     """HOST:PORT of the store it opened when it joined that round."""
     pings: str = ""
     """HOST:PORT where its relay takes its group's ping batches (HostJoin.pings, of its last join; '': none)."""
+    pings_cert: bytes = b""
+    """The certificate its relay serves them with under TLS (HostJoin.pings_cert; empty: plain gRPC)."""
     lost_since: float | None = None
     """When its heartbeats stopped; None while it is alive."""
     failed_round: int = 0

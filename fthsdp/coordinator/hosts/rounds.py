@@ -229,8 +229,10 @@ class GroupRounds(HostIndex):
         """What the host of node rank ``rank`` is pushed of the complete round ``done``: with where its node
         rank 0 takes the group's ping batches (fthsdp/agent/node/relay/tree.py)."""
         first = self.hosts.get(done.ranks[0])
-        return pb.RoundComplete(round=done.number, node_rank=rank, store=done.store, hosts=done.ranks,
-                                pings=first.pings if first is not None and first.joined_round == done.number else "")
+        complete = pb.RoundComplete(round=done.number, node_rank=rank, store=done.store, hosts=done.ranks)
+        if first is not None and first.joined_round == done.number:
+            complete.pings, complete.pings_cert = first.pings, first.pings_cert
+        return complete
 
     def _apply(self, group: Group, decision: Decision, now: float) -> None:
         log.info("job %s: %s: %s", self.job, group.replica_id, decision.reason,

@@ -112,7 +112,8 @@ async def serve(runtime, requests: AsyncIterator, check,
                 now, which = runtime.clock(), request.WhichOneof("message")
                 if which == "join":
                     try:
-                        table.join(host_id, request.join.round, request.join.store, now, request.join.pings)
+                        join = request.join
+                        table.join(host_id, join.round, join.store, now, join.pings, join.pings_cert)
                     except OutOfRange as e:
                         log.warning("job %s: host %s: join refused: %s", table.job, host_id, e)
                         raise

@@ -114,8 +114,10 @@ class HostTable(GroupRounds):
             self._decide_due(now, also=list(self._waiting))
         return self._connections
 
-    def join(self, host_id: str, round_number: int, store: str, now: float, pings: str = "") -> None:
-        """Raises OutOfRange for a round past the group's (or its next, for a
+    def join(self, host_id: str, round_number: int, store: str, now: float, pings: str = "",
+             pings_cert: bytes = b"") -> None:
+        """``pings``, ``pings_cert``: its HostJoin's (where its relay takes its group's ping batches, and the
+        certificate it serves them with under TLS). Raises OutOfRange for a round past the group's (or its next, for a
         host of the running round): nothing changes then."""
         host = self._known(host_id, now)
         if host is None or not host.group:
@@ -133,7 +135,7 @@ class HostTable(GroupRounds):
             # The same join again (its agent's stream was opened again): the round stands; say it again. (No
             # store known: a host this coordinator learned of running the round, from the others' hellos.)
             rank = group.current.ranks.index(host_id)
-            self._put(dataclasses.replace(host, store=store, pings=pings))
+            self._put(dataclasses.replace(host, store=store, pings=pings, pings_cert=pings_cert))
             self._push(host_id, pb.HostPush(complete=self.completed(group.current, rank)))
             return
         if group.current.complete:
@@ -143,7 +145,8 @@ class HostTable(GroupRounds):
                 self._put(host)
                 self._evaluate(group.replica_id, now)
         number = group.current.number
-        self._put(dataclasses.replace(self.hosts[host_id], joined_round=number, store=store, pings=pings))
+        self._put(dataclasses.replace(self.hosts[host_id], joined_round=number, store=store, pings=pings,
+                                      pings_cert=pings_cert))
         self._push(host_id, pb.HostPush(joined=number))
         self._evaluate(group.replica_id, now)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from fthsdp.coordinator.decisions.liveness import lost_at
+from fthsdp.coordinator.decisions.liveness import latest_return, lost_at
 from fthsdp.coordinator.decisions.progress import ProgressBook
 from fthsdp.coordinator.decisions.quorum_types import CatchUpSource, Rules
 from fthsdp.coordinator.job.replica_entry import ReplicaEntry
@@ -34,9 +34,7 @@ class JobView(Protocol):
 def last_return(job: JobView) -> float:
     """``liveness.Awaited.last_return`` of the job's replicas: how long the
     graces of those not back yet last."""
-    return max((e.incarnation.registered_at for e in job.replicas.values()
-                if e.incarnation.returned or (e.incarnation.reconnect_by is not None and not e.incarnation.heard_from)),
-               default=0.0)
+    return latest_return(e.view() for e in job.replicas.values())
 
 
 def state_of(job: JobView, entry: ReplicaEntry, now: float, returned_at: float = 0.0) -> pb.ReplicaState:

@@ -798,14 +798,16 @@ class HostHello(_message.Message):
     def __init__(self, job: _Optional[str] = ..., host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_rank: _Optional[int] = ..., nnodes: _Optional[int] = ..., nproc: _Optional[int] = ..., rendezvous_timeout: _Optional[float] = ..., round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., num_replicas: _Optional[int] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., hosts_round: _Optional[int] = ...) -> None: ...
 
 class HostJoin(_message.Message):
-    __slots__ = ("round", "store", "pings")
+    __slots__ = ("round", "store", "pings", "pings_cert")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     PINGS_FIELD_NUMBER: _ClassVar[int]
+    PINGS_CERT_FIELD_NUMBER: _ClassVar[int]
     round: int
     store: str
     pings: str
-    def __init__(self, round: _Optional[int] = ..., store: _Optional[str] = ..., pings: _Optional[str] = ...) -> None: ...
+    pings_cert: bytes
+    def __init__(self, round: _Optional[int] = ..., store: _Optional[str] = ..., pings: _Optional[str] = ..., pings_cert: _Optional[bytes] = ...) -> None: ...
 
 class HostFailure(_message.Message):
     __slots__ = ("round", "reason")
@@ -850,18 +852,20 @@ class HostWelcome(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., round: _Optional[int] = ..., beats_in_batches: _Optional[bool] = ...) -> None: ...
 
 class RoundComplete(_message.Message):
-    __slots__ = ("round", "node_rank", "store", "hosts", "pings")
+    __slots__ = ("round", "node_rank", "store", "hosts", "pings", "pings_cert")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     PINGS_FIELD_NUMBER: _ClassVar[int]
+    PINGS_CERT_FIELD_NUMBER: _ClassVar[int]
     round: int
     node_rank: int
     store: str
     hosts: _containers.RepeatedScalarFieldContainer[str]
     pings: str
-    def __init__(self, round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., pings: _Optional[str] = ...) -> None: ...
+    pings_cert: bytes
+    def __init__(self, round: _Optional[int] = ..., node_rank: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., pings: _Optional[str] = ..., pings_cert: _Optional[bytes] = ...) -> None: ...
 
 class RoundEnded(_message.Message):
     __slots__ = ("round", "reason")

@@ -109,6 +109,7 @@ class HostStream:
                     continue  # a batch named the host within the last interval or so
                 elif which == "join" and self._pings and not request.join.pings:
                     request.join.pings = self._pings
+                    request.join.pings_cert = self._peers.cert if self._peers is not None else b""
                     raw = request.SerializeToString()
             yield raw
 
@@ -131,13 +132,17 @@ class HostStream:
         elif which == "heartbeat_interval":
             self._interval = self._beats.interval = push.heartbeat_interval
         elif which == "complete":
-            first = push.complete.hosts[0] if push.complete.hosts else ""
-            self._route(push.complete.pings if push.complete.node_rank > 0 else "", first)
+            complete = push.complete
+            first = complete.hosts[0] if complete.hosts else ""
+            if complete.node_rank > 0:
+                self._route(complete.pings, first, complete.pings_cert)
+            else:
+                self._route("", first)
         elif which in ("ended", "gave_up", "released", "refused"):
             self._route("")
 
-    def _route(self, aggregator: str, host_id: str = "") -> None:
-        self._route_of.to(aggregator, host_id)
+    def _route(self, aggregator: str, host_id: str = "", cert: bytes = b"") -> None:
+        self._route_of.to(aggregator, host_id, cert)
         self._routed = bool(aggregator)
 
     def close(self) -> None:

@@ -81,7 +81,7 @@ class Pinger:
         self._on_silent = on_silent
         self.beats = CarriedBeats()
         """The hosts the batches speak for (their Host streams' heartbeats: fthsdp/agent/node/relay/host_beats.py)."""
-        self.route = Route()
+        self.route = Route(secure=upstream.secure)
         """Where the batches go: the coordinator, or the group's host 0 (fthsdp/agent/node/relay/tree.py)."""
         self._pending: dict[Key, tuple[pb.HeartbeatRequest, float]] = {}
         self._feeds: dict[Key, Feed] = {}
@@ -93,7 +93,7 @@ class Pinger:
         self._seq = 0
         self._digests_read = False
         """The coordinator of the open Pings call reads ``PingBatch.digests`` (fthsdp/core/rank_digest.py)."""
-        self._peer_channels: dict[str, grpc.aio.Channel] = {}
+        self._peer_channels: dict[tuple[str, bytes], grpc.aio.Channel] = {}
         self._ready = asyncio.Event()
         self._refusals: dict[Key, set[asyncio.Future]] = {}
         self._task: asyncio.Task | None = None
@@ -297,9 +297,10 @@ class Pinger:
         """Batches to the group's host 0 at ``address``, until the route changes or host 0 does not pass one
         on in time: then the coordinator, directly, for a while (True either way: no back-off)."""
         loop = asyncio.get_running_loop()
-        channel = self._peer_channels.get(address)
+        cert = self.route.cert
+        channel = self._peer_channels.get((address, cert))
         if channel is None:
-            channel = self._peer_channels[address] = peer_channel(address)
+            channel = self._peer_channels[(address, cert)] = peer_channel(address, cert)
         sent: dict[int, tuple[float, list, list[str]]] = {}
         call = channel.stream_stream(GROUP_PINGS)(self._batches(sent), metadata=self.upstream.metadata)
 

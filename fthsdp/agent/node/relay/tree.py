@@ -27,10 +27,17 @@ target size. With it a group of 16 to 128 hosts sends one
 * A round that ends, or a host whose stream closes, goes back to sending
   its own batches.
 
-A caller presents the job's token. With TLS there is no tree yet: the
-agents' certificates are client certificates (deploy/make-certs.sh), which
-cannot serve, and name no host; each host sends its own batches, its
-heartbeat folded in (fthsdp/agent/node/relay/host_beats.py).
+A caller presents the job's token. Under TLS (the agents reach the
+coordinator over TLS) the agents' certificates are client certificates at
+most (deploy/make-certs.sh), which cannot serve and name no host; so host
+0's relay serves GroupPings with a certificate it made itself at start
+(fthsdp/core/self_signed.py, naming ``RELAY_NAME``), sends it with its
+address in its join (``HostJoin.pings_cert``), and the coordinator passes
+it on with the address (``RoundComplete.pings_cert``). The other hosts
+trust that certificate alone, by name ``RELAY_NAME``: it came from the
+coordinator they reach over verified TLS, so it is host 0's whole
+identity, and the token never travels in the clear. Under TLS a host never
+sends to a host 0 that gave no certificate: it sends its own batches.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from fthsdp.client import CHANNEL_OPTIONS
+from fthsdp.core import self_signed
 from fthsdp.core.credentials import TlsFiles, bearer_metadata
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
@@ -51,6 +59,10 @@ log = logging.getLogger("fthsdp.agent.relay")
 GROUP_PINGS = "/fthsdp.v1.GroupPings/Pings"
 FALLBACK_FOR = 30.0
 """Seconds a host sends its own batches to the coordinator after its host 0 did not forward one."""
+
+
+RELAY_NAME = "fthsdp-relay"
+"""The name a relay's own certificate gives, and that its peers check it by (they pin the certificate itself)."""
 
 
 def ack_wait(interval: float) -> float:
@@ -62,18 +74,26 @@ def ack_wait(interval: float) -> float:
 class Route:
     """Where this host's batches go: the coordinator, or its group's host 0 (``to``), unless that failed lately."""
 
-    def __init__(self) -> None:
+    def __init__(self, secure: bool = False) -> None:
+        self.secure = secure
+        """This relay reaches the coordinator over TLS: it sends to no host 0 without a certificate to pin."""
         self.aggregator = ""
         """HOST:PORT of the round's host 0 relay; '': none (this host is host 0, or no round runs)."""
         self.host_id = ""
         """Host 0's host id."""
+        self.cert = b""
+        """The certificate host 0's relay serves with (``RoundComplete.pings_cert``); empty: plain gRPC."""
         self._failed_until = 0.0
         self.changed = asyncio.Event()
         """Set when the route changes: the open upstream call ends, and the next opens where it says."""
 
-    def to(self, aggregator: str, host_id: str = "") -> None:
-        if (aggregator, host_id) != (self.aggregator, self.host_id):
-            self.aggregator, self.host_id, self._failed_until = aggregator, host_id, 0.0
+    def to(self, aggregator: str, host_id: str = "", cert: bytes = b"") -> None:
+        if aggregator and self.secure and not cert:
+            log.warning("the group's host 0 (%s) takes its hosts' pings without TLS; under TLS this host sends "
+                        "its own", aggregator)
+            aggregator = host_id = ""
+        if (aggregator, host_id, cert) != (self.aggregator, self.host_id, self.cert):
+            self.aggregator, self.host_id, self.cert, self._failed_until = aggregator, host_id, cert, 0.0
             self.changed.set()
 
     def failed(self, now: float) -> None:
@@ -106,20 +126,24 @@ class PeerServer:
         self._server: grpc.aio.Server | None = None
         self.address = ""
         """HOST:PORT it serves on; '' until it does."""
+        self.cert = b""
+        """Under TLS, the certificate it serves with (made at ``listen``); empty: plain gRPC."""
 
     async def listen(self, host: str) -> str:
         """Serve on ``host`` (a free port), once; '' if it does not (the hosts of the group send their own)."""
         if self._server is not None or not host:
             return self.address
         server = self._server = grpc.aio.server()
-        if self._tls is not None and self._tls.enabled:
-            log.info("TLS: this host's relay takes no other host's pings; each host of the group sends its own")
-            return ""
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             "fthsdp.v1.GroupPings", {"Pings": grpc.stream_stream_rpc_method_handler(self.pings)}),))
         bind = f"[{host}]:0" if ":" in host else f"{host}:0"
         try:
-            port = server.add_insecure_port(bind)
+            if self._tls is not None and self._tls.enabled:
+                made = self_signed.make("fthsdp relay (ephemeral)", RELAY_NAME)
+                port = server.add_secure_port(bind, grpc.ssl_server_credentials([(made.key_pem, made.cert_pem)]))
+                self.cert = made.cert_pem
+            else:
+                port = server.add_insecure_port(bind)
             await server.start()
         except Exception as e:  # noqa: BLE001 - the tree saves the coordinator work: each host sends its own then
             log.warning("the relay cannot take its group's pings on %s (%s); each host sends its own", bind, e)
@@ -155,6 +179,10 @@ class PeerServer:
             self._pinger.forget(feed)
 
 
-def peer_channel(address: str) -> grpc.aio.Channel:
-    """A channel to the group's host 0 relay at ``address`` (no TLS: see the module's note)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def peer_channel(address: str, cert: bytes = b"") -> grpc.aio.Channel:
+    """A channel to the group's host 0 relay at ``address``: over TLS trusting ``cert`` alone, by ``RELAY_NAME``
+    (see the module's note), or plain gRPC without one."""
+    if not cert:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=cert),
+                                   options=(*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", RELAY_NAME)))

@@ -36,6 +36,11 @@ class Upstream:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._current = 0
 
+    @property
+    def secure(self) -> bool:
+        """It reaches the coordinators over TLS."""
+        return self._credentials is not None
+
     def channel(self, k: int = 0) -> tuple[int, grpc.aio.Channel]:
         """The channel ``k`` addresses after the one that answered last, with its index."""
         index = (self._current + k) % len(self.addresses)

@@ -29,14 +29,14 @@ The cost is the bulk transfer's throughput: benchmarks/catchup.py
 
 from __future__ import annotations
 
-import datetime
 import enum
-import hashlib
 import os
 import ssl
 import tempfile
 
+from fthsdp.core import self_signed
 from fthsdp.core.credentials import TlsFiles
+from fthsdp.core.self_signed import fingerprint
 
 
 class Mode(enum.Enum):
@@ -58,11 +58,6 @@ def uses_tls(tls: TlsFiles) -> bool:
     return mode(tls) is not Mode.PLAIN
 
 
-def fingerprint(der: bytes) -> str:
-    """A certificate's SHA-256 fingerprint (lower-case hex of its DER bytes)."""
-    return hashlib.sha256(der).hexdigest()
-
-
 def _context_with(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     """A server context with this certificate and key. ``ssl`` loads them
     from files only: a private folder that lives for the call."""
@@ -78,26 +73,9 @@ def _context_with(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
 
 
 def ephemeral_server() -> tuple[ssl.SSLContext, str]:
-    """A fresh self-signed certificate (P-256) as a server context, and its
-    fingerprint. Its validity is not what makes it trusted (the pin is), so
-    it is long enough to outlive any process that made it."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fthsdp catch-up (ephemeral)")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=3650))
-            .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    context = _context_with(cert.public_bytes(serialization.Encoding.PEM), key_pem)
-    return context, fingerprint(cert.public_bytes(serialization.Encoding.DER))
+    """A fresh self-signed certificate (fthsdp/core/self_signed.py) as a server context, and its fingerprint."""
+    made = self_signed.make("fthsdp catch-up (ephemeral)")
+    return _context_with(made.cert_pem, made.key_pem), made.fingerprint
 
 
 def server_context(tls: TlsFiles) -> ssl.SSLContext | None:
