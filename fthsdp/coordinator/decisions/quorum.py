@@ -52,9 +52,11 @@ The rules, by number (``ORDER`` below says in which order they are tried):
    timeout or stream loss rather than an explicit failure, drain or restart),
    that looks more like the coordinator being cut off from them than like that
    many failures at once; the coordinator waits ``join_timeout`` before
-   shrinking to the minority. It waits for all of them (``Outage``): those
-   back first do not end the wait for the others, a moment behind as a
-   healed cut reaches their connections one by one. The same guard keeps a first quorum from forming
+   shrinking to the minority. A cut's heartbeat timeouts run out one by one
+   over an interval, so members quiet for over half the timeout count with
+   the silent ones. It waits for all of them (``Outage``): those back first
+   do not end the wait for the others, a moment behind as a healed cut
+   reaches their connections one by one. The same guard keeps a first quorum from forming
    out of a minority of the live replicas (torchft's rule). Silences that are
    the coordinator's own (members not back yet after its start) are no
    evidence either way: they do not count until judged (rule 1), and then
