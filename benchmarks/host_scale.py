@@ -1,15 +1,24 @@
 """The coordinator's own cost at the real shape: groups of hosts of 8 ranks.
 
     python benchmarks/host_scale.py [--hosts 1000,4000,12500] [--hosts-per-group 16] [--ranks 8]
-        [--seconds 5] [--json FILE]
+        [--seconds 5] [--shape tree|host] [--json FILE]
 
 In process, on the memory store and a fake clock, with no gRPC: the
 coordinator's runtime (fthsdp/coordinator/engine/runtime.py) driven as the
 agents' relays drive it (fthsdp/agent/node/relay/). Every host of a group
 has a Host stream (hello, join, heartbeats), every group one replica of
 ``hosts-per-group x ranks`` ranks: rank 0 heartbeats on its session with
-progress, every other rank pings with progress, coalesced per host. At
-each size it measures, on this process's CPU clock:
+progress, and the other ranks' pings come in one of two shapes:
+
+* ``tree`` (the default: what the agents send now): one ``PingBatch`` per
+  group per interval, as its host 0's relay sends it, naming every host of
+  the group (their heartbeats) with the ranks' pings in one digest
+  (fthsdp/core/rank_digest.py), each parsed from its bytes and taken by
+  the servicer's own ``take_batch``, as a Pings stream takes it;
+* ``host``: every rank's ping as its own request, coalesced per host, and
+  a Host-stream heartbeat per host (before the tree and the digests).
+
+At each size it measures, on this process's CPU clock:
 
 * **joining**: every group registered and every host's round complete;
 * **steady state**, per second of the job at the pace the coordinator sets
@@ -42,7 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from fthsdp.coordinator.config import CoordinatorConfig  # noqa: E402
 from fthsdp.coordinator.engine.runtime import CoordinatorRuntime  # noqa: E402
+from fthsdp.coordinator.serving.servicer import CoordinatorServicer  # noqa: E402
 from fthsdp.coordinator.store.memory import MemoryStore  # noqa: E402
+from fthsdp.core import rank_digest  # noqa: E402
 from fthsdp.protos.v1 import coordinator_pb2 as pb  # noqa: E402
 
 TICKS_PER_SECOND = 10
@@ -63,8 +74,8 @@ def progress(step: int, age: float) -> pb.Progress:
 class Job:
     """One job of ``groups`` groups of ``per_group`` hosts of ``ranks`` ranks, in one runtime."""
 
-    def __init__(self, groups: int, per_group: int, ranks: int) -> None:
-        self.groups, self.per_group, self.ranks = groups, per_group, ranks
+    def __init__(self, groups: int, per_group: int, ranks: int, shape: str = "tree") -> None:
+        self.groups, self.per_group, self.ranks, self.shape = groups, per_group, ranks, shape
         self.clock = Clock()
         config = CoordinatorConfig(min_replicas=1, join_settle=0.0, heartbeat_timeout=10.0)
         self.runtime = CoordinatorRuntime(config, MemoryStore(), "bench:1", clock=self.clock, wall=time.time)
@@ -73,6 +84,11 @@ class Job:
         self.sessions: dict[str, str] = {}
         self.connections: dict[str, int] = {}
         self.pushed = 0
+        self.servicer = CoordinatorServicer(self.runtime, 1 << 22)
+        self.batches: list[bytes] = []
+        """The tree: each group's batch as its host 0's relay sends it (the ranks' progress as of step 1)."""
+        self.senders: list[set[str]] = [set() for _ in range(groups)]
+        """The tree: each group's Pings stream's jobs (the servicer's)."""
 
     def group(self, g: int) -> str:
         return f"g{g}"
@@ -98,9 +114,19 @@ class Job:
                 job="default", replica_id=rid, address=f"{rid}:1", world_size=self.per_group * self.ranks,
                 incarnation=f"inc-{g}", agent_ids=[f"agent-{g}-{n}" for n in range(self.per_group)]))
             self.sessions[rid] = reply.session_id
+            self.batches.append(self._batch(g))
         self.beat_all(step=0)
         self.clock.t += 0.5
         await self.runtime.evaluate(self.job)
+
+    def _batch(self, g: int) -> bytes:
+        rid = self.group(g)
+        pings = [pb.HeartbeatRequest(job="default", replica_id=rid, shard_rank=k, step=1, incarnation=f"inc-{g}",
+                                     progress=progress(1, 0.3)) for k in range(1, self.per_group * self.ranks)]
+        digests, whole = rank_digest.encode(pings)
+        batch = pb.PingBatch(job="default", hosts=[self.host(g, n) for n in range(self.per_group)],
+                             digests=digests, pings=whole)
+        return batch.SerializeToString()
 
     def beat_all(self, step: int) -> int:
         """One interval's heartbeats of every sender; returns how many."""
@@ -109,13 +135,17 @@ class Job:
             rid = self.group(g)
             runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, session_id=self.sessions[rid],
                                                   step=step, progress=progress(step, 0.3)))
+            count += self.per_group * self.ranks + self.per_group
+            if self.shape == "tree":
+                refused = self.servicer.take_batch(pb.PingBatch.FromString(self.batches[g]), self.senders[g])
+                assert not refused, refused[0].details
+                continue
             for k in range(1, self.per_group * self.ranks):
                 runtime.heartbeat(pb.HeartbeatRequest(job="default", replica_id=rid, shard_rank=k, step=step,
                                                       incarnation=f"inc-{g}", progress=progress(step, 0.3)),
                                   batched=True)  # in its host's batch, as the relay sends it
             for n in range(self.per_group):
                 self.job.hosts.beat(self.host(g, n), now)
-            count += self.per_group * self.ranks + self.per_group
         return count
 
     async def tick(self) -> None:
@@ -125,9 +155,9 @@ class Job:
         await decisions.evaluate(job)
 
 
-async def measure(hosts: int, per_group: int, ranks: int, seconds: float) -> dict:
+async def measure(hosts: int, per_group: int, ranks: int, seconds: float, shape: str = "tree") -> dict:
     groups = max(1, hosts // per_group)
-    job = Job(groups, per_group, ranks)
+    job = Job(groups, per_group, ranks, shape)
     cpu = time.process_time()
     await job.join()
     joined = time.process_time() - cpu
@@ -167,9 +197,10 @@ async def measure(hosts: int, per_group: int, ranks: int, seconds: float) -> dic
         "hosts": groups * per_group, "groups": groups, "ranks": groups * per_group * ranks, "members": members,
         "join_cpu_s": round(joined, 3), "interval_s": interval, "timeout_s": timeout,
         "heartbeats_per_s": round(beats / seconds), "steady_cores": round(steady, 3),
-        # Under the relay: per interval, one session heartbeat per group, one ping batch and one Host-stream
-        # heartbeat per host: the gRPC messages the coordinator takes.
-        "messages_per_s": round((groups + 2 * groups * per_group) / interval),
+        # Per interval, one session heartbeat per group, and the tree's one batch per group, or one ping batch
+        # and one Host-stream heartbeat per host: the gRPC messages the coordinator takes.
+        "shape": shape,
+        "messages_per_s": round((2 * groups if shape == "tree" else groups + 2 * groups * per_group) / interval),
         "host_lost_cpu_ms": round(lost * 1000, 1), "group_dropped": dropped,
         "host_pushes": job.pushed - pushed_before,
         "watch_event_bytes": len(sample.SerializeToString()),
@@ -182,21 +213,23 @@ def main() -> None:
     p.add_argument("--hosts-per-group", type=int, default=16)
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--shape", choices=("tree", "host"), default="tree")
     p.add_argument("--json", default="")
     args = p.parse_args()
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
-        row = asyncio.run(measure(hosts, args.hosts_per_group, args.ranks, args.seconds))
+        row = asyncio.run(measure(hosts, args.hosts_per_group, args.ranks, args.seconds, args.shape))
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
-    print("| hosts | groups | ranks | interval / timeout | heartbeats/s (ranks and hosts) | gRPC messages/s | "
+    print("| shape | hosts | groups | ranks | interval / timeout | heartbeats/s (ranks and hosts) | gRPC messages/s | "
           "steady cores (in process) | per heartbeat | join CPU | host lost: coordinator CPU | group dropped | "
           "host pushes |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         per = r["steady_cores"] / max(r["heartbeats_per_s"], 1) * 1e6
-        print(f"| {r['hosts']} | {r['groups']} | {r['ranks']} | {r['interval_s']:g} s / {r['timeout_s']:g} s | "
+        print(f"| {r['shape']} | {r['hosts']} | {r['groups']} | {r['ranks']} | "
+              f"{r['interval_s']:g} s / {r['timeout_s']:g} s | "
               f"{r['heartbeats_per_s']} | {r['messages_per_s']} | {r['steady_cores']:.3f} | {per:.0f} µs | "
               f"{r['join_cpu_s']:.1f} s | {r['host_lost_cpu_ms']:.0f} ms | {r['group_dropped']} | "
               f"{r['host_pushes']} |")

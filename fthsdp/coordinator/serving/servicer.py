@@ -211,49 +211,59 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             async for batch in request_iterator:
                 try:
                     _check_request(batch, self.max_request_bytes)
-                    validation.check_ping_batch(batch)
-                    if batch.hosts:  # a follower, or a job it does not serve: the stream ends with the status
-                        self._send_for(batch.job, senders)
-                        self.runtime.hosts_beat(batch.job, batch.hosts)
-                except FthsdpError as e:
+                    refusals = self.take_batch(batch, senders)
+                except FthsdpError as e:  # the batch's own fields: the stream ends with the status
                     await context.abort(status_code_for(e), str(e))
-                # Names checked once per batch: a host's or a group's ranks name the same job and group.
-                jobs: set[str] = set()
-                replicas: set[str] = set()
-                counted: dict[str, int] = {}
-                for ping in batch.pings:
-                    try:
-                        self._batch_job(ping.job, jobs, senders)
-                        if ping.shard_rank > 0:  # nearly all of them: a rank's liveness and progress alone
-                            validation.check_rank_ping(ping, replicas)
-                            self.runtime.batched_rank_ping(ping)
-                        else:
-                            validation.check_heartbeat(ping, replicas)
-                            if ping.ack:
-                                raise InvalidRequest("a batched ping asks for no answer (ack): send it on "
-                                                     "HeartbeatStream")
-                            self.runtime.heartbeat(ping, batched=True, counted=False)
-                        counted[ping.job] = counted.get(ping.job, 0) + 1
-                    except FthsdpError as e:
-                        yield pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
-                                             incarnation=ping.incarnation, code=status_code_for(e).value[0],
-                                             details=str(e))
-                for digest in batch.digests:
-                    try:
-                        self._batch_job(digest.job, jobs, senders)
-                        validation.check_rank_digest(digest, replicas)
-                        self.runtime.batched_rank_digest(digest)
-                        counted[digest.job] = counted.get(digest.job, 0) + len(digest.ranks)
-                    except FthsdpError as e:
-                        for rank in digest.ranks:  # each rank's local stream ends with the status
-                            yield pb.PingRefused(replica_id=digest.replica_id, shard_rank=rank,
-                                                 incarnation=digest.incarnation, code=status_code_for(e).value[0],
-                                                 details=str(e))
-                for job, n in counted.items():
-                    self.runtime.count_heartbeats(job, n)
+                for refusal in refusals:
+                    yield refusal
         finally:
             for job in senders:
                 self.runtime.job(job).ping_streams -= 1
+
+    def take_batch(self, batch: pb.PingBatch, senders: set[str]) -> list[pb.PingRefused]:
+        """One batch of a Pings stream whose jobs so far are ``senders``: the hosts it names beat, its pings
+        and digests are taken; returns the refused ones (raises FthsdpError for the batch's own fields).
+        Apart from the stream so that benchmarks/host_scale.py takes batches as the stream does."""
+        validation.check_ping_batch(batch)
+        if batch.hosts:  # a follower, or a job it does not serve: the stream ends with the status
+            self._send_for(batch.job, senders)
+            self.runtime.hosts_beat(batch.job, batch.hosts)
+        refusals: list[pb.PingRefused] = []
+        # Names checked once per batch: a host's or a group's ranks name the same job and group.
+        jobs: set[str] = set()
+        replicas: set[str] = set()
+        counted: dict[str, int] = {}
+        for ping in batch.pings:
+            try:
+                self._batch_job(ping.job, jobs, senders)
+                if ping.shard_rank > 0:  # nearly all of them: a rank's liveness and progress alone
+                    validation.check_rank_ping(ping, replicas)
+                    self.runtime.batched_rank_ping(ping)
+                else:
+                    validation.check_heartbeat(ping, replicas)
+                    if ping.ack:
+                        raise InvalidRequest("a batched ping asks for no answer (ack): send it on "
+                                             "HeartbeatStream")
+                    self.runtime.heartbeat(ping, batched=True, counted=False)
+                counted[ping.job] = counted.get(ping.job, 0) + 1
+            except FthsdpError as e:
+                refusals.append(pb.PingRefused(replica_id=ping.replica_id, shard_rank=ping.shard_rank,
+                                               incarnation=ping.incarnation, code=status_code_for(e).value[0],
+                                               details=str(e)))
+        for digest in batch.digests:
+            try:
+                self._batch_job(digest.job, jobs, senders)
+                validation.check_rank_digest(digest, replicas)
+                self.runtime.batched_rank_digest(digest)
+                counted[digest.job] = counted.get(digest.job, 0) + len(digest.ranks)
+            except FthsdpError as e:
+                for rank in digest.ranks:  # each rank's local stream ends with the status
+                    refusals.append(pb.PingRefused(replica_id=digest.replica_id, shard_rank=rank,
+                                                   incarnation=digest.incarnation,
+                                                   code=status_code_for(e).value[0], details=str(e)))
+        for job, n in counted.items():
+            self.runtime.count_heartbeats(job, n)
+        return refusals
 
     def _batch_job(self, job: str, jobs: set[str], senders: set[str]) -> None:
         """A job named in a batch: checked once per batch (``jobs``), and the stream one of its senders."""
