@@ -17,7 +17,8 @@ on one connection of its own:
   heartbeat interval (fthsdp/agent/node/relay/pings.py), in columns
   (``--pings digest``, fthsdp/core/rank_digest.py) or a HeartbeatRequest each;
 * node rank 0 only: its group's rank 0 Session (register, heartbeats with
-  progress, a tenth of them asking for an answer: the heartbeat latency).
+  progress, each asking for an answer as a member's does for its lease:
+  the heartbeat latency; until 2026-12-07 a tenth of them did).
 
 The ranks are counters: no training, no torch. Ranks step in lockstep on the
 shared CLOCK_MONOTONIC (1 s steps, computing 0.6-0.8 s, then in the
