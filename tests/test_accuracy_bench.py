@@ -92,3 +92,49 @@ def test_a_killed_replica_ends_with_the_jobs_sample_count(tmp_path):
     assert r.samples == r.samples_from_steps >= spec.samples
     assert r.steps > 40  # the steps with one replica took fewer samples
     assert r.val_disagreements == 0 and r.val[-1][0] == r.samples
+
+
+def _fake_job(spec: JobSpec, logs, timeout):
+    """A job's lines as the ranks write them, without the job: every replica
+    commits every step of its share; each outage costs its replica one step."""
+    share = spec.global_batch // spec.replicas if spec.global_batch else spec.batch_size
+    ids = [f"r{i}" for i in range(spec.replicas)]
+    lines: dict[str, list[dict]] = {r: [] for r in ids}
+    out = {(o.replica, o.step) for o in spec.outages}
+    samples, step = 0, 0
+    while samples < spec.samples:
+        step += 1
+        members = [i for i in range(spec.replicas) if (i, step) not in out]
+        batch = spec.global_batch // len(members) if spec.global_batch else share
+        samples += batch * len(members)
+        for i in members:
+            o = {**_step(step, 2.0 + 1 / step + spec.seed / 100, len(members), samples), "batch": batch}
+            lines[ids[i]].append(o)
+        for i in range(spec.replicas):
+            if (i, step) in out:
+                lines[ids[i]].append({"failing": "kill", "step": step})
+        if step % spec.eval_every == 0:
+            for r in ids:
+                lines[r].append({"step": step, "samples": samples, "val_loss": 2.0 + 1 / step})
+    for r in ids:
+        lines[r] += [{"step": step, "samples": samples, "val_loss": 2.0 + 1 / step}, {"done": step, "samples": samples}]
+    return _result(spec, lines, ids, 1.0)
+
+
+def test_the_script_prints_its_table_verdicts_and_checks(monkeypatch, capsys, tmp_path):
+    """accuracy.py's main end to end with each job's lines made here: the
+    table, one verdict per run against the failure-free one, no check failed.
+    (A real job runs in the slow test above; the full runs make the README's table.)"""
+    import benchmarks.accuracy as accuracy
+
+    specs: list[JobSpec] = []
+    monkeypatch.setattr(accuracy, "run_job", lambda spec, logs, timeout: specs.append(spec) or
+                        _fake_job(spec, logs, timeout))
+    code = accuracy.main(["--samples", "1920", "--eval-every", "40", "--png", "", "--logs", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert [s.name for s in specs] == [s.name for s in AccuracyConfig(samples=1920, eval_every=40).jobs()]
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [int(row.split("|")[4]) for row in rows] == [len(s.outages) for s in specs]  # the failures column
+    verdicts = [line for line in out.splitlines() if "against the failure-free run" in line]
+    assert len(verdicts) == len(specs) - 1 and any("met; target within 1%" in v for v in verdicts)
