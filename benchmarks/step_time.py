@@ -152,8 +152,9 @@ def measured(times: list[float]) -> list[float]:
     return times[CHECKSUM_EVERY:whole]
 
 
-def run(mode: str, world: int, steps: int, model_name: str) -> dict[str, float]:
-    """One run: its throughput step, median step and median commit vote (0 for DDP), in seconds."""
+def launch(script: str, mode: str, world: int, steps: int, model_name: str) -> dict:
+    """Run ``script --worker mode`` as ``world`` processes (against a real
+    coordinator for fthsdp) and return what its rank 0 printed last, as JSON."""
     from fthsdp.testing.local_etcd import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")}
@@ -177,7 +178,7 @@ def run(mode: str, world: int, steps: int, model_name: str) -> dict[str, float]:
             if mode == "fthsdp-flat":
                 renv["FTHSDP_BUCKET_CAP_MB"] = "0"
             procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--worker", mode, "--rank", str(rank), "--world", str(world),
+                [sys.executable, script, "--worker", mode, "--rank", str(rank), "--world", str(world),
                  "--init", init, "--steps", str(steps), "--model", model_name],
                 stdout=subprocess.PIPE, text=True, env=renv, cwd=ROOT,
             ))
@@ -185,7 +186,7 @@ def run(mode: str, world: int, steps: int, model_name: str) -> dict[str, float]:
         for p in procs[1:]:
             p.wait(timeout=120)
         if any(p.returncode for p in procs):
-            raise SystemExit(f"step_time.py: a {mode} rank failed (exit codes {[p.returncode for p in procs]})")
+            raise SystemExit(f"{Path(script).name}: a {mode} rank failed (exit codes {[p.returncode for p in procs]})")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -193,7 +194,12 @@ def run(mode: str, world: int, steps: int, model_name: str) -> dict[str, float]:
         if coordinator is not None:
             coordinator.terminate()
             coordinator.wait(timeout=30)
-    out = json.loads(stdout.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run(mode: str, world: int, steps: int, model_name: str) -> dict[str, float]:
+    """One run: its throughput step, median step and median commit vote (0 for DDP), in seconds."""
+    out = launch(__file__, mode, world, steps, model_name)
     window = measured(out["times"])
     votes = measured(out["votes"]) or [0.0]
     return {"throughput": statistics.fmean(window), "median": statistics.median(window),

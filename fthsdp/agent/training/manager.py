@@ -44,6 +44,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from fthsdp.agent.standby import wait_for_activation
 from fthsdp.agent.training.catchup.grad_log import GradientLog
@@ -188,7 +189,11 @@ class Manager:
 
     @property
     def checksum(self) -> str:
-        """The last periodic state checksum reported ("" before the first)."""
+        """The state checksum of the newest periodic step (every ``checksum_every``; "" before the first).
+        It is computed off the training thread while the next step runs
+        (fthsdp/agent/training/step/background_checksum.py): reading it
+        right after that step's ``commit()`` waits for it, so a loop that
+        reads it only when it logs keeps the cost off its step."""
         return self._step.checksum if self._step is not None else ""
 
     def participation(self) -> Participation:
@@ -283,7 +288,8 @@ class Manager:
         if self._last is not None:
             raise ApiMisuse("allreduce_gradients() called twice in one step; call commit() to end the step")
         step = self.step
-        result = self._step.reduce(contributes=True)
+        with record_function("fthsdp.allreduce_gradients"):
+            result = self._step.reduce(contributes=True)
         if result is None:
             return None
         if result.step != step:
@@ -305,5 +311,6 @@ class Manager:
             raise ApiMisuse("commit() before allreduce_gradients(): every step must all-reduce its gradients first")
         self._step.raise_if_evicted()
         last, self._last = self._last, None
-        self._step.apply(last, replayed=False)
+        with record_function("fthsdp.commit"):
+            self._step.apply(last, replayed=False)
         return True

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -100,11 +101,14 @@ class GradientLog:
             self._trim()
             self._cond.notify_all()
 
-    def set_checksum_after(self, step: int, checksum: str) -> None:
+    def set_checksum_after(self, step: int, checksum: str, parts: Mapping[str, str] | None = None) -> None:
+        """The state checksum after entry ``step`` (and its parts), computed after the entry was logged."""
         with self._cond:
             record = self._records.get(step)
             if record is not None:
                 record.entry.checksum_after = checksum
+                if parts is not None:
+                    record.entry.part_checksums_json = json.dumps(dict(parts), separators=(",", ":"))
 
     def pin(self, step: int) -> None:
         """Keep every entry from ``step`` on (within ``max_bytes``) until unpinned."""

@@ -44,6 +44,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from fthsdp.agent.training.ftar.buckets import Bucket, BucketPlan, bucket_of, plan_buckets
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool
@@ -174,22 +175,22 @@ class Overlap:
 
     def _start(self, armed: _Armed) -> None:
         """Copy the next bucket's gradients into its slice and start its all-reduce (under the lock)."""
-        bucket = self.buckets[armed.started]
-        offset = bucket.start_element
-        with torch.no_grad():
-            for p in self._params[bucket.first:bucket.stop]:
-                n = local(p).numel()
-                piece = armed.buffer[offset:offset + n]
-                if p.grad is None:
-                    piece.zero_()
-                else:
-                    piece.copy_(local(p.grad).reshape(-1))
-                offset += n
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # pybind11 converts it
-        view = armed.buffer[bucket.start_element:bucket.stop_element]
-        armed.works.append(armed.pg.allreduce([view], opts))  # type: ignore[attr-defined]
-        armed.started += 1
-
+        with record_function("fthsdp.bucket_start"):  # a phase of benchmarks/step_profile.py
+            bucket = self.buckets[armed.started]
+            offset = bucket.start_element
+            with torch.no_grad():
+                for p in self._params[bucket.first:bucket.stop]:
+                    n = local(p).numel()
+                    piece = armed.buffer[offset:offset + n]
+                    if p.grad is None:
+                        piece.zero_()
+                    else:
+                        piece.copy_(local(p.grad).reshape(-1))
+                    offset += n
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # pybind11 converts it
+            view = armed.buffer[bucket.start_element:bucket.stop_element]
+            armed.works.append(armed.pg.allreduce([view], opts))  # type: ignore[attr-defined]
+            armed.started += 1
 
 __all__ = ["Overlap", "Prelaunched"]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch.profiler import record_function
 
 from fthsdp.agent.training.ftar.carried import StepMemory
 from fthsdp.agent.training.ftar.decisions import (
@@ -155,10 +156,20 @@ class StepRun:
         control = None if self.slots else self.memory.start_control(group, proposal)
         if self.joining_head is not None:
             self.step, self.joining_head = self.joining.replay_to(self.joining_head), None
-        if not all(self.groups.wait_work(work, group, self.deadline) == DONE for work in works):
+        # The tail is waited for apart, to show what it costs after the buckets (benchmarks/step_profile.py).
+        data, tail = (works[:-1], works[-1:]) if pre is not None else (works, [])
+        with record_function("fthsdp.wait_data"):
+            done = self._completed(data)
+        if done:
+            with record_function("fthsdp.wait_tail"):
+                done = self._completed(tail)
+        if not done:
             self.groups.retire(group)
             return PhaseEnd.ABANDONED
         return self._summed(buf, pre, control)
+
+    def _completed(self, works: list) -> bool:
+        return all(self.groups.wait_work(work, self._group, self.deadline) == DONE for work in works)
 
     def _fill_tail(self, buf: torch.Tensor, proposal: int, pre: Prelaunched | None) -> None:
         """The control slots (proposal, checkpoint, stale) and the ``first_only`` elements."""
@@ -200,7 +211,9 @@ class StepRun:
         it completed (a completed vote means every member holds ``held``: vote.py)."""
         assert self.held is not None  # a vote follows only a completed DATA or TAKE_HELD
         began = time.monotonic()
-        if cast_vote(self.groups, self._group, self.deadline, self.memory.device) is None:
+        with record_function("fthsdp.vote"):
+            decided = cast_vote(self.groups, self._group, self.deadline, self.memory.device)
+        if decided is None:
             return PhaseEnd.ABANDONED  # ``held`` goes into the next group's agree
         if self.slots_of_held is not None:
             self.memory.switch_from_slots(self._group, self.slots_of_held)

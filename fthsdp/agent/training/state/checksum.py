@@ -27,22 +27,44 @@ def tensor_bytes(t: torch.Tensor, local=lambda t: t):
 
 def model_crc(model: torch.nn.Module, local=lambda t: t, crc: int = 0) -> int:
     """CRC-32 over the model's state dict (names and raw bytes), in name order."""
-    for name, p in sorted(model.state_dict().items()):
-        crc = zlib.crc32(name.encode(), crc)
-        crc = zlib.crc32(tensor_bytes(p, local), crc)
-    return crc
+    return crc_of_items(model_items(model), local, crc)
 
 
 def optimizer_crc(optimizer: torch.optim.Optimizer, local=lambda t: t, crc: int = 0) -> int:
     """CRC-32 over the optimizer's per-parameter state, in index and key order."""
+    return crc_of_items(optimizer_items(optimizer), local, crc)
+
+
+Items = list[bytes | torch.Tensor]
+"""What a CRC runs over, in order: names and values already as bytes, tensors as they are."""
+
+
+def model_items(model: torch.nn.Module, copy_buffers: bool = False) -> Items:
+    """``model_crc``'s items. ``copy_buffers``: the tensors that are not
+    parameters (buffers: batch-norm statistics, which a forward pass changes)
+    as copies, the parameters as they are (only an update changes them)."""
+    params = {p.data_ptr() for p in model.parameters()} if copy_buffers else set()
+    items: Items = []
+    for name, t in sorted(model.state_dict().items()):
+        items.append(name.encode())
+        items.append(t if not copy_buffers or t.data_ptr() in params else t.detach().clone())
+    return items
+
+
+def optimizer_items(optimizer: torch.optim.Optimizer) -> Items:
+    """``optimizer_crc``'s items: the tensors as they are (only an update changes them)."""
     state = optimizer.state_dict()["state"]
+    items: Items = []
     for index in sorted(state):
         for key in sorted(state[index]):
             value = state[index][key]
-            if isinstance(value, torch.Tensor):
-                crc = zlib.crc32(tensor_bytes(value, local), crc)
-            else:
-                crc = zlib.crc32(repr(value).encode(), crc)
+            items.append(value if isinstance(value, torch.Tensor) else repr(value).encode())
+    return items
+
+
+def crc_of_items(items: Items, local=lambda t: t, crc: int = 0) -> int:
+    for item in items:
+        crc = zlib.crc32(item if isinstance(item, bytes) else tensor_bytes(item, local), crc)
     return crc
 
 

@@ -46,7 +46,14 @@ from typing import Protocol, TypeGuard
 
 import torch
 
-from fthsdp.agent.training.state.checksum import model_crc, optimizer_crc, tensor_bytes
+from fthsdp.agent.training.state.checksum import (
+    crc_of_items,
+    model_crc,
+    model_items,
+    optimizer_crc,
+    optimizer_items,
+    tensor_bytes,
+)
 from fthsdp.agent.training.state.codec import StateCodecError, dtype_from_name, dtype_name, flatten, local, unflatten
 from fthsdp.agent.training.state.running_buffers import RunningBuffers
 from fthsdp.core.errors import ApiMisuse
@@ -268,6 +275,22 @@ class TrainState:
         for name, obj in self.extra.items():
             parts[name] = _crc_of(obj.state_dict())
         return parts
+
+    def part_checksums_later(self) -> Callable[[], dict[str, int]]:
+        """``part_checksums`` of the state as it is now, to be computed on
+        another thread before the next update: what may change before then
+        (the buffers, which a forward pass updates; the registered objects;
+        the hyperparameters) is read now, the parameters and the optimizer's
+        state (which only an update changes) when it runs."""
+        model = model_items(self.model, copy_buffers=True)
+        optimizer = optimizer_items(self.optimizer)
+        hyper = zlib.crc32(self.hyperparams().encode())
+        extra = {name: _crc_of(obj.state_dict()) for name, obj in self.extra.items()}
+
+        def compute() -> dict[str, int]:
+            return {"model": crc_of_items(model, local), "optimizer": crc_of_items(optimizer, local, hyper), **extra}
+
+        return compute
 
 
 def combine(parts: Mapping[str, int]) -> str:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 from fthsdp.agent import outcome
 from fthsdp.agent.training.catchup.grad_log import GradientLog
@@ -45,9 +46,9 @@ from fthsdp.agent.training.ftar.buffer_pool import BufferPool
 from fthsdp.agent.training.ftar.overlap import Overlap, Prelaunched
 from fthsdp.agent.training.session.lifecycle import Ending, Lifecycle, ending_for_eviction
 from fthsdp.agent.training.session.participation import Participation, participation
-from fthsdp.agent.training.state.checksum import StridedHistory
 from fthsdp.agent.training.state.codec import local
 from fthsdp.agent.training.state.train_state import TrainState, gradient_sample
+from fthsdp.agent.training.step.background_checksum import PeriodicChecksums
 from fthsdp.agent.training.step.buffer import StepBuffer
 from fthsdp.agent.training.step.clock import StepClock
 from fthsdp.agent.training.step.clocked_gap import ClockedGap
@@ -97,7 +98,8 @@ class ReplicaStep:
         self._join: JoinSession | None = None
         """A caught-up joiner until its first step in the quorum is committed: the source it holds and
         the last gap closed from it (set by ``join``, let go by the step boundary that commits it)."""
-        self._history = StridedHistory(config.checksum_every)
+        self._checksums = PeriodicChecksums(config.checksum_every, self._link.reporting.publish, log_)
+        """The periodic checksums, computed while the next step runs (step/background_checksum.py)."""
         self._checksum_wanted = False
         """A joiner took a snapshot at this boundary: the next one carries a checksum it checks its replay by."""
         self._proposal = 0
@@ -136,6 +138,7 @@ class ReplicaStep:
 
     @property
     def checksum(self) -> str:
+        self._checksums.settle()  # the newest periodic step's, as the script expects
         return self._link.reporting.current.state_checksum
 
     def participation(self) -> Participation:
@@ -215,6 +218,7 @@ class ReplicaStep:
         gap = self._join.gap if self._join is not None else None
         if gap is not None:
             gap.taken = None
+            self._checksums.settle()  # a joiner's replay inside the all-reduce changes the state
         prelaunched = self._overlap.complete()  # the buckets the backward pass did not start, started now
         if not contributes and prelaunched is not None:
             self._buffers.forget(prelaunched.buffer)
@@ -252,7 +256,8 @@ class ReplicaStep:
         if result.contributors == 0:  # the members were all lost as this joiner joined
             self._sentinel = None
             return result
-        self._replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
+        with record_function("fthsdp.gradients_back"):  # the phases of benchmarks/step_profile.py
+            self._replayer.apply_sum(result.total, result.contributors)  # as a joiner's replay does
         if gap is not None and gap.taken is not None:
             self._inputs = gap.taken  # a joiner entered the members' step with their inputs
         if self._inputs.step != result.step:
@@ -272,7 +277,10 @@ class ReplicaStep:
         self._clock.working(pb.PHASE_UPDATE, self._replayer.step)
         if not replayed:
             self._link.hold_for_lease()  # cut from the coordinator: commit nothing (session/lease.py)
-        self._replayer.run_update(last.contributors, self._sentinel, replayed)
+        with record_function("fthsdp.checksum_settle"):
+            self._checksums.settle()  # the update changes what the checksum in flight reads
+        with record_function("fthsdp.update"):
+            self._replayer.run_update(last.contributors, self._sentinel, replayed)
         step = self._replayer.step
         reporting, group = self._link.reporting, self._link.group
         reporting.publish(step=step, training_quorum_id=last.quorum_id)
@@ -288,21 +296,28 @@ class ReplicaStep:
         # the same in every replica.
         proposal = self._ftar.growth_ready()
         by_count = self._saver is not None and self._saver.due(step)
-        drain, snapshot, top, neg_bottom, checkpoint = group.max(
-            int(self._link.drain_requested()), int(self._source.wanted), proposal, -proposal,
-            int(by_count or last.checkpoint))
+        with record_function("fthsdp.group_max"):
+            drain, snapshot, top, neg_bottom, checkpoint = group.max(
+                int(self._link.drain_requested()), int(self._source.wanted), proposal, -proposal,
+                int(by_count or last.checkpoint))
         self._proposal = top if top == -neg_bottom else 0
         checkpoint = checkpoint and self._saver is not None
-        parts = self._replayer.part_checksums(group) if periodic or self._checksum_wanted or checkpoint else {}
+        # A periodic checksum alone is computed while the next step runs; one a
+        # joiner checks its replay by, a checkpoint's, or a multi-rank group's, now.
+        later = periodic and not (self._checksum_wanted or checkpoint) and group.size == 1
+        with record_function("fthsdp.checksum"):
+            now = (periodic or self._checksum_wanted or checkpoint) and not later
+            parts = self._replayer.part_checksums(group) if now else {}
         checksum = combine_hex(parts) if parts else ""
-        if periodic:
-            reporting.publish(state_checksum=checksum, checksum_step=step,
-                              recent_checksums=self._history.record(step, checksum, inputs.hyperparams_json))
+        if periodic and not later:
+            self._checksums.report(step, inputs.hyperparams_json, parts)
         self._checksum_wanted = False
         self._log.append(
             inputs, last.total, last.contributors, last.quorum_id, checksum,
             json.dumps(parts, separators=(",", ":")) if parts else "",
         )
+        if later:
+            self._checksums.start(step, inputs.step, inputs.hyperparams_json, self._state.part_checksums_later())
         if snapshot:
             with self._clock.section("snapshot", None):
                 self._source.take(step, self._state.capture())
@@ -310,7 +325,8 @@ class ReplicaStep:
         else:
             self._source.expire()  # a joiner that died without releasing its snapshot
         if checkpoint:
-            self._save(step, last.quorum_id, checksum)
+            with record_function("fthsdp.checkpoint"):
+                self._save(step, last.quorum_id, checksum)
         if self._join is not None:
             self._join.finish()  # the first step in the quorum is committed: release the source
             self._join = None
@@ -382,6 +398,11 @@ class ReplicaStep:
             log.info("replica %s stopped (%s): %s", self.config.replica_id, ending.value, detail)
         self._hooks.remove()
         self._overlap.close()
+        try:
+            self._checksums.settle()  # the last periodic step's checksum, reported before the session ends
+        except Exception as e:  # noqa: BLE001 - leaving goes on; the checksum is only a report
+            log.warning("replica %s: the state checksum of its last periodic step failed: %s",
+                        self.config.replica_id, e)
         if self._saver is not None:
             self._saver.close(self.config.timeout)  # a share in flight is finished: the others may be sealing it
         self._link.close(leave_reason(ending, detail), failed=not ending.success)
