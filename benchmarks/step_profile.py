@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.step_time import CHECKSUM_EVERY, build, launch  # noqa: E402
+from benchmarks.step_time import CHECKSUM_EVERY, build, launch, parse_worker  # noqa: E402
 
 PHASES = [
     ("step", "the step (wall clock)", 0),
@@ -194,11 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40,
                    help=f"steps per run, at least {2 * CHECKSUM_EVERY}; the first {CHECKSUM_EVERY} are not profiled")
     p.add_argument("--replicas", type=int, default=2, help="processes, one replica of one rank each (default 2)")
-    p.add_argument("--worker", choices=("ddp", "fthsdp"), help=argparse.SUPPRESS)
-    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
-    p.add_argument("--init", default="", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_worker(p, ("ddp", "fthsdp"), argv)
     if args.worker:
         train(args.worker, args.rank, args.world, args.init, args.steps, args.model)
         return 0

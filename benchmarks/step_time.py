@@ -250,6 +250,15 @@ def table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(rows)
 
 
+def parse_worker(p: argparse.ArgumentParser, modes: tuple[str, ...], argv: list[str] | None) -> argparse.Namespace:
+    """Parse with the hidden arguments that ``launch`` gives a worker process."""
+    p.add_argument("--worker", choices=modes, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--init", default="", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=int, default=2, help="processes, one replica of one rank each (default 2)")
@@ -260,11 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=("gpt", "comm-heavy"), default="gpt",
                    help="comm-heavy: 100 MB of gradients on a small batch (default gpt: the example)")
     p.add_argument("--flat", action="store_true", help="also fthsdp with one all-reduce after the backward pass")
-    p.add_argument("--worker", choices=tuple(MODES), help=argparse.SUPPRESS)
-    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
-    p.add_argument("--init", default="", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_worker(p, tuple(MODES), argv)
     if args.worker:
         train(args.worker, args.rank, args.world, args.init, args.steps, args.model)
         return 0
