@@ -21,6 +21,8 @@ SMOKE = {
     "ftar": (["--sizes-mb", "1", "--replicas", "2", "--pairs", "1"], 300),
     "step_time": (["--replicas", "2", "--pairs", "1", "--steps", "20"], 300),
     "step_profile": (["--model", "gpt", "--rounds", "1", "--steps", "20"], 300),
+    "gpu_step": (["--device", "cpu", "--pairs", "1", "--steps", "20", "--state-mib", "16", "--dtypes", "float32"],
+                 300),
     "failover": (["--trials", "1", "--cases", "rank killed"], 600),
     "group_restart": (["--trials", "1", "--cases", "two hosts of 1 rank"], 600),
     "catchup": (["--trials", "1", "--mib", "8", "--skip-large", "--skip-torchft"], 900),

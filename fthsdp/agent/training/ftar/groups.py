@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from fthsdp.agent.training.ftar.completion import CompletionWaiter
 from fthsdp.agent.training.ftar.decisions import is_growth
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.transport import Collectives, Transport
@@ -30,6 +31,9 @@ from fthsdp.core.errors import Evicted, FtarTimeout
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("fthsdp.agent.ftar")
+
+RECHECK_S = 0.02
+"""The longest a wait on a collective sleeps between looks at the growth patience and the deadline."""
 
 
 
@@ -98,6 +102,8 @@ class QuorumGroups:
         self.shard_rank = shard_rank
         self.timeout = timeout
         self.transport: Transport = transport if transport is not None else GlooTransport()
+        self._waiter = CompletionWaiter(view.cond) if self.transport.device.type == "cpu" else None
+        """Wakes ``wait_work`` when a CPU collective completes (fthsdp/agent/training/ftar/completion.py)."""
         self._group: QuorumGroup | None = None
         self._in_step_with = 0
         """The group whose members are known to be at the same step."""
@@ -291,13 +297,17 @@ class QuorumGroups:
         return False
 
     def wait_work(self, work, group: QuorumGroup, deadline: float, idle: Callable[[], None] | None = None) -> str:
-        """Poll a collective with a growing sleep (20 us to 1 ms): it costs no
-        thread, and a newer quorum is seen within a millisecond. A newer
-        quorum abandons it, except one that only grows the group: the members
-        switch at an agreed step boundary instead (see ``_leave_for``).
-        ``idle`` runs between polls instead of a sleep (a joiner's ``Joining.while_waiting``)."""
+        """Wait for a collective, woken by its completion or by a push (a CPU
+        collective: fthsdp/agent/training/ftar/completion.py), else polled with a
+        growing sleep (20 us to 1 ms). A newer quorum abandons it, except one
+        that only grows the group: the members switch at an agreed step
+        boundary instead (see ``_leave_for``). ``idle`` runs between polls
+        instead of a wait (a joiner's ``Joining.while_waiting``)."""
         pause = 20e-6
         since: list[float] = []
+        watch = None
+        if idle is None and self._waiter is not None and not work.is_completed():
+            watch = self._waiter.watch(work)
         while not work.is_completed():
             if self._leave_for(group.quorum_id, since):
                 return NEWER
@@ -309,7 +319,11 @@ class QuorumGroups:
             if idle is not None:
                 idle()
                 continue
-            time.sleep(pause)
+            if watch is not None and not watch.returned:
+                assert self._waiter is not None
+                self._waiter.wait(watch, RECHECK_S)  # a push, the completion, or a look at the clocks
+                continue
+            time.sleep(pause)  # no waiter, or its wait() returned before is_completed() said so
             pause = min(pause * 2, 1e-3)
         try:
             work.wait()
