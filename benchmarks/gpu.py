@@ -7,26 +7,22 @@ a CUDA state over HTTP.
     python benchmarks/gpu.py [--quick] [--write-readme]
 
 Needs a visible CUDA GPU (and a torch built with CUDA); elsewhere it exits
-at once with status 2 and one line saying so. One short run (about a minute
-expected on an H200; not yet run; --quick: smaller sizes), progress on
+at once with status 2 and one line saying so. One short run (under 5 minutes
+expected on an H100 or H200; not yet run; --quick: smaller sizes), progress on
 stderr, each part's table on stdout as soon as it is measured (a run cut
 short keeps what it printed); --write-readme puts the tables into
 benchmarks/README.md between the markers ``<!-- gpu.py begin -->`` and
 ``<!-- gpu.py end -->``. A part that fails prints its error in its table
 and the run goes on.
 
-1. Step time. fthsdp.examples.gpt (the GPT of benchmarks/step_time.py, batch
-   8 x 128, AdamW) on the GPU: a plain torch loop against the same loop
-   through fthsdp's standalone Manager (``Manager.from_env(..., env={})``:
-   one replica, no coordinator; ``allreduce_gradients()`` sums nothing, so
-   this is the Manager's own per-step cost: the gradient sample, the replay
-   contract's check, the default update). Each run's figure is its median
-   step time after the warm-up steps, a ``torch.cuda.synchronize()`` ending
-   every step; runs alternate in pairs (the order flips each pair); reported:
-   each side's median and the median of the pair ratios. Also timed: the
-   state checksum a job computes every 10 steps by default (``state_checksum``:
-   ``.cpu()`` of every tensor, then CRC-32 on the host), which a standalone
-   replica does not.
+1. Step time (benchmarks/gpu_step.py): a one-replica fthsdp job on NCCL
+   (a real coordinator, FTAR, the commit vote, the reports, the checksum
+   every 10 steps) against DDP with world size 1 on NCCL, fthsdp.examples.gpt
+   in float32 and bfloat16; each run's throughput step over whole checksum
+   intervals with no synchronization inside, so fthsdp's host
+   synchronizations count. Then, on the training thread, the state checksum
+   and a checkpoint share's staging of a 1 GiB CUDA state. The
+   cross-replica overlap needs two GPUs: unmeasured until two are lent.
 2. Transports. fthsdp's cross-replica transports
    (fthsdp/agent/training/transport/: ``choose("gloo" | "nccl", device)``,
    then ``build(store, 0, 1, timeout)``), each a one-rank group on its own
@@ -44,7 +40,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import logging
 import statistics
 import sys
 import time
@@ -59,6 +54,7 @@ BEGIN, END = "<!-- gpu.py begin -->", "<!-- gpu.py end -->"
 
 from benchmarks.gpu_catchup import catchup_http, snapshot_copy  # noqa: E402
 from benchmarks.gpu_common import GIB, MB, T0, fmt_time, one_line, progress, sync  # noqa: E402
+from benchmarks.gpu_step import tables as step_tables  # noqa: E402
 
 
 def no_gpu(version: str) -> None:
@@ -104,105 +100,6 @@ def need_gpu() -> None:
         warnings.simplefilter("ignore")
         if not torch.cuda.is_available():
             no_gpu(torch.__version__)
-
-
-# ----- 1. the example's step -----------------------------------------------------------
-
-
-def step_time(device, pairs: int, steps: int, warmup: int) -> list[str]:
-    import torch
-
-    from fthsdp import Manager
-    from fthsdp.agent.training.state.checksum import state_checksum
-    from fthsdp.examples.gpt.data import Dataset, corpus
-    from fthsdp.examples.gpt.model import GPT, GPTConfig
-
-    # A standalone Manager warns that it has no coordinator, each time one is made: known here.
-    logging.getLogger("fthsdp.agent.manager").setLevel(logging.ERROR)
-    data = Dataset(corpus(), 128)
-    batch = 8
-
-    def build():
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(vocab_size=data.vocab_size)).to(device)
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def loss_of(model, step: int):
-        x, y = data.batch(step, 0, batch)
-        return model(x.to(device), y.to(device))[1]
-
-    def plain() -> float:
-        model, optimizer = build()
-        times = []
-        for step in range(steps):
-            began = time.perf_counter()
-            loss_of(model, step).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)  # what the Manager's default update does
-            sync(device)
-            times.append(time.perf_counter() - began)
-        return statistics.median(times[warmup:])
-
-    def managed() -> float:
-        model, optimizer = build()
-        ft = Manager.from_env(model, optimizer, env={})  # an empty env: a standalone replica
-        ft.start()
-        times = []
-        try:
-            while ft.step < steps:
-                began = time.perf_counter()
-                loss_of(model, ft.step).backward()
-                ft.allreduce_gradients()
-                ft.commit()  # the default update: optimizer.step(), zero_grad
-                sync(device)
-                times.append(time.perf_counter() - began)
-        finally:
-            ft.close()
-        return statistics.median(times[warmup:])
-
-    base, ft = [], []
-    for pair in range(pairs):
-        # The order flips each pair, so that a drift of the machine (clocks, caches) hits both alike.
-        if pair % 2 == 0:
-            base.append(plain())
-            ft.append(managed())
-        else:
-            ft.append(managed())
-            base.append(plain())
-        progress(f"step time: pair {pair + 1}/{pairs}: plain {fmt_time(base[-1])}, fthsdp {fmt_time(ft[-1])}")
-    ratios = [f / b for f, b in zip(ft, base, strict=True)]
-
-    model, optimizer = build()
-    loss_of(model, 0).backward()
-    optimizer.step()  # AdamW's state exists from the first step on
-    sync(device)
-    checks = []
-    for _ in range(3):
-        began = time.perf_counter()
-        state_checksum(model, optimizer)
-        checks.append(time.perf_counter() - began)
-    params = sum(p.numel() for p in model.parameters())
-    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + sum(
-        v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
-        if isinstance(v, torch.Tensor))
-    return [
-        "### 1. The example's step on the GPU: plain torch against fthsdp's standalone Manager",
-        "",
-        f"fthsdp.examples.gpt ({params / 1e6:.1f}M parameters), batch {batch} x 128, AdamW; {pairs} pairs of runs "
-        f"of {steps} steps, each run's median after {warmup} warm-up steps, synchronized every step.",
-        "",
-        "| loop | step (median of runs) | all runs | fthsdp / plain (median of pairs) | pair ratios |",
-        "|---|---:|---|---:|---|",
-        f"| plain torch (baseline) | {fmt_time(statistics.median(base))} | "
-        f"{', '.join(fmt_time(t) for t in base)} | 1.000 | |",
-        f"| fthsdp standalone Manager | {fmt_time(statistics.median(ft))} | {', '.join(fmt_time(t) for t in ft)} | "
-        f"{statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |",
-        "",
-        f"State checksum of the same model and AdamW state ({state_bytes / MB:.0f} MB; `state_checksum`: `.cpu()` "
-        f"of every tensor, CRC-32 on the host; a job computes one every 10 steps by default on the training "
-        f"thread, a standalone replica none): {fmt_time(statistics.median(checks))} (median of 3).",
-        "",
-    ]
 
 
 # ----- 2. the transports ---------------------------------------------------------------
@@ -298,6 +195,10 @@ def transports(device, sizes_mb: list[int]) -> list[str]:
     ]
 
 
+def gpu_tables(device, pairs: int, steps: int, state_bytes: int) -> list[str]:
+    return step_tables(device, pairs, steps, state_bytes, progress=progress)
+
+
 def environment() -> str:
     import torch
 
@@ -324,9 +225,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer runs (a smoke test)")
     p.add_argument("--write-readme", action="store_true",
                    help=f"replace what lies between {BEGIN} and {END} in benchmarks/README.md with the tables")
-    p.add_argument("--budget-s", type=float, default=360.0,
+    p.add_argument("--budget-s", type=float, default=240.0,
                    help="parts not started by then are skipped (the device time of one run is short)")
-    p.add_argument("--hard-limit-s", type=float, default=480.0,
+    p.add_argument("--hard-limit-s", type=float, default=290.0,
                    help="past this the run dumps every thread's stack and exits 1 (a hang)")
     args = p.parse_args()
     need_gpu()
@@ -339,7 +240,7 @@ def main() -> None:
     progress(f"{env}{' (--quick)' if args.quick else ''}")
     big = (256 << 20) if args.quick else GIB
     parts = [
-        ("1. step time", step_time, (device, 2, 40, 10) if args.quick else (device, 3, 100, 20)),
+        ("1. step time", gpu_tables, (device, 1, 20, 256 << 20) if args.quick else (device, 2, 40, GIB)),
         ("2. transports", transports, (device, [1, 25] if args.quick else [1, 25, 100])),
         ("3. snapshot copy", snapshot_copy, (device, big, 3 if args.quick else 5)),
         ("4. catch-up over HTTP", catchup_http, (device, big, 2 if args.quick else 3)),
