@@ -22,9 +22,11 @@ Phases (an indented phase is part of the one above it):
   control slots, summed after the buckets), the commit vote, the gradients
   copied back and divided; "other" is the rest (the inputs recorded, the
   buckets the backward pass left, FTAR's control).
-- fthsdp's ``commit()``: the update (the optimizer: DDP's optimizer line),
-  the group's max (with one rank per replica, no collective), the state
-  checksum (every 10th step), a checkpoint, and the rest.
+- fthsdp's ``commit()``: the wait for the periodic checksum computed off the
+  training thread since the last boundary (fthsdp/agent/training/step/background_checksum.py),
+  the update (the optimizer: DDP's optimizer line), the group's max (with
+  one rank per replica, no collective), the state checksum on the training
+  thread (only where it is not computed off it), a checkpoint, and the rest.
 
 The profiler adds its own cost to every operator (both sides alike), so the
 step totals here are above step_time.py's; compare the phases, not the
@@ -58,6 +60,7 @@ PHASES = [
     ("allreduce other", "other", 2),
     ("fthsdp.commit", "commit()", 1),
     ("bench.optimizer", "optimizer step, zero_grad (DDP)", 1),
+    ("fthsdp.checksum_settle", "the checksum computed off the step: waited for, reported", 2),
     ("fthsdp.update", "update (the optimizer)", 2),
     ("fthsdp.group_max", "the group's max", 2),
     ("fthsdp.checksum", "state checksum", 2),
@@ -146,7 +149,8 @@ def per_step(out: dict) -> dict[str, float]:
     if "fthsdp.allreduce_gradients" in t:
         t["allreduce other"] = t["fthsdp.allreduce_gradients"] - sum(t.get(k, 0.0) for k in parts)
     if "fthsdp.commit" in t:
-        inside = ("fthsdp.update", "fthsdp.group_max", "fthsdp.checksum", "fthsdp.checkpoint")
+        inside = ("fthsdp.checksum_settle", "fthsdp.update", "fthsdp.group_max", "fthsdp.checksum",
+                  "fthsdp.checkpoint")
         t["commit other"] = t["fthsdp.commit"] - sum(t.get(k, 0.0) for k in inside)
     top = ("bench.forward", "bench.backward", "fthsdp.allreduce_gradients", "fthsdp.commit", "bench.optimizer")
     t["outside"] = t["step"] - sum(t.get(k, 0.0) for k in top)

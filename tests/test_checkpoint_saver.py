@@ -160,3 +160,39 @@ def test_a_skip_left_by_an_earlier_attempt_at_the_step_is_not_this_one(tmp_path)
                         {"format": layout.FORMAT, "quorum_id": 4, "step": 20})
     assert skipped_shares(folder, 2, 1, quorum_id=5) == []
     assert skipped_shares(folder, 2, 1, quorum_id=4) == ["share-1-rank-0"]
+
+
+def test_a_checksum_still_being_computed_is_waited_for_by_the_writer_alone(tmp_path):
+    """The training thread hands the saver how to get the state's checksum
+    (computed off the step: step/background_checksum.py); ``save`` returns
+    at once and the share's record carries the checksum once computed."""
+    sealed = []
+    saver = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=10, on_sealed=sealed.append, now=0.0)
+    computed = threading.Event()
+
+    def checksum() -> str:
+        computed.wait(10)
+        return "0badcafe"
+
+    assert saver.save(capture(), spec(10), checksum, now=0.0)  # returns while the checksum is not there
+    assert not sealed
+    computed.set()
+    saver.close(30)
+    assert [(s.step, s.state_checksum) for s in sealed] == [(10, "0badcafe")]
+
+
+def test_a_checksum_that_failed_leaves_that_checkpoint_incomplete_in_one_error_line(tmp_path, caplog):
+    sealed = []
+    saver = Saver(tmp_path, JOB, every=Every(steps=10), keep=3, seal_timeout=10, on_sealed=sealed.append, now=0.0)
+
+    def lost() -> str:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with caplog.at_level(logging.ERROR, "fthsdp.agent.checkpoint"):
+        assert saver.save(capture(), spec(10), lost, now=0.0)
+        saver.close(30)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "illegal memory access" in errors[0] and sealed == []
+    assert saver.save(capture(), spec(20), "", now=0.0)  # the next one is tried as usual
+    saver.close(30)
+    assert [s.step for s in sealed] == [20]

@@ -76,9 +76,12 @@ class Saver:
         enough), so they all save at the same boundary."""
         return self.every.seconds > 0 and now - self._since >= self.every.seconds
 
-    def save(self, capture: dict, spec: ShareSpec, state_checksum: str, now: float) -> bool:
+    def save(self, capture: dict, spec: ShareSpec, state_checksum: str | Callable[[], str], now: float) -> bool:
         """Stage this rank's share now and write it in the background; False
-        if the previous save still writes (this checkpoint is skipped). A
+        if the previous save still writes (this checkpoint is skipped).
+        ``state_checksum``: the members' checksum of the state, or how the
+        writer gets it (it may still be computed off the training thread:
+        fthsdp/agent/training/step/background_checksum.py). A
         previous checkpoint still waiting for other shares is given up: one
         that is not complete by the next checkpoint step never will be (a
         member was lost mid-save). ``now`` restarts the clock of a timed interval."""
@@ -126,13 +129,13 @@ class Saver:
         except OSError as e:  # the sealer then waits its seal_timeout, as for a lost member
             log.debug("checkpoint of step %d: could not record the skip: %s", spec.step, e)
 
-    def _write(self, staged, state_checksum: str) -> None:
+    def _write(self, staged, state_checksum: str | Callable[[], str]) -> None:
         spec = staged.spec
         folder = layout.step_folder(self.root, self.job, spec.step, spec.generation)
         began = time.monotonic()
         try:
-            write(staged, folder, state_checksum)
-        except OSError as e:
+            write(staged, folder, state_checksum() if callable(state_checksum) else state_checksum)
+        except (OSError, RuntimeError) as e:  # a full disk, a lost mount; the checksum's computation failed
             log.error("checkpoint of step %d: this replica's share was not written (%s); the checkpoint stays "
                       "incomplete and is never used", spec.step, e)
             return

@@ -18,11 +18,15 @@ change before the update is read at the boundary: the buffers (a forward
 pass updates batch-norm statistics), the registered objects and the
 hyperparameters (``TrainState.part_checksums_later``).
 
+A checkpoint's checksum too: the share's writer waits for it before it
+writes the share's record, so a checkpoint step stalls the training thread
+for the staging copy alone.
+
 In the background only where the replica group has one rank. With several,
 the group's checksum is an all-gather of the ranks' parts, a collective that
 every rank must run at the same point, and each rank's pass covers only its
-shard; a checksum a joiner checks its replay by, or a checkpoint's, is
-needed at the boundary itself. Those are computed there, as before.
+shard. A checksum a joiner checks its replay by is needed at the boundary
+itself. Those are computed there, as before.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class _Job:
             self._error = e
 
     def parts(self) -> dict[str, str]:
+        """(Any thread; every call returns the same.)"""
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -67,8 +72,8 @@ class PeriodicChecksums:
         self.history = StridedHistory(every)
         self._publish = publish
         self._log = log
-        self._pending: tuple[int, int, str, _Job] | None = None
-        """(state step, log entry step, the inputs' hyperparameters, the job)."""
+        self._pending: tuple[int, int, str, bool, _Job] | None = None
+        """(state step, log entry step, the inputs' hyperparameters, whether it is reported, the job)."""
 
     def report(self, step: int, hyperparams: str, parts: dict[str, str]) -> str:
         """A checksum of ``step`` computed at the boundary: reported now; returns it."""
@@ -77,18 +82,23 @@ class PeriodicChecksums:
                       recent_checksums=self.history.record(step, checksum, hyperparams))
         return checksum
 
-    def start(self, step: int, entry_step: int, hyperparams: str, compute: Callable[[], dict[str, int]]) -> None:
+    def start(self, step: int, entry_step: int, hyperparams: str, compute: Callable[[], dict[str, int]],
+              report: bool = True) -> Callable[[], str]:
         """Compute the checksum of ``step`` in the background (the log's entry
-        ``entry_step`` gets it when settled)."""
+        ``entry_step`` gets it when settled; reported then unless ``report``
+        is False: a checkpoint's at a step that is not periodic). Returns how
+        another thread waits for it (a checkpoint's writer)."""
         self.settle()
-        self._pending = (step, entry_step, hyperparams, _Job(compute))
+        job = _Job(compute)
+        self._pending = (step, entry_step, hyperparams, report, job)
+        return lambda: combine_hex(job.parts())
 
     def settle(self) -> None:
         """Before anything changes the state (or reads the checksum): wait for
         the checksum in flight, if any, report it and log it."""
         if self._pending is None:
             return
-        (step, entry_step, hyperparams, job), self._pending = self._pending, None
+        (step, entry_step, hyperparams, report, job), self._pending = self._pending, None
         parts = job.parts()
-        checksum = self.report(step, hyperparams, parts)
+        checksum = self.report(step, hyperparams, parts) if report else combine_hex(parts)
         self._log.set_checksum_after(entry_step, checksum, parts)

@@ -22,6 +22,7 @@ import atexit
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -302,22 +303,24 @@ class ReplicaStep:
                 int(by_count or last.checkpoint))
         self._proposal = top if top == -neg_bottom else 0
         checkpoint = checkpoint and self._saver is not None
-        # A periodic checksum alone is computed while the next step runs; one a
-        # joiner checks its replay by, a checkpoint's, or a multi-rank group's, now.
-        later = periodic and not (self._checksum_wanted or checkpoint) and group.size == 1
+        # A periodic checksum and a checkpoint's are computed while the next step
+        # runs; one a joiner checks its replay by, or a multi-rank group's, now.
+        wanted = periodic or self._checksum_wanted or checkpoint
+        later = wanted and not self._checksum_wanted and group.size == 1
         with record_function("fthsdp.checksum"):
-            now = (periodic or self._checksum_wanted or checkpoint) and not later
-            parts = self._replayer.part_checksums(group) if now else {}
-        checksum = combine_hex(parts) if parts else ""
+            parts = self._replayer.part_checksums(group) if wanted and not later else {}
+        computed = combine_hex(parts) if parts else ""
         if periodic and not later:
             self._checksums.report(step, inputs.hyperparams_json, parts)
         self._checksum_wanted = False
         self._log.append(
-            inputs, last.total, last.contributors, last.quorum_id, checksum,
+            inputs, last.total, last.contributors, last.quorum_id, computed,
             json.dumps(parts, separators=(",", ":")) if parts else "",
         )
+        checksum: str | Callable[[], str] = computed
         if later:
-            self._checksums.start(step, inputs.step, inputs.hyperparams_json, self._state.part_checksums_later())
+            checksum = self._checksums.start(step, inputs.step, inputs.hyperparams_json,
+                                             self._state.part_checksums_later(), report=periodic)
         if snapshot:
             with self._clock.section("snapshot", None):
                 self._source.take(step, self._state.capture())
@@ -355,7 +358,7 @@ class ReplicaStep:
         else:
             self._overlap.disarm()
 
-    def _save(self, step: int, quorum_id: int, checksum: str) -> None:
+    def _save(self, step: int, quorum_id: int, checksum: str | Callable[[], str]) -> None:
         """This member's share of the checkpoint of ``step``: every member of
         the quorum whose vote decided the step (``quorum_id``, fthsdp/agent/training/ftar/vote.py)
         writes one, by its place in it. A member only gets here with a step it
