@@ -196,3 +196,18 @@ def test_a_checksum_that_failed_leaves_that_checkpoint_incomplete_in_one_error_l
     assert saver.save(capture(), spec(20), "", now=0.0)  # the next one is tried as usual
     saver.close(30)
     assert [s.step for s in sealed] == [20]
+
+
+def test_staging_reuses_its_host_buffers_and_holds_the_newest_state():
+    from fthsdp.agent.training.checkpoint.share import StagingBuffers, stage
+
+    buffers = StagingBuffers()
+    first = stage(capture(0), spec(10), buffers)
+    pointers = {name: p.data.data_ptr() for name, p in first.pieces.items()}
+    later = capture(1)
+    second = stage(later, spec(20), buffers)
+    assert {name: p.data.data_ptr() for name, p in second.pieces.items()} == pointers  # no new memory
+    assert torch.equal(second.pieces["model.weight"].data, later["model"]["weight"])
+    assert not torch.equal(second.pieces["model.weight"].data, capture(0)["model"]["weight"])
+    fewer = stage(later, ShareSpec(JOB, 30, 99, 1, 1, 2, 0, 1), buffers)  # share 1 of 2: other rows
+    assert set(fewer.pieces) <= set(pointers)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, Sealed, missing_shares, seal, skipped_shares
-from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
+from fthsdp.agent.training.checkpoint.share import ShareSpec, StagingBuffers, stage, write
 from fthsdp.core.every import Every
 
 log = logging.getLogger("fthsdp.agent.checkpoint")
@@ -61,6 +61,8 @@ class Saver:
         self._superseded = threading.Event()
         """The next checkpoint step came: a seal still waiting for shares gives up."""
         self._stop = threading.Event()
+        self._buffers = StagingBuffers()
+        """Reused from one checkpoint to the next: staged into only when no write is in flight."""
         self.last_sealed: Sealed | None = None
 
     def due(self, step: int) -> bool:
@@ -97,7 +99,7 @@ class Saver:
             self._thread.join()  # it only waits for the other shares: it ends at once
         self._superseded.clear()
         began = time.monotonic()
-        staged = stage(capture, spec)
+        staged = stage(capture, spec, self._buffers)
         log.debug("checkpoint of step %d: %d bytes staged in %.3fs", spec.step, staged.nbytes,
                   time.monotonic() - began)
         self._writing.set()
