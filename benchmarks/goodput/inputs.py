@@ -51,13 +51,14 @@ class Measured:
     """Members' steps that such a catch-up spans (catchup.py)."""
     longest_step_ratio: float = 1.72
     """Longest members' step during any catch-up / steady (catchup.py)."""
-    ddp_step_ms: float = 349.0
-    """Torch DDP's step, 101 MB of gradients on 2 replicas (step_time.py --model comm-heavy;
-    session 15's run, the less favourable to fthsdp of the two in benchmarks/README.md)."""
-    overlapped_step_ms: float = 373.0
-    """fthsdp's step in the same runs, its all-reduce overlapped with the backward pass (the default)."""
-    flat_step_ms: float = 429.0
-    """fthsdp's step in the same runs with one all-reduce after the backward pass (no overlap)."""
+    ddp_step_ms: float = 293.0
+    """Torch DDP's throughput step (the mean over whole checksum intervals, median of 8 runs), 101 MB of
+    gradients on 2 replicas (step_time.py --model comm-heavy --pairs 8 --steps 40 --flat, 2026-12-07)."""
+    overlapped_step_ms: float = 314.9
+    """fthsdp's in the same runs, its all-reduce overlapped with the backward pass (the defaults: the vote,
+    the reports and the periodic checksum included)."""
+    flat_step_ms: float = 344.0
+    """fthsdp's in the same runs with one all-reduce after the backward pass (no overlap)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
