@@ -35,24 +35,32 @@ class Watch:
         self.returned = False
 
 
+IDLE_S = 2.0
+"""A waiter thread handed nothing for this long ends (the next wait starts another): a process
+that builds many QuorumGroups, or stops training, is not left with threads that wait for nothing."""
+
+
 class CompletionWaiter:
     def __init__(self, cond: threading.Condition) -> None:
         """``cond``: what the training thread waits on (QuorumView.cond, notified by every push)."""
         self._cond = cond
         self._handed: queue.SimpleQueue[Watch] = queue.SimpleQueue()
         self._last: Watch | None = None
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        """Orders a hand-over against the thread's ending when idle."""
+        self._running = False
 
     def watch(self, work) -> Watch | None:
         """Hand ``work`` to the waiter thread; None while it is inside an earlier collective not completed."""
         last = self._last
         if last is not None and not last.returned and not last.work.is_completed():  # type: ignore[attr-defined]
             return None
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fthsdp-collective-waiter", daemon=True)
-            self._thread.start()
         self._last = Watch(work)
-        self._handed.put(self._last)
+        with self._lock:
+            self._handed.put(self._last)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="fthsdp-collective-waiter", daemon=True).start()
         return self._last
 
     def wait(self, watch: Watch, timeout: float) -> None:
@@ -63,7 +71,14 @@ class CompletionWaiter:
 
     def _run(self) -> None:
         while True:
-            watch = self._handed.get()
+            try:
+                watch = self._handed.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._handed.empty():
+                        self._running = False
+                        return
+                continue
             try:
                 watch.work.wait()  # type: ignore[attr-defined]
             except Exception:  # noqa: BLE001, S110 - the training thread's own wait() raises it, on its side
