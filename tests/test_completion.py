@@ -4,7 +4,9 @@ completion the test controls."""
 
 from __future__ import annotations
 
+import datetime
 import threading
+import time
 
 from fthsdp.agent.training.ftar import completion
 from fthsdp.agent.training.ftar.completion import CompletionWaiter
@@ -12,7 +14,7 @@ from tests.harness.waiting import wait_until
 
 
 class Work:
-    """A collective that completes when the test says so; ``wait()`` blocks until then, as gloo's does."""
+    """A collective that completes when the test says so; ``wait()`` blocks until then or its timeout, as gloo's."""
 
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -20,8 +22,9 @@ class Work:
     def is_completed(self) -> bool:
         return self.done.is_set()
 
-    def wait(self) -> bool:
-        self.done.wait(30)
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if not self.done.wait(30 if timeout is None else timeout.total_seconds()):
+            raise RuntimeError("Operation timed out!")  # as c10d's Work.wait does, the work left as it was
         return True
 
 
@@ -65,3 +68,15 @@ def test_an_idle_waiter_thread_ends_and_the_next_watch_starts_another(monkeypatc
     again = waiter.watch(later)
     assert again is not None
     wait_until(lambda: again.returned, 10, message="a new thread's return")
+
+
+def test_a_closed_waiter_leaves_a_collective_that_never_completes_within_a_slice():
+    waiter = CompletionWaiter(threading.Condition())
+    never = Work()
+    assert waiter.watch(never) is not None
+    wait_until(lambda: waiter._thread is not None and waiter._thread.is_alive(), 10,  # noqa: SLF001
+               message="the waiter thread")
+    began = time.monotonic()
+    waiter.close()
+    assert not waiter._thread.is_alive() and time.monotonic() - began < 1.0  # noqa: SLF001
+    assert waiter.watch(Work()) is None  # closed: the training thread polls

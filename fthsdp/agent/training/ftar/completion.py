@@ -12,8 +12,14 @@ next poll (20 us doubling to 1 ms).
 
 One collective at a time: the training thread waits for its collectives one
 by one. While the waiter is still inside an earlier one that was abandoned
-(it returns only at that group's timeout), a new wait is not handed to it:
+(it completes only at that group's timeout), a new wait is not handed to it:
 ``watch`` returns None and that wait polls, as before.
+
+The thread waits in slices (``wait(timeout)`` raises when a slice ends
+before the collective, and changes nothing), so that ``close`` ends it
+within a slice: a thread still inside gloo's wait when the interpreter
+exits, and whose collective then fails, aborts the process
+(QuorumGroups.release says the same of an abandoned build).
 
 CPU collectives only (gloo). A NCCL work's ``wait()`` returns at once and
 makes the calling thread's current stream wait for it, which would order the
@@ -23,8 +29,17 @@ the device's event, and is polled.
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
+import time
+
+SLICE = datetime.timedelta(milliseconds=50)
+"""How long one ``wait()`` of the waiter thread lasts before it looks whether it must end."""
+
+IDLE_S = 2.0
+"""A waiter thread handed nothing for this long ends (the next wait starts another): a process
+that builds many QuorumGroups, or stops training, is not left with threads that wait for nothing."""
 
 
 class Watch:
@@ -33,11 +48,6 @@ class Watch:
     def __init__(self, work: object) -> None:
         self.work = work
         self.returned = False
-
-
-IDLE_S = 2.0
-"""A waiter thread handed nothing for this long ends (the next wait starts another): a process
-that builds many QuorumGroups, or stops training, is not left with threads that wait for nothing."""
 
 
 class CompletionWaiter:
@@ -49,18 +59,23 @@ class CompletionWaiter:
         self._lock = threading.Lock()
         """Orders a hand-over against the thread's ending when idle."""
         self._running = False
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def watch(self, work) -> Watch | None:
         """Hand ``work`` to the waiter thread; None while it is inside an earlier collective not completed."""
         last = self._last
         if last is not None and not last.returned and not last.work.is_completed():  # type: ignore[attr-defined]
             return None
+        if self._closed.is_set():
+            return None
         self._last = Watch(work)
         with self._lock:
             self._handed.put(self._last)
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._run, name="fthsdp-collective-waiter", daemon=True).start()
+                self._thread = threading.Thread(target=self._run, name="fthsdp-collective-waiter", daemon=True)
+                self._thread.start()
         return self._last
 
     def wait(self, watch: Watch, timeout: float) -> None:
@@ -69,8 +84,15 @@ class CompletionWaiter:
             if not watch.returned:
                 self._cond.wait(timeout)
 
+    def close(self, timeout: float = 1.0) -> None:
+        """End the thread, within a slice of its wait (at the process's exit: QuorumGroups.release)."""
+        self._closed.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
     def _run(self) -> None:
-        while True:
+        while not self._closed.is_set():
             try:
                 watch = self._handed.get(timeout=IDLE_S)
             except queue.Empty:
@@ -79,10 +101,24 @@ class CompletionWaiter:
                         self._running = False
                         return
                 continue
-            try:
-                watch.work.wait()  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001, S110 - the training thread's own wait() raises it, on its side
-                pass
+            if not self._await(watch.work):
+                break
             with self._cond:
                 watch.returned = True
                 self._cond.notify_all()
+        with self._lock:
+            self._running = False
+
+    def _await(self, work) -> bool:
+        """Until ``work`` completes, or its ``wait`` fails other than by the
+        slice ending (True: the training thread polls from then on), or the
+        waiter is closed (False)."""
+        while not self._closed.is_set():
+            began = time.monotonic()
+            try:
+                work.wait(SLICE)
+                return True
+            except Exception:  # noqa: BLE001 - a slice ended, or the collective failed (the training thread raises it)
+                if work.is_completed() or time.monotonic() - began < SLICE.total_seconds() / 2:
+                    return True
+        return False

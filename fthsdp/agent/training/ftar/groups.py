@@ -254,6 +254,8 @@ class QuorumGroups:
         process hosts. A build abandoned for a newer quorum may still wait on
         it: destroyed at the interpreter's exit, it would fail that wait in a
         thread Python no longer runs, which aborts the process."""
+        if self._waiter is not None:
+            self._waiter.close()  # not inside gloo's wait when the interpreter exits (completion.py)
         groups = [self._group] + [g for _, g in self._abandoned]
         groups += [p.group for p in self._prebuilt.values() if p.ready()]
         for kept in [g.pg for g in groups if g is not None] + [k for k in keep if k is not None]:
