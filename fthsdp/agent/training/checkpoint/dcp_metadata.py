@@ -47,7 +47,11 @@ class _Unpickler(pickle.Unpickler):
 
 def read(path: Path, sha256: str) -> Metadata:
     """The metadata at ``path``, if its bytes have checksum ``sha256``."""
-    data = path.read_bytes()
+    return parse(path.read_bytes(), sha256, path)
+
+
+def parse(data: bytes, sha256: str, path: Path) -> Metadata:
+    """The metadata in ``data`` (read from ``path``), if it has checksum ``sha256``."""
     if hashlib.sha256(data).hexdigest() != sha256:
         raise MetadataError(f"{path} does not match its recorded checksum")
     try:

@@ -1,9 +1,10 @@
 """Load a complete checkpoint into this rank's state.
 
 Each rank reads only what its state needs (with FSDP2, the chunks that
-overlap its shards), after checking every file it reads against the
-checksums in ``checkpoint.json``; a file that differs is refused, never
-loaded. Tensors are read by torch.distributed.checkpoint itself, so any
+overlap its shards), and checks every byte it reads against the checksums
+in ``checkpoint.json`` as DCP reads it, before DCP parses it
+(fthsdp/agent/training/checkpoint/digests.py): a file that differs is
+refused, and nothing is loaded into the state. Tensors are read by torch.distributed.checkpoint itself, so any
 checkpoint DCP can read at this world size is readable here, whatever the
 number of replicas that wrote it.
 """
@@ -18,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from fthsdp.agent.training.checkpoint import dcp_metadata, layout
+from fthsdp.agent.training.checkpoint import dcp_metadata, digests, layout
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files, verify_shares
 from fthsdp.agent.training.checkpoint.share import per_rank
 from fthsdp.agent.training.state.codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
@@ -37,7 +38,9 @@ def load(folder: Path, record: dict, *, rank: int, current: dict, params: list[t
     if skeleton is None:  # restored with more ranks per group than saved: the rest take rank 0's structure
         skeleton, rank_in_checkpoint = record["skeletons"]["0"], 0
     try:
-        metadata = dcp_metadata.read(folder / layout.DCP_METADATA, record["files"][layout.DCP_METADATA]["sha256"])
+        metadata_path = folder / layout.DCP_METADATA
+        metadata_bytes = metadata_path.read_bytes()
+        metadata = dcp_metadata.parse(metadata_bytes, record["files"][layout.DCP_METADATA]["sha256"], metadata_path)
     except (KeyError, OSError, dcp_metadata.MetadataError) as e:
         raise CheckpointError(f"{folder}: {e}") from e
     _, own, _ = flatten_named(per_rank(current, rank_in_checkpoint))
@@ -58,12 +61,23 @@ def load(folder: Path, record: dict, *, rank: int, current: dict, params: list[t
         else:
             dest[name] = torch.empty(stored.size, dtype=stored.properties.dtype)
     verify_shares(folder, record)
-    verify_files(folder, record, sorted(_files_read(metadata, dest)))
+    read = sorted(_files_read(metadata, dest))
+    unknown = [name for name in read if name not in record["files"]]
+    if unknown:
+        raise CheckpointError(f"{folder / unknown[0]} is not part of the checkpoint")
+    # A share written before block digests lists one SHA-256 per file: checked whole, before DCP reads it.
+    verify_files(folder, record, [name for name in read if not digests.has_blocks(record["files"][name])])
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    reader = dcp.FileSystemReader(str(folder))
+    reader.fs = fs = digests.VerifyingFileSystem(folder, record["files"], metadata_bytes)
     try:
-        dcp.load(dest, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
-    except Exception as e:  # DCP raises its own CheckpointException wrapping the cause
+        dcp.load(dest, storage_reader=reader, no_dist=True)
+    except (Exception, dcp.CheckpointException) as e:  # DCP's own wraps the cause; it is a BaseException
+        if fs.corrupt is not None:
+            raise CheckpointError(str(fs.corrupt)) from e
         raise CheckpointError(f"{folder}: could not be read: {e}") from e
+    finally:
+        fs.close()
     try:
         state = unflatten(skeleton, {name: local(t) for name, t in dest.items()})
     except StateCodecError as e:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fthsdp.agent.training.checkpoint import dcp_metadata, layout
+from fthsdp.agent.training.checkpoint import dcp_metadata, digests, layout
 from fthsdp.core.errors import FthsdpError
 
 
@@ -180,7 +180,8 @@ def verify_shares(folder: Path, record: dict) -> None:
 
 
 def verify_files(folder: Path, record: dict, names: list[str] | None = None) -> None:
-    """Check the files ``names`` (default: all) against their recorded size and checksum."""
+    """Check the files ``names`` (default: all) against their recorded size and checksum
+    (a restore checks the files it reads as it reads them, fthsdp/agent/training/checkpoint/digests.py)."""
     files = record["files"]
     for name in names if names is not None else list(files):
         info = files.get(name)
@@ -189,5 +190,17 @@ def verify_files(folder: Path, record: dict, names: list[str] | None = None) -> 
             raise CheckpointError(f"{path} is not part of the checkpoint")
         if not path.exists():
             raise CheckpointError(f"{path} is missing")
-        if path.stat().st_size != info["bytes"] or layout.sha256_file(path) != info["sha256"]:
+        if path.stat().st_size != info["bytes"] or not _matches(path, info):
             raise CheckpointError(f"{path} is corrupt (its size or checksum differs from the recorded one)")
+
+
+def _matches(path: Path, info: dict) -> bool:
+    """Whether the file's bytes have the recorded checksum: one SHA-256, or one per block."""
+    if "sha256" in info:
+        return layout.sha256_file(path) == info["sha256"]
+    block, want = int(info["block_bytes"]), list(info["blocks"])
+    got = []
+    with open(path, "rb") as f:
+        while piece := f.read(block):
+            got.append(digests.block_digests(piece, str(info.get("block_digest"))))
+    return got == want

@@ -6,7 +6,9 @@ to host memory, so the next update can change the state meanwhile.
 ``write`` then runs on the saver's thread: a torch.distributed.checkpoint
 save of those pieces, in a process of its own (``no_dist``: the replicas
 live in separate worlds, so DCP's own spreading of duplicate writes cannot
-apply), and a ``share.json`` with a checksum of every file it wrote.
+apply), and a ``share.json`` with a checksum of every file it wrote: the
+data files' SHA-256 per block, computed as DCP writes them
+(fthsdp/agent/training/checkpoint/digests.py).
 
 Which tensors this rank writes: with FSDP2 each rank of a replica group
 holds a shard of every parameter and optimizer state (a DTensor sharded on
@@ -34,7 +36,7 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 
-from fthsdp.agent.training.checkpoint import layout
+from fthsdp.agent.training.checkpoint import digests, layout
 from fthsdp.agent.training.checkpoint.split import Item, split
 from fthsdp.agent.training.state.codec import flatten_named, is_dtensor, local
 
@@ -158,14 +160,21 @@ def write(staged: StagedShare, checkpoint: Path, state_checksum: str = "") -> di
     folder.mkdir(parents=True)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
     writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True, thread_count=1)
-    dcp.save({}, storage_writer=writer, planner=_SharePlanner(staged.pieces), no_dist=True)
-    files = sorted(p.name for p in folder.iterdir() if p.name != layout.SHARE_RECORD)
+    writer.fs = digests.DigestingFileSystem()  # each data file hashed in blocks as it is written
+    try:
+        dcp.save({}, storage_writer=writer, planner=_SharePlanner(staged.pieces), no_dist=True)
+    except dcp.CheckpointException as e:  # a BaseException, wrapping the cause (a full disk, a lost mount)
+        raise OSError(f"{folder}: DCP could not write the share: {e}") from e
+    names = sorted(p.name for p in folder.iterdir() if p.name != layout.SHARE_RECORD)
+    unhashed = [name for name in names if name not in writer.fs.written or name == layout.DCP_METADATA]
+    files = layout.describe_files(folder, unhashed)  # the small .metadata: one SHA-256, checked before unpickling
+    files.update({name: digests.describe(writer.fs.written[name]) for name in names if name not in files})
     record = {
         "format": layout.FORMAT, "job": spec.job, "step": spec.step, "structure": spec.structure,
         "quorum_id": spec.quorum_id, "share": spec.share, "shares": spec.shares, "rank": spec.rank,
         "ranks": spec.ranks, "generation": spec.generation, "state_checksum": state_checksum,
         "skeleton": staged.skeleton, "paths": staged.paths,
-        "files": layout.describe_files(folder, files),
+        "files": files,
     }
     layout.write_record(folder / layout.SHARE_RECORD, record)
     return record
