@@ -13,8 +13,9 @@ against state size.
    under --dir: the writers are started together (each arms, then waits on
    one shared event) and each stages (``share.stage``: a host copy of its
    1/R) and writes (``share.write``: DCP ``no_dist``, fsync, a CRC-32 of
-   every 4 MiB block of each data file, computed as it is written) its share into the same step folder; then this process seals
-   them (``seal.seal``). Baseline, same run, same state, same storage: one
+   every 4 MiB block of each data file, computed as it is written) its
+   share into the same step folder; then this process seals them
+   (``seal.seal``). Baseline, same run, same state, same storage: one
    writer process's ``torch.distributed.checkpoint.save(state_dict,
    checkpoint_id=..., no_dist=True)`` of ``{"model": model.state_dict(),
    "optimizer": optimizer.state_dict()}`` (DCP's defaults: one file per rank,

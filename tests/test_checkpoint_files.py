@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from fthsdp.agent.training.checkpoint import layout
 from fthsdp.agent.training.checkpoint.restore import load
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, missing_shares, read_checkpoint, seal
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded, missing_shares, read_checkpoint, seal
 from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
 from fthsdp.agent.training.state.train_state import TrainState
 
@@ -113,7 +113,10 @@ def test_a_missing_share_leaves_it_incomplete(tmp_path):
         read_checkpoint(folder, job=JOB, structure=STRUCTURE)
 
 
-def test_a_corrupt_share_is_refused_before_loading(tmp_path):
+def test_a_corrupt_share_is_refused_and_said_to_have_replaced_the_state_in_part(tmp_path):
+    """DCP reads into the state's own tensors; a block that differs is found
+    while it reads, after other shares' tensors landed: PartlyLoaded, so the
+    caller replaces the state whole before it trains (tests/test_join_ends.py)."""
     source = trained()
     folder = write_checkpoint(tmp_path, source, 2)
     sealed = seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1)
@@ -123,10 +126,38 @@ def test_a_corrupt_share_is_refused_before_loading(tmp_path):
     raw[len(raw) // 2] ^= 0xFF
     data.write_bytes(bytes(raw))
     target = fresh()
-    before = target.part_checksums()
-    with pytest.raises(CheckpointError, match="share-1-rank-0/__0_0.distcp is corrupt"):
+    with pytest.raises(PartlyLoaded, match="share-1-rank-0/__0_0.distcp is corrupt"):
         load(folder, record, rank=0, current=target.capture())
-    assert target.part_checksums() == before  # nothing loaded
+
+
+def test_loaded_in_place_into_the_state_own_tensors(tmp_path):
+    source = trained()
+    folder = write_checkpoint(tmp_path, source, 2)
+    sealed = seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1)
+    record = read_checkpoint(folder, job=JOB, structure=STRUCTURE, digest=sealed.digest)
+    target = trained(seed=5)  # its optimizer has its state already: every tensor has a place
+    weight = target.model.head.weight
+    moment = target.optimizer.state[weight]["exp_avg"]
+    state = load(folder, record, rank=0, current=target.capture())
+    assert state["model"]["head.weight"].data_ptr() == weight.data_ptr()
+    assert torch.equal(weight, source.model.head.weight)  # already, before TrainState.load
+    target.load(state)
+    assert target.optimizer.state[weight]["exp_avg"].data_ptr() == moment.data_ptr()
+    assert target.part_checksums() == source.part_checksums()
+
+
+def test_a_checkpoint_refused_before_dcp_reads_leaves_the_state_as_it_was(tmp_path):
+    source = trained()
+    folder = write_checkpoint(tmp_path, source, 2)
+    sealed = seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1)
+    record = read_checkpoint(folder, job=JOB, structure=STRUCTURE, digest=sealed.digest)
+    record["files"].pop("share-1-rank-0/__0_0.distcp")
+    target = fresh()
+    before = target.part_checksums()
+    with pytest.raises(CheckpointError, match="is not part of the checkpoint") as refused:
+        load(folder, record, rank=0, current=target.capture())
+    assert not isinstance(refused.value, PartlyLoaded)
+    assert target.part_checksums() == before
 
 
 def test_a_share_of_another_step_or_model_is_refused(tmp_path):

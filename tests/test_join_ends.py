@@ -23,9 +23,9 @@ import torch
 
 from fthsdp.agent.training.catchup.client import CatchUpError
 from fthsdp.agent.training.catchup.join_session import Joined, JoinEnd, join_quorum
-from fthsdp.agent.training.catchup.joiner import Joiner
+from fthsdp.agent.training.catchup.joiner import Joiner, StateTorn
 from fthsdp.agent.training.catchup.replay import ReplayMismatch
-from fthsdp.agent.training.checkpoint.seal import CheckpointError
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.lifecycle import Lifecycle
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
@@ -62,7 +62,7 @@ class Replica:
         self.step, self.value = step, 0.0
         self.restored: list[str] = []
         self.progress: list[tuple[int, int]] = []
-        self.refuse_restore = False
+        self.refuse_restore: bool | str = False
 
     def load_snapshot(self, state: dict, step: int) -> None:
         self.value, self.step = float(state["value"]), step
@@ -81,6 +81,9 @@ class Replica:
         self.progress.append((done, total))
 
     def restore(self, path: str, digest: str, rank: int) -> str:
+        if self.refuse_restore == "in part":
+            self.value = -1.0  # some of it landed before the corrupt block
+            raise PartlyLoaded(f"{path}: corrupt")
         if self.refuse_restore:
             raise CheckpointError(f"{path}: corrupt")
         self.restored.append(path)
@@ -337,3 +340,37 @@ def test_a_checkpoint_it_cannot_load_is_refused_once_and_not_tried_again():
     j.replica.refuse_restore = False
     j.push(restore_push(30, digest="d0", admit=True))  # the coordinator falls back to the one before
     assert j.join().end is JoinEnd.UP_TO_DATE and j.replica.restored == ["/ckpt/step-30"]
+
+
+def test_a_checkpoint_refused_after_part_of_it_loaded_never_trains_as_it_is():
+    """The state is neither its own nor the checkpoint's: admitted as it is
+    (an operator gave the state up), the replica stops instead of training."""
+    j = Joining(step=3)
+    j.replica.refuse_restore = "in part"
+    j.push(restore_push(40))
+    with pytest.raises(FthsdpError, match="in time"):
+        j.join(timeout=0.3)
+    assert j.joiner.torn and j.reporting.current.refused_checkpoint == ("d1", "/ckpt/step-40: corrupt")
+    j.push(admitted())
+    with pytest.raises(StateTorn, match="partly replaced by a checkpoint it then refused"):
+        j.join()
+
+
+@pytest.mark.parametrize("whole", ["the checkpoint before", "a source's snapshot"])
+def test_a_state_replaced_whole_after_a_partial_load_trains(whole):
+    j = Joining(step=3)
+    j.replica.refuse_restore = "in part"
+    j.push(restore_push(40))
+    with pytest.raises(FthsdpError, match="in time"):
+        j.join(timeout=0.3)
+    j.replica.refuse_restore = False
+    if whole == "the checkpoint before":
+        j.push(restore_push(30, digest="d0", admit=True))
+        assert j.join().end is JoinEnd.UP_TO_DATE and j.replica.restored == ["/ckpt/step-30"]
+    else:
+        a = Source("r0")
+        j.reach(a)
+        a.on_log = j.admit_when_ready
+        j.push(named(a))
+        assert j.join().end is JoinEnd.CAUGHT_UP
+    assert not j.joiner.torn

@@ -49,7 +49,7 @@ from fthsdp.agent.training.catchup.join_plan import RETRY_SAME_SOURCE_AFTER, Joi
 from fthsdp.agent.training.catchup.replay import ReplayMismatch
 from fthsdp.agent.training.catchup.report import CatchUpReport
 from fthsdp.agent.training.checkpoint.restoring import restore_group
-from fthsdp.agent.training.checkpoint.seal import CheckpointError
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.job_finished import JobFinished
 from fthsdp.agent.training.session.lifecycle import Lifecycle
@@ -106,6 +106,10 @@ class CatchingUp(Protocol):
         ...
 
 
+class StateTorn(FthsdpError):
+    """Admitted as it is with a state a refused checkpoint partly replaced."""
+
+
 class Drained(FthsdpError):
     """A drain was asked for while this replica caught up or waited for admission: it leaves instead."""
 
@@ -144,6 +148,10 @@ class Joiner:
         self.ready = False
         self.refused: set[str] = set()
         """Checkpoints (by digest) that could not be restored here: not tried again."""
+        self.torn = ""
+        """Why this replica's state is neither its own nor a whole checkpoint's ("" when it is whole): a
+        checkpoint it refused after part of it was loaded. Cleared by a restore or a snapshot, which replace
+        it whole; admitted as it is meanwhile, it stops (StateTorn)."""
 
     # ----- the procedure -------------------------------------------------------------
 
@@ -174,11 +182,16 @@ class Joiner:
                     self._restore(plan.restore)
                     continue
                 if plan.kind is PlanKind.ADMITTED:
+                    if self.torn:
+                        raise StateTorn(f"replica {self.replica_id} was admitted as it is, but its state was partly "
+                                        f"replaced by a checkpoint it then refused ({self.torn}): it cannot train "
+                                        "from it; restart it, and it loads a whole state")
                     return True
                 source, addresses, fingerprints = plan.source, list(plan.addresses), list(plan.fingerprints)
             try:
                 if self.client is None:
                     self._catch_up(source, addresses, fingerprints, deadline)
+                    self.torn = ""  # replaced whole by the source's snapshot
                 return self._follow(source, until_admitted)
             except CatchUpError as e:
                 if not self.lifecycle.drain_requested:  # (a drain ends the catch-up: the plan says so next)
@@ -341,10 +354,13 @@ class Joiner:
         log.warning("the job's state is restored from the checkpoint of step %d: loading %s", ref.step, ref.path)
         try:
             restore_group(self.replica, self.group, ref.path, ref.digest)
+            self.torn = ""
         except CheckpointError as e:
             log.error("the checkpoint of step %d was refused: %s", ref.step, e)
             self.refused.add(ref.digest)
             self.reporting.refuse_checkpoint(ref.digest, str(e))
+            if isinstance(e, PartlyLoaded):
+                self.torn = str(e)  # until a state replaces it whole: another checkpoint, a source's snapshot
 
     def _agree(self, ok: int, error: str) -> None:
         (all_ok,) = self.group.min(ok)

@@ -15,7 +15,7 @@ import torch
 
 from fthsdp.agent.training.catchup.replay import Replayer, combine_hex
 from fthsdp.agent.training.checkpoint import restore as checkpoint_restore
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, read_checkpoint
+from fthsdp.agent.training.checkpoint.seal import PartlyLoaded, read_checkpoint
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.session.report import Reporting
 from fthsdp.agent.training.state.train_state import TrainState
@@ -58,8 +58,9 @@ class CatchUpTarget:
     def restore(self, path: str, digest: str, rank: int) -> str:
         """Load this rank's part of the checkpoint at ``path`` (recorded with
         ``digest``; "" for any); returns the state checksum it recorded ("" if
-        none). CheckpointError when it is refused: nothing is loaded then,
-        unless the state itself did not fit (then it is to be loaded again)."""
+        none). CheckpointError when it is refused; PartlyLoaded when part of
+        it was loaded into the state first (fthsdp/agent/training/checkpoint/restore.py),
+        or the state itself did not fit: the state is then to be replaced whole."""
         folder = Path(path)
         record = read_checkpoint(folder, job=self._job, structure=self._structure, digest=digest)
         params = [p for group in self._state.optimizer.param_groups for p in group["params"]]
@@ -67,7 +68,7 @@ class CatchUpTarget:
         try:
             self._state.load(loaded)
         except FthsdpError as e:
-            raise CheckpointError(f"{folder}: the state does not fit this replica: {e}") from e
+            raise PartlyLoaded(f"{folder}: the state does not fit this replica: {e}") from e
         self._replayer.loaded(record["step"])
         self.moved()
         return str(record.get("state_checksum", ""))

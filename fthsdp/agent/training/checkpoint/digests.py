@@ -24,13 +24,14 @@ import io
 import os
 import threading
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 BLOCK = 4 << 20
@@ -38,6 +39,10 @@ BLOCK = 4 << 20
 little more than it needs, large enough that a 10 GB share lists 2,500."""
 AHEAD = 4
 """Blocks read and hashed ahead of the one DCP reads."""
+KEEP = 4
+"""Blocks last served, always kept: DCP's reader goes back (to an item's data, after its end)."""
+CAPACITY = 4 * AHEAD
+"""Blocks held per file at most (64 MiB), beyond the ``KEEP`` last served and the ``AHEAD`` started."""
 
 
 class CorruptFile(OSError):
@@ -85,7 +90,7 @@ def has_blocks(info: dict) -> bool:
     return "blocks" in info
 
 
-def block_digests(data: bytes, kind: str) -> str:
+def block_digests(data: bytes | memoryview, kind: str) -> str:
     digest = new_digest(kind)
     digest.update(data)
     return digest.hexdigest()
@@ -195,31 +200,51 @@ class _Blocks:
             found(error)
             raise error
         self._pool = pool
-        self._pending: OrderedDict[int, Future[bytes]] = OrderedDict()
+        self._pending: OrderedDict[int, Future[memoryview]] = OrderedDict()
+        """Blocks read or being read, by index, least recently used first."""
+        self._recent: OrderedDict[int, None] = OrderedDict()
+        """The blocks served last, most recent last (a torch.load reads an item's end, then its start)."""
+        self._free: deque[bytearray] = deque()
+        """Buffers of blocks let go, for the next reads (fresh memory costs its page faults)."""
 
-    def _read(self, index: int) -> bytes:
+    def _read(self, index: int) -> memoryview:
         offset = index * self.block
         want = min(self.block, self.size - offset)
-        data = os.pread(self._fd, want, offset)
-        if len(data) != want or block_digests(data, self.kind) != self.digests[index]:
+        try:
+            buf = self._free.pop()
+        except IndexError:
+            buf = bytearray(self.block)
+        view = memoryview(buf)[:want]
+        got = os.preadv(self._fd, [view], offset)
+        if got != want or block_digests(view, self.kind) != self.digests[index]:
             error = CorruptFile(f"{self.name} is corrupt (block {index} at byte {offset} differs from the one written)")
             self._found(error)
             raise error
+        return view
+
+    def get(self, index: int) -> memoryview:
+        """Block ``index``, verified; the next ``AHEAD`` are started meanwhile."""
+        ahead = range(index, min(index + AHEAD + 1, len(self.digests)))
+        for i in ahead:
+            if i not in self._pending:
+                self._pending[i] = self._pool.submit(self._read, i)
+        data = self._pending[index].result()
+        self._pending.move_to_end(index)  # least recently used first
+        self._recent[index] = None
+        self._recent.move_to_end(index)
+        while len(self._recent) > KEEP:
+            self._recent.popitem(last=False)
+        # torch.load reads an item's header, then its end (the zip's directory), then the data between:
+        # the blocks served lately and those just started stay; past CAPACITY the least recently used go.
+        excess = len(self._pending) - CAPACITY
+        for old in [i for i in self._pending if i not in self._recent and i not in ahead][:max(0, excess)]:
+            self._let_go(self._pending.pop(old))
         return data
 
-    def get(self, index: int) -> bytes:
-        """Block ``index``, verified; the next ``AHEAD`` are started meanwhile."""
-        for ahead in range(index, min(index + AHEAD + 1, len(self.digests))):
-            if ahead not in self._pending:
-                self._pending[ahead] = self._pool.submit(self._read, ahead)
-        self._pending.move_to_end(index)
-        data = self._pending[index].result()
-        while len(self._pending) > 2 * AHEAD + 2:  # keep the recent and the ahead; drop the oldest
-            oldest = next(iter(self._pending))
-            if oldest == index:
-                break
-            self._pending.pop(oldest).cancel()
-        return data
+    def _let_go(self, future: Future[memoryview]) -> None:
+        if future.cancel() or not future.done() or future.exception() is not None:
+            return  # cancelled before it ran, or still reading into its buffer: not reused
+        self._free.append(future.result().obj)  # type: ignore[arg-type]
 
     def close(self) -> None:
         for future in self._pending.values():
@@ -231,7 +256,20 @@ class _Blocks:
                 except OSError:
                     pass  # reported by the read that needed it, if any did
         self._pending.clear()
+        self._free.clear()
         os.close(self._fd)
+
+
+_LARGE = 1 << 16
+
+
+def _copy(dest: memoryview, source: memoryview) -> None:
+    """``dest[:] = source``; a large copy through torch, which lets go of the
+    GIL meanwhile (the threads reading and hashing the next blocks need it)."""
+    if len(source) < _LARGE:
+        dest[:] = source
+    else:
+        torch.frombuffer(dest, dtype=torch.uint8).copy_(torch.frombuffer(source, dtype=torch.uint8))
 
 
 class _VerifiedStream(io.RawIOBase):
@@ -265,7 +303,7 @@ class _VerifiedStream(io.RawIOBase):
             index, within = divmod(self._pos, block)
             data = self._blocks.get(index)
             take = min(n - done, len(data) - within)
-            out[done : done + take] = data[within : within + take]
+            _copy(out[done : done + take], data[within : within + take])
             done += take
             self._pos += take
         return done

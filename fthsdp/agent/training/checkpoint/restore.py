@@ -3,8 +3,14 @@
 Each rank reads only what its state needs (with FSDP2, the chunks that
 overlap its shards), and checks every byte it reads against the checksums
 in ``checkpoint.json`` as DCP reads it, before DCP parses it
-(fthsdp/agent/training/checkpoint/digests.py): a file that differs is
-refused, and nothing is loaded into the state. Tensors are read by torch.distributed.checkpoint itself, so any
+(fthsdp/agent/training/checkpoint/digests.py). DCP reads into the state's
+own tensors where they have the stored shape and dtype (as a plain
+``dcp.load`` of ``model.state_dict()`` does): no second copy of the state
+in memory. So a checkpoint refused before DCP reads (a record, a share of
+another quorum, a ``.metadata``) leaves the state as it was, and one
+refused while DCP reads (a block that differs) raises ``PartlyLoaded``:
+the state is then to be replaced whole (the checkpoint before, a peer's
+snapshot) before it trains. Tensors are read by torch.distributed.checkpoint itself, so any
 checkpoint DCP can read at this world size is readable here, whatever the
 number of replicas that wrote it.
 """
@@ -20,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fthsdp.agent.training.checkpoint import dcp_metadata, digests, layout
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, verify_files, verify_shares
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded, verify_files, verify_shares
 from fthsdp.agent.training.checkpoint.share import per_rank
 from fthsdp.agent.training.state.codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
 
@@ -56,7 +62,9 @@ def load(folder: Path, record: dict, *, rank: int, current: dict, params: list[t
             param = params[int(match.group(1))]
             if tuple(param.shape) == tuple(stored.size):
                 mine = param  # a state the optimizer makes on its first step, sharded as its parameter
-        if mine is not None and is_dtensor(mine):
+        if name in own and _fits(own[name], stored):
+            dest[name] = own[name]  # in place: DCP reads into this rank's own tensor (its shard, with FSDP2)
+        elif mine is not None and is_dtensor(mine):
             dest[name] = torch.empty_like(mine, dtype=stored.properties.dtype)  # this rank's shard
         else:
             dest[name] = torch.empty(stored.size, dtype=stored.properties.dtype)
@@ -68,24 +76,30 @@ def load(folder: Path, record: dict, *, rank: int, current: dict, params: list[t
     # A share written before block digests lists one SHA-256 per file: checked whole, before DCP reads it.
     verify_files(folder, record, [name for name in read if not digests.has_blocks(record["files"][name])])
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    refused = PartlyLoaded if any(dest[name] is own.get(name) for name in dest) else CheckpointError
     reader = dcp.FileSystemReader(str(folder))
     reader.fs = fs = digests.VerifyingFileSystem(folder, record["files"], metadata_bytes)
     try:
         dcp.load(dest, storage_reader=reader, no_dist=True)
     except (Exception, dcp.CheckpointException) as e:  # DCP's own wraps the cause; it is a BaseException
         if fs.corrupt is not None:
-            raise CheckpointError(str(fs.corrupt)) from e
-        raise CheckpointError(f"{folder}: could not be read: {e}") from e
+            raise refused(str(fs.corrupt)) from e
+        raise refused(f"{folder}: could not be read: {e}") from e
     finally:
         fs.close()
     try:
         state = unflatten(skeleton, {name: local(t) for name, t in dest.items()})
     except StateCodecError as e:
-        raise CheckpointError(f"{folder}: {e}") from e
+        raise refused(f"{folder}: {e}") from e
     assert isinstance(state, dict)
     if "rng" in state:
         state["rng"] = state["rng"][f"rank{rank_in_checkpoint}"]
     return state
+
+
+def _fits(mine: torch.Tensor, stored: TensorStorageMetadata) -> bool:
+    """Whether DCP can read the stored tensor straight into ``mine`` (a tensor of the live state)."""
+    return tuple(mine.shape) == tuple(stored.size) and mine.dtype == stored.properties.dtype
 
 
 def _names(skeleton: str) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fthsdp.agent.training.checkpoint.restore import newest_complete
-from fthsdp.agent.training.checkpoint.seal import CheckpointError
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 
 log = logging.getLogger("fthsdp.agent.checkpoint")
@@ -37,20 +37,24 @@ class Restorable(Protocol):
 
 
 def restore_group(target: Restorable, group: ReplicaGroup, path: str, digest: str = "") -> None:
-    """Load the checkpoint at ``path`` on every rank; CheckpointError (on every rank) if any refused it."""
+    """Load the checkpoint at ``path`` on every rank; CheckpointError (on every
+    rank) if any refused it: PartlyLoaded if any rank's state was written
+    into before (the group's state is then neither the one before nor the
+    checkpoint's)."""
     began = time.monotonic()
     try:
-        expected, ok, error = target.restore(path, digest, group.rank), 1, ""
+        expected, ok, untouched, error = target.restore(path, digest, group.rank), 1, 1, ""
     except CheckpointError as e:
-        expected, ok, error = "", 0, str(e)
-    (all_ok,) = group.min(ok)
+        expected, ok, untouched, error = "", 0, int(not isinstance(e, PartlyLoaded)), str(e)
+    all_ok, all_untouched = group.min(ok, untouched)
     if not all_ok:
-        raise CheckpointError(error or "another rank of this replica group could not load its part")
+        refused = CheckpointError if all_untouched else PartlyLoaded
+        raise refused(error or "another rank of this replica group could not load its part")
     if expected:
         got = target.state_checksum(group)
         if got != expected:
-            raise CheckpointError(f"{path}: the restored state's checksum {got} differs from the one recorded at "
-                                  f"its step, {expected}")
+            raise PartlyLoaded(f"{path}: the restored state's checksum {got} differs from the one recorded at "
+                               f"its step, {expected}")
     log.info("restored from the checkpoint of step %d in %.2fs: %s", target.step, time.monotonic() - began, path)
 
 
