@@ -2,7 +2,7 @@
 catches up, and the time from a replica's restart to its first committed
 step; torchft 0.2.0's heal side by side.
 
-    python benchmarks/catchup.py [--mib 512] [--tls] [--skip-large] [--skip-torchft]
+    python benchmarks/catchup.py [--mib 512] [--tls] [--skip-large] [--skip-torchft] [--restarts standby,cold]
 
 1. Transfer. A source process holds a state of --mib MiB (16 float32 tensors)
    behind fthsdp's catch-up server; this process asks for a snapshot, then
@@ -331,7 +331,8 @@ def rejoin(name: str, standby: bool, pin: bool = False) -> dict:
     }
 
 
-def rejoin_table(configs: list[str], repeat: int = 1, pin: bool = False) -> None:
+def rejoin_table(configs: list[str], repeat: int = 1, pin: bool = False,
+                 restarts: tuple[str, ...] = ("standby", "cold")) -> None:
     print("\n### A replica killed and restarted by its agent: the members' step time and the time to rejoin"
           + (" (members on CPU 0, the joiner on CPU 1)" if pin else "") + "\n")
     print("| state | restart | members' steady step (3 replicas) | failure step |"
@@ -340,7 +341,7 @@ def rejoin_table(configs: list[str], repeat: int = 1, pin: bool = False) -> None
           " kill → first committed step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in configs:
-        for standby in [True, False] * repeat:
+        for standby in [kind == "standby" for kind in restarts] * repeat:
             r = rejoin(name, standby, pin)
             during = (f"{r['during'] * 1e3:.0f} ms ({r['during'] / r['steady']:.2f}×)" if r["steps_during"]
                       else "none")
@@ -423,6 +424,8 @@ def main() -> None:
     p.add_argument("--skip-transfer", action="store_true")
     p.add_argument("--only-transfer", action="store_true", help="the transfer table alone")
     p.add_argument("--only-large", action="store_true", help="leave out fthsdp.examples.gpt")
+    p.add_argument("--restarts", type=lambda s: tuple(s.split(",")), default=("standby", "cold"),
+                   help="rejoin: which restarts to time, of standby (warm) and cold (default both)")
     p.add_argument("--pin", action="store_true",
                    help="rejoin: the two members on CPU 0, the replica killed and restarted on CPU 1 (Linux taskset)")
     args = p.parse_args()
@@ -441,7 +444,9 @@ def main() -> None:
     configs = list(CONFIGS)[:1] if args.skip_large else list(CONFIGS)[1:] if args.only_large else list(CONFIGS)
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("--pin needs 2 CPUs")
-    rejoin_table(configs, args.repeat, args.pin)
+    if not args.restarts or set(args.restarts) - {"standby", "cold"}:
+        raise SystemExit(f"--restarts takes standby, cold or both, got {','.join(args.restarts)!r}")
+    rejoin_table(configs, args.repeat, args.pin, args.restarts)
     if not args.skip_torchft:
         torchft_restart()
     return None

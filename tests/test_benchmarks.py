@@ -25,7 +25,7 @@ SMOKE = {
                  300),
     "failover": (["--trials", "1", "--cases", "rank killed"], 600),
     "group_restart": (["--trials", "1", "--cases", "two hosts of 1 rank"], 600),
-    "catchup": (["--trials", "1", "--mib", "8", "--skip-large", "--skip-torchft"], 900),
+    "catchup": (["--trials", "1", "--mib", "8", "--skip-large", "--skip-torchft", "--restarts", "standby"], 900),
     "catchup_server": (["--mib", "8", "--trials", "1", "--requests", "50"], 300),
     "checkpoint": (["--mib", "8", "--trials", "1", "--hidden", "256", "--every", "5", "--intervals", "2",
                     "--pairs", "1", "--restore-mib", "8"], 600),
