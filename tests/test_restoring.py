@@ -53,10 +53,14 @@ class State:
     ("loaded", None, None),
     ("refused", None, CheckpointError),
     ("in part", None, PartlyLoaded),
-    ("loaded", [0, 1], CheckpointError),  # the other rank refused before it read
-    ("loaded", [0, 0], PartlyLoaded),  # the other rank refused after part of it loaded: the group's state is mixed
+    # The other rank's (ok, untouched): it refused before it read (0, 1), after part of it loaded (0, 0), or
+    # loaded whole (1, 0). Any rank whose state was written into makes a refusal PartlyLoaded for the group.
+    ("loaded", [0, 1], PartlyLoaded),
+    ("loaded", [0, 0], PartlyLoaded),
+    ("refused", [0, 1], CheckpointError),
     ("refused", [0, 0], PartlyLoaded),
-    ("refused", [1, 1], CheckpointError),
+    ("refused", [1, 0], PartlyLoaded),
+    ("in part", [0, 1], PartlyLoaded),
 ])
 def test_a_refusal_says_whether_any_rank_state_was_written_into(mine, theirs, refused):
     group = Group(theirs) if theirs else Group()

@@ -10,9 +10,9 @@ in memory. So a checkpoint refused before DCP reads (a record, a share of
 another quorum, a ``.metadata``) leaves the state as it was, and one
 refused while DCP reads (a block that differs) raises ``PartlyLoaded``:
 the state is then to be replaced whole (the checkpoint before, a peer's
-snapshot) before it trains. Tensors are read by torch.distributed.checkpoint itself, so any
-checkpoint DCP can read at this world size is readable here, whatever the
-number of replicas that wrote it.
+snapshot) before it trains. Tensors are read by torch.distributed.checkpoint
+itself, so any checkpoint DCP can read at this world size is readable here,
+whatever the number of replicas that wrote it.
 """
 
 from __future__ import annotations

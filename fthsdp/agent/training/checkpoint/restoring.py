@@ -43,7 +43,8 @@ def restore_group(target: Restorable, group: ReplicaGroup, path: str, digest: st
     checkpoint's)."""
     began = time.monotonic()
     try:
-        expected, ok, untouched, error = target.restore(path, digest, group.rank), 1, 1, ""
+        # Loaded: this rank's state was replaced, so a refusal on another rank leaves the group's mixed.
+        expected, ok, untouched, error = target.restore(path, digest, group.rank), 1, 0, ""
     except CheckpointError as e:
         expected, ok, untouched, error = "", 0, int(not isinstance(e, PartlyLoaded)), str(e)
     all_ok, all_untouched = group.min(ok, untouched)

@@ -7,7 +7,7 @@ to host memory, so the next update can change the state meanwhile.
 save of those pieces, in a process of its own (``no_dist``: the replicas
 live in separate worlds, so DCP's own spreading of duplicate writes cannot
 apply), and a ``share.json`` with a checksum of every file it wrote: the
-data files' SHA-256 per block, computed as DCP writes them
+data files' CRC-32 per 4 MiB block, computed as DCP writes them
 (fthsdp/agent/training/checkpoint/digests.py).
 
 Which tensors this rank writes: with FSDP2 each rank of a replica group
