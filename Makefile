@@ -5,11 +5,20 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Override for a GPU build, e.g. make TORCH='torch==2.13.0 --index-url ...'
-TORCH ?= torch==2.13.0
+# The newest torch this project is tested on (the registry's build: CUDA 13 with its NCCL, which runs on a
+# CPU-only machine too). `make TORCH='torch==2.13.0'` installs the oldest supported one instead.
+TORCH ?= torch==2.14.1
+# The other supported torch, for `make smoke-other-torch` (CI runs it after `make test`), in its own venv.
+OTHER_TORCH ?= torch==2.13.0
+OTHER_VENV ?= .venv-other-torch
 PYTEST_ARGS ?=
+# The other torch's smoke: the DDP oracle, one kill with its catch-up, one checkpoint restore, the transports.
+SMOKE_TESTS ?= tests/test_hsdp.py::test_hsdp_matches_ddp_over_all_ranks \
+	tests/test_catchup.py::test_restarted_replica_catches_up_while_the_others_keep_training \
+	tests/test_checkpoint_restore.py::test_every_replica_killed_the_job_resumes_from_the_newest_checkpoint \
+	tests/test_transport.py tests/test_reconfigure.py
 
-.PHONY: demo test test-quick test-all lint install etcd protos clean
+.PHONY: demo test test-quick test-all smoke-other-torch lint install etcd protos clean
 
 demo: install
 	$(VENV)/bin/fthsdp demo
@@ -27,6 +36,15 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+
+# The smoke on the other supported torch ($(OTHER_TORCH)), in $(OTHER_VENV); `make test` covers the default.
+smoke-other-torch: etcd
+	test -x $(OTHER_VENV)/bin/python || $(PYTHON) -m venv $(OTHER_VENV)
+	$(OTHER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OTHER_VENV)/bin/python -m pip install -q $(OTHER_TORCH)
+	$(OTHER_VENV)/bin/python -m pip install -q -e '.[test]'
+	$(OTHER_VENV)/bin/python -c 'import torch; print("smoke on torch", torch.__version__)'
+	$(OTHER_VENV)/bin/python -m pytest -m 'slow or not slow' $(PYTEST_ARGS) $(SMOKE_TESTS)
 
 # Everything, the long soaks included.
 test-all: install etcd
@@ -67,4 +85,4 @@ protos: install
 	$(PY) -m fthsdp.protos.generate
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OTHER_VENV) build *.egg-info

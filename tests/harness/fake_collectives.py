@@ -22,6 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from fthsdp.agent.training.transport.pending import Built
+
 
 @dataclasses.dataclass
 class Op:
@@ -187,9 +189,17 @@ class FakeTransport:
 
     name = "fake"
     device = torch.device("cpu")
+    in_place = False
 
     def __init__(self, net: FakeNetwork) -> None:
         self.net = net
+
+    def prepare(self, store: dist.Store, rank: int, size: int, quorum_id: int, timeout: datetime.timedelta,
+                grows: object | None = None) -> Built:
+        return Built(self.build(store, rank, size, timeout))
+
+    def held(self) -> tuple[object, ...]:
+        return ()
 
     def build(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> FakeGroup:
         if rank == 0:

@@ -113,6 +113,11 @@ class AgentConfig:
     auto: NCCL when the gradients are on a GPU (each replica's rank k on a GPU of its own: NCCL refuses two ranks on
     one), else gloo."""
 
+    cross_replica_groups: str = "auto"
+    """How the cross-replica gloo group follows the quorum (passed as FTHSDP_CROSS_REPLICA_GROUPS): reconfigure (one
+    group per rank for the life of the process, reconfigured in place per quorum: torch >= 2.14), per-quorum (a new
+    group per quorum), or auto: reconfigure where torch can. NCCL builds a communicator per quorum."""
+
     catch_up_transport: str = "auto"
     """How a joiner copies a peer's snapshot (passed as FTHSDP_CATCH_UP_TRANSPORT): http; distributed (over a
     two-rank group of the cross-replica backend: NCCL between GPUs, gloo on CPU; HTTP takes over if it breaks off);
@@ -264,6 +269,9 @@ class AgentConfig:
             raise ConfigError("--standby works only with --nnodes 1 (a standby group must be complete on one node)")
         if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"--cross-replica-backend must be auto, gloo or nccl, got {self.cross_replica_backend!r}")
+        if self.cross_replica_groups not in ("auto", "reconfigure", "per-quorum"):
+            raise ConfigError("--cross-replica-groups must be auto, reconfigure or per-quorum, got "
+                              f"{self.cross_replica_groups!r}")
         if self.catch_up_transport not in ("auto", "http", "distributed"):
             raise ConfigError(
                 f"--catch-up-transport must be auto, http or distributed, got {self.catch_up_transport!r}"

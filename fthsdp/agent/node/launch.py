@@ -60,6 +60,7 @@ def rank_environments(
         "FTHSDP_NUM_REPLICAS": str(config.num_replicas),
         "FTHSDP_BUCKET_CAP_MB": f"{config.bucket_cap_mb:g}",
         "FTHSDP_CROSS_REPLICA_BACKEND": config.cross_replica_backend,
+        "FTHSDP_CROSS_REPLICA_GROUPS": config.cross_replica_groups,
         "FTHSDP_CATCH_UP_TRANSPORT": config.catch_up_transport,
         "FTHSDP_RESTART_COUNT": str(restart_count),
         **({"FTHSDP_AGENT_ID": agent_id} if agent_id else {}),

@@ -96,6 +96,12 @@ class ManagerConfig:
     """What the all-reduce across replicas runs on (FTHSDP_CROSS_REPLICA_BACKEND;
     fthsdp/agent/training/transport/): gloo, nccl, or auto (NCCL for CUDA gradients)."""
 
+    cross_replica_groups: str = "auto"
+    """How the cross-replica gloo group follows the quorum (FTHSDP_CROSS_REPLICA_GROUPS;
+    fthsdp/agent/training/transport/reconfigure.py): reconfigure (one group for
+    the life of the process, reconfigured in place per quorum: torch >= 2.14),
+    per-quorum (a new group per quorum), or auto (reconfigure where torch can)."""
+
     catch_up_transport: str = "auto"
     """How this rank copies a peer's snapshot when it joins (FTHSDP_CATCH_UP_TRANSPORT;
     fthsdp/agent/training/catchup/group.py): http, distributed (a two-rank group of
@@ -163,6 +169,9 @@ class ManagerConfig:
         if self.cross_replica_backend not in ("auto", "gloo", "nccl"):
             raise ConfigError("FTHSDP_CROSS_REPLICA_BACKEND must be auto, gloo or nccl, got "
                               f"{self.cross_replica_backend!r}")
+        if self.cross_replica_groups not in ("auto", "reconfigure", "per-quorum"):
+            raise ConfigError("FTHSDP_CROSS_REPLICA_GROUPS must be auto, reconfigure or per-quorum, got "
+                              f"{self.cross_replica_groups!r}")
         if self.catch_up_transport not in ("auto", "http", "distributed"):
             raise ConfigError("FTHSDP_CATCH_UP_TRANSPORT must be auto, http or distributed, got "
                               f"{self.catch_up_transport!r}")
@@ -213,6 +222,7 @@ class ManagerConfig:
                 catch_up_log_bytes=int(get("CATCH_UP_LOG_BYTES", str(2 << 30))),
                 bucket_cap_mb=float(get("BUCKET_CAP_MB", "25")),
                 cross_replica_backend=get("CROSS_REPLICA_BACKEND", "auto"),
+                cross_replica_groups=get("CROSS_REPLICA_GROUPS", "auto"),
                 catch_up_transport=get("CATCH_UP_TRANSPORT", "auto"),
                 checkpoint_dir=get("CHECKPOINT_DIR", ""),
                 checkpoint_every=parse_every(get("CHECKPOINT_EVERY", "0"), "FTHSDP_CHECKPOINT_EVERY"),

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from fthsdp.agent.training.ftar.completion import CompletionWaiter
 from fthsdp.agent.training.ftar.decisions import is_growth
 from fthsdp.agent.training.quorum_view import QuorumView
-from fthsdp.agent.training.transport import Collectives, Transport
+from fthsdp.agent.training.transport import Collectives, Pending, Transport
 from fthsdp.agent.training.transport.gloo import GlooTransport
 from fthsdp.core.errors import Evicted, FtarTimeout
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -50,26 +50,47 @@ class QuorumGroup:
 
 
 class _Prebuild:
-    """A group built on a helper thread while training goes on in the old one."""
+    """A quorum's group prepared on a helper thread while training goes on in
+    the old one (``Transport.prepare``: the whole group, or the members'
+    handles of a group reconfigured in place); ``join`` finishes it."""
 
-    def __init__(self, quorum_id: int, build: Callable[[], QuorumGroup]) -> None:
-        self.quorum_id = quorum_id
-        self.group: QuorumGroup | None = None
+    def __init__(self, quorum: pb.Quorum, rank: int, prepare: Callable[[], Pending]) -> None:
+        self.quorum_id = quorum.id
+        self.rank, self.size = rank, quorum.member_count
+        self.pending: Pending | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._discarded = False
 
         def run() -> None:
             try:
-                self.group = build()
+                pending = prepare()
+                with self._lock:
+                    self.pending = pending
+                    if self._discarded:
+                        pending.drop()
             except BaseException as e:  # noqa: BLE001 - reported through ready()
                 self.error = e
             finally:
                 self.done.set()
 
-        threading.Thread(target=run, name=f"fthsdp-ftar-prebuild-q{quorum_id}", daemon=True).start()
+        threading.Thread(target=run, name=f"fthsdp-ftar-prebuild-q{quorum.id}", daemon=True).start()
 
     def ready(self) -> bool:
-        return self.done.is_set() and self.group is not None
+        return self.done.is_set() and self.pending is not None
+
+    def join(self) -> QuorumGroup:
+        """The group, joined (every member joins at the same time)."""
+        assert self.pending is not None  # ready()
+        return QuorumGroup(self.quorum_id, self.rank, self.size, self.pending.join())  # type: ignore[arg-type]
+
+    def discard(self) -> None:
+        """Never joined (a newer quorum came first): what it holds is let go, now or when prepared."""
+        with self._lock:
+            self._discarded = True
+            if self.pending is not None:
+                self.pending.drop()
 
 
 DONE, NEWER = "done", "newer"
@@ -180,7 +201,12 @@ class QuorumGroups:
     def _prebuild(self, quorum: pb.Quorum) -> _Prebuild:
         pre = self._prebuilt.get(quorum.id)
         if pre is None:
-            pre = self._prebuilt[quorum.id] = _Prebuild(quorum.id, lambda: self._build(quorum))
+            rank = self.view.rank_in(quorum)
+            if rank is None:
+                raise Evicted(f"quorum {quorum.id} does not include this replica{self.view.out_because()}")
+            group = self._group
+            grows = group.pg if group is not None and is_growth(group.quorum_id, quorum) else None
+            pre = self._prebuilt[quorum.id] = _Prebuild(quorum, rank, lambda: self._prepare(quorum, rank, grows))
         return pre
 
     # ----- groups --------------------------------------------------------------------
@@ -203,11 +229,13 @@ class QuorumGroups:
                 if target is None or not target.ready():
                     self._prebuild(quorum)
                     return group  # go on here until every member agrees to switch
-                switched = target.group
-                assert switched is not None  # ready()
-                self._adopt(switched)
-                log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id, group.quorum_id)
-                return switched
+                switched = self._join(target, deadline)
+                if switched is not None:
+                    self._adopt(switched)
+                    log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id,
+                             group.quorum_id)
+                    return switched
+                continue  # a newer quorum came meanwhile
             if group is not None:
                 self.retire(group)
             pre = self._prebuild(quorum)  # one build per quorum, whoever started it
@@ -216,17 +244,30 @@ class QuorumGroups:
                     self._prebuilt.pop(quorum.id, None)
                     self._await_newer(quorum.id, deadline, pre.error)
                     continue
-                built = pre.group
-                assert built is not None  # the build finished without an error
+                built = self._join(pre, deadline)
+                if built is None:
+                    continue
                 self._adopt(built)
                 log.info("quorum %d: group of %d built", quorum.id, built.size)
                 return built
+
+    def _join(self, pre: _Prebuild, deadline: float) -> QuorumGroup | None:
+        """``pre``'s group, joined on a helper thread (a reconfigure is a
+        rendezvous of every member); None if a newer quorum came first."""
+        joined: list[QuorumGroup] = []
+        if self._wait(lambda: joined.append(pre.join()), pre.quorum_id, deadline) == DONE:
+            return joined[0]
+        self._prebuilt.pop(pre.quorum_id, None)
+        return None
 
     def _adopt(self, group: QuorumGroup) -> None:
         if self._group is not None and self._group is not group:
             self.retire(self._group)
         self._group = group
         self._in_step_with = 0  # the first collective in a new group is an agree
+        for q, p in self._prebuilt.items():
+            if q < group.quorum_id:
+                p.discard()
         self._prebuilt = {q: p for q, p in self._prebuilt.items() if q > group.quorum_id}
 
     def retire(self, group: QuorumGroup) -> None:
@@ -257,21 +298,17 @@ class QuorumGroups:
         if self._waiter is not None:
             self._waiter.close()  # not inside gloo's wait when the interpreter exits (completion.py)
         groups = [self._group] + [g for _, g in self._abandoned]
-        groups += [p.group for p in self._prebuilt.values() if p.ready()]
-        for kept in [g.pg for g in groups if g is not None] + [k for k in keep if k is not None]:
+        pending = [p.pending for p in self._prebuilt.values() if p.ready()]
+        for kept in ([g.pg for g in groups if g is not None] + [p for p in pending if p is not None]
+                     + list(self.transport.held()) + [k for k in keep if k is not None]):
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
         self._group, self._abandoned, self._prebuilt = None, [], {}
 
-    def _build(self, quorum: pb.Quorum) -> QuorumGroup:
-        rank = self.view.rank_in(quorum)
-        if rank is None:
-            raise Evicted(f"quorum {quorum.id} does not include this replica{self.view.out_because()}")
+    def _prepare(self, quorum: pb.Quorum, rank: int, grows: Collectives | None) -> Pending:
         timeout = datetime.timedelta(seconds=self.timeout)
         store = self.connect_store(quorum.first_member_address, timeout)
         prefix = dist.PrefixStore(f"fthsdp/{self.job}/q{quorum.id}/s{self.shard_rank}", store)
-        pg = self.transport.build(prefix, rank, quorum.member_count, timeout)
-        # torch's stubs derive ProcessGroupGloo from a Backend without the collectives it has at runtime.
-        return QuorumGroup(quorum.id, rank, quorum.member_count, pg)  # type: ignore[arg-type]
+        return self.transport.prepare(prefix, rank, quorum.member_count, quorum.id, timeout, grows)
 
     # ----- waiting -------------------------------------------------------------------
 

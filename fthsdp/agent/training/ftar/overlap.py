@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -188,7 +189,7 @@ class Overlap:
                         piece.copy_(local(p.grad).reshape(-1))
                     offset += n
             opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # pybind11 converts it
+            opts.reduceOp = cast(Any, dist.ReduceOp.SUM)  # pybind11 converts it; torch 2.13's stubs do not say so
             view = armed.buffer[bucket.start_element:bucket.stop_element]
             armed.works.append(armed.pg.allreduce([view], opts))  # type: ignore[attr-defined]
             armed.started += 1

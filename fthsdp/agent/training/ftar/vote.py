@@ -70,6 +70,7 @@ nobody decides otherwise:
 from __future__ import annotations
 
 import enum
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -116,7 +117,7 @@ def vote(groups: QuorumGroups, group: QuorumGroup, deadline: float, device: torc
     view = groups.view
     ballot = vote_tensor(view.newest_id(), device)
     opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # pybind11 converts it; the stubs do not say so
+    opts.reduceOp = cast(Any, dist.ReduceOp.MAX)  # pybind11 converts it; torch 2.13's stubs do not say so
     if groups.wait_work(group.pg.allreduce([ballot], opts), group, deadline) != DONE:
         groups.retire(group)
         return None

@@ -7,6 +7,7 @@ together with the coordinator's push: never a blind blocking wait.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -16,7 +17,7 @@ from fthsdp.agent.training.ftar.groups import DONE, QuorumGroup, QuorumGroups
 
 def start_allreduce(group: QuorumGroup, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM):
     opts = dist.AllreduceOptions()
-    opts.reduceOp = op  # type: ignore[assignment]  # pybind11 converts it; torch's stubs do not say so
+    opts.reduceOp = cast(Any, op)  # pybind11 converts it; torch 2.13's stubs do not say so
     return group.pg.allreduce([tensor], opts)
 
 

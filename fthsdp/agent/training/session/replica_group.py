@@ -22,9 +22,11 @@ class ReplicaGroup:
     def __init__(self, shard_rank: int, shard_count: int, timeout: float) -> None:
         self.rank = shard_rank
         self.size = shard_count
-        self.pg = None
+        self.pg: dist.ProcessGroup | None = None
         if shard_count > 1:
-            self.pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+            pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+            assert isinstance(pg, dist.ProcessGroup)  # every rank is a member (not GroupMember.NON_GROUP_MEMBER)
+            self.pg = pg
 
     def max(self, *values: int) -> list[int]:
         return self._reduce(values, dist.ReduceOp.MAX)

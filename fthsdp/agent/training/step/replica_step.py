@@ -83,7 +83,7 @@ class ReplicaStep:
         self._source = ServedState(config.replica_id, config.shard_rank, structure, log_)
         """This rank's state as joiners copy it: snapshots and the log (served by the connection)."""
         transport = choose(config.cross_replica_backend, local(self._params[0]).device, config.host,
-                           config.gloo_interface)
+                           config.gloo_interface, config.cross_replica_groups)
         self._link = JobConnection(config, self._source, lifecycle, clock, group_timeout, transport)
         self._target = CatchUpTarget(state, replayer, self._link.reporting, self._link.leader, job=config.job,
                                      structure=structure)

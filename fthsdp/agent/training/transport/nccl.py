@@ -47,6 +47,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from fthsdp.agent.training.transport.pending import Built
+
 ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
@@ -62,6 +64,7 @@ def error_handling_off() -> None:
 
 class NcclTransport:
     name = "nccl"
+    in_place = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -75,6 +78,14 @@ class NcclTransport:
         group = nccl(store, rank, size, options)
         group.eager_connect_single_device(self.device)
         return group
+
+    def prepare(self, store: dist.Store, rank: int, size: int, quorum_id: int, timeout: datetime.timedelta,
+                grows: object | None = None) -> Built:
+        """A new communicator for quorum ``quorum_id``, built here, whole."""
+        return Built(self.build(store, rank, size, timeout))
+
+    def held(self) -> tuple[object, ...]:
+        return ()
 
     def abort(self, group: object) -> None:
         """``ncclCommAbort``: a collective in flight ends (with an error FTAR no longer waits for)."""
