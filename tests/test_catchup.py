@@ -9,11 +9,13 @@ with the sources' rate limit where a test must act in the middle of it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
 import pytest
 
+from fthsdp.agent.training.transport import reconfigure
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.decisions.status_view import STATE_NAMES
 from tests.harness.fixtures import FOREVER
@@ -73,6 +75,14 @@ def test_restarted_replica_catches_up_while_the_others_keep_training(cluster):
     assert len(steps) >= 3, f"too few common steps after the rejoin: {steps}"
     for s in steps:
         assert a2.steps[s]["checksum"] == a0.steps[s]["checksum"], f"r2 differs from r0 at step {s}"
+    if reconfigure.supported():
+        # torch >= 2.14: each survivor met every quorum (the start's, the
+        # kill's, the join's) in the one group it built, reconfigured in place.
+        for member in (a0, a1):
+            met = re.findall(r"quorum (\d+): the cross-replica group \(#(\d+)\) reconfigured in place",
+                             member.log_path.read_text(errors="replace"))
+            assert joined_in in {int(q) for q, _ in met} and len(met) >= 3, met
+            assert {n for _, n in met} == {"0"}, f"a survivor met a quorum in another group: {met}"
 
 
 

@@ -10,6 +10,9 @@ with one state per step: every member that commits a step commits the same
 sum, the survivors commit every step, and the sum counts the contributors
 whose gradients it holds. They run in milliseconds; the real-process tests
 (tests/test_ftar.py, tests/test_overlapping_failures.py) stay beside them.
+
+Every test runs twice: with a new group per quorum, and with one group per
+member reconfigured in place (fthsdp/agent/training/transport/reconfigure.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fthsdp.agent.training.ftar.buckets import BucketPlan
 from fthsdp.agent.training.ftar.overlap import Prelaunched
 from fthsdp.agent.training.ftar.protocol import Phase
 from fthsdp.core.errors import FtarError
+from tests.harness import ftar_members
 from tests.harness.ftar_members import (
     FIRST_QUORUM,
     Job,
@@ -37,6 +41,14 @@ from tests.harness.ftar_members import (
     record_phases,
     run_with_kills,
 )
+
+
+@pytest.fixture(autouse=True, params=["per-quorum", "in-place"])
+def groups(request, monkeypatch):
+    """How each member's group follows the quorum (both, for every test here)."""
+    monkeypatch.setattr(ftar_members, "IN_PLACE", request.param == "in-place")
+    return request.param
+
 
 KILL_TABLE = [
     # kills, step checked, its sum's members (every survivor commits that sum), a phase every survivor runs

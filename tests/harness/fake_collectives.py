@@ -185,18 +185,33 @@ class FakeGroup:
 
 class FakeTransport:
     """A Transport (fthsdp/agent/training/transport/) over a ``FakeNetwork``; the
-    members of one quorum find its group through the quorum's store."""
+    members of one quorum find its group through the quorum's store.
+
+    ``in_place``: as the reconfigured gloo group
+    (fthsdp/agent/training/transport/reconfigure.py): ``prepare`` exchanges
+    the members' handles, and ``join`` points this member's one group
+    object at the quorum's new network group."""
 
     name = "fake"
     device = torch.device("cpu")
-    in_place = False
 
-    def __init__(self, net: FakeNetwork) -> None:
+    def __init__(self, net: FakeNetwork, in_place: bool = False) -> None:
         self.net = net
+        self.in_place = in_place
+        self.mine: FakeGroup | None = None
+        """In place: this member's one group."""
 
     def prepare(self, store: dist.Store, rank: int, size: int, quorum_id: int, timeout: datetime.timedelta,
-                grows: object | None = None) -> Built:
-        return Built(self.build(store, rank, size, timeout))
+                grows: object | None = None) -> Built | _Rejoin:
+        if not self.in_place:
+            return Built(self.wrap(self.build(store, rank, size, timeout)))
+        store.set(f"handle/{rank}", str(rank))
+        store.wait([f"handle/{r}" for r in range(size)], timeout)
+        return _Rejoin(self, store, rank, size)
+
+    def wrap(self, group: FakeGroup) -> object:
+        """What FTAR is given of a group (a subclass may wrap it)."""
+        return group
 
     def held(self) -> tuple[object, ...]:
         return ()
@@ -210,3 +225,24 @@ class FakeTransport:
         """Recorded (a test waits on it); like gloo's, an abandoned fake collective is left as it is."""
         assert isinstance(group, FakeGroup)
         self.net.abort(group.gid, group.rank)
+
+
+class _Rejoin:
+    """An in-place fake group's next quorum: every member joins at once, rank 0 making the network group."""
+
+    def __init__(self, transport: FakeTransport, store: dist.Store, rank: int, size: int) -> None:
+        self.transport, self.store, self.rank, self.size = transport, store, rank, size
+
+    def join(self) -> object:
+        t = self.transport
+        if self.rank == 0:
+            self.store.set("fake/group", str(t.net.new_group(self.size)))
+        gid = int(self.store.get("fake/group"))
+        if t.mine is None:
+            t.mine = FakeGroup(t.net, gid, self.rank)
+        else:
+            t.mine.gid, t.mine.rank = gid, self.rank
+        return t.wrap(t.mine)
+
+    def drop(self) -> None:
+        """Nothing is held."""

@@ -32,6 +32,8 @@ FIRST_QUORUM = 2
 END_QUORUM = 100
 """A quorum that includes nobody: every member stops with ``Evicted``."""
 TIMEOUT = 20.0
+IN_PLACE = False
+"""Whether a Job's members keep one group each, reconfigured per quorum (tests/test_ftar_phases.py runs both)."""
 
 
 def record_phases(monkeypatch) -> dict[int, list[Phase]]:
@@ -97,12 +99,12 @@ class DoomedGroup:
 
 
 class DoomedTransport(FakeTransport):
-    def __init__(self, net: FakeNetwork, kills: list[Kill], member: int) -> None:
-        super().__init__(net)
+    def __init__(self, net: FakeNetwork, kills: list[Kill], member: int, in_place: bool = False) -> None:
+        super().__init__(net, in_place)
         self.kills, self.member = kills, member
 
-    def build(self, store, rank, size, timeout):
-        return DoomedGroup(super().build(store, rank, size, timeout), self.kills, self.member)
+    def wrap(self, group):
+        return DoomedGroup(group, self.kills, self.member)
 
     def abort(self, group: object) -> None:
         assert isinstance(group, DoomedGroup)
@@ -141,8 +143,8 @@ class Job:
         self.quorum_id = max(self.quorum_id, quorum_id)
 
     def ftar(self, i: int) -> FTAR:
-        ftar = FTAR(self.trackers[i], self.job, timeout=TIMEOUT / 2, transport=DoomedTransport(self.net, self.kills, i),
-                    buckets=self.plans[i])
+        ftar = FTAR(self.trackers[i], self.job, timeout=TIMEOUT / 2,
+                    transport=DoomedTransport(self.net, self.kills, i, IN_PLACE), buckets=self.plans[i])
         ftar.groups.connect_store = lambda address, timeout: self.store
         return ftar
 
