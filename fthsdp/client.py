@@ -55,6 +55,19 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
 
+SERVER_KEEPALIVE = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+"""What a server of these channels sets (the coordinator's, an agent's relay
+and its peer server): their pings come every 10 s, idle streams included,
+and gRPC's default server answers pings more often than every 5 minutes
+without data with GOAWAY too_many_pings, which cut the ranks' hang-watch
+streams to the relay every minute or two."""
+
 # CANCELLED from a server means it shed the call (gRPC core drops calls that
 # waited too long for an overloaded application): as transient as the others.
 MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)

@@ -319,3 +319,28 @@ def heartbeats_counted(runtime) -> float:
         if line.startswith('fthsdp_heartbeats_total{job="default"}'):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_the_relay_welcomes_its_clients_keepalive_pings(coordinator, monkeypatch):
+    """The ranks' channels ping every 10 s, idle streams included: the relay's
+    server must allow that (gRPC's default answers pings more often than
+    every 5 minutes without data with GOAWAY too_many_pings, which ended
+    the ranks' hang-watch streams every minute or two)."""
+    from fthsdp.client import CHANNEL_OPTIONS, SERVER_KEEPALIVE
+
+    made: list[dict] = []
+    real = grpc.aio.server
+
+    def server(*args, **kwargs):
+        made.append(dict(kwargs.get("options") or ()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpc.aio, "server", server)
+    with LocalRelay([coordinator.address], JOB_TOKEN, None):
+        pass
+    client = dict(CHANNEL_OPTIONS)
+    assert made, "the relay built no gRPC server"
+    for options in made:
+        assert options.get("grpc.keepalive_permit_without_calls") == client["grpc.keepalive_permit_without_calls"] == 1
+        assert options["grpc.http2.min_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"], options
+    assert dict(SERVER_KEEPALIVE) == made[0]

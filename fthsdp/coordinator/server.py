@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fthsdp.client import SERVER_KEEPALIVE
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.coordinator.engine.runtime import CoordinatorRuntime
 from fthsdp.coordinator.serving.http_server import HttpServer, serve_http
@@ -42,11 +43,7 @@ SERVER_OPTIONS = (
     # for bulk transfers; with 10,000 connections of small messages it only
     # adds sends (a third of the coordinator's time was in sendmsg/write).
     ("grpc.http2.bdp_probe", 0),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
+    *SERVER_KEEPALIVE,
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
     # gRPC core cancels calls that arrive while more than a few thousand wait
     # for the application (measured: 3,000 Registers at once lost 20% as

@@ -46,7 +46,7 @@ from fthsdp.agent.node.relay.liveness import Liveness, Silence
 from fthsdp.agent.node.relay.pings import CODES, Pinger
 from fthsdp.agent.node.relay.tree import PeerServer
 from fthsdp.agent.node.relay.upstream import SERVICE, Upstream
-from fthsdp.client import MOVE_ON
+from fthsdp.client import MOVE_ON, SERVER_KEEPALIVE
 from fthsdp.core.auth import METHOD_ACCESS, Access
 from fthsdp.core.credentials import TlsFiles, bearer_metadata
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -140,7 +140,7 @@ class LocalRelay:
         self.pinger.start()
         self.peers = PeerServer(self.pinger, self._token, self._tls)
         calls = Calls(upstream, self.fanout, self.pinger, bearer_metadata(self._token), self.peers)
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=SERVER_KEEPALIVE)
         server.add_generic_rpc_handlers((calls.handler(),))
         server.add_insecure_port(self.address)
         await server.start()

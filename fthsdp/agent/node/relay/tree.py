@@ -49,7 +49,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from fthsdp.client import CHANNEL_OPTIONS
+from fthsdp.client import CHANNEL_OPTIONS, SERVER_KEEPALIVE
 from fthsdp.core import self_signed
 from fthsdp.core.credentials import TlsFiles, bearer_metadata
 from fthsdp.protos.v1 import coordinator_pb2 as pb
@@ -133,7 +133,7 @@ class PeerServer:
         """Serve on ``host`` (a free port), once; '' if it does not (the hosts of the group send their own)."""
         if self._server is not None or not host:
             return self.address
-        server = self._server = grpc.aio.server()
+        server = self._server = grpc.aio.server(options=SERVER_KEEPALIVE)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             "fthsdp.v1.GroupPings", {"Pings": grpc.stream_stream_rpc_method_handler(self.pings)}),))
         bind = f"[{host}]:0" if ":" in host else f"{host}:0"
