@@ -11,6 +11,7 @@ Reads one JSON command a line and answers each with one JSON line:
   ``grows``: the quorum only adds members to the last one (its group is preferred whatever runs in it).
 * ``{"op": "sum", "value": V}``: an all-reduce of V, awaited by polling as FTAR does.
 * ``{"op": "start", "count": K}``: start K all-reduces and leave them (a quorum whose peer is gone).
+* ``{"op": "idle"}``: wait until the collectives it started have ended (failed, for a dead peer's).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def main() -> None:
                 opts.reduceOp = dist.ReduceOp.SUM
                 left.append(group.allreduce([torch.ones(1 << 16)], opts))
             out = {"started": cmd["count"]}
+        elif cmd["op"] == "idle":
+            began = time.monotonic()
+            while group.running() and time.monotonic() - began < 60:
+                time.sleep(0.005)
+            out = {"running": group.running()}
         else:
             raise SystemExit(f"unknown command {cmd!r}")
         print(json.dumps(out), flush=True)

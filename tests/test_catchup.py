@@ -77,12 +77,16 @@ def test_restarted_replica_catches_up_while_the_others_keep_training(cluster):
         assert a2.steps[s]["checksum"] == a0.steps[s]["checksum"], f"r2 differs from r0 at step {s}"
     if reconfigure.supported():
         # torch >= 2.14: each survivor met every quorum (the start's, the
-        # kill's, the join's) in the one group it built, reconfigured in place.
+        # kill's, the join's) by reconfiguring a group it had, in place, and
+        # the join in the group it trained in (the kill's quorum may meet in
+        # a second one if a collective it abandoned had not failed yet:
+        # transport/reconfigure.py; tests/test_reconfigure.py shows the one group).
         for member in (a0, a1):
             met = re.findall(r"quorum (\d+): the cross-replica group \(#(\d+)\) reconfigured in place",
                              member.log_path.read_text(errors="replace"))
             assert joined_in in {int(q) for q, _ in met} and len(met) >= 3, met
-            assert {n for _, n in met} == {"0"}, f"a survivor met a quorum in another group: {met}"
+            groups = dict((int(q), n) for q, n in met)
+            assert groups[joined_in] == groups[max(q for q in groups if q < joined_in)], met
 
 
 

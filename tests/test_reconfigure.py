@@ -97,6 +97,9 @@ def test_one_group_object_through_a_kill_a_join_and_a_leave(members):
     assert a.answer() == b.answer() == {"started": 2}
     c.p.send_signal(signal.SIGKILL)
     c.p.wait(timeout=30)
+    for m in (a, b):
+        m.send(op="idle")
+    assert a.answer() == b.answer() == {"running": 0}  # failed: the dead peer's connections reset
     second = meet(2, [a, b])
     assert summed([a, b]) == [3.0, 3.0]
     (d,) = members(1)  # a fresh process joins

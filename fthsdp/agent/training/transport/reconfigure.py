@@ -30,14 +30,15 @@ How a quorum's members meet (``prepare``, then ``Pending.join``):
   agreed on (fthsdp/agent/training/ftar/groups.py), as they switched to a
   group built in the background before.
 
-**One object, except after a hang.** A peer that is hung, not dead, leaves
-its collectives queued in the group until the group's timeout, and
-``abort()`` does not end them (docs/measurements.md); gloo runs a group's
-work on two threads, so a reconfigured group would queue the new quorum's
-collectives behind them. A group with collectives still running after
-``GRACE_S`` is set aside until they end, and the quorum meets in another
-group of the pool (``GroupPool``); a dead peer's collectives fail within
-tens of milliseconds, so a kill or a join keeps the one group.
+**One object, unless collectives are left running.** A peer that is hung,
+not dead, leaves its collectives queued in the group until the group's
+timeout, and ``abort()`` does not end them (docs/measurements.md); gloo runs
+a group's work on two threads, so a reconfigured group would queue the new
+quorum's collectives behind them. A group with collectives still running
+after ``GRACE_S`` is set aside until they end, and the quorum meets in
+another group of the pool (``GroupPool``); a dead peer's collectives fail
+within tens of milliseconds, so a join, and a kill once its collectives
+have failed, keep the one group.
 
 Experimental in torch (the calls are ``_``-prefixed there): the transport
 is chosen at start (``choose``, fthsdp/agent/training/transport/__init__.py)
@@ -64,8 +65,14 @@ from fthsdp.agent.training.transport.gloo import GlooTransport
 
 log = logging.getLogger("fthsdp.agent.transport")
 
-GRACE_S = 1.0
-"""How long a group's abandoned collectives may take to end before the next quorum meets in another group."""
+GRACE_S = 0.1
+"""How long a group's abandoned collectives may take to end before the next
+quorum meets in another group. Another group costs no more to meet in than
+the same one (a reconfigure connects afresh either way), so the grace buys
+only the group's identity, and is short: a killed peer's collectives fail
+within tens of milliseconds, but a survivor waiting on another survivor in
+an abandoned collective may wait for the group's timeout
+(docs/measurements.md)."""
 
 
 API = ("_reconfigure", "_get_reconfigure_handle", "_supports_reconfigure")
