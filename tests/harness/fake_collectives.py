@@ -234,7 +234,10 @@ class _Rejoin:
         self.transport, self.store, self.rank, self.size = transport, store, rank, size
 
     def join(self) -> object:
+        """A rendezvous, as gloo's reconfigure: it returns once every member has come."""
         t = self.transport
+        self.store.set(f"joined/{self.rank}", "1")
+        self.store.wait([f"joined/{r}" for r in range(self.size)])
         if self.rank == 0:
             self.store.set("fake/group", str(t.net.new_group(self.size)))
         gid = int(self.store.get("fake/group"))

@@ -235,7 +235,10 @@ class QuorumGroups:
                     log.info("quorum %d: switched from quorum %d at a step boundary", target.quorum_id,
                              group.quorum_id)
                     return switched
-                continue  # a newer quorum came meanwhile
+                # A newer quorum came while the members met. A group reconfigured in
+                # place may be mid-reconfigure on the helper thread: never train in it again.
+                self.retire(group)
+                continue
             if group is not None:
                 self.retire(group)
             pre = self._prebuild(quorum)  # one build per quorum, whoever started it
