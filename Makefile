@@ -23,7 +23,7 @@ SMOKE_TESTS ?= tests/test_hsdp.py::test_hsdp_matches_ddp_over_all_ranks \
 demo: install
 	$(VENV)/bin/fthsdp demo
 
-# What CI runs: every test but the long soaks (about 45 minutes on 2 cores).
+# What CI runs: every test but the long soaks (65-73 minutes on 2 cores with torch 2.14.1).
 test: install etcd
 	$(PY) -m pytest -m 'not soak' $(PYTEST_ARGS)
 
