@@ -21,7 +21,9 @@ SOURCES = ("pyproject.toml", "README.md", "fthsdp")
 leave build/ and an egg-info behind, and pack whatever stale files build/
 still held."""
 TORCH = "torch==2.13.0"
-"""Pinned, as the Makefile's: an unpinned torch could resolve a multi-GB CUDA build."""
+"""Pinned: the oldest supported torch, whose registry build is the CPU one. The
+Makefile's default (2.14.1) is a 4 GB CUDA build, and an unpinned torch
+could resolve one too."""
 
 
 def _setuptools_ok() -> bool:
