@@ -17,8 +17,16 @@ SMOKE_TESTS ?= tests/test_hsdp.py::test_hsdp_matches_ddp_over_all_ranks \
 	tests/test_catchup.py::test_restarted_replica_catches_up_while_the_others_keep_training \
 	tests/test_checkpoint_restore.py::test_every_replica_killed_the_job_resumes_from_the_newest_checkpoint \
 	tests/test_transport.py tests/test_reconfigure.py
+# A new cross-replica group per quorum, chosen on the default torch (the path of a torch without reconfigure):
+# the DDP oracle, a kill with its catch-up, two kills at once, a hang, a network cut, a loop's bit-identical recovery.
+PER_QUORUM_TESTS ?= "tests/test_hsdp.py::test_hsdp_matches_ddp_over_all_ranks[many-buckets]" \
+	tests/test_catchup.py::test_restarted_replica_catches_up_while_the_others_keep_training \
+	tests/test_overlapping_failures.py::test_two_of_three_killed_at_once \
+	tests/test_hangs.py::test_a_hung_replica_is_ended_by_its_agent_restarted_and_caught_up \
+	tests/test_network_faults.py::test_a_cut_between_two_replicas_takes_out_one_of_them_only \
+	"tests/test_recovery_loops.py::test_full_loop_recovers_bit_identically[bf16]"
 
-.PHONY: demo test test-quick test-all smoke-other-torch lint install etcd protos clean
+.PHONY: demo test test-quick test-all test-per-quorum smoke-other-torch lint install etcd protos clean
 
 demo: install
 	$(VENV)/bin/fthsdp demo
@@ -45,6 +53,11 @@ smoke-other-torch: etcd
 	$(OTHER_VENV)/bin/python -m pip install -q -e '.[test]'
 	$(OTHER_VENV)/bin/python -c 'import torch; print("smoke on torch", torch.__version__)'
 	$(OTHER_VENV)/bin/python -m pytest -m 'slow or not slow' $(PYTEST_ARGS) $(SMOKE_TESTS)
+
+# Process tests with a new cross-replica group per quorum (tests/harness/processes.py: CROSS_REPLICA_GROUPS);
+# `make test` runs everything with the default, one group reconfigured in place on torch >= 2.14.
+test-per-quorum: install etcd
+	TEST_CROSS_REPLICA_GROUPS=per-quorum $(PY) -m pytest -m 'slow or not slow' $(PYTEST_ARGS) $(PER_QUORUM_TESTS)
 
 # Everything, the long soaks included.
 test-all: install etcd

@@ -20,6 +20,12 @@ from pathlib import Path
 from fthsdp.demo.record import json_objects
 
 ROOT = Path(__file__).resolve().parents[2]
+CROSS_REPLICA_GROUPS = os.environ.get("TEST_CROSS_REPLICA_GROUPS", "auto")
+"""How the replicas' cross-replica groups follow the quorum (auto, reconfigure
+or per-quorum: fthsdp/agent/training/transport/): `make test-per-quorum` runs
+recovery, partition and oracle tests with per-quorum on a torch that could
+reconfigure, the path a torch without it takes. Passed to every agent as
+``--cross-replica-groups`` and to every bare worker as its variable."""
 
 
 def _env() -> dict[str, str]:
@@ -29,6 +35,8 @@ def _env() -> dict[str, str]:
     # A process that aborts or crashes (a native abort in Python's teardown) dumps every
     # Python thread's stack to its stderr, which the tests keep in its log.
     env["PYTHONFAULTHANDLER"] = "1"
+    if CROSS_REPLICA_GROUPS != "auto":
+        env["FTHSDP_CROSS_REPLICA_GROUPS"] = CROSS_REPLICA_GROUPS
     return env
 
 
@@ -254,7 +262,7 @@ class AgentProcess(WorkerProcess):
         self.argv = [
             sys.executable, "-m", "fthsdp", "agent", "--coordinator", coordinator,
             "--replica-id", replica_id, "--replica-rank", str(replica_rank), "--num-replicas", str(num_replicas),
-            "--nproc", "1", "--restart-backoff", "100ms", *agent_args,
+            "--nproc", "1", "--restart-backoff", "100ms", "--cross-replica-groups", CROSS_REPLICA_GROUPS, *agent_args,
             "--", sys.executable, "-m", worker, *worker_args,
         ]
         self.log_path = tmp / f"agent-{replica_id}.log"
