@@ -1,6 +1,7 @@
 """Step time of a model under fthsdp vs under torch DDP, same world size, same run.
 
     python benchmarks/step_time.py [--model gpt|comm-heavy] [--replicas 2] [--pairs 8] [--steps 40] [--flat]
+                                   [--bucket-caps MB[,MB...]]
 
 Each run starts N OS processes (one torch thread each, gloo on loopback)
 training the model for --steps steps. A round runs, in turn, DDP (its
@@ -8,7 +9,10 @@ defaults), DDP with ``gradient_as_bucket_view=True`` and fthsdp with its
 defaults (FTAR overlapped with the backward pass, the commit vote, the
 straggler and hang reports, a state checksum every 10 steps), against a real
 coordinator; with ``--flat`` also fthsdp with one all-reduce after the
-backward pass (FTHSDP_BUCKET_CAP_MB=0). Rounds alternate their order (A B C,
+backward pass (FTHSDP_BUCKET_CAP_MB=0), and with ``--bucket-caps`` fthsdp
+with other bucket caps (comm-heavy's weights are 16.8 MB each: fthsdp's
+default 25 MB cap sends one per bucket, 35 MB two, as DDP's buckets, which
+it fills past its 25 MB cap, hold). Rounds alternate their order (A B C,
 C B A, ...), so that a drift of the machine falls on every side alike.
 
 Two figures per run, both from the steps after the first checksum interval
@@ -177,6 +181,8 @@ def launch(script: str, mode: str, world: int, steps: int, model_name: str) -> d
                             FTHSDP_REPLICA_RANK=str(rank), FTHSDP_NUM_REPLICAS=str(world))
             if mode == "fthsdp-flat":
                 renv["FTHSDP_BUCKET_CAP_MB"] = "0"
+            elif mode.startswith("fthsdp-cap-"):
+                renv["FTHSDP_BUCKET_CAP_MB"] = mode.removeprefix("fthsdp-cap-")
             procs.append(subprocess.Popen(
                 [sys.executable, script, "--worker", mode, "--rank", str(rank), "--world", str(world),
                  "--init", init, "--steps", str(steps), "--model", model_name],
@@ -243,14 +249,21 @@ def table(runs: dict[str, list[dict]]) -> str:
         median = [r["median"] / b["median"] for r, b in zip(rs, base, strict=True)]
         vote = statistics.median(r["vote"] / r["median"] for r in rs) if mode.startswith("fthsdp") else None
         rows.append(
-            f"| {MODES[mode]} | {statistics.median(r['throughput'] for r in rs) * 1e3:.1f} ms | "
+            f"| {label(mode)} | {statistics.median(r['throughput'] for r in rs) * 1e3:.1f} ms | "
             f"{statistics.median(r['median'] for r in rs) * 1e3:.1f} ms | "
             f"{'1' if mode == 'ddp' else ratio_cell(through)} | {'1' if mode == 'ddp' else ratio_cell(median)} | "
             f"{f'{vote:.4f}' if vote is not None else '-'} |")
     return "\n".join(rows)
 
 
-def parse_worker(p: argparse.ArgumentParser, modes: tuple[str, ...], argv: list[str] | None) -> argparse.Namespace:
+def label(mode: str) -> str:
+    if mode.startswith("fthsdp-cap-"):
+        return f"fthsdp, buckets of at most {mode.removeprefix('fthsdp-cap-')} MB"
+    return MODES[mode]
+
+
+def parse_worker(p: argparse.ArgumentParser, modes: tuple[str, ...] | None, argv: list[str] | None
+                 ) -> argparse.Namespace:
     """Parse with the hidden arguments that ``launch`` gives a worker process."""
     p.add_argument("--worker", choices=modes, help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -269,13 +282,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=("gpt", "comm-heavy"), default="gpt",
                    help="comm-heavy: 100 MB of gradients on a small batch (default gpt: the example)")
     p.add_argument("--flat", action="store_true", help="also fthsdp with one all-reduce after the backward pass")
-    args = parse_worker(p, tuple(MODES), argv)
+    p.add_argument("--bucket-caps", default="",
+                   help="also fthsdp with these bucket caps, in MB, comma-separated (default: none)")
+    args = parse_worker(p, None, argv)
+    if args.worker and args.worker not in MODES and not args.worker.startswith("fthsdp-cap-"):
+        p.error(f"unknown worker mode {args.worker!r}")
     if args.worker:
         train(args.worker, args.rank, args.world, args.init, args.steps, args.model)
         return 0
     if args.steps < 2 * CHECKSUM_EVERY or args.pairs < 1 or args.replicas < 2:
         p.error(f"give --steps {2 * CHECKSUM_EVERY} or more, --pairs 1 or more and --replicas 2 or more")
-    modes = ["ddp", "ddp-view", "fthsdp"] + (["fthsdp-flat"] if args.flat else [])
+    try:
+        caps = [float(c) for c in args.bucket_caps.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--bucket-caps takes numbers of MB, comma-separated, got {args.bucket_caps!r}")
+    if any(not 0 < c <= 1 << 20 for c in caps):
+        p.error("--bucket-caps: each cap must be above 0 and at most 1048576 MB")
+    modes = (["ddp", "ddp-view", "fthsdp"] + (["fthsdp-flat"] if args.flat else [])
+             + [f"fthsdp-cap-{c:g}" for c in caps])
     runs = rounds(modes, args.pairs, args.replicas, args.steps, args.model)
     window = (args.steps // CHECKSUM_EVERY - 1) * CHECKSUM_EVERY
     print(f"{args.model}: {args.replicas} replicas, {args.pairs} rounds of {args.steps} steps; each run's figures "

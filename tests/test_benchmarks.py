@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 SMOKE = {
     "ftar": (["--sizes-mb", "1", "--replicas", "2", "--pairs", "1"], 300),
-    "step_time": (["--replicas", "2", "--pairs", "1", "--steps", "20"], 300),
+    "step_time": (["--replicas", "2", "--pairs", "1", "--steps", "20", "--bucket-caps", "35"], 300),
     "step_profile": (["--model", "gpt", "--rounds", "1", "--steps", "20"], 300),
     "gpu_step": (["--device", "cpu", "--pairs", "1", "--steps", "20", "--state-mib", "16", "--dtypes", "float32"],
                  300),
@@ -41,6 +41,7 @@ SMOKE = {
     "control_plane": (["--hosts", "32", "--hosts-per-group", "4", "--clients", "1", "--seconds", "2"], 300),
     "control_plane:tree": (["--hosts", "32", "--hosts-per-group", "4", "--clients", "1", "--seconds", "2",
                             "--shape", "tree"], 300),
+    "state_hash": (["--trials", "1", "--mib", "8", "--model", "gpt", "--steps", "1"], 300),
     "goodput_sim": (["--failures", "3", "--gpus", "1000", "--png", ""], 300),
 }
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from fthsdp.agent.training.checkpoint import digests, layout
 from fthsdp.agent.training.checkpoint.restore import load
@@ -43,8 +44,8 @@ def test_each_data_file_lists_the_digests_of_its_blocks_as_written(tmp_path):
     for name, info in data.items():
         raw = (folder / name).read_bytes()
         block = info["block_bytes"]
-        assert info["bytes"] == len(raw) and info["block_digest"] == "crc32"
-        assert info["blocks"] == [f"{zlib.crc32(raw[i:i + block]):08x}" for i in range(0, len(raw), block)]
+        assert info["bytes"] == len(raw) and info["block_digest"] == "xxh3"
+        assert info["blocks"] == [xxhash.xxh3_64_hexdigest(raw[i:i + block]) for i in range(0, len(raw), block)]
     assert "sha256" in record["files"][layout.DCP_METADATA]  # unpickled: keeps its SHA-256
     verify_files(folder, record)
 
@@ -129,18 +130,36 @@ def test_a_flipped_byte_in_any_block_is_refused(tmp_path):
     assert target.part_checksums() == source.part_checksums()
 
 
-def test_a_checkpoint_written_before_block_digests_still_restores_and_is_checked(tmp_path):
-    """Shares of the earlier record format list one SHA-256 per file: checked whole before DCP reads."""
+def _as_written_before(folder: Path, share: str, how: str) -> None:
+    """Rewrite a share's record as an earlier version wrote it: one SHA-256 per
+    file (before session 39), or a CRC-32 per block (sessions 39-40)."""
+    path = folder / share / layout.SHARE_RECORD
+    record = json.loads(path.read_text())
+    if how == "sha256 per file":
+        record["files"] = layout.describe_files(folder / share, sorted(record["files"]))
+    else:
+        for name, info in record["files"].items():
+            if info.get("block_digest"):
+                raw = (folder / share / name).read_bytes()
+                block = info["block_bytes"]
+                info["block_digest"] = "crc32"
+                info["blocks"] = [f"{zlib.crc32(raw[i:i + block]):08x}" for i in range(0, len(raw), block)]
+    layout.write_record(path, record)
+
+
+@pytest.mark.parametrize("how", ["sha256 per file", "crc32 per block"])
+def test_a_checkpoint_written_by_an_earlier_version_still_restores_and_is_checked(tmp_path, how):
+    """Shares of the earlier record formats: one SHA-256 per file (checked whole before DCP
+    reads), or a CRC-32 per block (with a CRC-32 state checksum, which
+    ``restoring.restore_group`` checks in CRC-32: tests/test_restoring.py)."""
     source = trained()
     folder = write_checkpoint(tmp_path, source, 2)
     for share in ("share-0-rank-0", "share-1-rank-0"):
-        path = folder / share / layout.SHARE_RECORD
-        record = json.loads(path.read_text())
-        record["files"] = layout.describe_files(folder / share, sorted(record["files"]))
-        layout.write_record(path, record)
+        _as_written_before(folder, share, how)
     sealed = seal(folder, job=JOB, step=STEP, structure=STRUCTURE, shares=2, ranks=1)
     record = read_checkpoint(folder, job=JOB, structure=STRUCTURE, digest=sealed.digest)
-    assert all("sha256" in info for info in record["files"].values())
+    kinds = {info.get("block_digest", "sha256" if "sha256" in info else "") for info in record["files"].values()}
+    assert kinds == ({"sha256"} if how == "sha256 per file" else {"crc32", "sha256"}), kinds  # .metadata: sha256
     target = fresh()
     target.load(load(folder, record, rank=0, current=target.capture()))
     assert target.part_checksums() == source.part_checksums()

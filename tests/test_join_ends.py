@@ -90,7 +90,7 @@ class Replica:
         self.step = int(path.rsplit("-", 1)[1])
         return ""
 
-    def state_checksum(self, group: ReplicaGroup) -> str:
+    def state_checksum(self, group: ReplicaGroup, kind: str = "xxh3") -> str:
         return f"{self.value:g}"
 
 

@@ -11,6 +11,7 @@ import pytest
 from fthsdp.agent.training.checkpoint.restoring import restore_group, resume_newest
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
+from fthsdp.agent.training.state.checksum import STATE_HASH
 
 
 class Group(ReplicaGroup):
@@ -34,6 +35,9 @@ class State:
         self.step = 0
         self.checksum = checksum
         self.tried: list[str] = []
+        self.kinds: list[str] = []
+        """The hash each checksum was asked in."""
+        self.recorded = "c"
 
     def restore(self, path: str, digest: str, rank: int) -> str:
         self.tried.append(path)
@@ -43,9 +47,10 @@ class State:
         if outcome == "in part":
             raise PartlyLoaded(f"{path}: block 3 differs")
         self.step = int(path.rsplit("-", 1)[1])
-        return "c"
+        return self.recorded
 
-    def state_checksum(self, group: ReplicaGroup) -> str:
+    def state_checksum(self, group: ReplicaGroup, kind: str = STATE_HASH) -> str:
+        self.kinds.append(kind)
         return self.checksum
 
 
@@ -97,3 +102,19 @@ def test_resume_with_none_loadable_fails_with_a_line_naming_how_many(tmp_path):
         (folder / "checkpoint.json").write_text("{}")
     with pytest.raises(CheckpointError, match="none of the 2 checkpoints of job job"):
         resume_newest(State("in part", "refused"), Group(), tmp_path, "job", 1, job_is_new=lambda: True)
+
+
+@pytest.mark.parametrize("recorded, kind", [("c", STATE_HASH), (f"{STATE_HASH}:c", STATE_HASH), ("crc32:c", "crc32")])
+def test_the_loaded_state_is_checked_in_the_hash_its_checkpoint_recorded(recorded, kind):
+    """A checkpoint written before XXH3 recorded a CRC-32 checksum (restore returns it as ``crc32:hex``)."""
+    state = State("loaded")
+    state.recorded = recorded
+    restore_group(state, Group(), "/ckpt/step-40")
+    assert state.kinds == [kind]
+
+
+def test_a_checksum_of_an_unknown_kind_is_refused():
+    state = State("loaded")
+    state.recorded = "md4:c"
+    with pytest.raises(PartlyLoaded, match="unknown kind 'md4'"):
+        restore_group(state, Group(), "/ckpt/step-40")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
+from fthsdp.agent.training.state.checksum import HASHES, model_items, tensor_bytes
 from fthsdp.agent.training.state.codec import StateCodecError
 from fthsdp.agent.training.state.train_state import (
     SMALL_STATE_BYTES,
@@ -123,6 +126,25 @@ def test_part_checksums_tell_the_parts_apart():
     diff = {k for k in a.part_checksums() if a.part_checksums()[k] != b.part_checksums()[k]}
     assert diff == {"counter", "optimizer"}
     assert combine(a.part_checksums()) != combine(b.part_checksums())
+
+
+@pytest.mark.parametrize("kind", HASHES)
+def test_each_hash_tells_the_parts_apart_and_crc32_is_what_checkpoints_recorded_before(kind):
+    """The CRC-32 kind is zlib's CRC-32 chained over the items, as the checksum was before XXH3, so a
+    checkpoint written then is checked against what it recorded (fthsdp/agent/training/checkpoint/restoring.py)."""
+    a, b = make({"counter": Counter(1)}), make({"counter": Counter(1)})
+    assert a.part_checksums(kind) == b.part_checksums(kind)
+    b.extra["counter"].n = 2
+    assert a.part_checksums(kind)["counter"] != b.part_checksums(kind)["counter"]
+    crc = 0
+    for item in model_items(a.model):
+        crc = zlib.crc32(item if isinstance(item, bytes) else tensor_bytes(item), crc)
+    assert (a.part_checksums(kind)["model"] == crc) == (kind == "crc32")
+
+
+def test_an_unknown_hash_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown checksum kind 'md5'"):
+        make({}).part_checksums("md5")
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,7 @@ from fthsdp.agent.training.session.job_finished import JobFinished
 from fthsdp.agent.training.session.lifecycle import Lifecycle
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.session.report import Reporting
+from fthsdp.agent.training.state.checksum import STATE_HASH
 from fthsdp.agent.training.state.snapshot import state_from_bytes
 from fthsdp.core.errors import CatchUpFailed, FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -101,8 +102,8 @@ class CatchingUp(Protocol):
         """Load this rank's part of a checkpoint; returns its recorded state checksum."""
         ...
 
-    def state_checksum(self, group: ReplicaGroup) -> str:
-        """The state's checksum (a collective over the group)."""
+    def state_checksum(self, group: ReplicaGroup, kind: str = STATE_HASH) -> str:
+        """The state's checksum in the hash ``kind`` (a collective over the group)."""
         ...
 
 

@@ -20,6 +20,7 @@ import torch
 from fthsdp.agent.training.catchup.client import CatchUpError, SourceClient
 from fthsdp.agent.training.catchup.grad_log import GradientLog
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
+from fthsdp.agent.training.state.checksum import STATE_HASH
 from fthsdp.agent.training.state.codec import StateCodecError, local
 from fthsdp.agent.training.state.train_state import TrainState, check_gradient, combine, explain_mismatch
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -140,9 +141,10 @@ class Replayer:
 
     # ----- checksums ------------------------------------------------------------------
 
-    def part_checksums(self, group: ReplicaGroup) -> dict[str, str]:
-        """This replica group's checksum per part (a collective over the group)."""
-        parts = self.state.part_checksums()
+    def part_checksums(self, group: ReplicaGroup, kind: str = STATE_HASH) -> dict[str, str]:
+        """This replica group's checksum per part (a collective over the
+        group), in the hash ``kind`` (fthsdp/agent/training/state/checksum.py)."""
+        parts = self.state.part_checksums(kind)
         if group.size == 1:
             return {k: f"{v:08x}" for k, v in parts.items()}
         gathered = group.all_gather_ints(list(parts.values()))

@@ -15,9 +15,10 @@ import torch
 
 from fthsdp.agent.training.catchup.replay import Replayer, combine_hex
 from fthsdp.agent.training.checkpoint import restore as checkpoint_restore
-from fthsdp.agent.training.checkpoint.seal import PartlyLoaded, read_checkpoint
+from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded, read_checkpoint
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.session.report import Reporting
+from fthsdp.agent.training.state.checksum import HASHES, STATE_HASH
 from fthsdp.agent.training.state.train_state import TrainState
 from fthsdp.core.errors import FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -63,6 +64,10 @@ class CatchUpTarget:
         or the state itself did not fit: the state is then to be replaced whole."""
         folder = Path(path)
         record = read_checkpoint(folder, job=self._job, structure=self._structure, digest=digest)
+        # A checkpoint written before the kind was recorded has a CRC-32 (fthsdp/agent/training/state/checksum.py).
+        kind = str(record.get("state_checksum_kind", "crc32"))
+        if kind not in HASHES:
+            raise CheckpointError(f"{folder}: its state checksum is of a kind this version does not know ({kind!r})")
         params = [p for group in self._state.optimizer.param_groups for p in group["params"]]
         loaded = checkpoint_restore.load(folder, record, rank=rank, current=self._state.capture(), params=params)
         try:
@@ -71,11 +76,12 @@ class CatchUpTarget:
             raise PartlyLoaded(f"{folder}: the state does not fit this replica: {e}") from e
         self._replayer.loaded(record["step"])
         self.moved()
-        return str(record.get("state_checksum", ""))
+        checksum = str(record.get("state_checksum", ""))
+        return f"{kind}:{checksum}" if checksum else ""
 
-    def state_checksum(self, group: ReplicaGroup) -> str:
-        """The state's checksum, as the members report it (a collective over the group)."""
-        return combine_hex(self._replayer.part_checksums(group))
+    def state_checksum(self, group: ReplicaGroup, kind: str = STATE_HASH) -> str:
+        """The state's checksum, as the members report it (a collective over the group), in the hash ``kind``."""
+        return combine_hex(self._replayer.part_checksums(group, kind))
 
     def moved(self) -> None:
         """The state's step moved (a replay, a snapshot): heartbeats report it."""

@@ -21,6 +21,7 @@ from typing import Protocol
 from fthsdp.agent.training.checkpoint.restore import newest_complete
 from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
+from fthsdp.agent.training.state.checksum import HASHES, STATE_HASH
 
 log = logging.getLogger("fthsdp.agent.checkpoint")
 
@@ -31,9 +32,12 @@ class Restorable(Protocol):
     @property
     def step(self) -> int: ...
 
-    def restore(self, path: str, digest: str, rank: int) -> str: ...
+    def restore(self, path: str, digest: str, rank: int) -> str:
+        """Load this rank's part; returns the state checksum the checkpoint
+        recorded, as ``kind:hex`` (just ``hex``: the current kind), "" if none."""
+        ...
 
-    def state_checksum(self, group: ReplicaGroup) -> str: ...
+    def state_checksum(self, group: ReplicaGroup, kind: str = STATE_HASH) -> str: ...
 
 
 def restore_group(target: Restorable, group: ReplicaGroup, path: str, digest: str = "") -> None:
@@ -52,7 +56,10 @@ def restore_group(target: Restorable, group: ReplicaGroup, path: str, digest: st
         refused = CheckpointError if all_untouched else PartlyLoaded
         raise refused(error or "another rank of this replica group could not load its part")
     if expected:
-        got = target.state_checksum(group)
+        kind, _, expected = expected.rpartition(":")
+        if kind not in HASHES + ("",):
+            raise PartlyLoaded(f"{path}: the checkpoint's state checksum is of an unknown kind {kind!r}")
+        got = target.state_checksum(group, kind or STATE_HASH)
         if got != expected:
             raise PartlyLoaded(f"{path}: the restored state's checksum {got} differs from the one recorded at "
                                f"its step, {expected}")

@@ -132,11 +132,12 @@ def seal(folder: Path, *, job: str, step: int, structure: int, shares: int, rank
     if len(quorums) != 1:
         raise CheckpointError(f"checkpoint of step {step}: its shares were written by members that committed the "
                               f"step in different quorums ({sorted(quorums)})")
-    if len({r.get("state_checksum", "") for r in records.values()}) != 1:
+    if len({(r.get("state_checksum", ""), r.get("state_checksum_kind", "crc32")) for r in records.values()}) != 1:
         raise CheckpointError(f"checkpoint of step {step}: the shares report different state checksums")
     checkpoint = {
         "format": layout.FORMAT, "job": job, "step": step, "structure": structure,
-        "quorum_id": first["quorum_id"], "state_checksum": first.get("state_checksum", ""), "shares": shares,
+        "quorum_id": first["quorum_id"], "state_checksum": first.get("state_checksum", ""),
+        "state_checksum_kind": first.get("state_checksum_kind", "crc32"), "shares": shares,
         "ranks": ranks, "generation": generation, "skeletons": skeletons,
         "files": files, "sealed_unix": time.time(),
     }

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.planner import (
 
 from fthsdp.agent.training.checkpoint import digests, layout
 from fthsdp.agent.training.checkpoint.split import Item, split
+from fthsdp.agent.training.state.checksum import STATE_HASH
 from fthsdp.agent.training.state.codec import flatten_named, is_dtensor, local
 
 
@@ -173,6 +174,7 @@ def write(staged: StagedShare, checkpoint: Path, state_checksum: str = "") -> di
         "format": layout.FORMAT, "job": spec.job, "step": spec.step, "structure": spec.structure,
         "quorum_id": spec.quorum_id, "share": spec.share, "shares": spec.shares, "rank": spec.rank,
         "ranks": spec.ranks, "generation": spec.generation, "state_checksum": state_checksum,
+        "state_checksum_kind": STATE_HASH,
         "skeleton": staged.skeleton, "paths": staged.paths,
         "files": files,
     }

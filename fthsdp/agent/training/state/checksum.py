@@ -1,9 +1,16 @@
 """A cheap, exact fingerprint of a replica's committed state.
 
-CRC-32 over the raw bytes of every parameter and optimizer-state tensor in a
-fixed order: two replicas agree only if they are bit-identical. It costs one
-pass over the state (about 1 GB/s on a CPU core), so the manager computes it
-every ``checksum_every`` steps.
+A 32-bit hash over the raw bytes of every parameter and optimizer-state
+tensor in a fixed order: two replicas agree only if they are bit-identical.
+It costs one pass over the state, so the manager computes it every
+``checksum_every`` steps (off the training thread where it can:
+fthsdp/agent/training/step/background_checksum.py).
+
+The hash is ``STATE_HASH``: XXH3-64 (the xxhash package), of which the low 32
+bits are kept, at 10-17 GB/s on one core here against 3 GB/s for zlib's
+CRC-32 (benchmarks/README.md, "The state checksum's hash"). Both release
+the GIL. Checkpoints written before it recorded CRC-32 checksums and name no
+kind; ``HASHES`` keeps CRC-32 so that a restore checks them as they were.
 """
 
 from __future__ import annotations
@@ -13,6 +20,33 @@ import json
 import zlib
 
 import torch
+import xxhash
+
+STATE_HASH = "xxh3"
+"""The state checksum's hash, recorded with every checkpoint (``state_checksum_kind``)."""
+HASHES = ("xxh3", "crc32")
+"""The kinds a checksum can be computed in: the current one, and CRC-32 for older checkpoints' records."""
+
+
+class Chain:
+    """A running 32-bit hash of a sequence of buffers, started from ``start``
+    (the value of what came before): XXH3-64 seeded with it, its low 32 bits;
+    or zlib's CRC-32 continued from it."""
+
+    def __init__(self, kind: str = STATE_HASH, start: int = 0) -> None:
+        if kind not in HASHES:
+            raise ValueError(f"unknown checksum kind {kind!r} (known: {', '.join(HASHES)})")
+        self._xxh = xxhash.xxh3_64(seed=start) if kind == "xxh3" else None
+        self._crc = start
+
+    def update(self, data) -> None:
+        if self._xxh is not None:
+            self._xxh.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    def value(self) -> int:
+        return self._xxh.intdigest() & 0xFFFFFFFF if self._xxh is not None else self._crc
 
 
 def tensor_bytes(t: torch.Tensor, local=lambda t: t):
@@ -25,14 +59,14 @@ def tensor_bytes(t: torch.Tensor, local=lambda t: t):
     return t.view(torch.uint8).numpy()
 
 
-def model_crc(model: torch.nn.Module, local=lambda t: t, crc: int = 0) -> int:
-    """CRC-32 over the model's state dict (names and raw bytes), in name order."""
-    return crc_of_items(model_items(model), local, crc)
+def model_crc(model: torch.nn.Module, local=lambda t: t, crc: int = 0, kind: str = STATE_HASH) -> int:
+    """The hash of the model's state dict (names and raw bytes), in name order."""
+    return crc_of_items(model_items(model), local, crc, kind)
 
 
-def optimizer_crc(optimizer: torch.optim.Optimizer, local=lambda t: t, crc: int = 0) -> int:
-    """CRC-32 over the optimizer's per-parameter state, in index and key order."""
-    return crc_of_items(optimizer_items(optimizer), local, crc)
+def optimizer_crc(optimizer: torch.optim.Optimizer, local=lambda t: t, crc: int = 0, kind: str = STATE_HASH) -> int:
+    """The hash of the optimizer's per-parameter state, in index and key order."""
+    return crc_of_items(optimizer_items(optimizer), local, crc, kind)
 
 
 Items = list[bytes | torch.Tensor]
@@ -62,17 +96,19 @@ def optimizer_items(optimizer: torch.optim.Optimizer) -> Items:
     return items
 
 
-def crc_of_items(items: Items, local=lambda t: t, crc: int = 0) -> int:
+def crc_of_items(items: Items, local=lambda t: t, crc: int = 0, kind: str = STATE_HASH) -> int:
+    chain = Chain(kind, crc)
     for item in items:
-        crc = zlib.crc32(item if isinstance(item, bytes) else tensor_bytes(item, local), crc)
-    return crc
+        chain.update(item if isinstance(item, bytes) else tensor_bytes(item, local))
+    return chain.value()
 
 
-def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, local=lambda t: t) -> str:
+def state_checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, local=lambda t: t,
+                   kind: str = STATE_HASH) -> str:
     """``local`` maps a sharded tensor to this rank's shard (FSDP2)."""
-    crc = model_crc(model, local)
+    crc = model_crc(model, local, kind=kind)
     if optimizer is not None:
-        crc = optimizer_crc(optimizer, local, crc)
+        crc = optimizer_crc(optimizer, local, crc, kind)
     return f"{crc:08x}"
 
 

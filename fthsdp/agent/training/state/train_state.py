@@ -47,6 +47,8 @@ from typing import Protocol, TypeGuard
 import torch
 
 from fthsdp.agent.training.state.checksum import (
+    STATE_HASH,
+    Chain,
     crc_of_items,
     model_crc,
     model_items,
@@ -135,12 +137,13 @@ def _tensor_nbytes(state: object) -> int:
     return 0
 
 
-def _crc_of(state: object, crc: int = 0) -> int:
+def _crc_of(state: object, crc: int = 0, kind: str = STATE_HASH) -> int:
     skeleton, tensors, _ = flatten(state)
-    crc = zlib.crc32(skeleton.encode(), crc)
+    chain = Chain(kind, crc)
+    chain.update(skeleton.encode())
     for t in tensors:
-        crc = zlib.crc32(tensor_bytes(t), crc)
-    return crc
+        chain.update(tensor_bytes(t))
+    return chain.value()
 
 
 class TrainState:
@@ -265,15 +268,16 @@ class TrainState:
 
     # ----- checksums ------------------------------------------------------------------
 
-    def part_checksums(self) -> dict[str, int]:
-        """A CRC-32 per part of this rank's state: ``model`` (parameters and
+    def part_checksums(self, kind: str = STATE_HASH) -> dict[str, int]:
+        """A 32-bit hash per part of this rank's state (``kind``:
+        fthsdp/agent/training/state/checksum.py): ``model`` (parameters and
         buffers), ``optimizer`` (its state and numeric hyperparameters), and
         each registered object."""
-        parts = {"model": model_crc(self.model, local)}
-        crc = optimizer_crc(self.optimizer, local, zlib.crc32(self.hyperparams().encode()))
+        parts = {"model": model_crc(self.model, local, kind=kind)}
+        crc = optimizer_crc(self.optimizer, local, zlib.crc32(self.hyperparams().encode()), kind)
         parts["optimizer"] = crc
         for name, obj in self.extra.items():
-            parts[name] = _crc_of(obj.state_dict())
+            parts[name] = _crc_of(obj.state_dict(), kind=kind)
         return parts
 
     def part_checksums_later(self) -> Callable[[], dict[str, int]]:
