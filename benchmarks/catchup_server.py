@@ -52,7 +52,6 @@ import struct
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -332,6 +331,7 @@ def main() -> None:
     import torch
 
     from fthsdp.agent.training.catchup.client import SourceClient
+    from fthsdp.agent.training.state.checksum import digest64
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     source = Proc([sys.executable, str(Path(__file__).resolve()), "--role", "source", "--mib", str(args.mib),
@@ -352,7 +352,7 @@ def main() -> None:
             if name == "raw socket":
                 size = manifest.chunk_bytes
                 view = memoryview(buf.numpy()).cast("B")
-                if [zlib.crc32(view[i : i + size]) for i in range(0, nbytes, size)] != list(manifest.chunk_crc32):
+                if [digest64(view[i : i + size]) for i in range(0, nbytes, size)] != list(manifest.chunk_xxh3):
                     raise RuntimeError("the raw socket sent other bytes")
             else:
                 check_token(addresses[name], manifest.step)

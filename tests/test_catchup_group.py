@@ -1,7 +1,7 @@
 """Catch-up over a two-rank torch.distributed group (fthsdp/agent/training/catchup/group.py):
 a real source process, this process the joiner. The snapshot's chunks and
 the log's entries travel over one session, every chunk and entry
-CRC-checked, and HTTP takes over from the first unverified chunk whenever
+digest-checked, and HTTP takes over from the first unverified chunk whenever
 the group path breaks (a corrupt chunk or entry, a source that leaves, a
 source without it)."""
 
@@ -99,7 +99,7 @@ def test_the_snapshot_and_the_log_travel_over_the_group_and_nothing_over_http(so
     src = source(token=token)
     checksum, client, seen, manifest = fetch(src["address"], channel(), token)
     assert checksum == src["checksum"]
-    assert len(manifest.chunk_crc32) >= 4 and len(seen) == len(manifest.chunk_crc32)
+    assert len(manifest.chunk_xxh3) >= 4 and len(seen) == len(manifest.chunk_xxh3)
     assert data_requests(client) == [] and log_requests(client) == [True]
     assert client.transport == "distributed (gloo)"
 

@@ -155,7 +155,7 @@ def test_snapshot_round_trip_gives_the_same_state(source):
     assert (manifest.step, manifest.structure_hash, manifest.replica_id) == (1, 42, "r0")
     seen = []
     data = client.fetch(manifest, progress=seen.append)
-    assert seen[-1] == manifest.total_bytes and len(seen) == len(manifest.chunk_crc32)
+    assert seen[-1] == manifest.total_bytes and len(seen) == len(manifest.chunk_xxh3)
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -235,7 +235,7 @@ def test_a_source_that_breaks_off_is_given_up():
     threading.Thread(target=serve, daemon=True).start()
     from fthsdp.protos.v1 import catchup_pb2 as cpb
 
-    manifest = cpb.SnapshotManifest(step=1, total_bytes=8192, chunk_bytes=4096, chunk_crc32=[0, 0])
+    manifest = cpb.SnapshotManifest(step=1, total_bytes=8192, chunk_bytes=4096, chunk_xxh3=[0, 0])
     client = SourceClient(f"127.0.0.1:{listener.getsockname()[1]}", attempts=2, timeout=5)
     with pytest.raises(SourceUnavailable, match="2 attempts"):
         client.fetch(manifest)
@@ -366,3 +366,22 @@ def test_a_pinned_source_with_another_certificate_is_refused(source, certs, join
         with pytest.raises(WrongCertificate, match=f"fingerprint {fingerprint}, not {other}"):
             SourceClient(src.server.address, token="t", tls=pinned, fingerprint=other).request_snapshot(wait=1)
     assert not src.source.wanted and src.source.held == []
+
+
+def test_chunks_and_log_entries_are_checked_in_the_digest_their_source_sent():
+    """XXH3-64 from this version's sources; CRC-32 from a source before it (a replica restarted on a
+    newer image catches up from members still on the older one)."""
+    import zlib
+
+    from fthsdp.agent.training.catchup.client import chunk_digests, entry_intact
+    from fthsdp.agent.training.state.checksum import digest64
+    from fthsdp.protos.v1 import catchup_pb2 as cpb
+
+    data = memoryview(bytes(range(256)) * 64)
+    bad = memoryview(bytes(data[:-1]) + b"\x00")
+    for manifest, kind in ((cpb.SnapshotManifest(chunk_xxh3=[digest64(data)]), "xxh3"),
+                           (cpb.SnapshotManifest(chunk_crc32=[zlib.crc32(data)]), "crc32")):
+        digest, expected = chunk_digests(manifest)
+        assert digest(data) == expected[0] and digest(bad) != expected[0], kind
+    for entry in (cpb.LogEntry(numel=1, xxh3=digest64(data)), cpb.LogEntry(numel=1, crc32=zlib.crc32(data))):
+        assert entry_intact(entry, data) and not entry_intact(entry, bad), entry

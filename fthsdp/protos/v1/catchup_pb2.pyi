@@ -21,7 +21,7 @@ class TensorMeta(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., sharded: _Optional[bool] = ...) -> None: ...
 
 class SnapshotManifest(_message.Message):
-    __slots__ = ("step", "replica_id", "shard_rank", "skeleton_json", "tensors", "total_bytes", "chunk_bytes", "chunk_crc32", "structure_hash")
+    __slots__ = ("step", "replica_id", "shard_rank", "skeleton_json", "tensors", "total_bytes", "chunk_bytes", "chunk_crc32", "structure_hash", "chunk_xxh3")
     STEP_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class SnapshotManifest(_message.Message):
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_CRC32_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_HASH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_XXH3_FIELD_NUMBER: _ClassVar[int]
     step: int
     replica_id: str
     shard_rank: int
@@ -40,10 +41,11 @@ class SnapshotManifest(_message.Message):
     chunk_bytes: int
     chunk_crc32: _containers.RepeatedScalarFieldContainer[int]
     structure_hash: int
-    def __init__(self, step: _Optional[int] = ..., replica_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., skeleton_json: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., structure_hash: _Optional[int] = ...) -> None: ...
+    chunk_xxh3: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step: _Optional[int] = ..., replica_id: _Optional[str] = ..., shard_rank: _Optional[int] = ..., skeleton_json: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_crc32: _Optional[_Iterable[int]] = ..., structure_hash: _Optional[int] = ..., chunk_xxh3: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LogEntry(_message.Message):
-    __slots__ = ("step", "contributors", "quorum_id", "hyperparams_json", "dtype", "numel", "crc32", "checksum_after", "inputs", "part_checksums_json")
+    __slots__ = ("step", "contributors", "quorum_id", "hyperparams_json", "dtype", "numel", "crc32", "checksum_after", "inputs", "part_checksums_json", "xxh3")
     STEP_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +56,7 @@ class LogEntry(_message.Message):
     CHECKSUM_AFTER_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     PART_CHECKSUMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    XXH3_FIELD_NUMBER: _ClassVar[int]
     step: int
     contributors: int
     quorum_id: int
@@ -64,7 +67,8 @@ class LogEntry(_message.Message):
     checksum_after: str
     inputs: StateBlob
     part_checksums_json: str
-    def __init__(self, step: _Optional[int] = ..., contributors: _Optional[int] = ..., quorum_id: _Optional[int] = ..., hyperparams_json: _Optional[str] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., crc32: _Optional[int] = ..., checksum_after: _Optional[str] = ..., inputs: _Optional[_Union[StateBlob, _Mapping]] = ..., part_checksums_json: _Optional[str] = ...) -> None: ...
+    xxh3: int
+    def __init__(self, step: _Optional[int] = ..., contributors: _Optional[int] = ..., quorum_id: _Optional[int] = ..., hyperparams_json: _Optional[str] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., crc32: _Optional[int] = ..., checksum_after: _Optional[str] = ..., inputs: _Optional[_Union[StateBlob, _Mapping]] = ..., part_checksums_json: _Optional[str] = ..., xxh3: _Optional[int] = ...) -> None: ...
 
 class StateBlob(_message.Message):
     __slots__ = ("skeleton_json", "tensors", "data")

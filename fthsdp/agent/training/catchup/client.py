@@ -2,7 +2,7 @@
 
 ``SourceClient`` talks to one rank of the source replica over one keep-alive
 HTTP connection. A snapshot is read straight into one host buffer, chunk by
-chunk; each chunk is checked against the manifest's CRC-32, and a broken
+chunk; each chunk is checked against the manifest's digest (XXH3-64), and a broken
 connection or a bad chunk resumes with a ``Range`` request from the first
 chunk not yet verified, up to ``attempts`` times, before the source is given
 up (``SourceUnavailable``: the caller moves to another source).
@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,6 +39,7 @@ from fthsdp.agent.training.catchup.group import (
     chunks_of,
     piece_bytes,
 )
+from fthsdp.agent.training.state.checksum import digest64
 from fthsdp.agent.training.state.codec import dtype_from_name
 from fthsdp.core.errors import FthsdpError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
@@ -83,6 +84,21 @@ class _PinnedConnection(http.client.HTTPSConnection):
             self.close()
             raise WrongCertificate(f"catch-up source {self.host}:{self.port} presented a certificate with "
                                    f"fingerprint {got}, not {self._pin} as the coordinator named it: refused")
+
+
+def chunk_digests(manifest: cpb.SnapshotManifest) -> tuple[Callable[[memoryview], int], Sequence[int]]:
+    """How a snapshot's chunks are checked: each one's XXH3-64, or its CRC-32
+    from a source older than XXH3 (fthsdp/protos/v1/catchup.proto)."""
+    if manifest.chunk_xxh3 or not manifest.chunk_crc32:
+        return digest64, manifest.chunk_xxh3
+    return zlib.crc32, manifest.chunk_crc32
+
+
+def entry_intact(entry: cpb.LogEntry, view: memoryview) -> bool:
+    """A logged sum's bytes match the digest its source sent (XXH3-64, or an older source's CRC-32)."""
+    if entry.xxh3 or not entry.crc32:
+        return digest64(view) == entry.xxh3
+    return zlib.crc32(view) == entry.crc32
 
 
 def _read_exact(response: http.client.HTTPResponse, view: memoryview) -> None:
@@ -273,8 +289,9 @@ class SourceClient:
         fresh one is allocated otherwise)."""
         total, size = manifest.total_bytes, manifest.chunk_bytes
         chunks = (total + size - 1) // size if size > 0 else 0
-        if size <= 0 or len(manifest.chunk_crc32) != chunks:
-            raise CatchUpError(f"malformed manifest: {len(manifest.chunk_crc32)} CRCs for {chunks} chunks")
+        digest, expected = chunk_digests(manifest)
+        if size <= 0 or len(expected) != chunks:
+            raise CatchUpError(f"malformed manifest: {len(expected)} chunk digests for {chunks} chunks")
         data = torch.empty(total, dtype=torch.uint8) if out is None else out
         if data.dtype != torch.uint8 or data.numel() != total or not data.is_contiguous():
             raise ValueError(f"out must be a contiguous uint8 tensor of {total} bytes")
@@ -282,8 +299,8 @@ class SourceClient:
         done, failures = 0, 0  # ``done``: chunks received *and* verified
         if self._channel is not None and chunks:
             done = self._fetch_over_group(manifest, data, progress)
-        # Each chunk's CRC is checked on a helper thread while the next one is
-        # received (zlib and the socket both release the GIL), so the check
+        # Each chunk's digest is checked on a helper thread while the next one is
+        # received (xxhash and the socket both release the GIL), so the check
         # costs little of the transfer's time.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fthsdp-crc") as checker:
             while done < chunks:
@@ -300,13 +317,13 @@ class SourceClient:
                         if received < chunks:
                             chunk = view[received * size : min(total, (received + 1) * size)]
                             _read_exact(response, chunk)
-                            pending.append((received, checker.submit(zlib.crc32, chunk)))
+                            pending.append((received, checker.submit(digest, chunk)))
                             received += 1
                         if pending and (received == chunks or len(pending) > 1):
                             index, crc = pending.popleft()
-                            if crc.result() != manifest.chunk_crc32[index]:
+                            if crc.result() != expected[index]:
                                 raise _BadChunk(
-                                    f"chunk {index} of the snapshot of step {manifest.step} failed its CRC check"
+                                    f"chunk {index} of the snapshot of step {manifest.step} failed its digest check"
                                 )
                             done = index + 1
                             progress(min(total, done * size))
@@ -324,13 +341,14 @@ class SourceClient:
 
     def _fetch_over_group(self, manifest: cpb.SnapshotManifest, data: torch.Tensor,
                           progress: Callable[[int], None]) -> int:
-        """The snapshot's chunks over the session, each CRC-checked; returns
+        """The snapshot's chunks over the session, each digest-checked; returns
         how many arrived intact (all, or fewer: HTTP goes on from there)."""
         session = self._group_session()
         if session is None:
             return 0
         view = data.numpy().data.cast("B")
         size = manifest.chunk_bytes
+        digest, expected = chunk_digests(manifest)
         asked: list[BaseException] = []
 
         def ask() -> None:
@@ -345,7 +363,7 @@ class SourceClient:
         verified, checks = 0, collections.deque[tuple[int, concurrent.futures.Future]]()
         finished = False
         try:
-            # Each chunk's CRC is checked on a helper thread while the next one arrives.
+            # Each chunk's digest is checked on a helper thread while the next one arrives.
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fthsdp-crc") as checker:
                 try:
                     pieces = chunks_of(data, piece_bytes(size))
@@ -354,7 +372,7 @@ class SourceClient:
                         if (index + 1) % per and index + 1 < len(pieces):
                             continue  # the chunk is not complete yet
                         c = index // per
-                        checks.append((c, checker.submit(zlib.crc32, view[c * size : (c + 1) * size])))
+                        checks.append((c, checker.submit(digest, view[c * size : (c + 1) * size])))
                         verified = self._checked(checks, 1, manifest, progress, verified)
                 finally:  # what did arrive counts, also when the rest did not
                     verified = self._checked(checks, 0, manifest, progress, verified)
@@ -364,18 +382,18 @@ class SourceClient:
         finally:
             if not finished and self._session is not None:
                 self._fall_back(RuntimeError("the transfer was left"))  # a drain: the group is out of step
-        thread.join(self._timeout if verified == len(manifest.chunk_crc32) else 1.0)
+        thread.join(self._timeout if verified == len(expected) else 1.0)
         return verified
 
     @staticmethod
     def _checked(checks: collections.deque, keep: int, manifest: cpb.SnapshotManifest,
                  progress: Callable[[int], None], verified: int) -> int:
-        """Take the CRC results in order, leaving the newest ``keep`` to run on."""
+        """Take the digest checks' results in order, leaving the newest ``keep`` to run on."""
         while len(checks) > keep:
             index, crc = checks.popleft()
-            if crc.result() != manifest.chunk_crc32[index]:
+            if crc.result() != chunk_digests(manifest)[1][index]:
                 checks.clear()  # nothing after a bad chunk counts
-                raise _BadChunk(f"chunk {index} of the snapshot of step {manifest.step} failed its CRC check")
+                raise _BadChunk(f"chunk {index} of the snapshot of step {manifest.step} failed its digest check")
             verified = index + 1
             progress(min(manifest.total_bytes, verified * manifest.chunk_bytes))
         return verified
@@ -405,8 +423,8 @@ class SourceClient:
                 view = data.numpy().data.cast("B")
                 if session is None:
                     _read_exact(response, view)
-                if entry.numel and zlib.crc32(view) != entry.crc32:
-                    raise _BadChunk(f"log entry of step {entry.step} failed its CRC check")
+                if entry.numel and not entry_intact(entry, view):
+                    raise _BadChunk(f"log entry of step {entry.step} failed its digest check")
         except (GroupTransferError, _BadChunk) as e:
             if session is None:
                 self._disconnect()

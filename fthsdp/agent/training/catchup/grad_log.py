@@ -22,11 +22,11 @@ import dataclasses
 import json
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping
 
 import torch
 
+from fthsdp.agent.training.state.checksum import digest64
 from fthsdp.agent.training.state.codec import dtype_name
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 
@@ -46,11 +46,11 @@ class Record:
         return self.data.numel() * self.data.element_size()
 
     def payload(self) -> memoryview:
-        """The raw bytes, on the host; the CRC is computed on first use."""
+        """The raw bytes, on the host; their digest is computed on first use."""
         data = self.data if self.data.device.type == "cpu" else self.data.cpu()
         view = data.contiguous().view(torch.uint8).numpy().data.cast("B")
-        if not self.entry.crc32 and self.entry.numel:
-            self.entry.crc32 = zlib.crc32(view)
+        if not self.entry.xxh3 and self.entry.numel:
+            self.entry.xxh3 = digest64(view)
         return view
 
 

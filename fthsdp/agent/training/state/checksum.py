@@ -28,6 +28,11 @@ HASHES = ("xxh3", "crc32")
 """The kinds a checksum can be computed in: the current one, and CRC-32 for older checkpoints' records."""
 
 
+def digest64(data) -> int:
+    """XXH3-64 of one buffer: a catch-up chunk, a logged step's sum (their wire fields ``chunk_xxh3``, ``xxh3``)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
 class Chain:
     """A running 32-bit hash of a sequence of buffers, started from ``start``
     (the value of what came before): XXH3-64 seeded with it, its low 32 bits;

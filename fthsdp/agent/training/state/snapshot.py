@@ -16,7 +16,7 @@ copy is normally long done. On a GPU the copy goes to pinned host memory on
 a side stream, and the training stream waits on an event instead of the host
 (55 GB/s pinned device-to-host on an H200). Module buffers (batch-norm
 statistics, which the forward pass changes) and RNG states are copied at the
-boundary itself; they are small. Chunk CRC-32s are computed afterwards from
+boundary itself; they are small. Chunk digests (XXH3-64) are computed afterwards from
 the host copy, off the training thread.
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 
 import torch
 
+from fthsdp.agent.training.state.checksum import digest64
 from fthsdp.agent.training.state.codec import (
     StateCodecError,
     dtype_from_name,
@@ -150,7 +150,7 @@ class Snapshot:
         self._host_tensors_copied = threading.Event()
         """Set once the CPU tensors are copied (the CUDA ones are ordered by ``_cuda_event``)."""
         self.ready = threading.Event()
-        """Set once the manifest is complete (chunk CRCs) and bytes can be served."""
+        """Set once the manifest is complete (chunk digests) and bytes can be served."""
         self.error: BaseException | None = None
         self.last_used = time.monotonic()
         self._cuda_event: torch.cuda.Event | None = None
@@ -195,9 +195,7 @@ class Snapshot:
             self.data_copied.set()
             data = self.buffer.numpy().data
             size = self.manifest.chunk_bytes
-            self.manifest.chunk_crc32.extend(
-                zlib.crc32(data[i : i + size]) for i in range(0, self.total_bytes, size)
-            )
+            self.manifest.chunk_xxh3.extend(digest64(data[i : i + size]) for i in range(0, self.total_bytes, size))
         except BaseException as e:  # noqa: BLE001 - handed to the waiters
             self.error = e
             self._host_tensors_copied.set()
