@@ -373,9 +373,9 @@ class SourceClient:
                             continue  # the chunk is not complete yet
                         c = index // per
                         checks.append((c, checker.submit(digest, view[c * size : (c + 1) * size])))
-                        verified = self._checked(checks, 1, manifest, progress, verified)
+                        verified = self._checked(checks, 1, manifest, expected, progress, verified)
                 finally:  # what did arrive counts, also when the rest did not
-                    verified = self._checked(checks, 0, manifest, progress, verified)
+                    verified = self._checked(checks, 0, manifest, expected, progress, verified)
             finished = True
         except (GroupTransferError, _BadChunk) as e:
             self._fall_back(asked[0] if asked else e)
@@ -386,12 +386,12 @@ class SourceClient:
         return verified
 
     @staticmethod
-    def _checked(checks: collections.deque, keep: int, manifest: cpb.SnapshotManifest,
+    def _checked(checks: collections.deque, keep: int, manifest: cpb.SnapshotManifest, expected: Sequence[int],
                  progress: Callable[[int], None], verified: int) -> int:
         """Take the digest checks' results in order, leaving the newest ``keep`` to run on."""
         while len(checks) > keep:
             index, crc = checks.popleft()
-            if crc.result() != chunk_digests(manifest)[1][index]:
+            if crc.result() != expected[index]:
                 checks.clear()  # nothing after a bad chunk counts
                 raise _BadChunk(f"chunk {index} of the snapshot of step {manifest.step} failed its digest check")
             verified = index + 1
