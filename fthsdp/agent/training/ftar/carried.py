@@ -9,6 +9,8 @@ all-reduce, and the growth proposals in flight.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 
@@ -101,9 +103,9 @@ class StepMemory:
 
     # ----- growth: the agreed switch -------------------------------------------------
 
-    def switch_from_slots(self, group: QuorumGroup, summed: torch.Tensor) -> None:
-        """The proposals carried in the data all-reduce (see CONTROL_SLOTS)."""
-        total, squares = (int(round(float(x))) for x in summed[:2])
+    def switch_from_slots(self, group: QuorumGroup, summed: Sequence[float]) -> None:
+        """The proposals carried in the data all-reduce (see CONTROL_SLOTS), as read to the host."""
+        total, squares = (int(round(x)) for x in summed[:2])
         self.groups.agree_switch(slot_switch(group.quorum_id, group.size, total, squares))
 
     def start_control(self, group: QuorumGroup, p: int):

@@ -43,11 +43,17 @@ _EXACT_SLOT_DTYPES = (torch.float32, torch.float64)
 """Where the switch proposals ride in the data all-reduce (CONTROL_SLOTS): exact there."""
 
 
-def held_sum(full: torch.Tensor, numel: int, contributors: int, quorum_id: int, step: int, control_slots: bool,
+def read_slots(full: torch.Tensor, numel: int, control_slots: bool) -> tuple[float, ...]:
+    """The summed control slots after ``numel`` elements, read to the host in one copy
+    (on a GPU each element read on its own would be a synchronization of its own); () without slots."""
+    return tuple(full[numel:].tolist()) if control_slots else ()
+
+
+def held_sum(full: torch.Tensor, numel: int, slots: tuple[float, ...], contributors: int, quorum_id: int, step: int,
              overlapped: int) -> StepResult:
-    """The complete sum in ``full`` (its control slots after ``numel`` elements), undecided."""
-    wanted = control_slots and float(full[numel + CHECKPOINT_SLOT]) > 0
-    return StepResult(full[:numel] if control_slots else full, contributors, quorum_id, 0, step, wanted, overlapped)
+    """The complete sum in ``full`` (``slots``: its control slots after ``numel`` elements, as read), undecided."""
+    wanted = bool(slots) and slots[CHECKPOINT_SLOT] > 0
+    return StepResult(full[:numel] if slots else full, contributors, quorum_id, 0, step, wanted, overlapped)
 
 
 class StepRun:
@@ -83,7 +89,7 @@ class StepRun:
         """The complete sum of the step this member holds, not decided yet (fthsdp/agent/training/ftar/vote.py)."""
         self.held_full: torch.Tensor | None = None
         """The tensor ``held`` is a view of, with the control slots."""
-        self.slots_of_held: torch.Tensor | None = None
+        self.slots_of_held: tuple[float, ...] | None = None
         """The data all-reduce's summed proposals, applied once the sum is decided."""
         self.result: StepResult | None = None
 
@@ -189,7 +195,8 @@ class StepRun:
         contributors = ftar.contributors_next or group.size
         ftar.contributors_next = None  # every member contributes from the next step on
         ftar.first_contributor = 0
-        if pre is not None and self.ask.control_slots and float(buf[self.numel + STALE_SLOT]) > 0:
+        slots = read_slots(buf, self.numel, self.ask.control_slots)
+        if pre is not None and slots and slots[STALE_SLOT] > 0:
             # A member's buckets carried a gradient that changed afterwards: all sum again.
             log.debug("quorum %d: step %d summed again (a gradient changed after its bucket left)",
                       group.quorum_id, self.step)
@@ -197,11 +204,11 @@ class StepRun:
                 ftar.controls.append(control)
             return PhaseEnd.STALE
         if self.slots:
-            self.slots_of_held = buf[self.numel :]
+            self.slots_of_held = slots
         else:
             assert control is not None  # started when the proposal has no slots
             ftar.controls.append(control)
-        self.held = held_sum(buf, self.numel, contributors, group.quorum_id, self.step, self.ask.control_slots,
+        self.held = held_sum(buf, self.numel, slots, contributors, group.quorum_id, self.step,
                              pre.in_backward if pre is not None else 0)
         self.held_full = buf
         return PhaseEnd.COMPLETED
@@ -234,8 +241,8 @@ class StepRun:
         # The sum of the holders' quorum, decided by this group's vote: its quorum id is this
         # group's (a checkpoint's shares are split by the deciders).
         holder = AgreeRow(*(int(x) for x in self.rows[root]))
-        self.held = held_sum(taken, self.numel, holder.held_contributors, group.quorum_id, self.step,
-                             self.ask.control_slots, 0)
+        self.held = held_sum(taken, self.numel, read_slots(taken, self.numel, self.ask.control_slots),
+                             holder.held_contributors, group.quorum_id, self.step, 0)
         self.held_full, self.slots_of_held = taken, None
         return PhaseEnd.COMPLETED
 
