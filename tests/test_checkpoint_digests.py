@@ -18,8 +18,9 @@ import torch
 import xxhash
 
 from fthsdp.agent.training.checkpoint import digests, layout
+from fthsdp.agent.training.checkpoint.errors import CheckpointError
 from fthsdp.agent.training.checkpoint.restore import load
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, read_checkpoint, seal, verify_files
+from fthsdp.agent.training.checkpoint.seal import read_checkpoint, seal, verify_files
 from tests.test_checkpoint_files import JOB, STEP, STRUCTURE, fresh, trained, write_checkpoint
 
 

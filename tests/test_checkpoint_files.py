@@ -17,8 +17,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from fthsdp.agent.training.checkpoint import layout
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.checkpoint.restore import load
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded, missing_shares, read_checkpoint, seal
+from fthsdp.agent.training.checkpoint.seal import missing_shares, read_checkpoint, seal
 from fthsdp.agent.training.checkpoint.share import ShareSpec, stage, write
 from fthsdp.agent.training.state.train_state import TrainState
 

@@ -25,7 +25,7 @@ from fthsdp.agent.training.catchup.client import CatchUpError
 from fthsdp.agent.training.catchup.join_session import Joined, JoinEnd, join_quorum
 from fthsdp.agent.training.catchup.joiner import Joiner, StateTorn
 from fthsdp.agent.training.catchup.replay import ReplayMismatch
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.lifecycle import Lifecycle
 from fthsdp.agent.training.session.replica_group import ReplicaGroup

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.checkpoint.restoring import restore_group, resume_newest
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.state.checksum import STATE_HASH
 

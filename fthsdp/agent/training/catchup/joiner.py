@@ -48,8 +48,8 @@ from fthsdp.agent.training.catchup.client import CatchUpError, SourceClient
 from fthsdp.agent.training.catchup.join_plan import RETRY_SAME_SOURCE_AFTER, JoinPlan, PlanKind, Restore, plan_for
 from fthsdp.agent.training.catchup.replay import ReplayMismatch
 from fthsdp.agent.training.catchup.report import CatchUpReport
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.checkpoint.restoring import restore_group
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.quorum_view import QuorumView
 from fthsdp.agent.training.session.job_finished import JobFinished
 from fthsdp.agent.training.session.lifecycle import Lifecycle

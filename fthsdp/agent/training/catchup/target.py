@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from fthsdp.agent.training.catchup.replay import Replayer, combine_hex
-from fthsdp.agent.training.checkpoint import restore as checkpoint_restore
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded, read_checkpoint
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.session.report import Reporting
 from fthsdp.agent.training.state.checksum import HASHES, STATE_HASH
@@ -62,6 +61,11 @@ class CatchUpTarget:
         none). CheckpointError when it is refused; PartlyLoaded when part of
         it was loaded into the state first (fthsdp/agent/training/checkpoint/restore.py),
         or the state itself did not fit: the state is then to be replaced whole."""
+        # Here, not at the top: torch.distributed.checkpoint loads only where a checkpoint is read
+        # (fthsdp/agent/training/checkpoint/errors.py).
+        from fthsdp.agent.training.checkpoint import restore as checkpoint_restore
+        from fthsdp.agent.training.checkpoint.seal import read_checkpoint
+
         folder = Path(path)
         record = read_checkpoint(folder, job=self._job, structure=self._structure, digest=digest)
         # A checkpoint written before the kind was recorded has a CRC-32 (fthsdp/agent/training/state/checksum.py).

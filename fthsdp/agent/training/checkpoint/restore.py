@@ -26,7 +26,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fthsdp.agent.training.checkpoint import dcp_metadata, digests, layout
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded, verify_files, verify_shares
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
+from fthsdp.agent.training.checkpoint.seal import verify_files, verify_shares
 from fthsdp.agent.training.checkpoint.share import per_rank
 from fthsdp.agent.training.state.codec import StateCodecError, flatten_named, is_dtensor, local, unflatten
 

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from fthsdp.agent.training.checkpoint.restore import newest_complete
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, PartlyLoaded
+from fthsdp.agent.training.checkpoint.errors import CheckpointError, PartlyLoaded
 from fthsdp.agent.training.session.replica_group import ReplicaGroup
 from fthsdp.agent.training.state.checksum import HASHES, STATE_HASH
 
@@ -72,6 +71,10 @@ def resume_newest(target: Restorable, group: ReplicaGroup, root: Path, job: str,
     loads (rank 0 names each one to try), if ``job_is_new()`` (asked on rank
     0: a job that has trained already is caught up from, not resumed);
     returns its step, or None if none was loaded."""
+    # Here, not at the top: torch.distributed.checkpoint loads only where a checkpoint is read
+    # (fthsdp/agent/training/checkpoint/errors.py).
+    from fthsdp.agent.training.checkpoint.restore import newest_complete
+
     names: object = None
     if group.rank == 0:
         if job_is_new():

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fthsdp.agent.training.checkpoint import layout
-from fthsdp.agent.training.checkpoint.seal import CheckpointError, Sealed, missing_shares, seal, skipped_shares
+from fthsdp.agent.training.checkpoint.errors import CheckpointError
+from fthsdp.agent.training.checkpoint.seal import Sealed, missing_shares, seal, skipped_shares
 from fthsdp.agent.training.checkpoint.share import ShareSpec, StagingBuffers, stage, write
 from fthsdp.core.every import Every
 

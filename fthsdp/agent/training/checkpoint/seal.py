@@ -16,18 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fthsdp.agent.training.checkpoint import dcp_metadata, digests, layout
-from fthsdp.core.errors import FthsdpError
-
-
-class CheckpointError(FthsdpError):
-    """A checkpoint that is incomplete, corrupt, or of another job or model."""
-
-
-class PartlyLoaded(CheckpointError):
-    """A checkpoint refused after some of it was loaded into the state (a
-    corrupt block found while DCP read, in place; the loaded state's checksum
-    not the recorded one): the state is neither the one before nor the
-    checkpoint's, and is to be replaced whole before it trains."""
+from fthsdp.agent.training.checkpoint.errors import CheckpointError
 
 
 @dataclass(frozen=True)

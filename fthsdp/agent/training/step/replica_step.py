@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.profiler import record_function
@@ -38,9 +39,6 @@ from fthsdp.agent.training.catchup.report import CatchUpReport
 from fthsdp.agent.training.catchup.source import ServedState
 from fthsdp.agent.training.catchup.target import CatchUpTarget
 from fthsdp.agent.training.checkpoint.restoring import resume_newest
-from fthsdp.agent.training.checkpoint.saver import Saver
-from fthsdp.agent.training.checkpoint.seal import Sealed
-from fthsdp.agent.training.checkpoint.share import ShareSpec
 from fthsdp.agent.training.config import ManagerConfig
 from fthsdp.agent.training.ftar.allreduce import CONTROL_SLOTS, FTAR, StepResult, StepSum
 from fthsdp.agent.training.ftar.buffer_pool import BufferPool
@@ -61,6 +59,10 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import Evicted, FtarError
 from fthsdp.protos.v1 import catchup_pb2 as cpb
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from fthsdp.agent.training.checkpoint.saver import Saver
+    from fthsdp.agent.training.checkpoint.seal import Sealed
 
 log = logging.getLogger("fthsdp.agent.manager")
 
@@ -114,6 +116,10 @@ class ReplicaStep:
         self._saver: Saver | None = None
         """Periodic checkpoints (fthsdp/agent/training/checkpoint/saver.py); None: none configured."""
         if config.checkpoint_dir and not config.checkpoint_every.never:
+            # Here, not at the top: torch.distributed.checkpoint loads only where checkpoints are written
+            # (fthsdp/agent/training/checkpoint/errors.py).
+            from fthsdp.agent.training.checkpoint.saver import Saver
+
             self._saver = Saver(Path(config.checkpoint_dir).resolve(), config.job, every=config.checkpoint_every,
                                 keep=config.checkpoint_keep, seal_timeout=max(60.0, config.timeout),
                                 on_sealed=self._sealed, now=time.monotonic())
@@ -364,6 +370,8 @@ class ReplicaStep:
         writes one, by its place in it. A member only gets here with a step it
         committed, so its share is of that decision; one that committed the
         step in another quorum writes a share the sealer never merges with these."""
+        from fthsdp.agent.training.checkpoint.share import ShareSpec  # loaded with the saver (__init__)
+
         assert self._saver is not None
         place = participation(self._link.view, quorum_id, False)
         spec = ShareSpec(self.config.job, step, self._structure, quorum_id, place.index, place.count,
