@@ -35,6 +35,19 @@ def test_every_public_name_imports_and_importing_fthsdp_loads_no_torch():
     assert fthsdp.Manager.__module__ == "fthsdp.agent.training.manager"
 
 
+def test_the_training_api_loads_torch_distributed_checkpoint_only_for_checkpoints():
+    """Every rank imports the Manager at start; DCP (with DTensor and sympy) costs it about half a second of CPU,
+    so it loads where a checkpoint is written or read (fthsdp/agent/training/checkpoint/errors.py)."""
+    code = ("import sys; from fthsdp import Manager; "
+            "heavy = sorted(m for m in sys.modules if m.startswith(('torch.distributed.checkpoint', 'sympy'))); "
+            "assert not heavy, heavy; "
+            "import fthsdp.agent.training.checkpoint.saver, fthsdp.agent.training.checkpoint.restore; "
+            "assert 'torch.distributed.checkpoint' in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name, restartable", [
     ("Evicted", True), ("FtarTimeout", True), ("CatchUpFailed", True),
     ("StateNotHeld", False), ("ApiMisuse", False), ("FtarError", False), ("ConfigError", False),
