@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from fthsdp.testing.local_etcd import EtcdNotFound, EtcdServer
+from tests.harness.ending import end_started, spawning_for
 
 
 def _started_etcd() -> EtcdServer:
@@ -60,3 +61,17 @@ def key_prefix() -> Iterator[str]:
 # Fixtures shared by several test modules (the catch-up ``cluster``, ``token_file``):
 # registered here so tests take them as arguments instead of importing them.
 pytest_plugins = ["tests.harness.fixtures"]
+
+
+# --- the end of a test: what it started is killed, not stopped (tests/harness/ending.py) ---
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    with spawning_for(fixturedef.scope):
+        return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    end_started()

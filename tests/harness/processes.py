@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from fthsdp.demo.record import json_objects
+from tests.harness.ending import started
 
 ROOT = Path(__file__).resolve().parents[2]
 CROSS_REPLICA_GROUPS = os.environ.get("TEST_CROSS_REPLICA_GROUPS", "auto")
@@ -55,6 +56,7 @@ class _Process:
         self.proc = subprocess.Popen(
             self.argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=self._log, text=True
         )
+        started(self.proc)
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
 
     def _pump(self, proc: subprocess.Popen) -> None:
@@ -198,6 +200,7 @@ class WorkerProcess(_Process):
         self.proc = subprocess.Popen(
             self.argv, cwd=ROOT, env={**_env(), **self.env}, stdout=subprocess.PIPE, stderr=self._log, text=True
         )
+        started(self.proc)
         self._pumper = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
         self._pumper.start()
 
