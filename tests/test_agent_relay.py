@@ -29,6 +29,7 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.config import CoordinatorConfig
 from fthsdp.core.errors import RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.ending import end_started
 from tests.harness.hsdp import hsdp_agent
 from tests.harness.inprocess import JOB_TOKEN, InProcessCoordinator
 from tests.harness.processes import CoordinatorProcess
@@ -198,9 +199,7 @@ def test_ranks_under_the_agent_hold_no_connection_to_the_coordinator(tmp_path):
                    message=f"one connection per agent {expected} (ranks: {ranks})")
         assert not set(coordinator_peers(c.port)) & set().union(*ranks.values())
     finally:
-        for a in agents:
-            a.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
 
 
 # ----- the ranks' pings, coalesced --------------------------------------------------------

@@ -15,6 +15,7 @@ from fthsdp.client import CoordinatorClient
 from fthsdp.core.errors import RequestRejected
 from fthsdp.protos.v1 import coordinator_pb2 as pb
 from tests.harness.cli import fthsdp, one_line_error
+from tests.harness.ending import end_started
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 
 TOKEN = "s3cret-token-0123456789"
@@ -109,5 +110,4 @@ def test_an_agent_and_its_ranks_train_and_catch_up_with_the_token(secured, tmp_p
             r1 = {r.replica_id: r for r in client.status().replicas}["r1"]
         assert r1.restart_count == 1 and r1.agent_state != pb.AGENT_STATE_UNSPECIFIED
     finally:
-        for a in agents:
-            a.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)

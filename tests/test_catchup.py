@@ -18,6 +18,7 @@ import pytest
 from fthsdp.agent.training.transport import reconfigure
 from fthsdp.client import CoordinatorClient
 from fthsdp.coordinator.decisions.status_view import STATE_NAMES
+from tests.harness.ending import end_started
 from tests.harness.fixtures import FOREVER
 from tests.harness.processes import CROSS_REPLICA_GROUPS, AgentProcess
 from tests.harness.replicas import SLOW, assert_same_state_after_rejoin, members, status_of, wait_transfer_started
@@ -201,7 +202,6 @@ def test_fsdp2_replica_group_catches_up_shard_by_shard(cluster, tmp_path):
                          env={"FTHSDP_CATCH_UP_MAX_RATE": str(1 << 20)}).start()
         groups.append(a)
     a0, a1 = groups
-    cluster_procs = groups  # stopped below; the fixture stops the coordinator
     pids = {}
     a1.read_until(lambda line: "rank" in line and pids.update({line["rank"]: line["pid"]}) is None and len(pids) == 2)
     rank1 = {"pid": pids[1]}
@@ -222,8 +222,7 @@ def test_fsdp2_replica_group_catches_up_shard_by_shard(cluster, tmp_path):
         a1.read_until(lambda line: line.get("rank") == 0 and line["pid"] != pids[0], timeout=30)
         assert_same_state_after_rejoin(a1, a0)
     finally:
-        for a in reversed(cluster_procs):
-            a.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
 
 
 def test_warm_standby_takes_over_and_catches_up(cluster):

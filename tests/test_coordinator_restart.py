@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from tests.harness.ending import end_started
 from tests.harness.etcd import HEARTBEAT_TIMEOUT, LEADS, committed_stored
 from tests.harness.processes import AgentProcess
 from tests.harness.soak import Watched
@@ -131,10 +132,9 @@ def run_case(tmp_path, etcd_url: str, followers: int, restart_sec: float, fault=
             assert "RUNNING -> FAILED" not in watched[rid].agent.log_path.read_text(errors="replace")
         return result
     finally:
-        for a in agents:
-            a.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
         for c in coordinators:
-            c.stop()
+            c.stop()  # supervised: stopped by its supervisor, which would start it again
 
 
 @pytest.mark.timeout(180)

@@ -19,6 +19,7 @@ from datetime import datetime
 
 import pytest
 
+from tests.harness.ending import end_started
 from tests.harness.etcd import HEARTBEAT_TIMEOUT, LEADS, committed_stored
 from tests.harness.processes import AgentProcess
 from tests.harness.soak import Watched
@@ -101,6 +102,5 @@ def test_a_supervised_coordinator_restarted_takes_over_from_its_dead_self_at_onc
         for rid in survivors:
             assert watched[rid].incarnations == 1, f"{rid} was restarted"
     finally:
-        for a in agents:
-            a.stop()
-        coordinator.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
+        coordinator.stop()  # supervised: stopped by its supervisor, which would start it again

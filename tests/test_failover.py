@@ -9,6 +9,7 @@ import uuid
 
 from fthsdp.client import CoordinatorClient
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.ending import end_started
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 from tests.harness.waiting import wait_until
 
@@ -66,7 +67,4 @@ def test_leader_killed_the_other_takes_over_and_training_goes_on(tmp_path, etcd_
         assert s.quorum.id == quorum and sorted(m.replica_id for m in s.quorum.members) == ["r0", "r1"]
         assert {r.replica_id: r.state for r in s.replicas} == {"r0": 2, "r1": 2}  # both healthy again
     finally:
-        for a in agents:
-            a.stop()
-        for c in coordinators:
-            c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)

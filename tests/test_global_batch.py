@@ -18,6 +18,7 @@ import pytest
 from fthsdp.agent.training.quorum_view import KEEP_PLACES, QuorumView
 from fthsdp.agent.training.session.participation import Participation, participation
 from fthsdp.protos.v1 import coordinator_pb2 as pb
+from tests.harness.ending import end_started
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,9 +100,7 @@ def test_a_global_batch_smaller_than_the_replicas_says_so(tmp_path):
         assert "--global-batch 1 leaves no sample for each of 2 replicas" in logs, logs
         assert "Traceback" not in logs
     finally:
-        for a in agents:
-            a.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from tests.harness.ending import end_started
 from tests.harness.events import JsonLog, has
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 from tests.harness.supervised import LOADED, SupervisedCoordinator
@@ -96,9 +97,7 @@ def test_a_group_of_two_hosts_restarts_as_one_and_a_spare_takes_a_lost_hosts_pla
         for a in (again, spare):
             assert a.proc.wait(timeout=120) == 0, a.log_tail()
     finally:
-        for p in procs:
-            p.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
     last = max(r0.steps)
     assert last >= STEPS and sorted(r0.steps) == list(range(1, last + 1)), "r0 lost or repeated a step"
     assert r0.steps[last]["contributors"] == 2, "the job ended on a step r0 and r1 committed together"
@@ -121,7 +120,9 @@ def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_th
     r0 = AgentProcess(tmp_path, c.address, "r0", 0, 2, "--hidden", HIDDEN, "--wait-for", "2", "--steps", "100000",
                       agent_args=("--nproc", "2"), worker="tests.hsdp_worker")
     hosts = [host(tmp_path, c.address, h) for h in ("h-a", "h-b")]
-    procs = [r0.start(), *(a.start() for a in hosts)]
+    r0.start()
+    for a in hosts:
+        a.start()
     try:
         events.wait_event("rendezvous", 90, group="r1", action="complete", round=1)
         r0.read_until(lambda line: line.get("step", 0) >= 10 and line["contributors"] == 2, 120)
@@ -136,9 +137,8 @@ def test_a_coordinator_restart_ends_no_round_the_hosts_tell_the_new_one_where_th
         after_kill = [e for e in events.events() if e["t"] >= killed]  # before the teardown stops anything
         agent_logs = [a.log_path.read_text() for a in hosts]
     finally:
-        for p in procs:
-            p.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
+        c.stop()  # supervised: stopped by its supervisor, which would start it again
     # No round ended (a rendezvous ``end``, a host's failure) nor another began: every round field says 1.
     assert not [e for e in after_kill if e.get("action") == "end" or e.get("round", 1) != 1
                 or "round 1 ended" in e["message"] or "round 2" in e["message"]], "the restart ended no round"
@@ -167,7 +167,8 @@ def test_a_host_lost_while_the_coordinator_was_down_is_replaced_by_a_spare_after
                       agent_args=("--nproc", "2"), worker="tests.hsdp_worker")
     hosts = {h: host(tmp_path, c.address, h) for h in ("h-a", "h-b")}
     spare = host(tmp_path, c.address, "h-spare", spare=True)
-    procs = [r0.start(), *(a.start() for a in hosts.values()), spare.start()]
+    for p in (r0, *hosts.values(), spare):
+        p.start()
     try:
         first = events.wait_event("rendezvous", 90, group="r1", action="complete", round=1)["hosts"]
         events.wait_event("host_connected", 60, host="h-spare", group="")
@@ -187,9 +188,8 @@ def test_a_host_lost_while_the_coordinator_was_down_is_replaced_by_a_spare_after
         reasons = [e.get("reason") or "" for e in events.events_named("rendezvous", since=killed)]
         statuses = [e["message"] for e in events.events() if e["t"] >= killed]
     finally:
-        for p in procs:
-            p.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
+        c.stop()  # supervised: stopped by its supervisor, which would start it again
     assert never_back, "the lost host died while the coordinator was down: the new one never heard from it"
     assert adopted["t"] - gone["t"] >= 1.0, "the spare took the place only after --spare-wait"
     assert complete["hosts"] == [survivor, "h-spare"], "the spare has the lost host's node rank"
@@ -233,8 +233,7 @@ def test_a_round_that_cannot_complete_gives_up_after_the_rendezvous_timeout_sayi
     try:
         assert alone.proc.wait(timeout=60) == 1, alone.log_tail()
     finally:
-        alone.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
     text = alone.log_path.read_text()
     assert "gave up: round 1 did not complete in 3s: waiting for 1 more host (none known)" in text, text[-2000:]
     assert JsonLog(c.log_path).find_event("rendezvous", group="r1", action="give-up", round=1,

@@ -12,6 +12,7 @@ import torch
 
 from fthsdp.testing.local_etcd import free_port
 from tests.harness.ddp import start_ddp_oracle
+from tests.harness.ending import end_started
 from tests.harness.events import JsonLog, has
 from tests.harness.hsdp import HIDDEN, RANKS, REPLICAS, hsdp_agent
 from tests.harness.processes import CoordinatorProcess
@@ -39,7 +40,7 @@ def test_hsdp_matches_ddp_over_all_ranks(tmp_path, bucket_cap_mb):
         for a in agents:
             a.finish(timeout=180)
     finally:
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
     r0, r1 = agents
     for step in range(1, STEPS + 1):
         assert r0.steps[step]["checksum"] == r1.steps[step]["checksum"], f"replicas differ at step {step}"
@@ -139,8 +140,6 @@ def test_replica_group_spanning_two_nodes_is_restarted_on_both(tmp_path):
             log.wait_event("agent_reported", 60, replica="r1", node_rank=node, state="restarting")
         r0.finish(timeout=240)
     finally:
-        for a in nodes:
-            a.stop()
-        c.stop()
+        end_started()  # everything it started, killed at once (tests/harness/ending.py)
     assert sorted(r0.steps) == list(range(1, 301))
     assert r0.steps[300]["contributors"] == 1
