@@ -28,6 +28,7 @@ import time
 
 import pytest
 
+from tests.harness.ending import end_started
 from tests.harness.events import JsonLog
 from tests.harness.processes import AgentProcess, CoordinatorProcess
 from tests.harness.waiting import wait_until
@@ -146,14 +147,7 @@ def test_every_rank_of_the_other_group_is_told_of_a_killed_rank_a_hung_rank_and_
         together_again(log, survivors, time.time())
         one_stream_per_group(c.metrics_url)
     finally:
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        for a in hosts.values():
-            a.stop()
-        c.stop()
+        end_started()  # everything it started, the stopped rank too, killed at once (tests/harness/ending.py)
     print("every rank of r0 committing in the quorum without r1, seconds after the fault:", times)
     for fault, seconds in times.items():
         assert seconds <= BOUND[fault], f"{fault}: {seconds:.2f}s > {BOUND[fault]}s"

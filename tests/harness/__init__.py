@@ -11,6 +11,10 @@ Processes and waiting:
   ``WorkerProcess``, ``AgentProcess``, ``ReplicaProcess``; ``ROOT`` and
   ``_env()``, the environment every child of a test gets.
 - ``waiting``: ``wait_until``, a condition with a deadline (never a sleep).
+- ``ending``: ``end_started``: once a test is over (tests/conftest.py calls it
+  as the teardown begins, and a test's own cleanup may), every process it
+  started is SIGKILLed at once with its descendants, not stopped gracefully
+  one by one; those of module- and session-scoped fixtures are kept.
 - ``events``: ``JsonLog``, a ``--log-format json`` log of a coordinator or
   agent: ``wait_event``/``events_named`` find an event by name and fields.
 - ``cli``: ``fthsdp(*args)``, the command run as a user runs it, and
