@@ -31,7 +31,7 @@ PER_QUORUM_TESTS ?= "tests/test_hsdp.py::test_hsdp_matches_ddp_over_all_ranks[ma
 demo: install
 	$(VENV)/bin/fthsdp demo
 
-# What CI runs: every test but the long soaks (65-73 minutes on 2 cores with torch 2.14.1).
+# What CI runs: every test but the long soaks (about 47 minutes on 2 cores with torch 2.14.1).
 test: install etcd
 	$(PY) -m pytest -m 'not soak' $(PYTEST_ARGS)
 
